@@ -1,0 +1,368 @@
+//! The writer thread: the only code that writes segment files.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{mpsc, watch};
+
+use super::scan::Recovered;
+use super::segment::{self, FLAG_END_OF_BATCH, SEGMENT_HEADER, encode_frame, next_chain};
+use super::{
+    Durability, EmbeddedOptions, INDEX_EVERY, IndexPoint, SegmentInfo, Shared, WriteRequest,
+};
+use crate::{AppendAck, LogError};
+
+/// Recently appended ids, for de-duplication of retried appends.
+struct RecentIds {
+    by_id: HashMap<String, u64>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl RecentIds {
+    fn new(capacity: usize, recovered: VecDeque<(String, u64)>) -> Self {
+        let mut ids = RecentIds {
+            by_id: HashMap::new(),
+            order: VecDeque::new(),
+            capacity,
+        };
+        for (id, seq) in recovered {
+            ids.insert(id, seq);
+        }
+        ids
+    }
+
+    fn insert(&mut self, id: String, seq: u64) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.order.len() >= self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+        self.by_id.insert(id.clone(), seq);
+        self.order.push_back(id);
+    }
+
+    fn remove_newest(&mut self, id: &str) {
+        if self.order.back().is_some_and(|last| last == id) {
+            self.order.pop_back();
+            self.by_id.remove(id);
+        }
+    }
+}
+
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    options: EmbeddedOptions,
+    file: File,
+    path: PathBuf,
+    len: u64,
+    next_seq: u64,
+    chain: [u8; 32],
+    heads: BTreeMap<String, (u64, [u8; 32])>,
+    recent: RecentIds,
+    /// Set when a failed write could not be undone; every later append fails.
+    failed: Option<String>,
+}
+
+/// What a group changed, so a failed write can be undone in memory.
+#[derive(Default)]
+struct Undo {
+    heads: Vec<(String, Option<(u64, [u8; 32])>)>,
+    ids: Vec<String>,
+}
+
+impl Writer {
+    pub(crate) fn start(
+        dir: &Path,
+        recovered: Recovered,
+        options: EmbeddedOptions,
+    ) -> Result<(Arc<Shared>, Writer), LogError> {
+        let Recovered {
+            mut index,
+            chain,
+            heads,
+            recent_ids,
+            ..
+        } = recovered;
+        let next_seq = index.last_seq + 1;
+        if index.segments.is_empty() {
+            let path = create_segment(dir, next_seq)?;
+            index.segments.push(SegmentInfo {
+                path,
+                len: SEGMENT_HEADER,
+            });
+            index.sparse.push(IndexPoint {
+                seq: next_seq,
+                segment: 0,
+                offset: SEGMENT_HEADER,
+            });
+        }
+        let last = index.segments.last().expect("one segment").clone();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&last.path)
+            .map_err(LogError::io(format!("open {}", last.path.display())))?;
+        let (committed, _) = watch::channel(index.last_seq);
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            index: RwLock::new(index),
+            committed,
+        });
+        let writer = Writer {
+            shared: shared.clone(),
+            recent: RecentIds::new(options.dedup_window, recent_ids),
+            options,
+            file,
+            path: last.path,
+            len: last.len,
+            next_seq,
+            chain,
+            heads,
+            failed: None,
+        };
+        Ok((shared, writer))
+    }
+
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<WriteRequest>) {
+        let grouped = self.options.durability != Durability::FsyncEachAppend;
+        while let Some(first) = rx.blocking_recv() {
+            let mut group = vec![first];
+            while grouped && group.len() < self.options.max_group {
+                match rx.try_recv() {
+                    Ok(request) => group.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.commit(group);
+        }
+        let _ = self.file.sync_data();
+    }
+
+    fn commit(&mut self, group: Vec<WriteRequest>) {
+        if let Some(reason) = &self.failed {
+            for request in group {
+                let _ = request.reply.send(Err(failed_error(&self.path, reason)));
+            }
+            return;
+        }
+        if self.len >= self.options.segment_bytes {
+            if let Err(err) = self.roll() {
+                let reason = err.to_string();
+                for request in group {
+                    let _ = request.reply.send(Err(failed_error(&self.path, &reason)));
+                }
+                return;
+            }
+        }
+
+        let (start_len, start_seq, start_chain) = (self.len, self.next_seq, self.chain);
+        let mut undo = Undo::default();
+        let mut buf = Vec::new();
+        let mut new_points = Vec::new();
+        let mut outcomes = Vec::with_capacity(group.len());
+        for request in group {
+            let outcome = self.stage(&request, &mut buf, &mut undo, &mut new_points);
+            outcomes.push((request.reply, outcome));
+        }
+
+        if !buf.is_empty() {
+            if let Err(err) = self.write_and_sync(&buf) {
+                let reason = format!("write {}: {err}", self.path.display());
+                // Undo in memory and on disk; if the file cannot be cut back, stop writing.
+                self.next_seq = start_seq;
+                self.chain = start_chain;
+                for (subject, head) in undo.heads.into_iter().rev() {
+                    match head {
+                        Some(head) => self.heads.insert(subject, head),
+                        None => self.heads.remove(&subject),
+                    };
+                }
+                for id in undo.ids.iter().rev() {
+                    self.recent.remove_newest(id);
+                }
+                if let Err(err) = self.file.set_len(start_len) {
+                    self.failed = Some(format!("{reason}; cutting the file back failed: {err}"));
+                }
+                self.len = start_len;
+                for (reply, outcome) in outcomes {
+                    let _ =
+                        reply.send(outcome.and_then(|_| Err(failed_error(&self.path, &reason))));
+                }
+                return;
+            }
+            self.len += buf.len() as u64;
+            self.publish(&undo, new_points);
+        }
+        for (reply, outcome) in outcomes {
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// Checks one append and encodes its frames into `buf`.
+    fn stage(
+        &mut self,
+        request: &WriteRequest,
+        buf: &mut Vec<u8>,
+        undo: &mut Undo,
+        new_points: &mut Vec<IndexPoint>,
+    ) -> Result<AppendAck, LogError> {
+        let subject = request.subject.as_str();
+        // De-duplication comes first: a retry of a stored batch is acknowledged again.
+        let known: Vec<Option<u64>> = request
+            .events
+            .iter()
+            .map(|e| self.recent.by_id.get(&e.id).copied())
+            .collect();
+        let duplicates = known.iter().filter(|k| k.is_some()).count();
+        if duplicates == request.events.len() {
+            return Ok(AppendAck {
+                sequences: known.into_iter().flatten().collect(),
+                duplicates,
+            });
+        }
+        if duplicates > 0 {
+            let stored: Vec<&str> = request
+                .events
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| k.is_some())
+                .map(|(e, _)| e.id.as_str())
+                .collect();
+            return Err(LogError::InvalidBatch {
+                subject: subject.to_string(),
+                count: request.events.len(),
+                expected: format!(
+                    "all events new or all already stored (a batch is stored whole), but {stored:?} are stored already"
+                ),
+            });
+        }
+        let head = self.heads.get(subject).copied();
+        let actual = head.map_or(0, |(seq, _)| seq);
+        if let Some(expected) = request.expected.required() {
+            if expected != actual {
+                return Err(LogError::Conflict {
+                    subject: subject.to_string(),
+                    expected,
+                    actual: actual.to_string(),
+                });
+            }
+        }
+
+        let mut prev = head.map(|(_, hash)| hash);
+        let mut sequences = Vec::with_capacity(request.events.len());
+        let segment_idx = self.shared.index.read().expect("index lock").segments.len() - 1;
+        for (i, event) in request.events.iter().enumerate() {
+            let seq = self.next_seq;
+            let body = event.finish(prev.as_ref());
+            let hash = *blake3::hash(&body).as_bytes();
+            let flags = if i + 1 == request.events.len() {
+                FLAG_END_OF_BATCH
+            } else {
+                0
+            };
+            if seq % INDEX_EVERY == 0 {
+                new_points.push(IndexPoint {
+                    seq,
+                    segment: segment_idx,
+                    offset: self.len + buf.len() as u64,
+                });
+            }
+            encode_frame(buf, seq, flags, &self.chain, &body);
+            self.chain = next_chain(&self.chain, &hash);
+            self.recent.insert(event.id.clone(), seq);
+            undo.ids.push(event.id.clone());
+            prev = Some(hash);
+            sequences.push(seq);
+            self.next_seq += 1;
+        }
+        undo.heads.push((subject.to_string(), head));
+        self.heads.insert(
+            subject.to_string(),
+            (self.next_seq - 1, prev.expect("non-empty batch")),
+        );
+        Ok(AppendAck {
+            sequences,
+            duplicates: 0,
+        })
+    }
+
+    fn write_and_sync(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.file, buf, self.len)?;
+        if self.options.durability != Durability::NoSync {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Makes a committed group visible to readers and followers.
+    fn publish(&self, undo: &Undo, new_points: Vec<IndexPoint>) {
+        let last_seq = self.next_seq - 1;
+        {
+            let mut index = self.shared.index.write().expect("index lock");
+            index.segments.last_mut().expect("one segment").len = self.len;
+            index.sparse.extend(new_points);
+            index.last_seq = last_seq;
+            for (subject, _) in &undo.heads {
+                let seq = self.heads[subject].0;
+                index.subject_last.insert(subject.clone(), seq);
+            }
+        }
+        self.shared.committed.send_replace(last_seq);
+    }
+
+    fn roll(&mut self) -> Result<(), LogError> {
+        self.file
+            .sync_data()
+            .map_err(LogError::io(format!("fsync {}", self.path.display())))?;
+        let path = create_segment(&self.shared.dir, self.next_seq)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(LogError::io(format!("open {}", path.display())))?;
+        let mut index = self.shared.index.write().expect("index lock");
+        let segment = index.segments.len();
+        index.segments.push(SegmentInfo {
+            path: path.clone(),
+            len: SEGMENT_HEADER,
+        });
+        index.sparse.push(IndexPoint {
+            seq: self.next_seq,
+            segment,
+            offset: SEGMENT_HEADER,
+        });
+        self.file = file;
+        self.path = path;
+        self.len = SEGMENT_HEADER;
+        Ok(())
+    }
+}
+
+fn failed_error(path: &Path, reason: &str) -> LogError {
+    LogError::Io {
+        context: format!("append to {}", path.display()),
+        source: std::io::Error::other(reason.to_string()),
+    }
+}
+
+/// Creates a segment with its header, durably (file and directory entry).
+fn create_segment(dir: &Path, first_seq: u64) -> Result<PathBuf, LogError> {
+    let path = dir.join(segment::segment_name(first_seq));
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)
+        .map_err(LogError::io(format!("create {}", path.display())))?;
+    file.write_all(&segment::encode_segment_header(first_seq))
+        .and_then(|_| file.sync_all())
+        .map_err(LogError::io(format!("write {}", path.display())))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(LogError::io(format!("fsync {}", dir.display())))?;
+    Ok(path)
+}

@@ -1,0 +1,226 @@
+//! The append-only migration log.
+//!
+//! One trait, [`EventLog`], with two backends that pass one conformance suite:
+//! - [`embedded::EmbeddedLog`]: segment files with per-record checksums, a hash chain,
+//!   group commit and torn-tail recovery — the default for one process;
+//! - [`nats::NatsLog`]: a NATS JetStream stream that denies delete and purge.
+//!
+//! Records are [`Envelope`]s. The log never reads a clock: the writer passes the
+//! recorded time in. Every record carries the BLAKE3 hash of the previous record of
+//! its subject (aggregate), so each aggregate's history is tamper-evident on both
+//! backends; the embedded backend also chains every frame of the log.
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod follow;
+mod record;
+
+pub mod embedded;
+pub mod nats;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+pub use error::LogError;
+pub use record::{Decoded, NewEvent, Payload, StoredEvent, Subject, UnknownReason};
+pub use switchyard_proto::v1::{DomainEvent, Envelope, TraceContext};
+
+/// Largest encoded envelope the log accepts. JetStream's default `max_payload` is
+/// 1 MiB including headers; staying well below keeps both backends alike.
+pub const MAX_RECORD_BYTES: usize = 256 * 1024;
+
+/// Most events in one append. Matches JetStream's limit on an atomic batch.
+pub const MAX_BATCH_EVENTS: usize = 1000;
+
+/// What the writer believes the subject's last sequence to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// No check. The backend still keeps the subject's hash chain intact by
+    /// retrying internally when another writer got in between.
+    Any,
+    /// The subject must have no events yet.
+    Empty,
+    /// The subject's last event must have exactly this (log-wide) sequence.
+    Sequence(u64),
+}
+
+impl Expected {
+    /// The sequence the subject's last event must have, if any check is asked for.
+    pub fn required(self) -> Option<u64> {
+        match self {
+            Expected::Any => None,
+            Expected::Empty => Some(0),
+            Expected::Sequence(seq) => Some(seq),
+        }
+    }
+}
+
+/// The outcome of a successful append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendAck {
+    /// Log sequence of every event of the batch, in order. For duplicates this is
+    /// the sequence under which the event was first stored.
+    pub sequences: Vec<u64>,
+    /// How many events of the batch were already in the log (same id) and were
+    /// not stored again.
+    pub duplicates: usize,
+}
+
+impl AppendAck {
+    pub fn last_sequence(&self) -> u64 {
+        self.sequences.last().copied().unwrap_or(0)
+    }
+}
+
+/// Which events to read.
+#[derive(Clone, Debug, Default)]
+pub struct ReadRequest {
+    /// Only this subject; all subjects when `None`.
+    pub subject: Option<Subject>,
+    /// First log sequence to return (sequences start at 1; 0 means from the start).
+    pub from: u64,
+    /// At most this many events; `None` for all that exist when the read starts.
+    pub limit: Option<usize>,
+}
+
+/// What `verify` found. Problems are listed, not raised: a damaged log is still
+/// described as far as it can be read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub records: u64,
+    pub subjects: u64,
+    pub last_sequence: u64,
+    /// Head of the log-wide hash chain (embedded backend) — publish it to anchor
+    /// the log; empty where the backend has no log-wide chain.
+    pub chain_head: String,
+    /// Events this build cannot decode (unknown type or newer schema). They are
+    /// kept, not dropped; reported so an operator knows a newer writer was here.
+    pub undecodable: Vec<UndecodableEvent>,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UndecodableEvent {
+    pub sequence: u64,
+    pub event_type: String,
+    pub schema_version: u32,
+    pub reason: UnknownReason,
+}
+
+/// One thing wrong with the stored log, located as precisely as the backend can.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Where: a segment file and byte offset, or a stream sequence.
+    pub location: String,
+    pub sequence: Option<u64>,
+    pub what: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.sequence {
+            Some(seq) => write!(f, "{} (sequence {seq}): {}", self.location, self.what),
+            None => write!(f, "{}: {}", self.location, self.what),
+        }
+    }
+}
+
+/// The migration log. Both backends implement it and pass [`conformance`].
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Appends `events` to `subject` as one batch: all of them or none.
+    /// A failed `expected` check is [`LogError::Conflict`]; nothing is written then.
+    async fn append(
+        &self,
+        subject: &Subject,
+        expected: Expected,
+        events: Vec<NewEvent>,
+    ) -> Result<AppendAck, LogError>;
+
+    /// Events that exist when the read starts, in log order.
+    async fn read(&self, request: ReadRequest) -> Result<Vec<StoredEvent>, LogError>;
+
+    /// Events from `from` on, then every new one as it is appended. The stream
+    /// ends only with an error or when the log is closed.
+    async fn follow(
+        &self,
+        subject: Option<Subject>,
+        from: u64,
+    ) -> Result<BoxStream<'static, Result<StoredEvent, LogError>>, LogError>;
+
+    /// Sequence of the last event of `subject`, or of the whole log; 0 if none.
+    async fn last_sequence(&self, subject: Option<&Subject>) -> Result<u64, LogError>;
+
+    /// Checks every record: checksums, hash chains, sequences, decodability.
+    async fn verify(&self) -> Result<VerifyReport, LogError>;
+}
+
+/// Per-subject chain check shared by both backends' `verify`: each record's
+/// `prev_hash` must be the hash of the subject's previous record.
+#[derive(Default)]
+pub(crate) struct SubjectChains {
+    heads: std::collections::BTreeMap<String, (u64, [u8; 32])>,
+}
+
+impl SubjectChains {
+    /// Feeds one record; returns a description of the break if the chain is broken.
+    pub(crate) fn check(&mut self, event: &StoredEvent) -> Option<String> {
+        let envelope = &event.envelope;
+        let expected = self
+            .heads
+            .get(&envelope.subject)
+            .map(|(_, hash)| hash.as_slice());
+        let problem = match expected {
+            None if !envelope.prev_hash.is_empty() => Some(format!(
+                "subject {}: first record has prev_hash {} but no earlier record exists",
+                envelope.subject,
+                hex::encode(&envelope.prev_hash)
+            )),
+            Some(hash) if hash != envelope.prev_hash.as_slice() => {
+                let (prev_seq, _) = self.heads[&envelope.subject];
+                Some(format!(
+                    "subject {}: prev_hash {} does not match the hash {} of its previous record (sequence {prev_seq})",
+                    envelope.subject,
+                    hex::encode(&envelope.prev_hash),
+                    hex::encode(hash)
+                ))
+            }
+            _ => None,
+        };
+        self.heads
+            .insert(envelope.subject.clone(), (event.sequence, event.hash()));
+        problem
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.heads.len() as u64
+    }
+}
+
+/// Records an undecodable event in the report, if `event` is one.
+pub(crate) fn note_undecodable(report: &mut VerifyReport, event: &StoredEvent) {
+    if let Decoded::Unknown {
+        event_type,
+        schema_version,
+        reason,
+        ..
+    } = event.decode()
+    {
+        report.undecodable.push(UndecodableEvent {
+            sequence: event.sequence,
+            event_type,
+            schema_version,
+            reason,
+        });
+    }
+}

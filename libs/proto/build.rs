@@ -1,0 +1,32 @@
+//! Compiles `proto/` with protox (pure Rust), so a fresh machine needs nothing but cargo.
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &["switchyard/v1/envelope.proto", "switchyard/v1/events.proto"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={}", root.join(proto).display());
+    }
+    let descriptors = protox::compile(PROTOS, [&root])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("switchyard_descriptor.bin");
+    std::fs::write(
+        &descriptor_path,
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+
+    // Ordered maps: the encoding of a map field must not depend on hash seeds,
+    // or replaying a log would not give byte-identical decisions.
+    prost_build::Config::new()
+        .btree_map(["."])
+        .bytes([".switchyard.v1.Envelope.payload"])
+        .compile_fds(descriptors)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&std::fs::read(&descriptor_path)?)?
+        .btree_map(["."])
+        .preserve_proto_field_names()
+        .build(&[".switchyard"])?;
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! The protobuf messages of Switchyard, generated at build time from `proto/`.
+//!
+//! Messages have canonical protobuf JSON (`serde`) through pbjson, which the CLI
+//! uses for `-o json`. Map fields are `BTreeMap`s so encodings are deterministic.
+
+#![forbid(unsafe_code)]
+
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/switchyard.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/switchyard.v1.serde.rs"));
+
+    /// Version of the payload schema this build writes and understands.
+    pub const SCHEMA_VERSION: u32 = 1;
+
+    impl domain_event::Kind {
+        /// The event's type name as recorded in `Envelope.event_type`.
+        pub fn type_name(&self) -> &'static str {
+            use domain_event::Kind::*;
+            match self {
+                NodeObserved(_) => "NodeObserved",
+                NodeRemoved(_) => "NodeRemoved",
+                NodeGroupObserved(_) => "NodeGroupObserved",
+                NodeGroupRemoved(_) => "NodeGroupRemoved",
+                ModuleSettingsObserved(_) => "ModuleSettingsObserved",
+                PhysicalGpuObserved(_) => "PhysicalGpuObserved",
+                PhysicalGpuRemoved(_) => "PhysicalGpuRemoved",
+                WorkloadObserved(_) => "WorkloadObserved",
+                ResourceQuotaObserved(_) => "ResourceQuotaObserved",
+                StackAssigned(_) => "StackAssigned",
+                NodeGroupHeldOnDra(_) => "NodeGroupHeldOnDra",
+                NodeGroupReleased(_) => "NodeGroupReleased",
+                HandoverStarted(_) => "HandoverStarted",
+                HandoverRefused(_) => "HandoverRefused",
+                NodeCordoned(_) => "NodeCordoned",
+                NodeDrained(_) => "NodeDrained",
+                NodeGroupChanged(_) => "NodeGroupChanged",
+                NodeReadinessObserved(_) => "NodeReadinessObserved",
+                NodeUncordoned(_) => "NodeUncordoned",
+                HandoverCompleted(_) => "HandoverCompleted",
+                HandoverStalled(_) => "HandoverStalled",
+                ApplicationMoveStarted(_) => "ApplicationMoveStarted",
+                ApplicationMoveRefused(_) => "ApplicationMoveRefused",
+                WorkloadRewritten(_) => "WorkloadRewritten",
+                WorkloadRestarted(_) => "WorkloadRestarted",
+                ApplicationMoveVerified(_) => "ApplicationMoveVerified",
+                ResourceQuotaTranslated(_) => "ResourceQuotaTranslated",
+                LeftoverLabelsCleared(_) => "LeftoverLabelsCleared",
+                SourceGroupRetired(_) => "SourceGroupRetired",
+                RollbackStarted(_) => "RollbackStarted",
+                StepCompensated(_) => "StepCompensated",
+                RollbackCompleted(_) => "RollbackCompleted",
+                AlertRaised(_) => "AlertRaised",
+                AlertCleared(_) => "AlertCleared",
+            }
+        }
+    }
+
+    impl From<domain_event::Kind> for DomainEvent {
+        fn from(kind: domain_event::Kind) -> Self {
+            DomainEvent { kind: Some(kind) }
+        }
+    }
+}

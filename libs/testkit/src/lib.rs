@@ -1,0 +1,43 @@
+//! Real servers for tests, started on free loopback ports in temp dirs and
+//! stopped when dropped — even when the test panics.
+//!
+//! Nothing here skips: a missing server binary is a test failure that says how
+//! to install it.
+
+#![forbid(unsafe_code)]
+
+pub mod nats;
+
+use std::time::{Duration, Instant};
+
+/// Polls `condition` until it holds or `timeout` passes; the error names `what`.
+/// For conditions that have no event to wait on (a file appearing, a process
+/// becoming ready); not a sleep used as synchronisation.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut condition: impl FnMut() -> Option<T>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        if let Some(value) = condition() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}"));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// The cache directory scripts install pinned tools into (`scripts/install-*.sh`):
+/// `$SWITCHYARD_CACHE`, else `$HOME/.cache/switchyard`.
+pub fn cache_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("SWITCHYARD_CACHE") {
+        return dir.into();
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    std::path::PathBuf::from(home).join(".cache/switchyard")
+}

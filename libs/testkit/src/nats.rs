@@ -1,0 +1,185 @@
+//! A real `nats-server -js` for tests.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{cache_dir, wait_for};
+
+/// The nats-server version the project is tested against (installed by
+/// `scripts/install-nats-server.sh`).
+pub const PINNED_VERSION: &str = "2.15.2";
+
+const INSTALL_HINT: &str = "install it with `scripts/install-nats-server.sh` (nats-server v2.15.2 into ~/.cache/switchyard/bin) or set SWITCHYARD_NATS_SERVER to a nats-server binary";
+
+/// Finds the server binary: `$SWITCHYARD_NATS_SERVER`, the pinned binary in the
+/// cache, then `nats-server` on `PATH`.
+pub fn server_binary() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("SWITCHYARD_NATS_SERVER") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "SWITCHYARD_NATS_SERVER={} is not a file; {INSTALL_HINT}",
+                path.display()
+            ))
+        };
+    }
+    let cached = cache_dir().join("bin/nats-server");
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("nats-server"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| format!("nats-server not found; {INSTALL_HINT}"))
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NatsOptions {
+    /// `jetstream.sync_interval: always`: fsync before every ack.
+    pub sync_always: bool,
+}
+
+/// A running nats-server with JetStream, its store in a temp dir.
+pub struct NatsServer {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    options: NatsOptions,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a server on a free loopback port. Panics with install instructions
+    /// if the binary is missing, and with the server's log if it does not start.
+    pub fn start() -> NatsServer {
+        Self::start_with(NatsOptions::default())
+    }
+
+    pub fn start_with(options: NatsOptions) -> NatsServer {
+        let binary = server_binary().unwrap_or_else(|err| panic!("{err}"));
+        let dir = tempfile::Builder::new()
+            .prefix("switchyard-nats-")
+            .tempdir()
+            .expect("temp dir");
+        let mut server = NatsServer {
+            binary,
+            dir,
+            options,
+            port: 0,
+            child: None,
+        };
+        server.spawn().unwrap_or_else(|err| panic!("{err}"));
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// Kills the server with SIGKILL (no clean shutdown) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn().unwrap_or_else(|err| panic!("{err}"));
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let ports_dir = self.dir.path().join("ports");
+        let _ = std::fs::remove_dir_all(&ports_dir);
+        std::fs::create_dir_all(&ports_dir).map_err(|e| e.to_string())?;
+        let config = self.dir.path().join("nats.conf");
+        let port = if self.port == 0 {
+            "-1".to_string()
+        } else {
+            self.port.to_string()
+        };
+        let sync = if self.options.sync_always {
+            "\n  sync_interval: always"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &config,
+            format!(
+                "listen: \"127.0.0.1:{port}\"\nports_file_dir: \"{}\"\njetstream {{\n  store_dir: \"{}\"{sync}\n}}\n",
+                ports_dir.display(),
+                self.store_dir().display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let log_path = self.dir.path().join("server.log");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", self.binary.display()))?;
+        let pid = child.id();
+        self.child = Some(child);
+        let ports_file = ports_dir.join(format!("{}_{pid}.ports", self.binary_name()));
+        let url = wait_for("nats-server to listen", Duration::from_secs(20), || {
+            client_url(&ports_file)
+        })
+        .map_err(|err| format!("{err}; server log:\n{}", read_log(&log_path)))?;
+        self.port = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("unexpected client URL {url} in {}", ports_file.display()))?;
+        Ok(())
+    }
+
+    fn binary_name(&self) -> String {
+        self.binary
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+fn client_url(ports_file: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(ports_file).ok()?;
+    let ports: serde_json::Value = serde_json::from_str(&text).ok()?;
+    ports["nats"]
+        .as_array()?
+        .first()?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
