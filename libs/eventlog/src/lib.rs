@@ -169,25 +169,24 @@ pub trait EventLog: Send + Sync {
 /// `prev_hash` must be the hash of the subject's previous record.
 #[derive(Default)]
 pub(crate) struct SubjectChains {
-    heads: std::collections::BTreeMap<String, (u64, [u8; 32])>,
+    /// Last sequence and hash per subject; `None` after unreadable records were
+    /// skipped, since the skipped record may have belonged to the subject.
+    heads: std::collections::BTreeMap<String, (u64, Option<[u8; 32]>)>,
+    /// Records were skipped: subjects first seen after that may have had earlier ones.
+    skipped: bool,
 }
 
 impl SubjectChains {
     /// Feeds one record; returns a description of the break if the chain is broken.
     pub(crate) fn check(&mut self, event: &StoredEvent) -> Option<String> {
         let envelope = &event.envelope;
-        let expected = self
-            .heads
-            .get(&envelope.subject)
-            .map(|(_, hash)| hash.as_slice());
-        let problem = match expected {
-            None if !envelope.prev_hash.is_empty() => Some(format!(
+        let problem = match self.heads.get(&envelope.subject) {
+            None if !self.skipped && !envelope.prev_hash.is_empty() => Some(format!(
                 "subject {}: first record has prev_hash {} but no earlier record exists",
                 envelope.subject,
                 hex::encode(&envelope.prev_hash)
             )),
-            Some(hash) if hash != envelope.prev_hash.as_slice() => {
-                let (prev_seq, _) = self.heads[&envelope.subject];
+            Some((prev_seq, Some(hash))) if hash.as_slice() != envelope.prev_hash.as_slice() => {
                 Some(format!(
                     "subject {}: prev_hash {} does not match the hash {} of its previous record (sequence {prev_seq})",
                     envelope.subject,
@@ -197,9 +196,21 @@ impl SubjectChains {
             }
             _ => None,
         };
-        self.heads
-            .insert(envelope.subject.clone(), (event.sequence, event.hash()));
+        self.heads.insert(
+            envelope.subject.clone(),
+            (event.sequence, Some(event.hash())),
+        );
         problem
+    }
+
+    /// Unreadable records were skipped: the next record of any subject is
+    /// accepted as the new anchor of its chain, so one damaged record is
+    /// reported once rather than again for every subject.
+    pub(crate) fn skip_unreadable(&mut self) {
+        self.skipped = true;
+        for head in self.heads.values_mut() {
+            head.1 = None;
+        }
     }
 
     pub(crate) fn len(&self) -> u64 {

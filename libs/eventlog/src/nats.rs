@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -75,6 +76,8 @@ pub struct NatsLog {
     /// Last sequence and hash of each subject this process has seen; a stale
     /// entry is caught by the server's expected-sequence check and reloaded.
     heads: Mutex<BTreeMap<String, Head>>,
+    /// Appends retried after a timeout or a lost connection, for metrics and tests.
+    retried: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +153,7 @@ impl NatsLog {
             stream,
             options,
             heads: Mutex::new(BTreeMap::new()),
+            retried: AtomicU64::new(0),
         })
     }
 
@@ -452,6 +456,7 @@ impl EventLog for NatsLog {
                         ));
                     }
                     tracing::debug!(%subject, attempt, error = %err, "append retried");
+                    self.retried.fetch_add(1, Ordering::Relaxed);
                     head = None;
                     attempt += 1;
                 }
@@ -592,6 +597,11 @@ impl EventLog for NatsLog {
 }
 
 impl NatsLog {
+    /// How many publish attempts were retried after a timeout or a lost connection.
+    pub fn retried_publishes(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
+    }
+
     /// The underlying client, for callers that share the connection.
     pub fn client(&self) -> &async_nats::Client {
         &self.client

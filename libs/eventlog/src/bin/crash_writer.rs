@@ -4,8 +4,9 @@
 //! SIGKILL at arbitrary points and checks that every event printed here — every
 //! acknowledged event — is in the log exactly once afterwards.
 //!
-//! `eventlog-crash-writer DIR RUN WRITERS`: WRITERS tasks append batches of 1 to
-//! 4 events with ids `RUN-<writer>-<n>`; each acknowledged event is printed as
+//! `eventlog-crash-writer DIR RUN WRITERS SEGMENT_BYTES`: WRITERS tasks append
+//! batches of 1 to 4 events with ids `RUN-<writer>-<n>-<i>` (group commit,
+//! segments of SEGMENT_BYTES); each acknowledged event is printed as
 //! `ack <id> <sequence>`.
 
 use std::io::Write;
@@ -17,13 +18,16 @@ use switchyard_proto::v1::{NodeRemoved, domain_event::Kind};
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, run, writers] = args.as_slice() else {
-        eprintln!("usage: eventlog-crash-writer DIR RUN WRITERS");
+    let [_, dir, run, writers, segment_bytes] = args.as_slice() else {
+        eprintln!("usage: eventlog-crash-writer DIR RUN WRITERS SEGMENT_BYTES");
         std::process::exit(2);
     };
     let writers: usize = writers.parse().expect("WRITERS is a number");
-    let log =
-        std::sync::Arc::new(EmbeddedLog::open(dir, EmbeddedOptions::default()).expect("open log"));
+    let options = EmbeddedOptions {
+        segment_bytes: segment_bytes.parse().expect("SEGMENT_BYTES is a number"),
+        ..EmbeddedOptions::default()
+    };
+    let log = std::sync::Arc::new(EmbeddedLog::open(dir, options).expect("open log"));
     let mut tasks = Vec::new();
     for writer in 0..writers {
         let log = log.clone();

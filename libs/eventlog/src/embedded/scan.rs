@@ -307,6 +307,7 @@ pub(crate) fn verify(
     let mut chain = ZERO_CHAIN;
     let mut next_seq = 1u64;
     let mut last_ends_batch = true;
+    let mut resynced = false;
     let paths = list_segments(dir)?;
     for path in &paths {
         let location = |offset: u64| format!("{} @ byte {offset}", path.display());
@@ -359,6 +360,8 @@ pub(crate) fn verify(
                             });
                             cursor = FrameCursor::open(path, resume, len)
                                 .map_err(LogError::io(format!("open {}", path.display())))?;
+                            chains.skip_unreadable();
+                            resynced = true;
                             continue;
                         }
                         None => {
@@ -381,6 +384,11 @@ pub(crate) fn verify(
                 sequence: Some(frame.seq),
                 what,
             };
+            if std::mem::take(&mut resynced) {
+                // Re-anchor after the skipped bytes; the skip is already reported.
+                next_seq = frame.seq;
+                chain = frame.prev_chain;
+            }
             if frame.seq != next_seq {
                 report.problems.push(problem(format!(
                     "sequence {} where {next_seq} was expected",
