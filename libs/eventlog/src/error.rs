@@ -51,11 +51,12 @@ pub enum LogError {
         what: String,
     },
 
-    #[error("{context}: {source}")]
+    // The I/O error is part of the message (not a `#[source]`), so printing the
+    // error alone tells the whole story.
+    #[error("{context}: {error}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("NATS JetStream {operation}: {message}")]
@@ -68,7 +69,7 @@ pub enum LogError {
 impl LogError {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LogError {
         let context = context.into();
-        move |source| LogError::Io { context, source }
+        move |error| LogError::Io { context, error }
     }
 
     pub(crate) fn nats(operation: impl Into<String>, err: impl std::fmt::Display) -> LogError {

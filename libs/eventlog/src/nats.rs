@@ -90,10 +90,12 @@ const EMPTY: Head = Head { seq: 0, hash: None };
 
 impl NatsLog {
     /// Connects to `url` and opens (or, with `options.create`, creates) the stream.
+    /// The first connection attempt fails fast; once connected, the client
+    /// reconnects on its own. Services that must wait for the server pass their
+    /// own client to [`NatsLog::open`].
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, LogError> {
         let client = async_nats::ConnectOptions::new()
             .name("switchyard-eventlog")
-            .retry_on_initial_connect()
             .connect(url)
             .await
             .map_err(|err| LogError::nats(format!("connect to {url}"), err))?;

@@ -160,7 +160,7 @@ impl EmbeddedLog {
         if !dir.is_dir() {
             return Err(LogError::Io {
                 context: format!("open event log {}", dir.display()),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
+                error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
             });
         }
         let recovered = scan::recover(&dir, false, 0)?;
@@ -348,7 +348,7 @@ impl EventLog for EmbeddedLog {
     ) -> Result<AppendAck, LogError> {
         let tx = self.tx.as_ref().ok_or_else(|| LogError::Io {
             context: format!("append to {}", self.shared.dir.display()),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 "the log is open read-only",
             ),

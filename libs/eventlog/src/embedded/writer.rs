@@ -346,7 +346,7 @@ impl Writer {
 fn failed_error(path: &Path, reason: &str) -> LogError {
     LogError::Io {
         context: format!("append to {}", path.display()),
-        source: std::io::Error::other(reason.to_string()),
+        error: std::io::Error::other(reason.to_string()),
     }
 }
 

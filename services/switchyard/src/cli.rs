@@ -1,0 +1,104 @@
+//! Command-line arguments. Every flag can also come from the environment.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Switchyard: move GPU nodes and workloads from the device plugin to DRA, one at a time"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Inspect and check the migration log.
+    #[command(subcommand)]
+    Log(LogCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LogCommand {
+    /// Print events of the log, oldest first.
+    Show(ShowArgs),
+    /// Check every checksum and hash chain; exit 1 if anything is wrong.
+    Verify(VerifyArgs),
+}
+
+/// Where the log lives: an embedded data directory or a JetStream stream.
+#[derive(Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+pub struct Backend {
+    /// Directory of an embedded log.
+    #[arg(long, env = "SWITCHYARD_DATA_DIR", group = "backend")]
+    pub data_dir: Option<PathBuf>,
+    /// NATS server URL of a JetStream log, e.g. nats://127.0.0.1:4222.
+    #[arg(long, env = "SWITCHYARD_NATS_URL", group = "backend")]
+    pub nats: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct NatsArgs {
+    /// JetStream stream that holds the log.
+    #[arg(long, env = "SWITCHYARD_NATS_STREAM", default_value = "SWITCHYARD_LOG")]
+    pub stream: String,
+    /// Subject prefix of the stream.
+    #[arg(
+        long,
+        env = "SWITCHYARD_NATS_SUBJECT_PREFIX",
+        default_value = "switchyard.log"
+    )]
+    pub subject_prefix: String,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Only events of this subject (aggregate), e.g. node.worker-1.
+    #[arg(long, env = "SWITCHYARD_SUBJECT")]
+    pub subject: Option<String>,
+    /// First sequence to show.
+    #[arg(long, default_value_t = 1)]
+    pub from: u64,
+    /// Show at most this many events.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// table: one line per event; json: one JSON object per line with the
+    /// envelope fields and the decoded payload.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+impl Cli {
+    pub async fn run(self) -> anyhow::Result<ExitCode> {
+        match self.command {
+            Command::Log(LogCommand::Show(args)) => crate::log_cmd::show(args).await,
+            Command::Log(LogCommand::Verify(args)) => crate::log_cmd::verify(args).await,
+        }
+    }
+}

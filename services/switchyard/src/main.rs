@@ -1,0 +1,25 @@
+//! `switchyard`: the command line for people.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod log_cmd;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env(
+            "SWITCHYARD_LOG_LEVEL",
+        ))
+        .with_writer(std::io::stderr)
+        .init();
+    match cli::Cli::parse().run().await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
