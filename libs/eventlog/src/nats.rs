@@ -173,9 +173,12 @@ impl NatsLog {
 
     fn remember(&self, subject: &Subject, head: Head) {
         let mut heads = self.heads.lock().expect("heads lock");
-        let entry = heads.entry(subject.to_string()).or_insert(head);
-        if head.seq >= entry.seq {
-            *entry = head;
+        match heads.get_mut(subject.as_str()) {
+            Some(known) if known.seq > head.seq => {}
+            Some(known) => *known = head,
+            None => {
+                heads.insert(subject.to_string(), head);
+            }
         }
     }
 

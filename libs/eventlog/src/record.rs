@@ -213,14 +213,47 @@ impl EncodedEvent {
     /// produce for the whole envelope — the writer's encoding work stays off the
     /// log's critical section.
     pub(crate) fn finish(&self, prev_hash: Option<&[u8; 32]>) -> Bytes {
-        let mut out = Vec::with_capacity(self.without_prev.len() + PREV_HASH_FIELD_LEN);
-        out.extend_from_slice(&self.without_prev);
-        if let Some(hash) = prev_hash {
-            out.push(PREV_HASH_TAG);
-            out.push(32);
-            out.extend_from_slice(hash);
+        Bytes::from(self.body_parts(prev_hash).concat())
+    }
+
+    /// The stored bytes in two pieces, for writers that copy them anyway.
+    pub(crate) fn body_parts<'a>(&'a self, prev_hash: Option<&[u8; 32]>) -> BodyParts<'a> {
+        let mut field = [0u8; PREV_HASH_FIELD_LEN];
+        let field_len = match prev_hash {
+            Some(hash) => {
+                field[0] = PREV_HASH_TAG;
+                field[1] = 32;
+                field[2..].copy_from_slice(hash);
+                PREV_HASH_FIELD_LEN
+            }
+            None => 0,
+        };
+        BodyParts {
+            envelope: &self.without_prev,
+            field,
+            field_len,
         }
-        Bytes::from(out)
+    }
+
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.without_prev.len() + PREV_HASH_FIELD_LEN
+    }
+}
+
+/// An envelope's stored bytes: the envelope without `prev_hash`, then the field.
+pub(crate) struct BodyParts<'a> {
+    envelope: &'a [u8],
+    field: [u8; PREV_HASH_FIELD_LEN],
+    field_len: usize,
+}
+
+impl<'a> BodyParts<'a> {
+    pub(crate) fn concat(&self) -> Vec<u8> {
+        self.as_slices().concat()
+    }
+
+    pub(crate) fn as_slices(&self) -> [&[u8]; 2] {
+        [self.envelope, &self.field[..self.field_len]]
     }
 }
 
@@ -353,7 +386,7 @@ pub(crate) fn validate_batch(subject: &Subject, events: &[NewEvent]) -> Result<(
     let mut seen = std::collections::BTreeSet::new();
     for event in events {
         event.validate()?;
-        if !seen.insert(event.id.as_str()) {
+        if events.len() > 1 && !seen.insert(event.id.as_str()) {
             return Err(invalid(format!(
                 "unique event ids, but {:?} appears twice",
                 event.id

@@ -82,6 +82,15 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The server's own `--version` line, e.g. `nats-server: v2.15.2`.
+    pub fn version(&self) -> String {
+        std::process::Command::new(&self.binary)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -120,6 +120,16 @@ pub(crate) struct WriteRequest {
     pub reply: oneshot::Sender<Result<AppendAck, LogError>>,
 }
 
+impl WriteRequest {
+    /// Upper bound of the bytes this append adds to a segment.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.events
+            .iter()
+            .map(|e| e.encoded_len() + segment::FRAME_HEADER)
+            .sum()
+    }
+}
+
 /// The embedded event log. Cheap to share behind an `Arc`.
 pub struct EmbeddedLog {
     shared: Arc<Shared>,

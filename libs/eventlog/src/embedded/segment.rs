@@ -81,22 +81,29 @@ pub(crate) fn parse_segment_header(header: &[u8]) -> Result<u64, String> {
     Ok(u64::from_le_bytes(header[8..16].try_into().unwrap()))
 }
 
+/// Appends one frame whose body is the concatenation of `body`; returns the
+/// BLAKE3 hash of the body (the record's hash).
 pub(crate) fn encode_frame(
     out: &mut Vec<u8>,
     seq: u64,
     flags: u8,
     prev_chain: &[u8; 32],
-    body: &[u8],
-) {
+    body: &[&[u8]],
+) -> [u8; 32] {
     let start = out.len();
+    let len: usize = body.iter().map(|part| part.len()).sum();
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.push(flags);
     out.extend_from_slice(prev_chain);
-    out.extend_from_slice(body);
+    let body_start = out.len();
+    for part in body {
+        out.extend_from_slice(part);
+    }
     let crc = crc32fast::hash(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    *blake3::hash(&out[body_start..]).as_bytes()
 }
 
 pub(crate) fn next_chain(prev_chain: &[u8; 32], record_hash: &[u8; 32]) -> [u8; 32] {
@@ -301,7 +308,7 @@ mod tests {
     #[test]
     fn frame_round_trip_and_checksum() {
         let mut out = Vec::new();
-        encode_frame(&mut out, 7, FLAG_END_OF_BATCH, &[3; 32], b"hello");
+        encode_frame(&mut out, 7, FLAG_END_OF_BATCH, &[3; 32], &[b"hel", b"lo"]);
         let data = Bytes::from(out.clone());
         let frame = parse_frame(&data, 0, 100).unwrap().unwrap();
         assert_eq!(
@@ -346,9 +353,9 @@ mod tests {
     #[test]
     fn intact_frame_is_found_after_damage() {
         let mut out = Vec::new();
-        encode_frame(&mut out, 1, 1, &ZERO_CHAIN, b"first");
+        encode_frame(&mut out, 1, 1, &ZERO_CHAIN, &[b"first"]);
         let second = out.len();
-        encode_frame(&mut out, 2, 1, &ZERO_CHAIN, b"second");
+        encode_frame(&mut out, 2, 1, &ZERO_CHAIN, &[b"second"]);
         out[10] ^= 0xff; // damage the first frame's sequence bytes
         let data = Bytes::from(out);
         assert_eq!(find_intact_frame(&data, 1, 1), Some(second));

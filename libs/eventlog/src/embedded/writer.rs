@@ -17,8 +17,8 @@ use crate::{AppendAck, LogError};
 
 /// Recently appended ids, for de-duplication of retried appends.
 struct RecentIds {
-    by_id: HashMap<String, u64>,
-    order: VecDeque<String>,
+    by_id: HashMap<Arc<str>, u64>,
+    order: VecDeque<Arc<str>>,
     capacity: usize,
 }
 
@@ -30,12 +30,16 @@ impl RecentIds {
             capacity,
         };
         for (id, seq) in recovered {
-            ids.insert(id, seq);
+            ids.insert(&id, seq);
         }
         ids
     }
 
-    fn insert(&mut self, id: String, seq: u64) {
+    fn get(&self, id: &str) -> Option<u64> {
+        self.by_id.get(id).copied()
+    }
+
+    fn insert(&mut self, id: &str, seq: u64) {
         if self.capacity == 0 {
             return;
         }
@@ -44,14 +48,17 @@ impl RecentIds {
                 self.by_id.remove(&old);
             }
         }
+        let id: Arc<str> = Arc::from(id);
         self.by_id.insert(id.clone(), seq);
         self.order.push_back(id);
     }
 
-    fn remove_newest(&mut self, id: &str) {
-        if self.order.back().is_some_and(|last| last == id) {
-            self.order.pop_back();
-            self.by_id.remove(id);
+    /// Forgets the `count` newest ids (a failed write is being undone).
+    fn forget_newest(&mut self, count: usize) {
+        for _ in 0..count.min(self.order.len()) {
+            if let Some(id) = self.order.pop_back() {
+                self.by_id.remove(&id);
+            }
         }
     }
 }
@@ -73,8 +80,10 @@ pub(crate) struct Writer {
 /// What a group changed, so a failed write can be undone in memory.
 #[derive(Default)]
 struct Undo {
-    heads: Vec<(String, Option<(u64, [u8; 32])>)>,
-    ids: Vec<String>,
+    /// Index of the request in the group, and its subject's head before it.
+    heads: Vec<(usize, Option<(u64, [u8; 32])>)>,
+    /// How many ids the group added to the de-duplication window.
+    ids: usize,
 }
 
 impl Writer {
@@ -162,14 +171,17 @@ impl Writer {
         }
 
         let (start_len, start_seq, start_chain) = (self.len, self.next_seq, self.chain);
+        let segment = self.shared.index.read().expect("index lock").segments.len() - 1;
         let mut undo = Undo::default();
-        let mut buf = Vec::new();
+        let mut buf = Vec::with_capacity(group.iter().map(|r| r.encoded_len()).sum());
         let mut new_points = Vec::new();
-        let mut outcomes = Vec::with_capacity(group.len());
-        for request in group {
-            let outcome = self.stage(&request, &mut buf, &mut undo, &mut new_points);
-            outcomes.push((request.reply, outcome));
-        }
+        let outcomes: Vec<Result<AppendAck, LogError>> = group
+            .iter()
+            .enumerate()
+            .map(|(i, request)| {
+                self.stage(i, request, segment, &mut buf, &mut undo, &mut new_points)
+            })
+            .collect();
 
         if !buf.is_empty() {
             if let Err(err) = self.write_and_sync(&buf) {
@@ -177,37 +189,38 @@ impl Writer {
                 // Undo in memory and on disk; if the file cannot be cut back, stop writing.
                 self.next_seq = start_seq;
                 self.chain = start_chain;
-                for (subject, head) in undo.heads.into_iter().rev() {
+                for &(i, head) in undo.heads.iter().rev() {
+                    let subject = group[i].subject.as_str();
                     match head {
-                        Some(head) => self.heads.insert(subject, head),
-                        None => self.heads.remove(&subject),
+                        Some(head) => self.heads.insert(subject.to_string(), head),
+                        None => self.heads.remove(subject),
                     };
                 }
-                for id in undo.ids.iter().rev() {
-                    self.recent.remove_newest(id);
-                }
+                self.recent.forget_newest(undo.ids);
                 if let Err(err) = self.file.set_len(start_len) {
                     self.failed = Some(format!("{reason}; cutting the file back failed: {err}"));
                 }
                 self.len = start_len;
-                for (reply, outcome) in outcomes {
-                    let _ =
-                        reply.send(outcome.and_then(|_| Err(failed_error(&self.path, &reason))));
+                for (request, outcome) in group.into_iter().zip(outcomes) {
+                    let outcome = outcome.and_then(|_| Err(failed_error(&self.path, &reason)));
+                    let _ = request.reply.send(outcome);
                 }
                 return;
             }
             self.len += buf.len() as u64;
-            self.publish(&undo, new_points);
+            self.publish(&group, &undo, new_points);
         }
-        for (reply, outcome) in outcomes {
-            let _ = reply.send(outcome);
+        for (request, outcome) in group.into_iter().zip(outcomes) {
+            let _ = request.reply.send(outcome);
         }
     }
 
     /// Checks one append and encodes its frames into `buf`.
     fn stage(
         &mut self,
+        index_in_group: usize,
         request: &WriteRequest,
+        segment: usize,
         buf: &mut Vec<u8>,
         undo: &mut Undo,
         new_points: &mut Vec<IndexPoint>,
@@ -217,7 +230,7 @@ impl Writer {
         let known: Vec<Option<u64>> = request
             .events
             .iter()
-            .map(|e| self.recent.by_id.get(&e.id).copied())
+            .map(|e| self.recent.get(&e.id))
             .collect();
         let duplicates = known.iter().filter(|k| k.is_some()).count();
         if duplicates == request.events.len() {
@@ -256,36 +269,34 @@ impl Writer {
 
         let mut prev = head.map(|(_, hash)| hash);
         let mut sequences = Vec::with_capacity(request.events.len());
-        let segment_idx = self.shared.index.read().expect("index lock").segments.len() - 1;
+        let last = request.events.len() - 1;
         for (i, event) in request.events.iter().enumerate() {
             let seq = self.next_seq;
-            let body = event.finish(prev.as_ref());
-            let hash = *blake3::hash(&body).as_bytes();
-            let flags = if i + 1 == request.events.len() {
-                FLAG_END_OF_BATCH
-            } else {
-                0
-            };
             if seq % INDEX_EVERY == 0 {
                 new_points.push(IndexPoint {
                     seq,
-                    segment: segment_idx,
+                    segment,
                     offset: self.len + buf.len() as u64,
                 });
             }
-            encode_frame(buf, seq, flags, &self.chain, &body);
+            let flags = if i == last { FLAG_END_OF_BATCH } else { 0 };
+            let parts = event.body_parts(prev.as_ref());
+            let hash = encode_frame(buf, seq, flags, &self.chain, &parts.as_slices());
             self.chain = next_chain(&self.chain, &hash);
-            self.recent.insert(event.id.clone(), seq);
-            undo.ids.push(event.id.clone());
+            self.recent.insert(&event.id, seq);
+            undo.ids += 1;
             prev = Some(hash);
             sequences.push(seq);
             self.next_seq += 1;
         }
-        undo.heads.push((subject.to_string(), head));
-        self.heads.insert(
-            subject.to_string(),
-            (self.next_seq - 1, prev.expect("non-empty batch")),
-        );
+        undo.heads.push((index_in_group, head));
+        let new_head = (self.next_seq - 1, prev.expect("non-empty batch"));
+        match self.heads.get_mut(subject) {
+            Some(slot) => *slot = new_head,
+            None => {
+                self.heads.insert(subject.to_string(), new_head);
+            }
+        }
         Ok(AppendAck {
             sequences,
             duplicates: 0,
@@ -301,16 +312,22 @@ impl Writer {
     }
 
     /// Makes a committed group visible to readers and followers.
-    fn publish(&self, undo: &Undo, new_points: Vec<IndexPoint>) {
+    fn publish(&self, group: &[WriteRequest], undo: &Undo, new_points: Vec<IndexPoint>) {
         let last_seq = self.next_seq - 1;
         {
             let mut index = self.shared.index.write().expect("index lock");
             index.segments.last_mut().expect("one segment").len = self.len;
             index.sparse.extend(new_points);
             index.last_seq = last_seq;
-            for (subject, _) in &undo.heads {
+            for &(i, _) in &undo.heads {
+                let subject = group[i].subject.as_str();
                 let seq = self.heads[subject].0;
-                index.subject_last.insert(subject.clone(), seq);
+                match index.subject_last.get_mut(subject) {
+                    Some(slot) => *slot = seq,
+                    None => {
+                        index.subject_last.insert(subject.to_string(), seq);
+                    }
+                }
             }
         }
         self.shared.committed.send_replace(last_seq);

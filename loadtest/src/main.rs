@@ -1,0 +1,47 @@
+//! `switchyard-loadtest`: measured figures for the README.
+//!
+//! `switchyard-loadtest eventlog` measures the migration log on this machine in
+//! one run and prints JSON: embedded appends (fsync per append and group
+//! commit), embedded replay, and JetStream appends through the backend against
+//! a bare async-nats publish loop on the same server with the same payload.
+
+#![forbid(unsafe_code)]
+
+mod eventlog;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard-loadtest",
+    about = "Benchmarks and load scenarios for Switchyard"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Event log throughput: embedded append and replay, JetStream vs bare async-nats.
+    Eventlog(eventlog::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(match cli.command {
+        Command::Eventlog(args) => eventlog::run(args),
+    })?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// Peak resident set size of this process (VmHWM), in KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
