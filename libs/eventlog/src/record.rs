@@ -127,13 +127,14 @@ impl NewEvent {
         if !self.id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(invalid("id", "visible ASCII without spaces"));
         }
-        if let Some(trace) = &self.trace {
-            if !trace.traceparent.is_empty() && !is_traceparent(&trace.traceparent) {
-                return Err(invalid(
-                    "trace.traceparent",
-                    "a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>",
-                ));
-            }
+        if let Some(trace) = &self.trace
+            && !trace.traceparent.is_empty()
+            && !is_traceparent(&trace.traceparent)
+        {
+            return Err(invalid(
+                "trace.traceparent",
+                "a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>",
+            ));
         }
         match &self.payload {
             Payload::Domain(event) if event.kind.is_none() => {

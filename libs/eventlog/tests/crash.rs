@@ -50,13 +50,11 @@ async fn sigkill_never_loses_or_duplicates_an_acknowledged_event() {
                 let mut parts = line.split(' ');
                 if let (Some("ack"), Some(id), Some(seq)) =
                     (parts.next(), parts.next(), parts.next())
-                {
-                    if tx
+                    && tx
                         .send((id.to_string(), seq.parse::<u64>().unwrap()))
                         .is_err()
-                    {
-                        break;
-                    }
+                {
+                    break;
                 }
             }
         });

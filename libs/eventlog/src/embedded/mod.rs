@@ -81,6 +81,9 @@ pub(crate) struct SegmentInfo {
     pub len: u64,
 }
 
+/// A subject's last record: its sequence and the hash the next record links to.
+pub(crate) type SubjectHead = (u64, [u8; 32]);
+
 /// Every `INDEX_EVERY`-th record is indexed, so a read seeks close to its start.
 pub(crate) const INDEX_EVERY: u64 = 256;
 

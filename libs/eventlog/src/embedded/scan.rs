@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::segment::{
     self, CursorError, FrameCursor, SEGMENT_HEADER, ZERO_CHAIN, find_intact_frame, next_chain,
 };
-use super::{INDEX_EVERY, Index, IndexPoint, OpenReport, SegmentInfo};
+use super::{INDEX_EVERY, Index, IndexPoint, OpenReport, SegmentInfo, SubjectHead};
 use crate::{LogError, Problem, StoredEvent, SubjectChains, VerifyReport, note_undecodable};
 
 /// An unacknowledged, partly written batch found at the end of the log.
@@ -28,7 +28,7 @@ pub(crate) struct Recovered {
     pub index: Index,
     pub report: OpenReport,
     pub chain: [u8; 32],
-    pub heads: BTreeMap<String, (u64, [u8; 32])>,
+    pub heads: BTreeMap<String, SubjectHead>,
     pub recent_ids: VecDeque<(String, u64)>,
 }
 

@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, watch};
 use super::scan::Recovered;
 use super::segment::{self, FLAG_END_OF_BATCH, SEGMENT_HEADER, encode_frame, next_chain};
 use super::{
-    Durability, EmbeddedOptions, INDEX_EVERY, IndexPoint, SegmentInfo, Shared, WriteRequest,
+    Durability, EmbeddedOptions, INDEX_EVERY, IndexPoint, SegmentInfo, Shared, SubjectHead,
+    WriteRequest,
 };
 use crate::{AppendAck, LogError};
 
@@ -43,10 +44,10 @@ impl RecentIds {
         if self.capacity == 0 {
             return;
         }
-        if self.order.len() >= self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.by_id.remove(&old);
-            }
+        if self.order.len() >= self.capacity
+            && let Some(old) = self.order.pop_front()
+        {
+            self.by_id.remove(&old);
         }
         let id: Arc<str> = Arc::from(id);
         self.by_id.insert(id.clone(), seq);
@@ -71,7 +72,7 @@ pub(crate) struct Writer {
     len: u64,
     next_seq: u64,
     chain: [u8; 32],
-    heads: BTreeMap<String, (u64, [u8; 32])>,
+    heads: BTreeMap<String, SubjectHead>,
     recent: RecentIds,
     /// Set when a failed write could not be undone; every later append fails.
     failed: Option<String>,
@@ -81,7 +82,7 @@ pub(crate) struct Writer {
 #[derive(Default)]
 struct Undo {
     /// Index of the request in the group, and its subject's head before it.
-    heads: Vec<(usize, Option<(u64, [u8; 32])>)>,
+    heads: Vec<(usize, Option<SubjectHead>)>,
     /// How many ids the group added to the de-duplication window.
     ids: usize,
 }
@@ -160,14 +161,14 @@ impl Writer {
             }
             return;
         }
-        if self.len >= self.options.segment_bytes {
-            if let Err(err) = self.roll() {
-                let reason = err.to_string();
-                for request in group {
-                    let _ = request.reply.send(Err(failed_error(&self.path, &reason)));
-                }
-                return;
+        if self.len >= self.options.segment_bytes
+            && let Err(err) = self.roll()
+        {
+            let reason = err.to_string();
+            for request in group {
+                let _ = request.reply.send(Err(failed_error(&self.path, &reason)));
             }
+            return;
         }
 
         let (start_len, start_seq, start_chain) = (self.len, self.next_seq, self.chain);
@@ -257,14 +258,14 @@ impl Writer {
         }
         let head = self.heads.get(subject).copied();
         let actual = head.map_or(0, |(seq, _)| seq);
-        if let Some(expected) = request.expected.required() {
-            if expected != actual {
-                return Err(LogError::Conflict {
-                    subject: subject.to_string(),
-                    expected,
-                    actual: actual.to_string(),
-                });
-            }
+        if let Some(expected) = request.expected.required()
+            && expected != actual
+        {
+            return Err(LogError::Conflict {
+                subject: subject.to_string(),
+                expected,
+                actual: actual.to_string(),
+            });
         }
 
         let mut prev = head.map(|(_, hash)| hash);
@@ -272,7 +273,7 @@ impl Writer {
         let last = request.events.len() - 1;
         for (i, event) in request.events.iter().enumerate() {
             let seq = self.next_seq;
-            if seq % INDEX_EVERY == 0 {
+            if seq.is_multiple_of(INDEX_EVERY) {
                 new_points.push(IndexPoint {
                     seq,
                     segment,
