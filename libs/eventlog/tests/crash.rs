@@ -102,6 +102,19 @@ async fn sigkill_never_loses_or_duplicates_an_acknowledged_event() {
                 "run {run}: acknowledged event {id} lost or moved"
             );
         }
+        // Batches are whole: the writer appends `1 + n % 4` events as batch n.
+        for id in stored.keys() {
+            let mut parts = id.rsplitn(3, '-');
+            let (_, n, prefix) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+            let size = 1 + n.parse::<usize>().unwrap() % 4;
+            for i in 0..size {
+                let member = format!("{prefix}-{n}-{i}");
+                assert!(
+                    stored.contains_key(member.as_str()),
+                    "run {run}: batch of {id} is missing {member}"
+                );
+            }
+        }
         let report = log.verify().await.unwrap();
         assert!(report.is_ok(), "run {run}: {:?}", report.problems);
         assert_eq!(report.records, events.len() as u64);
