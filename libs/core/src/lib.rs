@@ -1,0 +1,15 @@
+//! The decision cores of Switchyard.
+//!
+//! Every core is a deterministic fold: `apply(state, event)` folds any event of
+//! the log (a fact or a decision) into the state, and `decide(state, fact)`
+//! returns the decisions a just-applied fact implies. No I/O, no clock, no
+//! randomness, ordered maps only — so replaying a log yields the same state and
+//! re-deciding its facts yields the same decisions, byte for byte.
+
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod names;
+pub mod stack;
+
+pub use switchyard_proto::v1 as events;

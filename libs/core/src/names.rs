@@ -1,0 +1,27 @@
+//! Names from the reference documents, verbatim.
+
+/// The node's group.
+pub const GROUP_LABEL: &str = "node.deckhouse.io/group";
+/// Which stack serves the node: `device-plugin` or `dra`.
+pub const GPU_STACK_LABEL: &str = "node.deckhouse.io/gpu-stack";
+/// Set once the node's GPU preparation finished.
+pub const GPU_SETUP_COMPLETE_LABEL: &str = "node.deckhouse.io/gpu-setup-complete";
+/// `false` keeps DRA off the node.
+pub const GPU_ENABLED_LABEL: &str = "gpu.deckhouse.io/enabled";
+/// The card model label of PhysicalGPU objects, e.g. `a100-sxm4-40gb`.
+pub const GPU_DEVICE_LABEL: &str = "gpu.deckhouse.io/device";
+/// Device-plugin configuration label, cleared on completion.
+pub const DEVICE_GPU_CONFIG_LABEL: &str = "node.deckhouse.io/device-gpu.config";
+/// Control-plane nodes carry this role label.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Prefix of the per-group role label `node-role.kubernetes.io/<group>`.
+pub const NODE_ROLE_PREFIX: &str = "node-role.kubernetes.io/";
+
+/// Values of the gpu-stack label.
+pub const STACK_DEVICE_PLUGIN: &str = "device-plugin";
+pub const STACK_DRA: &str = "dra";
+
+/// Fires for each group with spec.gpu held on DRA after the module upgrade.
+pub const ALERT_HELD_ON_DRA: &str = "D8GpuNodeGroupHeldOnDra";
+/// Label of the alert that names the group.
+pub const ALERT_LABEL_NODE_GROUP: &str = "node_group";

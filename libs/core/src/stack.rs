@@ -1,0 +1,219 @@
+//! The stack-assigner core: which stack serves each node, and the upgrade hold.
+//!
+//! The rules (reference: "How the stacks are split across nodes"):
+//! - a node of a group with `spec.gpu` is served by the device plugin, unless
+//!   the group is held on DRA after the module upgrade;
+//! - with `dra.enabled`, every other node is served by DRA, except control-plane
+//!   nodes and nodes labelled `gpu.deckhouse.io/enabled=false` (and while the
+//!   DRA feature gates are not ready);
+//! - otherwise no stack manages the node: its cards sit idle.
+//!
+//! The upgrade hold (reference: "If DRA was enabled before the module upgrade"):
+//! on the first run of this version in a cluster that was upgraded with
+//! `dra.enabled` on, every group that has `spec.gpu` is held on DRA and
+//! `D8GpuNodeGroupHeldOnDra` fires for it. Removing `spec.gpu` releases the group
+//! (it stays on DRA, the alert clears); turning `dra.enabled` off releases all;
+//! setting `spec.gpu` again after the release moves the group to the device plugin.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use switchyard_proto::v1::{
+    AlertCleared, AlertRaised, DomainEvent, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason,
+    Stack, StackAssigned, StackReason, domain_event::Kind,
+};
+
+use crate::cluster::{Cluster, Node};
+use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
+
+/// The stack serving a node and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub group: String,
+    pub stack: Stack,
+    pub reason: StackReason,
+}
+
+/// The rules, for one node. `held`: the node's group is held on DRA.
+pub fn rule(node: &Node, cluster: &Cluster, held: bool) -> (Stack, StackReason) {
+    let spec_gpu = node.group().is_some_and(|g| cluster.has_spec_gpu(g));
+    if spec_gpu && !held {
+        return (Stack::DevicePlugin, StackReason::GroupHasSpecGpu);
+    }
+    let module = &cluster.module;
+    if !module.dra_enabled {
+        return (Stack::None, StackReason::NoSpecGpuDraDisabled);
+    }
+    if node.is_control_plane() {
+        return (Stack::None, StackReason::ControlPlane);
+    }
+    if node.gpu_disabled() {
+        return (Stack::None, StackReason::GpuDisabledLabel);
+    }
+    if !module.feature_gates_ready {
+        return (Stack::None, StackReason::FeatureGatesNotReady);
+    }
+    if held {
+        (Stack::Dra, StackReason::HeldOnDra)
+    } else {
+        (Stack::Dra, StackReason::DraEnabled)
+    }
+}
+
+/// What the stack-assigner knows: the cluster facts, the held groups and the
+/// stack it last decided for each node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackAssigner {
+    pub cluster: Cluster,
+    pub held: BTreeSet<String>,
+    pub assignments: BTreeMap<String, Assignment>,
+}
+
+fn event(kind: Kind) -> DomainEvent {
+    DomainEvent { kind: Some(kind) }
+}
+
+fn alert_labels(group: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(ALERT_LABEL_NODE_GROUP.to_string(), group.to_string())])
+}
+
+impl StackAssigner {
+    /// Folds any event of the log: facts and this core's own decisions.
+    pub fn apply(&mut self, event: &DomainEvent) {
+        self.cluster.apply(event);
+        let Some(kind) = &event.kind else { return };
+        match kind {
+            Kind::NodeRemoved(fact) => {
+                self.assignments.remove(&fact.node);
+            }
+            Kind::StackAssigned(decision) => {
+                self.assignments.insert(
+                    decision.node.clone(),
+                    Assignment {
+                        group: decision.group.clone(),
+                        stack: decision.stack(),
+                        reason: decision.reason(),
+                    },
+                );
+            }
+            Kind::NodeGroupHeldOnDra(decision) => {
+                self.held.insert(decision.group.clone());
+            }
+            Kind::NodeGroupReleased(decision) => {
+                self.held.remove(&decision.group);
+            }
+            _ => {}
+        }
+    }
+
+    /// The decisions implied by `fact`, which has just been applied.
+    pub fn decide(&self, fact: &DomainEvent) -> Vec<DomainEvent> {
+        let Some(kind) = &fact.kind else {
+            return Vec::new();
+        };
+        let mut decisions = Vec::new();
+        let mut held = self.held.clone();
+        let release = |group: &str, reason: ReleaseReason, decisions: &mut Vec<DomainEvent>| {
+            decisions.push(event(Kind::NodeGroupReleased(NodeGroupReleased {
+                group: group.to_string(),
+                reason: reason as i32,
+            })));
+            decisions.push(event(Kind::AlertCleared(AlertCleared {
+                alert_name: ALERT_HELD_ON_DRA.into(),
+                labels: alert_labels(group),
+            })));
+        };
+        let affected: Vec<&String> = match kind {
+            Kind::ModuleSettingsObserved(settings) => {
+                let upgraded = !settings.previous_module_version.is_empty();
+                if self.cluster.module.observations == 1 && upgraded && settings.dra_enabled {
+                    for (group, spec) in &self.cluster.groups {
+                        if spec.gpu.is_some() && held.insert(group.clone()) {
+                            decisions.push(event(Kind::NodeGroupHeldOnDra(NodeGroupHeldOnDra {
+                                group: group.clone(),
+                                module_version: settings.module_version.clone(),
+                            })));
+                            decisions.push(event(Kind::AlertRaised(AlertRaised {
+                                alert_name: ALERT_HELD_ON_DRA.into(),
+                                labels: alert_labels(group),
+                                summary: format!(
+                                    "node group {group} has spec.gpu but is held on DRA since the module upgrade; \
+                                     drain its nodes, remove spec.gpu, wait for this alert to clear, then set spec.gpu again"
+                                ),
+                            })));
+                        }
+                    }
+                }
+                if !settings.dra_enabled {
+                    for group in std::mem::take(&mut held) {
+                        release(&group, ReleaseReason::DraDisabled, &mut decisions);
+                    }
+                }
+                self.cluster.nodes.keys().collect()
+            }
+            Kind::NodeGroupObserved(fact) => {
+                if fact.gpu.is_none() && held.remove(&fact.group) {
+                    release(&fact.group, ReleaseReason::SpecGpuRemoved, &mut decisions);
+                }
+                self.cluster
+                    .members
+                    .get(&fact.group)
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            }
+            Kind::NodeGroupRemoved(fact) => {
+                if held.remove(&fact.group) {
+                    release(&fact.group, ReleaseReason::GroupDeleted, &mut decisions);
+                }
+                self.cluster
+                    .members
+                    .get(&fact.group)
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            }
+            Kind::NodeObserved(fact) => self
+                .cluster
+                .nodes
+                .get_key_value(&fact.node)
+                .map(|(k, _)| k)
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
+        for name in affected {
+            let node = &self.cluster.nodes[name];
+            let group = node.group().unwrap_or_default();
+            let (stack, reason) = rule(node, &self.cluster, held.contains(group));
+            let previous = self.assignments.get(name);
+            let unchanged = previous
+                .is_some_and(|p| p.stack == stack && p.reason == reason && p.group == group);
+            if !unchanged {
+                decisions.push(event(Kind::StackAssigned(StackAssigned {
+                    node: name.clone(),
+                    group: group.to_string(),
+                    stack: stack as i32,
+                    previous_stack: previous.map_or(Stack::Unspecified, |p| p.stack) as i32,
+                    reason: reason as i32,
+                })));
+            }
+        }
+        decisions
+    }
+
+    /// What a service does with each fact: fold it, decide, fold the decisions.
+    /// Returns the decisions to append after the fact.
+    pub fn handle(&mut self, fact: &DomainEvent) -> Vec<DomainEvent> {
+        self.apply(fact);
+        let decisions = self.decide(fact);
+        for decision in &decisions {
+            self.apply(decision);
+        }
+        decisions
+    }
+
+    /// The stack serving `node`, if it has been decided.
+    pub fn stack_of(&self, node: &str) -> Option<Stack> {
+        self.assignments.get(node).map(|a| a.stack)
+    }
+}

@@ -1,0 +1,288 @@
+//! One test per reference rule of the stack split and the upgrade hold, in the
+//! given / when / then shape: facts go in, decisions come out.
+
+mod support;
+
+use support::*;
+use switchyard_core::names::ALERT_HELD_ON_DRA;
+use switchyard_core::stack::StackAssigner;
+use switchyard_proto::v1::{DomainEvent, ReleaseReason, Stack, StackReason, domain_event::Kind};
+
+fn given(facts: &[DomainEvent]) -> StackAssigner {
+    let mut core = StackAssigner::default();
+    for fact in facts {
+        core.handle(fact);
+    }
+    core
+}
+
+fn stack(core: &StackAssigner, node: &str) -> (Stack, StackReason) {
+    let a = &core.assignments[node];
+    (a.stack, a.reason)
+}
+
+fn names(decisions: &[DomainEvent]) -> Vec<&'static str> {
+    decisions
+        .iter()
+        .map(|d| d.kind.as_ref().unwrap().type_name())
+        .collect()
+}
+
+#[test]
+fn group_with_spec_gpu_is_served_by_the_device_plugin() {
+    let core = given(&[
+        mk_settings(true, true, ""),
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+    ]);
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
+    );
+}
+
+#[test]
+fn dra_enabled_serves_every_other_node_by_dra() {
+    let core = given(&[
+        mk_settings(true, true, ""),
+        mk_group("gpu-dra", false),
+        mk_node("w1", Some("gpu-dra")),
+        mk_node("w2", Some("unrelated")),
+        mk_node("w3", None),
+    ]);
+    for node in ["w1", "w2", "w3"] {
+        assert_eq!(
+            stack(&core, node),
+            (Stack::Dra, StackReason::DraEnabled),
+            "{node}"
+        );
+    }
+}
+
+#[test]
+fn control_plane_nodes_get_no_dra() {
+    let core = given(&[mk_settings(true, true, ""), mk_control_plane("cp1")]);
+    assert_eq!(
+        stack(&core, "cp1"),
+        (Stack::None, StackReason::ControlPlane)
+    );
+}
+
+#[test]
+fn opted_out_nodes_get_no_dra() {
+    let core = given(&[
+        mk_settings(true, true, ""),
+        mk_group("gpu-dra", false),
+        mk_opted_out("w1", "gpu-dra"),
+    ]);
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::None, StackReason::GpuDisabledLabel)
+    );
+}
+
+#[test]
+fn without_spec_gpu_and_without_dra_no_stack_manages_the_node() {
+    // Common mistakes: "No stack manages the node".
+    let core = given(&[
+        mk_settings(false, true, ""),
+        mk_group("gpu-dra", false),
+        mk_node("w1", Some("gpu-dra")),
+    ]);
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::None, StackReason::NoSpecGpuDraDisabled)
+    );
+}
+
+#[test]
+fn feature_gates_not_ready_keep_dra_off() {
+    // Common mistakes: "DRA is not deployed on the group's nodes ... the feature gates are not ready".
+    let core = given(&[mk_settings(true, false, ""), mk_node("w1", Some("gpu-dra"))]);
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::None, StackReason::FeatureGatesNotReady)
+    );
+}
+
+#[test]
+fn fresh_install_does_not_hold_groups_with_spec_gpu() {
+    let core = given(&[
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+        mk_settings(true, true, ""),
+    ]);
+    assert!(core.held.is_empty());
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
+    );
+}
+
+#[test]
+fn upgrade_with_dra_enabled_holds_every_group_with_spec_gpu_and_alerts() {
+    let mut core = given(&[
+        mk_group("gpu", true),
+        mk_group("gpu-b", true),
+        mk_group("plain", false),
+        mk_node("w1", Some("gpu")),
+        mk_node("w2", Some("plain")),
+    ]);
+    let decisions = core.handle(&mk_settings(true, true, "1.9.0"));
+    assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
+    let alerts: Vec<_> = decisions
+        .iter()
+        .filter_map(|d| match &d.kind {
+            Some(Kind::AlertRaised(a)) => {
+                Some((a.alert_name.as_str(), a.labels["node_group"].as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        alerts,
+        [(ALERT_HELD_ON_DRA, "gpu"), (ALERT_HELD_ON_DRA, "gpu-b")]
+    );
+    assert_eq!(stack(&core, "w1"), (Stack::Dra, StackReason::HeldOnDra));
+    assert_eq!(stack(&core, "w2"), (Stack::Dra, StackReason::DraEnabled));
+}
+
+#[test]
+fn upgrade_with_dra_disabled_holds_nothing() {
+    let core = given(&[
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+        mk_settings(false, true, "1.9.0"),
+    ]);
+    assert!(core.held.is_empty());
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
+    );
+}
+
+#[test]
+fn the_hold_is_taken_on_the_first_run_only() {
+    let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
+    let decisions = core.handle(&mk_group("gpu-new", true));
+    assert!(
+        decisions.is_empty(),
+        "a group created after the upgrade is not held: {:?}",
+        names(&decisions)
+    );
+    let decisions = core.handle(&mk_settings(true, true, "1.9.0"));
+    assert!(!names(&decisions).contains(&"NodeGroupHeldOnDra"));
+    assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu"]);
+}
+
+#[test]
+fn removing_spec_gpu_releases_the_group_it_stays_on_dra_and_the_alert_clears() {
+    let mut core = given(&[
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+        mk_settings(true, true, "1.9.0"),
+    ]);
+    let decisions = core.handle(&mk_group("gpu", false));
+    assert_eq!(
+        names(&decisions),
+        ["NodeGroupReleased", "AlertCleared", "StackAssigned"]
+    );
+    let Some(Kind::NodeGroupReleased(released)) = &decisions[0].kind else {
+        unreachable!()
+    };
+    assert_eq!(released.reason(), ReleaseReason::SpecGpuRemoved);
+    assert!(core.held.is_empty());
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::Dra, StackReason::DraEnabled),
+        "stays on DRA"
+    );
+}
+
+#[test]
+fn setting_spec_gpu_again_after_release_moves_the_group_to_the_device_plugin() {
+    let mut core = given(&[
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+        mk_settings(true, true, "1.9.0"),
+        mk_group("gpu", false),
+    ]);
+    let decisions = core.handle(&mk_group("gpu", true));
+    assert_eq!(names(&decisions), ["StackAssigned"]);
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
+    );
+}
+
+#[test]
+fn disabling_dra_releases_all_groups() {
+    let mut core = given(&[
+        mk_group("gpu", true),
+        mk_group("gpu-b", true),
+        mk_node("w1", Some("gpu")),
+        mk_settings(true, true, "1.9.0"),
+    ]);
+    let decisions = core.handle(&mk_settings(false, true, "1.9.0"));
+    let released: Vec<_> = decisions
+        .iter()
+        .filter_map(|d| match &d.kind {
+            Some(Kind::NodeGroupReleased(r)) => Some((r.group.as_str(), r.reason())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        released,
+        [
+            ("gpu", ReleaseReason::DraDisabled),
+            ("gpu-b", ReleaseReason::DraDisabled)
+        ]
+    );
+    assert!(core.held.is_empty());
+    assert_eq!(
+        stack(&core, "w1"),
+        (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
+    );
+}
+
+#[test]
+fn deleting_a_held_group_releases_it() {
+    let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
+    let decisions = core.handle(&mk_group_removed("gpu"));
+    assert_eq!(names(&decisions), ["NodeGroupReleased", "AlertCleared"]);
+    assert!(core.held.is_empty());
+}
+
+#[test]
+fn moving_a_node_between_groups_changes_its_stack() {
+    let mut core = given(&[
+        mk_settings(true, true, ""),
+        mk_group("gpu", true),
+        mk_group("gpu-dra", false),
+        mk_node("w1", Some("gpu")),
+    ]);
+    let decisions = core.handle(&mk_node("w1", Some("gpu-dra")));
+    let Some(Kind::StackAssigned(assigned)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(
+        (assigned.previous_stack(), assigned.stack()),
+        (Stack::DevicePlugin, Stack::Dra)
+    );
+    assert_eq!(assigned.group, "gpu-dra");
+    assert!(core.cluster.members["gpu-dra"].contains("w1"));
+    assert!(!core.cluster.members.contains_key("gpu"));
+}
+
+#[test]
+fn an_unchanged_fact_decides_nothing() {
+    let mut core = given(&[
+        mk_settings(true, true, ""),
+        mk_group("gpu", true),
+        mk_node("w1", Some("gpu")),
+    ]);
+    assert!(core.handle(&mk_node("w1", Some("gpu"))).is_empty());
+    assert!(core.handle(&mk_group("gpu", true)).is_empty());
+    core.handle(&mk_node_removed("w1"));
+    assert!(!core.assignments.contains_key("w1"));
+}

@@ -1,0 +1,75 @@
+//! Small builders for core tests (`mk_*`), in the style of the cores' inputs.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use switchyard_core::names::{CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GROUP_LABEL};
+use switchyard_proto::v1::{
+    DomainEvent, GpuSharing, GpuSpec, ModuleSettingsObserved, NodeGroupObserved, NodeGroupRemoved,
+    NodeObserved, NodeRemoved, domain_event::Kind,
+};
+
+pub fn ev(kind: Kind) -> DomainEvent {
+    DomainEvent { kind: Some(kind) }
+}
+
+pub fn mk_node(name: &str, group: Option<&str>) -> DomainEvent {
+    mk_node_labels(name, group, &[])
+}
+
+pub fn mk_node_labels(name: &str, group: Option<&str>, extra: &[(&str, &str)]) -> DomainEvent {
+    let mut labels: BTreeMap<String, String> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if let Some(group) = group {
+        labels.insert(GROUP_LABEL.into(), group.into());
+    }
+    ev(Kind::NodeObserved(NodeObserved {
+        node: name.into(),
+        labels,
+        gpu_count: 8,
+        ..Default::default()
+    }))
+}
+
+pub fn mk_control_plane(name: &str) -> DomainEvent {
+    mk_node_labels(name, Some("master"), &[(CONTROL_PLANE_LABEL, "")])
+}
+
+pub fn mk_opted_out(name: &str, group: &str) -> DomainEvent {
+    mk_node_labels(name, Some(group), &[(GPU_ENABLED_LABEL, "false")])
+}
+
+pub fn mk_node_removed(name: &str) -> DomainEvent {
+    ev(Kind::NodeRemoved(NodeRemoved { node: name.into() }))
+}
+
+pub fn mk_group(name: &str, spec_gpu: bool) -> DomainEvent {
+    ev(Kind::NodeGroupObserved(NodeGroupObserved {
+        group: name.into(),
+        node_type: "Static".into(),
+        gpu: spec_gpu.then(|| GpuSpec {
+            sharing: GpuSharing::Exclusive as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }))
+}
+
+pub fn mk_group_removed(name: &str) -> DomainEvent {
+    ev(Kind::NodeGroupRemoved(NodeGroupRemoved {
+        group: name.into(),
+    }))
+}
+
+/// Module settings; `upgraded_from` is the version that ran before ("" = fresh install).
+pub fn mk_settings(dra_enabled: bool, gates_ready: bool, upgraded_from: &str) -> DomainEvent {
+    ev(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
+        dra_enabled,
+        feature_gates_ready: gates_ready,
+        module_version: "2.0.0".into(),
+        previous_module_version: upgraded_from.into(),
+    }))
+}
