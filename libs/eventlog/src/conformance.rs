@@ -26,6 +26,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@cases $make;
             append_and_read_back, read_by_subject_from_and_limit, expected_sequence_conflicts,
             racing_writers_one_wins_each_sequence, retried_append_is_stored_once,
+            reused_ids_are_never_stored_twice,
             last_sequence_per_subject, follow_sees_existing_then_new, unknown_events_are_kept,
             oversize_is_refused_with_the_limit, bad_input_is_refused_whole, verify_accepts_a_healthy_log);
     };
@@ -280,6 +281,71 @@ pub async fn racing_writers_one_wins_each_sequence(log: &dyn EventLog) {
     assert!(log.verify().await.unwrap().is_ok());
 }
 
+/// Batches that reuse stored ids in other ways than a plain retry are refused
+/// whole (or, where the backend can tell, acknowledged as the earlier append) —
+/// never stored twice, never acknowledged with sequences that are not theirs.
+pub async fn reused_ids_are_never_stored_twice(log: &dyn EventLog) {
+    let s = subject("node.reuse");
+    let other = subject("node.other");
+    log.append(&s, Expected::Empty, vec![removed("k1")])
+        .await
+        .expect("append");
+    // A new id in front of the subject's last one.
+    let refused = log
+        .append(&s, Expected::Empty, vec![removed("k0"), removed("k1")])
+        .await;
+    assert!(
+        refused.is_err(),
+        "[k0, k1] must not be acknowledged: {refused:?}"
+    );
+    let refused = log
+        .append(&s, Expected::Any, vec![removed("k2"), removed("k1")])
+        .await;
+    assert!(
+        refused.is_err(),
+        "[k2, k1] must not be acknowledged: {refused:?}"
+    );
+    // A longer batch than the whole subject, ending in its last id.
+    let refused = log
+        .append(
+            &s,
+            Expected::Sequence(7),
+            vec![removed("ka"), removed("kb"), removed("k1")],
+        )
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // A batch retried after another writer appended to the subject.
+    let first = log
+        .append(&s, Expected::Any, vec![removed("x1"), removed("x2")])
+        .await
+        .expect("append");
+    log.append(&other, Expected::Any, vec![removed("elsewhere")])
+        .await
+        .expect("append");
+    log.append(&s, Expected::Any, vec![removed("y1")])
+        .await
+        .expect("append");
+    match log
+        .append(&s, Expected::Any, vec![removed("x1"), removed("x2")])
+        .await
+    {
+        Ok(ack) => assert_eq!((ack.sequences, ack.duplicates), (first.sequences, 2)),
+        Err(err) => assert!(
+            matches!(err, LogError::InvalidBatch { .. })
+                && err.to_string().contains("already stored"),
+            "a refused retry says why: {err}"
+        ),
+    }
+    let ids: Vec<String> = read_all(log)
+        .await
+        .into_iter()
+        .map(|e| e.envelope.id)
+        .collect();
+    assert_eq!(ids, ["k1", "x1", "x2", "elsewhere", "y1"]);
+    assert!(log.verify().await.unwrap().is_ok());
+}
+
 pub async fn retried_append_is_stored_once(log: &dyn EventLog) {
     let s = subject("node.retry");
     let first = log
@@ -524,6 +590,25 @@ pub async fn bad_input_is_refused_whole(log: &dyn EventLog) {
             err,
             LogError::InvalidEvent {
                 field: "payload",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut long_state = removed("trace-2");
+    long_state.trace = Some(TraceContext {
+        traceparent: String::new(),
+        tracestate: "k=".to_string() + &"v".repeat(600),
+    });
+    let err = log
+        .append(&s, Expected::Any, vec![long_state])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LogError::InvalidEvent {
+                field: "trace.tracestate",
                 ..
             }
         ),

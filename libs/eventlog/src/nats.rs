@@ -20,7 +20,7 @@ use async_nats::jetstream::{
     self,
     consumer::{DeliverPolicy, pull::OrderedConfig},
     context::{PublishError, PublishErrorKind},
-    stream::{Config, LastRawMessageErrorKind, StorageType, Stream},
+    stream::{Config, LastRawMessageErrorKind, RawMessageErrorKind, StorageType, Stream},
 };
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -38,8 +38,15 @@ const BATCH_ID: &str = "Nats-Batch-Id";
 const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 const BATCH_COMMIT: &str = "Nats-Batch-Commit";
 
-/// Wrong last sequence, with and without the number; a duplicate inside an atomic batch.
-const CONFLICT_CODES: [u64; 3] = [10071, 10164, 10201];
+/// Wrong last sequence, with and without the number.
+const WRONG_LAST_SEQUENCE: [u64; 2] = [10071, 10164];
+/// An id of an atomic batch is already stored (or repeated in the batch).
+const DUPLICATE_IN_BATCH: u64 = 10201;
+/// Message over the stream's max_msg_size.
+const MESSAGE_TOO_LARGE: u64 = 10054;
+/// Nothing was stored and trying again can succeed: an incomplete (abandoned)
+/// batch, too many batches in flight.
+const RETRYABLE: [u64; 2] = [10176, 10210];
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -215,6 +222,47 @@ impl NatsLog {
         }
     }
 
+    /// If the subject's last messages are exactly this batch (`ids`, in order,
+    /// contiguous as an atomic batch is stored), the acknowledgement of that
+    /// earlier append; `head_id` is the id of the message at `head`, if known.
+    async fn stored_as_tail(
+        &self,
+        subject: &Subject,
+        head: Head,
+        head_id: Option<&str>,
+        ids: &[&str],
+    ) -> Result<Option<AppendAck>, LogError> {
+        let count = ids.len() as u64;
+        let Some(first) = (head.seq + 1)
+            .checked_sub(count)
+            .filter(|first| *first >= 1)
+        else {
+            return Ok(None);
+        };
+        if head_id.is_some_and(|id| id != ids[ids.len() - 1]) {
+            return Ok(None);
+        }
+        let stream_subject = self.stream_subject(subject);
+        for (seq, id) in (first..=head.seq).zip(ids) {
+            if seq == head.seq && head_id.is_some() {
+                continue;
+            }
+            let message = match self.stream.get_raw_message(seq).await {
+                Ok(message) => message,
+                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+                Err(err) => return Err(LogError::nats(format!("read stream sequence {seq}"), err)),
+            };
+            let stored_id = message.headers.get(MSG_ID).map(|v| v.as_str());
+            if message.subject.as_str() != stream_subject || stored_id != Some(*id) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(AppendAck {
+            sequences: (first..=head.seq).collect(),
+            duplicates: ids.len(),
+        }))
+    }
+
     /// Publishes the batch chained to `head`; returns the acks' sequences.
     async fn publish(
         &self,
@@ -325,16 +373,6 @@ impl NatsLog {
     }
 }
 
-/// The ack for a batch found already stored as the subject's last `count` messages
-/// (an atomic batch is stored contiguously).
-fn stored_already(head: Head, count: usize) -> AppendAck {
-    let first = head.seq + 1 - count as u64;
-    AppendAck {
-        sequences: (first..=head.seq).collect(),
-        duplicates: count,
-    }
-}
-
 fn error_code(err: &PublishError) -> Option<u64> {
     let mut source = std::error::Error::source(err);
     while let Some(cause) = source {
@@ -368,26 +406,43 @@ impl EventLog for NatsLog {
             .iter()
             .map(|e| e.encode(subject))
             .collect::<Result<Vec<_>, _>>()?;
-        let last_id = encoded.last().expect("non-empty batch").id.clone();
+        let ids: Vec<&str> = encoded.iter().map(|e| e.id.as_str()).collect();
         let deadline = Instant::now() + self.options.retry_for;
+        let gave_up = |err: &dyn std::fmt::Display| {
+            LogError::nats(
+                format!(
+                    "append to {subject} (gave up after {:?})",
+                    self.options.retry_for
+                ),
+                err,
+            )
+        };
         let mut attempt = 0u32;
         let mut head = self.cached_head(subject);
         loop {
-            let (current, current_id) = match head {
-                Some(head) => (head, None),
-                None => self.load_head(subject).await?,
+            if attempt > 0 && Instant::now() >= deadline {
+                return Err(gave_up(&"still conflicting or unreachable"));
+            }
+            let (current, current_id, from_cache) = match head.take() {
+                Some(head) => (head, None, true),
+                None => {
+                    let (head, id) = self.load_head(subject).await?;
+                    (head, id, false)
+                }
             };
             if let Some(required) = expected.required() {
-                if current.seq != required && head.is_some() {
+                if current.seq != required && from_cache {
                     // The cache may be behind; ask the server before refusing.
-                    head = None;
                     continue;
                 }
                 if current.seq != required {
                     // A retry of a batch that was stored although its ack was lost
                     // finds the subject moved on by exactly that batch.
-                    if current_id.as_deref() == Some(last_id.as_str()) {
-                        return Ok(stored_already(current, encoded.len()));
+                    if let Some(ack) = self
+                        .stored_as_tail(subject, current, current_id.as_deref(), &ids)
+                        .await?
+                    {
+                        return Ok(ack);
                     }
                     return Err(LogError::Conflict {
                         subject: subject.to_string(),
@@ -396,7 +451,7 @@ impl EventLog for NatsLog {
                     });
                 }
             }
-            match self
+            let err = match self
                 .publish(subject, current, &encoded, &events, attempt)
                 .await
             {
@@ -410,62 +465,77 @@ impl EventLog for NatsLog {
                         duplicates,
                     });
                 }
-                Err(err) if err.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                    return Err(LogError::Oversize {
-                        id: last_id,
-                        size: encoded
-                            .iter()
-                            .map(|e| e.finish(None).len())
-                            .max()
-                            .unwrap_or(0),
-                        limit: MAX_RECORD_BYTES,
-                    });
-                }
-                Err(err)
-                    if err.kind() == PublishErrorKind::WrongLastSequence
-                        || error_code(&err).is_some_and(|c| CONFLICT_CODES.contains(&c)) =>
-                {
-                    // Either another writer got in first, or an earlier attempt of
-                    // this very batch was stored before its ack was lost.
-                    let (latest, latest_id) = self.load_head(subject).await?;
-                    if latest_id.as_deref() == Some(last_id.as_str()) {
-                        return Ok(stored_already(latest, encoded.len()));
-                    }
-                    if expected == Expected::Any {
-                        head = Some(latest);
-                        attempt += 1;
-                        continue;
-                    }
-                    return Err(LogError::Conflict {
-                        subject: subject.to_string(),
-                        expected: expected.required().unwrap_or(current.seq),
-                        actual: latest.seq.to_string(),
-                    });
-                }
-                Err(err)
-                    if error_code(&err).is_some()
-                        || err.kind() == PublishErrorKind::StreamNotFound =>
-                {
-                    return Err(LogError::nats(format!("append to {subject}"), err));
-                }
-                Err(err) => {
-                    // Timeout or lost connection: the batch may or may not be stored.
-                    // Retry with the same ids; de-duplication keeps it single.
-                    if Instant::now() >= deadline {
-                        return Err(LogError::nats(
-                            format!(
-                                "append to {subject} (gave up after {:?})",
-                                self.options.retry_for
-                            ),
-                            err,
-                        ));
-                    }
-                    tracing::debug!(%subject, attempt, error = %err, "append retried");
-                    self.retried.fetch_add(1, Ordering::Relaxed);
-                    head = None;
-                    attempt += 1;
-                }
+                Err(err) => err,
+            };
+            attempt += 1;
+            let code = error_code(&err);
+            if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE)
+            {
+                let size = encoded
+                    .iter()
+                    .map(|e| e.finish(None).len())
+                    .max()
+                    .unwrap_or(0);
+                return Err(LogError::Oversize {
+                    id: ids[ids.len() - 1].to_string(),
+                    size,
+                    limit: MAX_RECORD_BYTES,
+                });
             }
+            if err.kind() == PublishErrorKind::WrongLastSequence
+                || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
+            {
+                // Another writer got in first, or an earlier attempt of this very
+                // batch was stored before its ack was lost.
+                let (latest, latest_id) = self.load_head(subject).await?;
+                if let Some(ack) = self
+                    .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
+                    .await?
+                {
+                    return Ok(ack);
+                }
+                // Any: try again on the new head. Also on a clustered stream, where
+                // 10164 can mean a write in flight rather than a moved subject.
+                if expected == Expected::Any || expected.required() == Some(latest.seq) {
+                    head = Some(latest);
+                    continue;
+                }
+                return Err(LogError::Conflict {
+                    subject: subject.to_string(),
+                    expected: expected.required().unwrap_or(current.seq),
+                    actual: latest.seq.to_string(),
+                });
+            }
+            if code == Some(DUPLICATE_IN_BATCH) {
+                // Some id of the batch is stored already. Fine if the whole batch is
+                // the subject's tail (a retry); anything else is refused whole.
+                let (latest, latest_id) = self.load_head(subject).await?;
+                if let Some(ack) = self
+                    .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
+                    .await?
+                {
+                    return Ok(ack);
+                }
+                return Err(LogError::InvalidBatch {
+                    subject: subject.to_string(),
+                    count: ids.len(),
+                    expected: "events that are not stored yet; some of these ids are already stored \
+                               (a retry is recognised while the batch is still the subject's latest events)"
+                        .into(),
+                });
+            }
+            if code.is_some_and(|c| !RETRYABLE.contains(&c))
+                || err.kind() == PublishErrorKind::StreamNotFound
+            {
+                return Err(LogError::nats(format!("append to {subject}"), err));
+            }
+            // Timeout, lost connection, abandoned or throttled batch: it may or may
+            // not be stored. Retry with the same ids; de-duplication keeps it single.
+            if Instant::now() >= deadline {
+                return Err(gave_up(&err));
+            }
+            tracing::debug!(%subject, attempt, error = %err, "append retried");
+            self.retried.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -8,6 +8,7 @@ use crate::{LogError, MAX_BATCH_EVENTS, MAX_RECORD_BYTES};
 
 const MAX_SUBJECT_LEN: usize = 255;
 const MAX_ID_LEN: usize = 128;
+const MAX_TRACESTATE_LEN: usize = 512;
 
 /// An aggregate's name, e.g. `node.worker-1`: dot-separated tokens of ASCII
 /// letters, digits, `-` and `_`. The same rules as a NATS subject token, so one
@@ -134,6 +135,17 @@ impl NewEvent {
             return Err(invalid(
                 "trace.traceparent",
                 "a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>",
+            ));
+        }
+        // W3C caps tracestate at 512 characters; it also travels as a NATS header,
+        // outside the record's own size limit.
+        if let Some(trace) = &self.trace
+            && (trace.tracestate.len() > MAX_TRACESTATE_LEN
+                || !trace.tracestate.bytes().all(|b| (0x20..0x7f).contains(&b)))
+        {
+            return Err(invalid(
+                "trace.tracestate",
+                "a W3C tracestate: at most 512 printable ASCII characters",
             ));
         }
         match &self.payload {

@@ -250,3 +250,41 @@ async fn reopened_log_continues_sequences_chains_and_dedup() {
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.records, 151);
 }
+
+#[tokio::test]
+async fn followers_end_when_the_log_is_closed() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let subject = Subject::new("follow.close").unwrap();
+    log.append(&subject, Expected::Any, vec![event("only")])
+        .await
+        .unwrap();
+    let mut follow = log.follow(None, 1).await.unwrap();
+    assert_eq!(follow.next().await.unwrap().unwrap().envelope.id, "only");
+    log.close();
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), follow.next()).await;
+    assert!(
+        matches!(end, Ok(None)),
+        "the stream ends once the writer has stopped"
+    );
+}
+
+#[tokio::test]
+async fn zero_filled_new_segment_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), 5, 1).await;
+    // Power lost while the next segment was being created: its header never landed.
+    let stray = dir.path().join("00000000000000000006.seg");
+    std::fs::write(&stray, [0u8; 24]).unwrap();
+    let log = EmbeddedLog::open(dir.path(), EmbeddedOptions::default()).expect("opens");
+    let torn = log.open_report().torn_tail.clone().expect("reported");
+    assert_eq!((torn.segment, torn.dropped_bytes), (stray.clone(), 24));
+    assert!(!stray.exists(), "the empty segment is removed");
+    let subject = Subject::new("damage.test").unwrap();
+    let ack = log
+        .append(&subject, Expected::Sequence(5), vec![event("next")])
+        .await
+        .unwrap();
+    assert_eq!(ack.sequences, vec![6]);
+}

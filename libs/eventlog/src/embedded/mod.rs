@@ -113,7 +113,9 @@ impl Index {
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub index: RwLock<Index>,
-    pub committed: watch::Sender<u64>,
+    /// Ticks with the last committed sequence. The writer thread owns the
+    /// sender, so followers end when the writer stops.
+    pub committed: watch::Receiver<u64>,
 }
 
 pub(crate) struct WriteRequest {
@@ -178,7 +180,8 @@ impl EmbeddedLog {
         }
         let recovered = scan::recover(&dir, false, 0)?;
         let report = recovered.report.clone();
-        let (committed, _) = watch::channel(recovered.index.last_seq);
+        // No writer: followers end once they have read the snapshot.
+        let (_, committed) = watch::channel(recovered.index.last_seq);
         let shared = Arc::new(Shared {
             dir,
             index: RwLock::new(recovered.index),
@@ -396,7 +399,7 @@ impl EventLog for EmbeddedLog {
         from: u64,
     ) -> Result<BoxStream<'static, Result<StoredEvent, LogError>>, LogError> {
         let shared = self.shared.clone();
-        let changes = self.shared.committed.subscribe();
+        let changes = self.shared.committed.clone();
         Ok(crate::follow::paged(
             from,
             move |from| {

@@ -74,6 +74,10 @@ fn read_range(path: &Path, start: u64, end: u64) -> Result<Bytes, LogError> {
     Ok(Bytes::from(data))
 }
 
+fn all_zero(path: &Path, len: u64) -> Result<bool, LogError> {
+    Ok(read_range(path, 0, len)?.iter().all(|b| *b == 0))
+}
+
 fn file_len(path: &Path) -> Result<u64, LogError> {
     Ok(std::fs::metadata(path)
         .map_err(LogError::io(format!("stat {}", path.display())))?
@@ -121,8 +125,9 @@ pub(crate) fn recover(
                     ),
                 });
             }
-            // A crash while a new segment was being started leaves a short or empty file.
-            Err(_) if is_last && len < SEGMENT_HEADER => {
+            // A crash while a new segment was being started leaves a short, empty
+            // or zero-filled file (its header never reached the disk).
+            Err(_) if is_last && (len < SEGMENT_HEADER || all_zero(path, len)?) => {
                 report.torn_tail = Some(TornTail {
                     segment: path.clone(),
                     offset: 0,

@@ -40,32 +40,42 @@ impl RecentIds {
         self.by_id.get(id).copied()
     }
 
-    fn insert(&mut self, id: &str, seq: u64) {
+    /// Remembers `id`; returns the oldest id it pushed out of the window.
+    fn insert(&mut self, id: &str, seq: u64) -> Option<(Arc<str>, u64)> {
         if self.capacity == 0 {
-            return;
+            return None;
         }
-        if self.order.len() >= self.capacity
-            && let Some(old) = self.order.pop_front()
-        {
-            self.by_id.remove(&old);
-        }
+        let evicted = if self.order.len() >= self.capacity {
+            self.order
+                .pop_front()
+                .and_then(|old| self.by_id.remove_entry(&old))
+        } else {
+            None
+        };
         let id: Arc<str> = Arc::from(id);
         self.by_id.insert(id.clone(), seq);
         self.order.push_back(id);
+        evicted
     }
 
-    /// Forgets the `count` newest ids (a failed write is being undone).
-    fn forget_newest(&mut self, count: usize) {
+    /// Undoes the newest `count` inserts, bringing back the ids they pushed out
+    /// (`evicted`, oldest first), so a failed write leaves the window as it was.
+    fn undo(&mut self, count: usize, evicted: Vec<(Arc<str>, u64)>) {
         for _ in 0..count.min(self.order.len()) {
             if let Some(id) = self.order.pop_back() {
                 self.by_id.remove(&id);
             }
+        }
+        for (id, seq) in evicted.into_iter().rev() {
+            self.by_id.insert(id.clone(), seq);
+            self.order.push_front(id);
         }
     }
 }
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
+    notify: watch::Sender<u64>,
     options: EmbeddedOptions,
     file: File,
     path: PathBuf,
@@ -85,6 +95,8 @@ struct Undo {
     heads: Vec<(usize, Option<SubjectHead>)>,
     /// How many ids the group added to the de-duplication window.
     ids: usize,
+    /// Ids the group pushed out of the de-duplication window, oldest first.
+    evicted: Vec<(Arc<str>, u64)>,
 }
 
 impl Writer {
@@ -102,7 +114,7 @@ impl Writer {
         } = recovered;
         let next_seq = index.last_seq + 1;
         if index.segments.is_empty() {
-            let path = create_segment(dir, next_seq)?;
+            let (path, _) = create_segment(dir, next_seq)?;
             index.segments.push(SegmentInfo {
                 path,
                 len: SEGMENT_HEADER,
@@ -118,7 +130,7 @@ impl Writer {
             .write(true)
             .open(&last.path)
             .map_err(LogError::io(format!("open {}", last.path.display())))?;
-        let (committed, _) = watch::channel(index.last_seq);
+        let (notify, committed) = watch::channel(index.last_seq);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             index: RwLock::new(index),
@@ -126,6 +138,7 @@ impl Writer {
         });
         let writer = Writer {
             shared: shared.clone(),
+            notify,
             recent: RecentIds::new(options.dedup_window, recent_ids),
             options,
             file,
@@ -197,7 +210,8 @@ impl Writer {
                         None => self.heads.remove(subject),
                     };
                 }
-                self.recent.forget_newest(undo.ids);
+                self.recent
+                    .undo(undo.ids, std::mem::take(&mut undo.evicted));
                 if let Err(err) = self.file.set_len(start_len) {
                     self.failed = Some(format!("{reason}; cutting the file back failed: {err}"));
                 }
@@ -284,7 +298,7 @@ impl Writer {
             let parts = event.body_parts(prev.as_ref());
             let hash = encode_frame(buf, seq, flags, &self.chain, &parts.as_slices());
             self.chain = next_chain(&self.chain, &hash);
-            self.recent.insert(&event.id, seq);
+            undo.evicted.extend(self.recent.insert(&event.id, seq));
             undo.ids += 1;
             prev = Some(hash);
             sequences.push(seq);
@@ -331,18 +345,14 @@ impl Writer {
                 }
             }
         }
-        self.shared.committed.send_replace(last_seq);
+        self.notify.send_replace(last_seq);
     }
 
     fn roll(&mut self) -> Result<(), LogError> {
         self.file
             .sync_data()
             .map_err(LogError::io(format!("fsync {}", self.path.display())))?;
-        let path = create_segment(&self.shared.dir, self.next_seq)?;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(LogError::io(format!("open {}", path.display())))?;
+        let (path, file) = create_segment(&self.shared.dir, self.next_seq)?;
         let mut index = self.shared.index.write().expect("index lock");
         let segment = index.segments.len();
         index.segments.push(SegmentInfo {
@@ -368,19 +378,58 @@ fn failed_error(path: &Path, reason: &str) -> LogError {
     }
 }
 
-/// Creates a segment with its header, durably (file and directory entry).
-fn create_segment(dir: &Path, first_seq: u64) -> Result<PathBuf, LogError> {
+/// Creates a segment with its header, durably (file and directory entry), and
+/// returns it open for writing.
+fn create_segment(dir: &Path, first_seq: u64) -> Result<(PathBuf, File), LogError> {
     let path = dir.join(segment::segment_name(first_seq));
-    let mut file = std::fs::OpenOptions::new()
+    let created = std::fs::OpenOptions::new()
         .create_new(true)
         .write(true)
         .open(&path)
-        .map_err(LogError::io(format!("create {}", path.display())))?;
-    file.write_all(&segment::encode_segment_header(first_seq))
-        .and_then(|_| file.sync_all())
-        .map_err(LogError::io(format!("write {}", path.display())))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(LogError::io(format!("fsync {}", dir.display())))?;
-    Ok(path)
+        .and_then(|mut file| {
+            file.write_all(&segment::encode_segment_header(first_seq))?;
+            file.sync_all()?;
+            File::open(dir)?.sync_all()?;
+            Ok(file)
+        });
+    match created {
+        Ok(file) => Ok((path, file)),
+        Err(err) => {
+            // Leave no half-made segment behind, or every later roll would trip on it.
+            let _ = std::fs::remove_file(&path);
+            Err(LogError::io(format!("create segment {}", path.display()))(
+                err,
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undo_restores_the_dedup_window_exactly() {
+        let mut ids = RecentIds::new(
+            3,
+            VecDeque::from([
+                ("a".to_string(), 1),
+                ("b".to_string(), 2),
+                ("c".to_string(), 3),
+            ]),
+        );
+        let evicted: Vec<_> = [("d", 4), ("e", 5)]
+            .iter()
+            .filter_map(|(id, seq)| ids.insert(id, *seq))
+            .collect();
+        assert_eq!(ids.get("a"), None, "pushed out of the window");
+        ids.undo(2, evicted);
+        assert_eq!(
+            (ids.get("a"), ids.get("b"), ids.get("c")),
+            (Some(1), Some(2), Some(3))
+        );
+        assert_eq!((ids.get("d"), ids.get("e")), (None, None));
+        let order: Vec<&str> = ids.order.iter().map(|id| &**id).collect();
+        assert_eq!(order, ["a", "b", "c"]);
+    }
 }
