@@ -2,9 +2,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use switchyard_proto::v1::{DomainEvent, GpuSpec, NodeObserved, Taint, domain_event::Kind};
+use switchyard_proto::v1::{
+    DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PodPhase, Taint,
+    WorkloadPlacement, WorkloadRef, domain_event::Kind,
+};
 
-use crate::names::{CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GROUP_LABEL};
+use crate::names::{
+    CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL,
+    NODE_AGENT_APP, STACK_DRA, VENDOR_ADAPTER_APP,
+};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
@@ -12,6 +18,7 @@ pub struct Node {
     pub taints: Vec<Taint>,
     pub unschedulable: bool,
     pub gpu_count: u32,
+    pub provisioning: NodeProvisioning,
 }
 
 impl Node {
@@ -42,6 +49,7 @@ impl From<&NodeObserved> for Node {
             taints: fact.taints.clone(),
             unschedulable: fact.unschedulable,
             gpu_count: fact.gpu_count,
+            provisioning: fact.provisioning(),
         }
     }
 }
@@ -64,6 +72,98 @@ pub struct ModuleSettings {
     pub observations: u64,
 }
 
+/// A pod, keyed by (namespace, name).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pod {
+    pub node: String,
+    pub owner: Option<WorkloadRef>,
+    pub phase: PodPhase,
+    pub app: String,
+    pub claims_allocated: u32,
+    pub claims_needed: u32,
+}
+
+impl Pod {
+    /// DaemonSet pods stay on a drained node.
+    pub fn is_daemon(&self) -> bool {
+        self.owner.as_ref().is_some_and(|o| o.kind == "DaemonSet")
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PhysicalGpu {
+    pub node: String,
+    pub device: String,
+    pub phase: GpuPhase,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workload {
+    pub replicas: u32,
+    pub placement: WorkloadPlacement,
+}
+
+/// (namespace, kind, name) of a workload.
+pub type WorkloadKey = (String, String, String);
+
+pub fn workload_key(workload: &WorkloadRef) -> WorkloadKey {
+    (
+        workload.namespace.clone(),
+        workload.kind.clone(),
+        workload.name.clone(),
+    )
+}
+
+/// (namespace, name) of a namespaced object.
+pub type ObjectKey = (String, String);
+
+/// The four readiness conditions of a node handed over to DRA.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    pub gpu_setup_complete: bool,
+    pub gpu_stack_dra: bool,
+    pub ready_physical_gpus: u32,
+    pub expected_physical_gpus: u32,
+    pub node_agent_running: bool,
+    pub vendor_adapter_running: bool,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.gpu_setup_complete
+            && self.gpu_stack_dra
+            && self.ready_physical_gpus >= self.expected_physical_gpus
+            && self.node_agent_running
+            && self.vendor_adapter_running
+    }
+
+    /// What is still missing, in the reference's words.
+    pub fn missing(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if !self.gpu_setup_complete {
+            missing.push(format!("label {GPU_SETUP_COMPLETE_LABEL} is not present"));
+        }
+        if !self.gpu_stack_dra {
+            missing.push(format!(
+                "label {GPU_STACK_LABEL}={STACK_DRA} is not present"
+            ));
+        }
+        if self.ready_physical_gpus < self.expected_physical_gpus {
+            missing.push(format!(
+                "{} of {} PhysicalGPU objects are Ready",
+                self.ready_physical_gpus, self.expected_physical_gpus
+            ));
+        }
+        if !self.node_agent_running {
+            missing.push(format!("no running {NODE_AGENT_APP} pod on the node"));
+        }
+        if !self.vendor_adapter_running {
+            missing.push(format!("no running {VENDOR_ADAPTER_APP} pod on the node"));
+        }
+        missing
+    }
+}
+
 /// What the cores know about the cluster.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
@@ -72,6 +172,15 @@ pub struct Cluster {
     /// Group name -> nodes labelled with it (groups need not exist as objects).
     pub members: BTreeMap<String, BTreeSet<String>>,
     pub module: ModuleSettings,
+    pub pods: BTreeMap<ObjectKey, Pod>,
+    /// Node -> pods scheduled on it.
+    pub pods_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
+    pub gpus: BTreeMap<String, PhysicalGpu>,
+    pub workloads: BTreeMap<WorkloadKey, Workload>,
+    /// GPUClass name -> its DeviceClass names.
+    pub gpu_classes: BTreeMap<String, Vec<String>>,
+    /// ResourceQuota spec.hard.
+    pub quotas: BTreeMap<ObjectKey, BTreeMap<String, String>>,
 }
 
 impl Cluster {
@@ -106,6 +215,63 @@ impl Cluster {
             Kind::NodeGroupRemoved(fact) => {
                 self.groups.remove(&fact.group);
             }
+            Kind::PodObserved(fact) => {
+                let key = (fact.namespace.clone(), fact.name.clone());
+                self.unindex_pod(&key);
+                if !fact.node.is_empty() {
+                    self.pods_by_node
+                        .entry(fact.node.clone())
+                        .or_default()
+                        .insert(key.clone());
+                }
+                let pod = Pod {
+                    node: fact.node.clone(),
+                    owner: fact.owner.clone(),
+                    phase: fact.phase(),
+                    app: fact.app.clone(),
+                    claims_allocated: fact.claims_allocated,
+                    claims_needed: fact.claims_needed,
+                };
+                self.pods.insert(key, pod);
+            }
+            Kind::PodRemoved(fact) => {
+                let key = (fact.namespace.clone(), fact.name.clone());
+                self.unindex_pod(&key);
+                self.pods.remove(&key);
+            }
+            Kind::PhysicalGpuObserved(fact) => {
+                let gpu = PhysicalGpu {
+                    node: fact.node.clone(),
+                    device: fact.device.clone(),
+                    phase: fact.phase(),
+                };
+                self.gpus.insert(fact.name.clone(), gpu);
+            }
+            Kind::PhysicalGpuRemoved(fact) => {
+                self.gpus.remove(&fact.name);
+            }
+            Kind::WorkloadObserved(fact) => {
+                if let Some(workload) = &fact.workload {
+                    let placement = fact.placement.clone().unwrap_or_default();
+                    self.workloads.insert(
+                        workload_key(workload),
+                        Workload {
+                            replicas: fact.replicas,
+                            placement,
+                        },
+                    );
+                }
+            }
+            Kind::GpuClassObserved(fact) => {
+                self.gpu_classes
+                    .insert(fact.name.clone(), fact.device_class_names.clone());
+            }
+            Kind::ResourceQuotaObserved(fact) => {
+                self.quotas.insert(
+                    (fact.namespace.clone(), fact.name.clone()),
+                    fact.hard.clone(),
+                );
+            }
             Kind::ModuleSettingsObserved(fact) => {
                 self.module = ModuleSettings {
                     dra_enabled: fact.dra_enabled,
@@ -116,6 +282,56 @@ impl Cluster {
                 };
             }
             _ => {}
+        }
+    }
+
+    fn unindex_pod(&mut self, key: &ObjectKey) {
+        let Some(node) = self.pods.get(key).map(|p| p.node.clone()) else {
+            return;
+        };
+        if let Some(pods) = self.pods_by_node.get_mut(&node) {
+            pods.remove(key);
+            if pods.is_empty() {
+                self.pods_by_node.remove(&node);
+            }
+        }
+    }
+
+    /// Pods on `node`.
+    pub fn pods_on<'a>(
+        &'a self,
+        node: &str,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Pod)> + 'a {
+        self.pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|key| (key, &self.pods[key]))
+    }
+
+    /// The four readiness conditions of `node` (reference, step 3).
+    pub fn readiness(&self, node: &str) -> Readiness {
+        let Some(facts) = self.nodes.get(node) else {
+            return Readiness::default();
+        };
+        let running = |app: &str| {
+            self.pods_on(node)
+                .any(|(_, p)| p.app == app && p.phase == PodPhase::Running)
+        };
+        Readiness {
+            gpu_setup_complete: facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL),
+            gpu_stack_dra: facts
+                .labels
+                .get(GPU_STACK_LABEL)
+                .is_some_and(|v| v == STACK_DRA),
+            ready_physical_gpus: self
+                .gpus
+                .values()
+                .filter(|g| g.node == node && g.phase == GpuPhase::Ready)
+                .count() as u32,
+            expected_physical_gpus: facts.gpu_count,
+            node_agent_running: running(NODE_AGENT_APP),
+            vendor_adapter_running: running(VENDOR_ADAPTER_APP),
         }
     }
 

@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod effects;
+pub mod handover;
 pub mod names;
 pub mod stack;
 

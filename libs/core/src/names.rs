@@ -25,3 +25,17 @@ pub const STACK_DRA: &str = "dra";
 pub const ALERT_HELD_ON_DRA: &str = "D8GpuNodeGroupHeldOnDra";
 /// Label of the alert that names the group.
 pub const ALERT_LABEL_NODE_GROUP: &str = "node_group";
+
+/// Namespace of the GPU module's pods.
+pub const MODULE_NAMESPACE: &str = "d8-nvidia-gpu";
+/// `app` label of the gpu-node-agent pods.
+pub const NODE_AGENT_APP: &str = "gpu-node-agent";
+/// `app` label of the vendor adapter pods (the NVIDIA DRA kubelet plugin).
+pub const VENDOR_ADAPTER_APP: &str = "nvidia-dra-adapter";
+
+/// The device-plugin resource name.
+pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
+/// Prefix of a GPU class's extended resource: `gpu.deckhouse.io/<class>`.
+pub const CLASS_RESOURCE_PREFIX: &str = "gpu.deckhouse.io/";
+/// Prefix of the NFD / GPU feature discovery labels cleared on completion.
+pub const NVIDIA_LABEL_PREFIX: &str = "nvidia.com/";

@@ -23,6 +23,7 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, Node};
+use crate::handover::{Handovers, StartHandover};
 use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
 
 /// The stack serving a node and why.
@@ -59,14 +60,30 @@ pub fn rule(node: &Node, cluster: &Cluster, held: bool) -> (Stack, StackReason) 
     }
 }
 
-/// What the stack-assigner knows: the cluster facts, the held groups and the
-/// stack it last decided for each node.
+/// What the stack-assigner knows: the cluster facts, the held groups, the
+/// stack it last decided for each node, and the node handovers.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackAssigner {
     pub cluster: Cluster,
     pub held: BTreeSet<String>,
     pub assignments: BTreeMap<String, Assignment>,
+    pub handovers: Handovers,
 }
+
+/// An input of the stack-assigner.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// A fact, already in the log.
+    Fact(&'a DomainEvent),
+    /// Time passed (deadlines).
+    Tick,
+    /// An operator asks for a node handover.
+    StartHandover(&'a StartHandover),
+}
+
+/// Most step decisions one input can cascade into for one node (a node that
+/// is already cordoned and empty moves through two steps at once).
+const MAX_CASCADE: usize = 8;
 
 fn event(kind: Kind) -> DomainEvent {
     DomainEvent { kind: Some(kind) }
@@ -78,8 +95,10 @@ fn alert_labels(group: &str) -> BTreeMap<String, String> {
 
 impl StackAssigner {
     /// Folds any event of the log: facts and this core's own decisions.
-    pub fn apply(&mut self, event: &DomainEvent) {
+    /// `at` is the event's recorded time.
+    pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.cluster.apply(event);
+        self.handovers.apply(event, at);
         let Some(kind) = &event.kind else { return };
         match kind {
             Kind::NodeRemoved(fact) => {
@@ -105,7 +124,7 @@ impl StackAssigner {
         }
     }
 
-    /// The decisions implied by `fact`, which has just been applied.
+    /// The stack and hold decisions implied by `fact`, which has just been applied.
     pub fn decide(&self, fact: &DomainEvent) -> Vec<DomainEvent> {
         let Some(kind) = &fact.kind else {
             return Vec::new();
@@ -201,15 +220,70 @@ impl StackAssigner {
         decisions
     }
 
-    /// What a service does with each fact: fold it, decide, fold the decisions.
-    /// Returns the decisions to append after the fact.
-    pub fn handle(&mut self, fact: &DomainEvent) -> Vec<DomainEvent> {
-        self.apply(fact);
-        let decisions = self.decide(fact);
-        for decision in &decisions {
-            self.apply(decision);
+    /// What the service does with each input: fold a fact, decide, fold the
+    /// decisions, and follow handovers as far as the facts allow. Returns the
+    /// decisions, to be appended after the input (all recorded at `now`).
+    pub fn handle(&mut self, input: Input<'_>, now: i64) -> Vec<DomainEvent> {
+        let mut out = Vec::new();
+        let nodes: Vec<String> = match input {
+            Input::Fact(fact) => {
+                self.apply(fact, now);
+                let decisions = self.decide(fact);
+                self.fold(decisions, now, &mut out);
+                self.handovers_touched_by(fact)
+            }
+            Input::Tick => self.handovers.active.keys().cloned().collect(),
+            Input::StartHandover(cmd) => {
+                let decisions = self.handovers.start(&self.cluster, &self.held, cmd);
+                self.fold(decisions, now, &mut out);
+                vec![cmd.node.clone()]
+            }
+        };
+        for node in nodes {
+            for _ in 0..MAX_CASCADE {
+                let decisions = self
+                    .handovers
+                    .decide_node(&self.cluster, &self.held, &node, now);
+                if decisions.is_empty() {
+                    break;
+                }
+                self.fold(decisions, now, &mut out);
+            }
         }
-        decisions
+        out
+    }
+
+    /// [`Self::handle`] for a fact.
+    pub fn handle_fact(&mut self, fact: &DomainEvent, now: i64) -> Vec<DomainEvent> {
+        self.handle(Input::Fact(fact), now)
+    }
+
+    fn fold(&mut self, decisions: Vec<DomainEvent>, now: i64, out: &mut Vec<DomainEvent>) {
+        for decision in decisions {
+            self.apply(&decision, now);
+            out.push(decision);
+        }
+    }
+
+    /// Active handovers a fact may move on.
+    fn handovers_touched_by(&self, fact: &DomainEvent) -> Vec<String> {
+        match &fact.kind {
+            Some(Kind::NodeObserved(f)) if self.handovers.active.contains_key(&f.node) => {
+                vec![f.node.clone()]
+            }
+            Some(Kind::NodeRemoved(f)) if self.handovers.active.contains_key(&f.node) => {
+                vec![f.node.clone()]
+            }
+            Some(
+                Kind::PodObserved(_)
+                | Kind::PodRemoved(_)
+                | Kind::PhysicalGpuObserved(_)
+                | Kind::PhysicalGpuRemoved(_)
+                | Kind::NodeGroupObserved(_)
+                | Kind::ModuleSettingsObserved(_),
+            ) => self.handovers.active.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The stack serving `node`, if it has been decided.

@@ -84,7 +84,7 @@ proptest! {
         let mut firing: BTreeMap<String, i32> = BTreeMap::new();
         for fact in &facts {
             model.observe(fact, &core);
-            let decisions = core.handle(fact);
+            let decisions = core.handle_fact(fact, 0);
             for d in &decisions {
                 match &d.kind {
                     Some(Kind::AlertRaised(a)) => *firing.entry(a.labels["node_group"].clone()).or_default() += 1,
@@ -125,14 +125,14 @@ proptest! {
         // 4: replay gives the same state; re-deciding the facts the same bytes.
         let mut replayed = StackAssigner::default();
         for event in &log {
-            replayed.apply(event);
+            replayed.apply(event, 0);
         }
         prop_assert_eq!(&replayed, &core);
         let mut again = StackAssigner::default();
         let mut relog = Vec::new();
         for fact in &facts {
             relog.push(fact.encode_to_vec());
-            relog.extend(again.handle(fact).iter().map(Message::encode_to_vec));
+            relog.extend(again.handle_fact(fact, 0).iter().map(Message::encode_to_vec));
         }
         let original: Vec<Vec<u8>> = log.iter().map(Message::encode_to_vec).collect();
         prop_assert_eq!(relog, original);

@@ -11,7 +11,7 @@ use switchyard_proto::v1::{DomainEvent, ReleaseReason, Stack, StackReason, domai
 fn given(facts: &[DomainEvent]) -> StackAssigner {
     let mut core = StackAssigner::default();
     for fact in facts {
-        core.handle(fact);
+        core.handle_fact(fact, 0);
     }
     core
 }
@@ -128,7 +128,7 @@ fn upgrade_with_dra_enabled_holds_every_group_with_spec_gpu_and_alerts() {
         mk_node("w1", Some("gpu")),
         mk_node("w2", Some("plain")),
     ]);
-    let decisions = core.handle(&mk_settings(true, true, "1.9.0"));
+    let decisions = core.handle_fact(&mk_settings(true, true, "1.9.0"), 0);
     assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
     let alerts: Vec<_> = decisions
         .iter()
@@ -164,13 +164,13 @@ fn upgrade_with_dra_disabled_holds_nothing() {
 #[test]
 fn the_hold_is_taken_on_the_first_run_only() {
     let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
-    let decisions = core.handle(&mk_group("gpu-new", true));
+    let decisions = core.handle_fact(&mk_group("gpu-new", true), 0);
     assert!(
         decisions.is_empty(),
         "a group created after the upgrade is not held: {:?}",
         names(&decisions)
     );
-    let decisions = core.handle(&mk_settings(true, true, "1.9.0"));
+    let decisions = core.handle_fact(&mk_settings(true, true, "1.9.0"), 0);
     assert!(!names(&decisions).contains(&"NodeGroupHeldOnDra"));
     assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu"]);
 }
@@ -182,7 +182,7 @@ fn removing_spec_gpu_releases_the_group_it_stays_on_dra_and_the_alert_clears() {
         mk_node("w1", Some("gpu")),
         mk_settings(true, true, "1.9.0"),
     ]);
-    let decisions = core.handle(&mk_group("gpu", false));
+    let decisions = core.handle_fact(&mk_group("gpu", false), 0);
     assert_eq!(
         names(&decisions),
         ["NodeGroupReleased", "AlertCleared", "StackAssigned"]
@@ -207,7 +207,7 @@ fn setting_spec_gpu_again_after_release_moves_the_group_to_the_device_plugin() {
         mk_settings(true, true, "1.9.0"),
         mk_group("gpu", false),
     ]);
-    let decisions = core.handle(&mk_group("gpu", true));
+    let decisions = core.handle_fact(&mk_group("gpu", true), 0);
     assert_eq!(names(&decisions), ["StackAssigned"]);
     assert_eq!(
         stack(&core, "w1"),
@@ -223,7 +223,7 @@ fn disabling_dra_releases_all_groups() {
         mk_node("w1", Some("gpu")),
         mk_settings(true, true, "1.9.0"),
     ]);
-    let decisions = core.handle(&mk_settings(false, true, "1.9.0"));
+    let decisions = core.handle_fact(&mk_settings(false, true, "1.9.0"), 0);
     let released: Vec<_> = decisions
         .iter()
         .filter_map(|d| match &d.kind {
@@ -248,7 +248,7 @@ fn disabling_dra_releases_all_groups() {
 #[test]
 fn deleting_a_held_group_releases_it() {
     let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
-    let decisions = core.handle(&mk_group_removed("gpu"));
+    let decisions = core.handle_fact(&mk_group_removed("gpu"), 0);
     assert_eq!(names(&decisions), ["NodeGroupReleased", "AlertCleared"]);
     assert!(core.held.is_empty());
 }
@@ -261,7 +261,7 @@ fn moving_a_node_between_groups_changes_its_stack() {
         mk_group("gpu-dra", false),
         mk_node("w1", Some("gpu")),
     ]);
-    let decisions = core.handle(&mk_node("w1", Some("gpu-dra")));
+    let decisions = core.handle_fact(&mk_node("w1", Some("gpu-dra")), 0);
     let Some(Kind::StackAssigned(assigned)) = &decisions[0].kind else {
         panic!("{decisions:?}")
     };
@@ -281,8 +281,8 @@ fn an_unchanged_fact_decides_nothing() {
         mk_group("gpu", true),
         mk_node("w1", Some("gpu")),
     ]);
-    assert!(core.handle(&mk_node("w1", Some("gpu"))).is_empty());
-    assert!(core.handle(&mk_group("gpu", true)).is_empty());
-    core.handle(&mk_node_removed("w1"));
+    assert!(core.handle_fact(&mk_node("w1", Some("gpu")), 0).is_empty());
+    assert!(core.handle_fact(&mk_group("gpu", true), 0).is_empty());
+    core.handle_fact(&mk_node_removed("w1"), 0);
     assert!(!core.assignments.contains_key("w1"));
 }

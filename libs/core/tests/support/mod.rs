@@ -73,3 +73,94 @@ pub fn mk_settings(dra_enabled: bool, gates_ready: bool, upgraded_from: &str) ->
         previous_module_version: upgraded_from.into(),
     }))
 }
+
+use switchyard_proto::v1::{
+    GpuPhase, NodeProvisioning, PhysicalGpuObserved, PodObserved, PodPhase, PodRemoved, Taint,
+    WorkloadRef,
+};
+
+/// A node with everything spelled out.
+pub struct NodeSpec<'a> {
+    pub name: &'a str,
+    pub group: &'a str,
+    pub labels: &'a [(&'a str, &'a str)],
+    pub taints: Vec<Taint>,
+    pub unschedulable: bool,
+    pub gpus: u32,
+    pub provisioning: NodeProvisioning,
+}
+
+impl<'a> NodeSpec<'a> {
+    pub fn new(name: &'a str, group: &'a str) -> Self {
+        NodeSpec {
+            name,
+            group,
+            labels: &[],
+            taints: Vec::new(),
+            unschedulable: false,
+            gpus: 2,
+            provisioning: NodeProvisioning::Manual,
+        }
+    }
+
+    pub fn fact(&self) -> DomainEvent {
+        let mut labels: BTreeMap<String, String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        labels.insert(GROUP_LABEL.into(), self.group.into());
+        ev(Kind::NodeObserved(NodeObserved {
+            node: self.name.into(),
+            labels,
+            taints: self.taints.clone(),
+            unschedulable: self.unschedulable,
+            provisioning: self.provisioning as i32,
+            gpu_count: self.gpus,
+        }))
+    }
+}
+
+pub fn mk_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    owner: (&str, &str),
+    app: &str,
+    phase: PodPhase,
+) -> DomainEvent {
+    ev(Kind::PodObserved(PodObserved {
+        namespace: namespace.into(),
+        name: name.into(),
+        node: node.into(),
+        owner: Some(WorkloadRef {
+            namespace: namespace.into(),
+            kind: owner.0.into(),
+            name: owner.1.into(),
+        }),
+        phase: phase as i32,
+        app: app.into(),
+        ..Default::default()
+    }))
+}
+
+pub fn mk_pod_removed(namespace: &str, name: &str) -> DomainEvent {
+    ev(Kind::PodRemoved(PodRemoved {
+        namespace: namespace.into(),
+        name: name.into(),
+    }))
+}
+
+pub fn mk_gpu(name: &str, node: &str, ready: bool) -> DomainEvent {
+    ev(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
+        name: name.into(),
+        node: node.into(),
+        device: "a100-sxm4-40gb".into(),
+        phase: if ready {
+            GpuPhase::Ready
+        } else {
+            GpuPhase::Pending
+        } as i32,
+        ..Default::default()
+    }))
+}

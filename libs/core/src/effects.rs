@@ -1,0 +1,57 @@
+//! Effects: what the cores want done in the cluster, as typed values. The
+//! Kubernetes adapter and the simulator execute the same effects; every effect
+//! is idempotent, so issuing it again after a restart is harmless. Its outcome
+//! comes back as fact events.
+
+use std::collections::BTreeMap;
+
+use switchyard_proto::v1::{Taint, WorkloadPlacement, WorkloadRef};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Set `spec.unschedulable`.
+    Cordon {
+        node: String,
+    },
+    Uncordon {
+        node: String,
+    },
+    /// Evict every pod but DaemonSet pods, through the Eviction API.
+    Drain {
+        node: String,
+    },
+    /// Label the node `node.deckhouse.io/group=<group>` and remove
+    /// `node-role.kubernetes.io/<from_group>`.
+    MoveToGroup {
+        node: String,
+        group: String,
+        from_group: String,
+    },
+    /// Put back exactly these labels and taints (a rollback).
+    RestoreNode {
+        node: String,
+        labels: BTreeMap<String, String>,
+        taints: Vec<Taint>,
+    },
+    /// Remove these labels from the node.
+    RemoveNodeLabels {
+        node: String,
+        labels: Vec<String>,
+    },
+    /// Write the changed part of a workload's pod template.
+    SetPlacement {
+        workload: WorkloadRef,
+        placement: WorkloadPlacement,
+    },
+    /// `kubectl rollout restart`: set the restartedAt annotation.
+    RestartWorkload {
+        workload: WorkloadRef,
+        restarted_at: String,
+    },
+    /// Set a ResourceQuota's spec.hard.
+    SetQuota {
+        namespace: String,
+        name: String,
+        hard: BTreeMap<String, String>,
+    },
+}

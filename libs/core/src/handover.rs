@@ -1,0 +1,430 @@
+//! The node handover state machine (reference, "Step 3. Hand a node over"):
+//! cordon → drain → move to the target group → wait until ready → uncordon.
+//!
+//! Each step ends with an event, decided when the cluster facts show the step
+//! done: `NodeCordoned`, `NodeDrained`, `NodeGroupChanged`, `NodeReadinessObserved`,
+//! `NodeUncordoned`, then `HandoverCompleted`. `HandoverStarted` records the
+//! node's before-image (labels, taints, `spec.unschedulable`), which the events
+//! carry on so that a rollback restores the node exactly. What the edge should
+//! be doing meanwhile is [`Handovers::effects`], a function of the state: after a
+//! restart the effects are simply issued again (they are idempotent). A step that
+//! does not finish within its deadline — time comes from the events — yields one
+//! `HandoverStalled` with the reason.
+
+use std::collections::BTreeMap;
+
+use switchyard_proto::v1::{
+    DomainEvent, HandoverCompleted, HandoverRefused, HandoverStalled, HandoverStarted,
+    HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeProvisioning,
+    NodeReadinessObserved, NodeUncordoned, PodRef, Stack, Taint, domain_event::Kind,
+};
+
+use crate::cluster::{Cluster, Node};
+use crate::effects::Effect;
+use crate::names::{
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, STACK_DEVICE_PLUGIN,
+};
+use crate::stack;
+
+const SECOND: i64 = 1_000_000_000;
+
+/// How long each step may take before the handover is reported stalled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    pub cordon: i64,
+    pub drain: i64,
+    pub move_group: i64,
+    pub wait_ready: i64,
+    pub uncordon: i64,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            cordon: 120 * SECOND,
+            drain: 15 * 60 * SECOND,
+            move_group: 120 * SECOND,
+            wait_ready: 20 * 60 * SECOND,
+            uncordon: 120 * SECOND,
+        }
+    }
+}
+
+impl Deadlines {
+    fn of(&self, step: HandoverStep) -> i64 {
+        match step {
+            HandoverStep::Cordon => self.cordon,
+            HandoverStep::Drain => self.drain,
+            HandoverStep::MoveGroup => self.move_group,
+            HandoverStep::WaitReady => self.wait_ready,
+            HandoverStep::Uncordon | HandoverStep::Unspecified => self.uncordon,
+        }
+    }
+}
+
+/// An operator's request to hand `node` over to `target_group`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartHandover {
+    pub handover_id: String,
+    pub node: String,
+    pub target_group: String,
+}
+
+/// A handover in progress.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Handover {
+    pub id: String,
+    pub node: String,
+    pub source_group: String,
+    pub target_group: String,
+    pub step: HandoverStep,
+    /// Recorded time at which the current step began.
+    pub step_since: i64,
+    pub stalled: bool,
+    pub labels_before: BTreeMap<String, String>,
+    pub taints_before: Vec<Taint>,
+    pub was_unschedulable: bool,
+    pub to_evict: Vec<PodRef>,
+}
+
+/// All handovers: the ones in progress by node, the finished ones by id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handovers {
+    pub deadlines: Deadlines,
+    pub active: BTreeMap<String, Handover>,
+    /// Handover id -> node, for handovers that completed.
+    pub completed: BTreeMap<String, String>,
+}
+
+fn event(kind: Kind) -> DomainEvent {
+    DomainEvent { kind: Some(kind) }
+}
+
+/// The stack `node` would get as a member of `group`.
+fn stack_in_group(
+    cluster: &Cluster,
+    node: &Node,
+    group: &str,
+    held: bool,
+) -> (Stack, switchyard_proto::v1::StackReason) {
+    let mut moved = node.clone();
+    moved.labels.insert(GROUP_LABEL.into(), group.into());
+    stack::rule(&moved, cluster, held)
+}
+
+impl Handovers {
+    pub fn new(deadlines: Deadlines) -> Self {
+        Handovers {
+            deadlines,
+            ..Handovers::default()
+        }
+    }
+
+    /// Folds this core's own events; `at` is the event's recorded time.
+    pub fn apply(&mut self, event: &DomainEvent, at: i64) {
+        let Some(kind) = &event.kind else { return };
+        let advance = |active: &mut BTreeMap<String, Handover>, node: &str, step: HandoverStep| {
+            if let Some(h) = active.get_mut(node) {
+                h.step = step;
+                h.step_since = at;
+                h.stalled = false;
+            }
+        };
+        match kind {
+            Kind::HandoverStarted(e) => {
+                self.active.insert(
+                    e.node.clone(),
+                    Handover {
+                        id: e.handover_id.clone(),
+                        node: e.node.clone(),
+                        source_group: e.source_group.clone(),
+                        target_group: e.target_group.clone(),
+                        step: HandoverStep::Cordon,
+                        step_since: at,
+                        stalled: false,
+                        labels_before: e.labels_before.clone(),
+                        taints_before: e.taints_before.clone(),
+                        was_unschedulable: e.was_unschedulable,
+                        to_evict: Vec::new(),
+                    },
+                );
+            }
+            Kind::NodeCordoned(e) => {
+                if let Some(h) = self.active.get_mut(&e.node) {
+                    h.to_evict = e.to_evict.clone();
+                }
+                advance(&mut self.active, &e.node, HandoverStep::Drain);
+            }
+            Kind::NodeDrained(e) => advance(&mut self.active, &e.node, HandoverStep::MoveGroup),
+            Kind::NodeGroupChanged(e) => {
+                advance(&mut self.active, &e.node, HandoverStep::WaitReady)
+            }
+            Kind::NodeReadinessObserved(e) => {
+                advance(&mut self.active, &e.node, HandoverStep::Uncordon)
+            }
+            Kind::HandoverStalled(e) => {
+                if let Some(h) = self.active.get_mut(&e.node) {
+                    h.stalled = true;
+                }
+            }
+            Kind::HandoverCompleted(e) => {
+                self.active.remove(&e.node);
+                self.completed.insert(e.handover_id.clone(), e.node.clone());
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts a handover, or refuses it with the reason.
+    pub fn start(
+        &self,
+        cluster: &Cluster,
+        held: &std::collections::BTreeSet<String>,
+        cmd: &StartHandover,
+    ) -> Vec<DomainEvent> {
+        let refuse = |reason: String| {
+            vec![event(Kind::HandoverRefused(HandoverRefused {
+                node: cmd.node.clone(),
+                target_group: cmd.target_group.clone(),
+                reason,
+            }))]
+        };
+        let Some(node) = cluster.nodes.get(&cmd.node) else {
+            return refuse(format!("node {} is not known", cmd.node));
+        };
+        match node.provisioning {
+            NodeProvisioning::StaticInstance => {
+                return refuse(format!(
+                    "node {} is managed by a StaticInstance: it cannot be moved by changing its group label, it is recreated by its own group",
+                    cmd.node
+                ));
+            }
+            NodeProvisioning::Cloud => {
+                return refuse(format!(
+                    "node {} is a cloud node: it cannot be moved by changing its group label, it is recreated by its own group",
+                    cmd.node
+                ));
+            }
+            _ => {}
+        }
+        if let Some(h) = self.active.get(&cmd.node) {
+            return refuse(format!(
+                "node {} is already being handed over (handover {}, step {})",
+                cmd.node,
+                h.id,
+                h.step.as_str_name()
+            ));
+        }
+        if !cluster.groups.contains_key(&cmd.target_group) {
+            return refuse(format!("node group {} does not exist", cmd.target_group));
+        }
+        let source = node.group().unwrap_or_default().to_string();
+        if source == cmd.target_group {
+            return refuse(format!(
+                "node {} is already in group {}",
+                cmd.node, cmd.target_group
+            ));
+        }
+        let (target_stack, reason) = stack_in_group(
+            cluster,
+            node,
+            &cmd.target_group,
+            held.contains(&cmd.target_group),
+        );
+        if target_stack == Stack::None {
+            return refuse(format!(
+                "in group {} no stack would manage node {} ({}): its cards would sit idle",
+                cmd.target_group,
+                cmd.node,
+                reason.as_str_name()
+            ));
+        }
+        vec![event(Kind::HandoverStarted(HandoverStarted {
+            handover_id: cmd.handover_id.clone(),
+            node: cmd.node.clone(),
+            source_group: source,
+            target_group: cmd.target_group.clone(),
+            labels_before: node.labels.clone(),
+            taints_before: node.taints.clone(),
+            was_unschedulable: node.unschedulable,
+        }))]
+    }
+
+    /// The decisions for the handover of `node` (if any), given the facts and the time.
+    pub fn decide_node(
+        &self,
+        cluster: &Cluster,
+        held: &std::collections::BTreeSet<String>,
+        node: &str,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        let Some(h) = self.active.get(node) else {
+            return Vec::new();
+        };
+        let Some(facts) = cluster.nodes.get(node) else {
+            return self.stall(h, now, format!("node {node} is gone"));
+        };
+        let (id, name) = (h.id.clone(), h.node.clone());
+        match h.step {
+            HandoverStep::Cordon if facts.unschedulable => {
+                let to_evict = cluster
+                    .pods_on(node)
+                    .filter(|(_, pod)| !pod.is_daemon())
+                    .map(|((namespace, name), pod)| PodRef {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        owner: pod.owner.clone(),
+                    })
+                    .collect();
+                vec![event(Kind::NodeCordoned(NodeCordoned {
+                    handover_id: id,
+                    node: name,
+                    was_unschedulable: h.was_unschedulable,
+                    to_evict,
+                }))]
+            }
+            HandoverStep::Drain if !cluster.pods_on(node).any(|(_, pod)| !pod.is_daemon()) => {
+                vec![event(Kind::NodeDrained(NodeDrained {
+                    handover_id: id,
+                    node: name,
+                    evicted: h.to_evict.clone(),
+                }))]
+            }
+            HandoverStep::MoveGroup
+                if facts.group() == Some(h.target_group.as_str())
+                    && !facts
+                        .labels
+                        .contains_key(&format!("{NODE_ROLE_PREFIX}{}", h.source_group)) =>
+            {
+                vec![event(Kind::NodeGroupChanged(NodeGroupChanged {
+                    handover_id: id,
+                    node: name,
+                    from_group: h.source_group.clone(),
+                    to_group: h.target_group.clone(),
+                    labels_before: h.labels_before.clone(),
+                    taints_before: h.taints_before.clone(),
+                    labels_after: facts.labels.clone(),
+                    taints_after: facts.taints.clone(),
+                }))]
+            }
+            HandoverStep::WaitReady => {
+                let (stack, _) = stack_in_group(
+                    cluster,
+                    facts,
+                    &h.target_group,
+                    held.contains(&h.target_group),
+                );
+                let readiness = cluster.readiness(node);
+                let ready = match stack {
+                    Stack::DevicePlugin => {
+                        facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                            && facts
+                                .labels
+                                .get(GPU_STACK_LABEL)
+                                .is_some_and(|v| v == STACK_DEVICE_PLUGIN)
+                    }
+                    _ => readiness.is_ready(),
+                };
+                if ready {
+                    vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
+                        handover_id: id,
+                        node: name,
+                        gpu_setup_complete: readiness.gpu_setup_complete,
+                        gpu_stack_dra: readiness.gpu_stack_dra,
+                        ready_physical_gpus: readiness.ready_physical_gpus,
+                        expected_physical_gpus: readiness.expected_physical_gpus,
+                        node_agent_running: readiness.node_agent_running,
+                        vendor_adapter_running: readiness.vendor_adapter_running,
+                    }))]
+                } else {
+                    let missing = match stack {
+                        Stack::DevicePlugin => vec![format!(
+                            "labels {GPU_SETUP_COMPLETE_LABEL} and {GPU_STACK_LABEL}={STACK_DEVICE_PLUGIN} are not both present"
+                        )],
+                        _ => readiness.missing(),
+                    };
+                    self.stall(
+                        h,
+                        now,
+                        format!("node {node} is not ready: {}", missing.join("; ")),
+                    )
+                }
+            }
+            HandoverStep::Uncordon if !facts.unschedulable => vec![
+                event(Kind::NodeUncordoned(NodeUncordoned {
+                    handover_id: id.clone(),
+                    node: name.clone(),
+                    was_unschedulable: true,
+                })),
+                event(Kind::HandoverCompleted(HandoverCompleted {
+                    handover_id: id,
+                    node: name,
+                    target_group: h.target_group.clone(),
+                })),
+            ],
+            HandoverStep::Cordon => self.stall(h, now, format!("node {node} is not cordoned yet")),
+            HandoverStep::Drain => {
+                let left: Vec<String> = cluster
+                    .pods_on(node)
+                    .filter(|(_, pod)| !pod.is_daemon())
+                    .map(|((ns, name), _)| format!("{ns}/{name}"))
+                    .collect();
+                self.stall(
+                    h,
+                    now,
+                    format!("{} pods are still on node {node} (a PodDisruptionBudget may block them): {}", left.len(), left.join(", ")),
+                )
+            }
+            HandoverStep::MoveGroup => self.stall(
+                h,
+                now,
+                format!(
+                    "node {node} is still labelled {GROUP_LABEL}={}",
+                    facts.group().unwrap_or_default()
+                ),
+            ),
+            HandoverStep::Uncordon | HandoverStep::Unspecified => {
+                self.stall(h, now, format!("node {node} is still cordoned"))
+            }
+        }
+    }
+
+    /// One `HandoverStalled` once the step's deadline has passed.
+    fn stall(&self, h: &Handover, now: i64, reason: String) -> Vec<DomainEvent> {
+        let deadline = h.step_since + self.deadlines.of(h.step);
+        if h.stalled || now <= deadline {
+            return Vec::new();
+        }
+        vec![event(Kind::HandoverStalled(HandoverStalled {
+            handover_id: h.id.clone(),
+            node: h.node.clone(),
+            step: h.step as i32,
+            reason,
+            deadline_unix_nanos: deadline,
+        }))]
+    }
+
+    /// What the edge should be doing for the handovers in progress.
+    pub fn effects(&self) -> Vec<Effect> {
+        self.active
+            .values()
+            .filter_map(|h| match h.step {
+                HandoverStep::Cordon => Some(Effect::Cordon {
+                    node: h.node.clone(),
+                }),
+                HandoverStep::Drain => Some(Effect::Drain {
+                    node: h.node.clone(),
+                }),
+                HandoverStep::MoveGroup => Some(Effect::MoveToGroup {
+                    node: h.node.clone(),
+                    group: h.target_group.clone(),
+                    from_group: h.source_group.clone(),
+                }),
+                HandoverStep::WaitReady | HandoverStep::Unspecified => None,
+                HandoverStep::Uncordon => Some(Effect::Uncordon {
+                    node: h.node.clone(),
+                }),
+            })
+            .collect()
+    }
+}
