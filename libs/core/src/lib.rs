@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod app_move;
 pub mod cluster;
 pub mod effects;
 pub mod handover;

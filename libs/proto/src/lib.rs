@@ -50,6 +50,7 @@ pub mod v1 {
                 ResourceQuotaTranslated(_) => "ResourceQuotaTranslated",
                 LeftoverLabelsCleared(_) => "LeftoverLabelsCleared",
                 SourceGroupRetired(_) => "SourceGroupRetired",
+                CompletionRefused(_) => "CompletionRefused",
                 RollbackStarted(_) => "RollbackStarted",
                 StepCompensated(_) => "StepCompensated",
                 RollbackCompleted(_) => "RollbackCompleted",

@@ -164,3 +164,100 @@ pub fn mk_gpu(name: &str, node: &str, ready: bool) -> DomainEvent {
         ..Default::default()
     }))
 }
+
+use switchyard_core::names::{
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP, VENDOR_ADAPTER_APP,
+};
+use switchyard_proto::v1::{GpuClassObserved, ResourceList, WorkloadObserved, WorkloadPlacement};
+
+pub fn mk_class(name: &str) -> DomainEvent {
+    ev(Kind::GpuClassObserved(GpuClassObserved {
+        name: name.into(),
+        device_class_names: vec![format!("{name}-whole")],
+    }))
+}
+
+/// Facts of a node of `group` that passed its DRA preparation: labels, Ready
+/// PhysicalGPUs, node agent and vendor adapter running.
+pub fn mk_ready_dra_node(name: &str, group: &str, gpus: u32) -> Vec<DomainEvent> {
+    let labels = [(GPU_SETUP_COMPLETE_LABEL, ""), (GPU_STACK_LABEL, "dra")];
+    let mut facts = vec![
+        NodeSpec {
+            labels: &labels,
+            gpus,
+            ..NodeSpec::new(name, group)
+        }
+        .fact(),
+    ];
+    for i in 0..gpus {
+        facts.push(mk_gpu(&format!("{name}-gpu-{i}"), name, true));
+    }
+    for app in [NODE_AGENT_APP, VENDOR_ADAPTER_APP] {
+        facts.push(mk_pod(
+            MODULE_NAMESPACE,
+            &format!("{app}-{name}"),
+            name,
+            ("DaemonSet", app),
+            app,
+            PodPhase::Running,
+        ));
+    }
+    facts
+}
+
+pub fn mk_placement(limits: &[(&str, &str)], selector: &[(&str, &str)]) -> WorkloadPlacement {
+    let list = ResourceList {
+        quantities: limits
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    WorkloadPlacement {
+        container_limits: [("main".to_string(), list)].into(),
+        container_requests: BTreeMap::new(),
+        node_selector: selector
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+pub fn mk_workload(
+    namespace: &str,
+    name: &str,
+    replicas: u32,
+    placement: WorkloadPlacement,
+) -> DomainEvent {
+    ev(Kind::WorkloadObserved(WorkloadObserved {
+        workload: Some(WorkloadRef {
+            namespace: namespace.into(),
+            kind: "Deployment".into(),
+            name: name.into(),
+        }),
+        replicas,
+        placement: Some(placement),
+    }))
+}
+
+pub fn mk_app_pod(
+    namespace: &str,
+    name: &str,
+    workload: &str,
+    node: &str,
+    phase: PodPhase,
+    claims: (u32, u32),
+) -> DomainEvent {
+    let mut pod = mk_pod(
+        namespace,
+        name,
+        node,
+        ("Deployment", workload),
+        workload,
+        phase,
+    );
+    if let Some(Kind::PodObserved(p)) = &mut pod.kind {
+        p.claims_allocated = claims.0;
+        p.claims_needed = claims.1;
+    }
+    pod
+}

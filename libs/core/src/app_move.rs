@@ -1,0 +1,359 @@
+//! Application moves (reference, "Step 4. Move an application" and "Step 5"):
+//! the workload's `nvidia.com/gpu: N` becomes `gpu.deckhouse.io/<class>: N`, the
+//! `node.deckhouse.io/group: <source>` node selector goes, everything else stays;
+//! then the workload is restarted and the move is verified: its pods run on
+//! nodes of the target group with their claims allocated.
+//!
+//! A move is refused while no node of the target group is ready — "hand over the
+//! node before moving the application, otherwise its Pods wait for devices that
+//! do not exist in the cluster yet" — and when the GPU class does not exist.
+
+use std::collections::BTreeMap;
+
+use switchyard_proto::v1::{
+    ApplicationMoveRefused, ApplicationMoveStarted, ApplicationMoveVerified, DomainEvent, PodPhase,
+    ResourceList, WorkloadPlacement, WorkloadRef, WorkloadRestarted, WorkloadRewritten,
+    domain_event::Kind,
+};
+
+use crate::cluster::{Cluster, WorkloadKey, workload_key};
+use crate::effects::Effect;
+use crate::names::{CLASS_RESOURCE_PREFIX, GROUP_LABEL, NVIDIA_GPU};
+
+/// An operator's request to move a workload to `target_group`, requesting `gpu_class`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoveApplication {
+    pub move_id: String,
+    pub workload: WorkloadRef,
+    pub target_group: String,
+    pub gpu_class: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    /// Waiting to see the rewritten pod template.
+    Rewrite,
+    /// Restarted; waiting for its pods on the target group with claims allocated.
+    Verify,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppMove {
+    pub id: String,
+    pub workload: WorkloadRef,
+    pub source_group: String,
+    pub target_group: String,
+    pub gpu_class: String,
+    pub step: MoveStep,
+    pub before: WorkloadPlacement,
+    pub after: WorkloadPlacement,
+}
+
+/// The claim-allocator's application moves.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AppMoves {
+    pub active: BTreeMap<WorkloadKey, AppMove>,
+    /// Verified moves: workload -> move id.
+    pub verified: BTreeMap<WorkloadKey, String>,
+}
+
+fn event(kind: Kind) -> DomainEvent {
+    DomainEvent { kind: Some(kind) }
+}
+
+fn rewrite_list(list: &ResourceList, class: &str) -> ResourceList {
+    let mut quantities = list.quantities.clone();
+    if let Some(count) = quantities.remove(NVIDIA_GPU) {
+        quantities.insert(format!("{CLASS_RESOURCE_PREFIX}{class}"), count);
+    }
+    ResourceList { quantities }
+}
+
+/// The manifest change of a move: the GPU request becomes the class's extended
+/// resource, the binding to `source_group` goes; nothing else changes.
+pub fn rewrite(before: &WorkloadPlacement, source_group: &str, class: &str) -> WorkloadPlacement {
+    let lists = |lists: &BTreeMap<String, ResourceList>| {
+        lists
+            .iter()
+            .map(|(container, list)| (container.clone(), rewrite_list(list, class)))
+            .collect()
+    };
+    let mut node_selector = before.node_selector.clone();
+    if node_selector
+        .get(GROUP_LABEL)
+        .is_some_and(|g| g == source_group)
+    {
+        node_selector.remove(GROUP_LABEL);
+    }
+    WorkloadPlacement {
+        container_limits: lists(&before.container_limits),
+        container_requests: lists(&before.container_requests),
+        node_selector,
+    }
+}
+
+/// Whether the placement still asks for device-plugin GPUs.
+pub fn requests_nvidia_gpu(placement: &WorkloadPlacement) -> bool {
+    placement
+        .container_limits
+        .values()
+        .chain(placement.container_requests.values())
+        .any(|list| list.quantities.contains_key(NVIDIA_GPU))
+}
+
+/// Nodes of `group` ready for workloads: all four readiness conditions, not cordoned.
+pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item = &'a String> + 'a {
+    let members = cluster.members.get(group).into_iter().flatten();
+    members.filter(move |node| {
+        !cluster.nodes[node.as_str()].unschedulable && cluster.readiness(node).is_ready()
+    })
+}
+
+impl AppMoves {
+    /// Folds this core's own events.
+    pub fn apply(&mut self, event: &DomainEvent) {
+        let Some(kind) = &event.kind else { return };
+        match kind {
+            Kind::ApplicationMoveStarted(e) => {
+                let Some(workload) = &e.workload else { return };
+                // Before- and after-image arrive with the WorkloadRewritten that
+                // is always decided together with the start.
+                self.active.insert(
+                    workload_key(workload),
+                    AppMove {
+                        id: e.move_id.clone(),
+                        workload: workload.clone(),
+                        source_group: e.source_group.clone(),
+                        target_group: e.target_group.clone(),
+                        gpu_class: e.gpu_class.clone(),
+                        step: MoveStep::Rewrite,
+                        before: WorkloadPlacement::default(),
+                        after: WorkloadPlacement::default(),
+                    },
+                );
+            }
+            Kind::WorkloadRewritten(e) => {
+                if let Some(m) = e
+                    .workload
+                    .as_ref()
+                    .and_then(|w| self.active.get_mut(&workload_key(w)))
+                {
+                    m.before = e.before.clone().unwrap_or_default();
+                    m.after = e.after.clone().unwrap_or_default();
+                }
+            }
+            Kind::WorkloadRestarted(e) => {
+                if let Some(m) = e
+                    .workload
+                    .as_ref()
+                    .and_then(|w| self.active.get_mut(&workload_key(w)))
+                {
+                    m.step = MoveStep::Verify;
+                }
+            }
+            Kind::ApplicationMoveVerified(e) => {
+                if let Some(w) = &e.workload {
+                    let key = workload_key(w);
+                    self.active.remove(&key);
+                    self.verified.insert(key, e.move_id.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts a move — the start and the decided rewrite with its before-image —
+    /// or refuses it with the reason.
+    pub fn start(&self, cluster: &Cluster, cmd: &MoveApplication) -> Vec<DomainEvent> {
+        let refuse = |reason: String| {
+            vec![event(Kind::ApplicationMoveRefused(
+                ApplicationMoveRefused {
+                    workload: Some(cmd.workload.clone()),
+                    reason,
+                },
+            ))]
+        };
+        let w = &cmd.workload;
+        let name = format!("{} {}/{}", w.kind, w.namespace, w.name);
+        let key = workload_key(w);
+        let Some(workload) = cluster.workloads.get(&key) else {
+            return refuse(format!("{name} is not known"));
+        };
+        if self.active.contains_key(&key) {
+            return refuse(format!("{name} is already being moved"));
+        }
+        if !cluster.gpu_classes.contains_key(&cmd.gpu_class) {
+            let known: Vec<&str> = cluster.gpu_classes.keys().map(String::as_str).collect();
+            return refuse(format!(
+                "GPU class {} does not exist (known: {}); check the name against `d8 k get gpuclass`",
+                cmd.gpu_class,
+                known.join(", ")
+            ));
+        }
+        if !requests_nvidia_gpu(&workload.placement) {
+            return refuse(format!(
+                "{name} requests no {NVIDIA_GPU}: there is nothing to move"
+            ));
+        }
+        if ready_nodes(cluster, &cmd.target_group).next().is_none() {
+            return refuse(format!(
+                "no node of group {} is ready: hand over a node before moving the application, \
+                 otherwise its Pods wait for devices that do not exist in the cluster yet",
+                cmd.target_group
+            ));
+        }
+        let source_group = workload
+            .placement
+            .node_selector
+            .get(GROUP_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let after = rewrite(&workload.placement, &source_group, &cmd.gpu_class);
+        vec![
+            event(Kind::ApplicationMoveStarted(ApplicationMoveStarted {
+                move_id: cmd.move_id.clone(),
+                workload: Some(w.clone()),
+                source_group,
+                target_group: cmd.target_group.clone(),
+                gpu_class: cmd.gpu_class.clone(),
+            })),
+            event(Kind::WorkloadRewritten(WorkloadRewritten {
+                move_id: cmd.move_id.clone(),
+                workload: Some(w.clone()),
+                before: Some(workload.placement.clone()),
+                after: Some(after),
+            })),
+        ]
+    }
+
+    /// Decisions for the move of `key`, given the facts.
+    pub fn decide_workload(&self, cluster: &Cluster, key: &WorkloadKey) -> Vec<DomainEvent> {
+        let Some(m) = self.active.get(key) else {
+            return Vec::new();
+        };
+        let Some(workload) = cluster.workloads.get(key) else {
+            return Vec::new();
+        };
+        match m.step {
+            MoveStep::Rewrite if workload.placement == m.after => {
+                vec![event(Kind::WorkloadRestarted(WorkloadRestarted {
+                    move_id: m.id.clone(),
+                    workload: Some(m.workload.clone()),
+                    restarted_at_before: String::new(),
+                    restarted_at: m.id.clone(),
+                }))]
+            }
+            MoveStep::Verify => {
+                let pods: Vec<_> = cluster
+                    .pods
+                    .values()
+                    .filter(|p| p.owner.as_ref().is_some_and(|o| workload_key(o) == *key))
+                    .collect();
+                let on_target = |node: &str| {
+                    cluster.nodes.get(node).and_then(|n| n.group()) == Some(m.target_group.as_str())
+                };
+                let verified = pods.len() as u32 == workload.replicas
+                    && workload.replicas > 0
+                    && pods.iter().all(|p| {
+                        p.phase == PodPhase::Running
+                            && on_target(&p.node)
+                            && p.claims_needed > 0
+                            && p.claims_allocated >= p.claims_needed
+                    });
+                if !verified {
+                    return Vec::new();
+                }
+                let mut pod_nodes: Vec<String> = pods.iter().map(|p| p.node.clone()).collect();
+                pod_nodes.sort();
+                vec![event(Kind::ApplicationMoveVerified(
+                    ApplicationMoveVerified {
+                        move_id: m.id.clone(),
+                        workload: Some(m.workload.clone()),
+                        pod_nodes,
+                        claims_allocated: pods.iter().map(|p| p.claims_allocated).sum(),
+                    },
+                ))]
+            }
+            MoveStep::Rewrite => Vec::new(),
+        }
+    }
+
+    /// What the edge should be doing for the moves in progress.
+    pub fn effects(&self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for m in self.active.values() {
+            effects.push(Effect::SetPlacement {
+                workload: m.workload.clone(),
+                placement: m.after.clone(),
+            });
+            if m.step == MoveStep::Verify {
+                effects.push(Effect::RestartWorkload {
+                    workload: m.workload.clone(),
+                    restarted_at: m.id.clone(),
+                });
+            }
+        }
+        effects
+    }
+}
+
+/// The claim-allocator core: cluster facts and application moves.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClaimAllocator {
+    pub cluster: Cluster,
+    pub moves: AppMoves,
+}
+
+/// An input of the claim-allocator.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    Fact(&'a DomainEvent),
+    MoveApplication(&'a MoveApplication),
+}
+
+impl ClaimAllocator {
+    pub fn apply(&mut self, event: &DomainEvent) {
+        self.cluster.apply(event);
+        self.moves.apply(event);
+    }
+
+    /// Folds the input, decides, folds the decisions; returns the decisions.
+    pub fn handle(&mut self, input: Input<'_>) -> Vec<DomainEvent> {
+        let mut out = Vec::new();
+        let keys: Vec<WorkloadKey> = match input {
+            Input::Fact(fact) => {
+                self.apply(fact);
+                match &fact.kind {
+                    Some(Kind::WorkloadObserved(f)) => {
+                        f.workload.iter().map(workload_key).collect()
+                    }
+                    Some(Kind::PodObserved(_) | Kind::PodRemoved(_) | Kind::NodeObserved(_)) => {
+                        self.moves.active.keys().cloned().collect()
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            Input::MoveApplication(cmd) => {
+                for decision in self.moves.start(&self.cluster, cmd) {
+                    self.apply(&decision);
+                    out.push(decision);
+                }
+                vec![workload_key(&cmd.workload)]
+            }
+        };
+        for key in keys {
+            // Rewrite seen -> restarted -> verified can follow from one fact.
+            for _ in 0..3 {
+                let decisions = self.moves.decide_workload(&self.cluster, &key);
+                if decisions.is_empty() {
+                    break;
+                }
+                for decision in decisions {
+                    self.apply(&decision);
+                    out.push(decision);
+                }
+            }
+        }
+        out
+    }
+}
