@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
     ApplicationMoveRefused, ApplicationMoveStarted, ApplicationMoveVerified, DomainEvent, PodPhase,
-    ResourceList, WorkloadPlacement, WorkloadRef, WorkloadRestarted, WorkloadRewritten,
-    domain_event::Kind,
+    ResourceList, RollbackCompleted, StepCompensated, WorkloadPlacement, WorkloadRef,
+    WorkloadRestarted, WorkloadRewritten, domain_event::Kind,
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
@@ -47,6 +47,8 @@ pub struct AppMove {
     pub step: MoveStep,
     pub before: WorkloadPlacement,
     pub after: WorkloadPlacement,
+    /// A rollback: the sequence of the forward rewrite it compensates.
+    pub compensates: Option<u64>,
 }
 
 /// The claim-allocator's application moves.
@@ -129,8 +131,52 @@ impl AppMoves {
                         step: MoveStep::Rewrite,
                         before: WorkloadPlacement::default(),
                         after: WorkloadPlacement::default(),
+                        compensates: None,
                     },
                 );
+            }
+            Kind::RollbackStarted(e) => {
+                let Some(restore) = &e.workload_restore else {
+                    return;
+                };
+                let Some(workload) = &restore.workload else {
+                    return;
+                };
+                let after = restore.after.clone().unwrap_or_default();
+                self.active.insert(
+                    workload_key(workload),
+                    AppMove {
+                        id: e.rollback_id.clone(),
+                        workload: workload.clone(),
+                        source_group: String::new(),
+                        target_group: after
+                            .node_selector
+                            .get(GROUP_LABEL)
+                            .cloned()
+                            .unwrap_or_default(),
+                        gpu_class: String::new(),
+                        step: MoveStep::Rewrite,
+                        before: restore.before.clone().unwrap_or_default(),
+                        after,
+                        compensates: e.plan.first().copied(),
+                    },
+                );
+            }
+            Kind::StepCompensated(e) => {
+                if let Some(compensation) = &e.compensation {
+                    self.apply(compensation);
+                }
+            }
+            Kind::RollbackCompleted(e) => {
+                let key = self
+                    .active
+                    .iter()
+                    .find(|(_, m)| m.id == e.rollback_id)
+                    .map(|(k, _)| k.clone());
+                if let Some(key) = key {
+                    self.active.remove(&key);
+                    self.verified.remove(&key);
+                }
             }
             Kind::WorkloadRewritten(e) => {
                 if let Some(m) = e
@@ -234,16 +280,54 @@ impl AppMoves {
         let Some(workload) = cluster.workloads.get(key) else {
             return Vec::new();
         };
-        match m.step {
-            MoveStep::Rewrite if workload.placement == m.after => {
-                vec![event(Kind::WorkloadRestarted(WorkloadRestarted {
-                    move_id: m.id.clone(),
-                    workload: Some(m.workload.clone()),
-                    restarted_at_before: String::new(),
-                    restarted_at: m.id.clone(),
-                }))]
+        let restarted = event(Kind::WorkloadRestarted(WorkloadRestarted {
+            move_id: m.id.clone(),
+            workload: Some(m.workload.clone()),
+            restarted_at_before: String::new(),
+            restarted_at: m.id.clone(),
+        }));
+        match (m.step, m.compensates) {
+            (MoveStep::Rewrite, None) if workload.placement == m.after => vec![restarted],
+            (MoveStep::Rewrite, Some(compensated)) if workload.placement == m.after => vec![
+                event(Kind::StepCompensated(Box::new(StepCompensated {
+                    rollback_id: m.id.clone(),
+                    compensated_sequence: compensated,
+                    compensation: Some(Box::new(event(Kind::WorkloadRewritten(
+                        WorkloadRewritten {
+                            move_id: m.id.clone(),
+                            workload: Some(m.workload.clone()),
+                            before: Some(m.before.clone()),
+                            after: Some(m.after.clone()),
+                        },
+                    )))),
+                }))),
+                restarted,
+            ],
+            (MoveStep::Verify, Some(_)) => {
+                // Back on the device plugin: running pods, on the source group if bound to it.
+                let pods: Vec<_> = cluster
+                    .pods
+                    .values()
+                    .filter(|p| p.owner.as_ref().is_some_and(|o| workload_key(o) == *key))
+                    .collect();
+                let in_group = |node: &str| {
+                    m.target_group.is_empty()
+                        || cluster.nodes.get(node).and_then(|n| n.group())
+                            == Some(m.target_group.as_str())
+                };
+                let back = pods.len() as u32 == workload.replicas
+                    && pods
+                        .iter()
+                        .all(|p| p.phase == PodPhase::Running && in_group(&p.node));
+                if back {
+                    vec![event(Kind::RollbackCompleted(RollbackCompleted {
+                        rollback_id: m.id.clone(),
+                    }))]
+                } else {
+                    Vec::new()
+                }
             }
-            MoveStep::Verify => {
+            (MoveStep::Verify, None) => {
                 let pods: Vec<_> = cluster
                     .pods
                     .values()
@@ -274,7 +358,7 @@ impl AppMoves {
                     },
                 ))]
             }
-            MoveStep::Rewrite => Vec::new(),
+            (MoveStep::Rewrite, _) => Vec::new(),
         }
     }
 
@@ -309,6 +393,8 @@ pub struct ClaimAllocator {
 pub enum Input<'a> {
     Fact(&'a DomainEvent),
     MoveApplication(&'a MoveApplication),
+    /// A workload rollback planned by `rollback::plan_workload_rollback`.
+    Rollback(&'a DomainEvent),
 }
 
 impl ClaimAllocator {
@@ -339,6 +425,31 @@ impl ClaimAllocator {
                     out.push(decision);
                 }
                 vec![workload_key(&cmd.workload)]
+            }
+            Input::Rollback(started) => {
+                let Some(Kind::RollbackStarted(r)) = &started.kind else {
+                    return out;
+                };
+                let Some(workload) = r.workload_restore.as_ref().and_then(|w| w.workload.clone())
+                else {
+                    return out;
+                };
+                let key = workload_key(&workload);
+                if let Some(m) = self.moves.active.get(&key) {
+                    out.push(event(Kind::ApplicationMoveRefused(
+                        ApplicationMoveRefused {
+                            workload: Some(workload.clone()),
+                            reason: format!(
+                                "{} {}/{} is being moved ({}); roll it back once that is done",
+                                workload.kind, workload.namespace, workload.name, m.id
+                            ),
+                        },
+                    )));
+                    return out;
+                }
+                self.apply(started);
+                out.push(started.clone());
+                vec![key]
             }
         };
         for key in keys {

@@ -27,7 +27,9 @@ pub enum Effect {
         group: String,
         from_group: String,
     },
-    /// Put back exactly these labels and taints (a rollback).
+    /// Put back exactly these labels and taints (a rollback), except the
+    /// preparation labels (`names::PREPARATION_LABELS`), which node preparation
+    /// sets for the node's new stack.
     RestoreNode {
         node: String,
         labels: BTreeMap<String, String>,

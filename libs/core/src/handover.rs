@@ -16,13 +16,15 @@ use std::collections::BTreeMap;
 use switchyard_proto::v1::{
     DomainEvent, HandoverCompleted, HandoverRefused, HandoverStalled, HandoverStarted,
     HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeProvisioning,
-    NodeReadinessObserved, NodeUncordoned, PodRef, Stack, Taint, domain_event::Kind,
+    NodeReadinessObserved, NodeUncordoned, PodRef, RollbackCompleted, Stack, StepCompensated,
+    Taint, domain_event::Kind,
 };
 
 use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 use crate::names::{
-    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, STACK_DEVICE_PLUGIN,
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
+    STACK_DEVICE_PLUGIN,
 };
 use crate::stack;
 
@@ -85,6 +87,56 @@ pub struct Handover {
     pub taints_before: Vec<Taint>,
     pub was_unschedulable: bool,
     pub to_evict: Vec<PodRef>,
+    /// Set when this is a rollback: a handover back that restores the node.
+    pub rollback: Option<RollbackMode>,
+}
+
+/// A handover back to the source group, restoring the before-image
+/// (`labels_before`, `taints_before`, `was_unschedulable`) of the handover it undoes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RollbackMode {
+    pub rollback_id: String,
+    /// Forward steps this rollback compensates, by sequence.
+    pub undo_uncordon: u64,
+    pub undo_group_change: u64,
+    pub undo_cordon: u64,
+    /// The forward group change: its after-image is the state being left.
+    pub undone: NodeGroupChanged,
+}
+
+impl RollbackMode {
+    /// The steps of a handover back that restore a forward step are recorded as
+    /// compensations of it; the last one also completes the rollback.
+    fn wrap(&self, decision: DomainEvent) -> Vec<DomainEvent> {
+        let compensated = match &decision.kind {
+            Some(Kind::NodeCordoned(_)) => self.undo_uncordon,
+            Some(Kind::NodeGroupChanged(_)) => self.undo_group_change,
+            Some(Kind::NodeUncordoned(_)) => self.undo_cordon,
+            Some(Kind::HandoverCompleted(_)) => {
+                return vec![
+                    decision,
+                    event(Kind::RollbackCompleted(RollbackCompleted {
+                        rollback_id: self.rollback_id.clone(),
+                    })),
+                ];
+            }
+            _ => return vec![decision],
+        };
+        vec![event(Kind::StepCompensated(Box::new(StepCompensated {
+            rollback_id: self.rollback_id.clone(),
+            compensated_sequence: compensated,
+            compensation: Some(Box::new(decision)),
+        })))]
+    }
+}
+
+/// Labels as compared after a restore: without the preparation labels.
+fn comparable(labels: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    labels
+        .iter()
+        .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
 }
 
 /// All handovers: the ones in progress by node, the finished ones by id.
@@ -146,8 +198,43 @@ impl Handovers {
                         taints_before: e.taints_before.clone(),
                         was_unschedulable: e.was_unschedulable,
                         to_evict: Vec::new(),
+                        rollback: None,
                     },
                 );
+            }
+            Kind::RollbackStarted(e) => {
+                let Some(back) = &e.node_restore else { return };
+                let [undo_uncordon, undo_group_change, undo_cordon] = e.plan[..] else {
+                    return;
+                };
+                self.active.insert(
+                    back.node.clone(),
+                    Handover {
+                        id: back.handover_id.clone(),
+                        node: back.node.clone(),
+                        source_group: back.source_group.clone(),
+                        target_group: back.target_group.clone(),
+                        step: HandoverStep::Cordon,
+                        step_since: at,
+                        stalled: false,
+                        labels_before: back.labels_before.clone(),
+                        taints_before: back.taints_before.clone(),
+                        was_unschedulable: back.was_unschedulable,
+                        to_evict: Vec::new(),
+                        rollback: Some(RollbackMode {
+                            rollback_id: e.rollback_id.clone(),
+                            undo_uncordon,
+                            undo_group_change,
+                            undo_cordon,
+                            undone: e.undone_group_change.clone().unwrap_or_default(),
+                        }),
+                    },
+                );
+            }
+            Kind::StepCompensated(e) => {
+                if let Some(compensation) = &e.compensation {
+                    self.apply(compensation, at);
+                }
             }
             Kind::NodeCordoned(e) => {
                 if let Some(h) = self.active.get_mut(&e.node) {
@@ -264,7 +351,51 @@ impl Handovers {
         let Some(facts) = cluster.nodes.get(node) else {
             return self.stall(h, now, format!("node {node} is gone"));
         };
-        let (id, name) = (h.id.clone(), h.node.clone());
+        let decisions = self.step_decisions(cluster, held, h, facts, now);
+        match &h.rollback {
+            None => decisions,
+            Some(mode) => decisions.into_iter().flat_map(|d| mode.wrap(d)).collect(),
+        }
+    }
+
+    /// The decision that ends the current step, if the facts show it done, or a
+    /// stall once its deadline has passed.
+    fn step_decisions(
+        &self,
+        cluster: &Cluster,
+        held: &std::collections::BTreeSet<String>,
+        h: &Handover,
+        facts: &Node,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        let (id, name, node) = (h.id.clone(), h.node.clone(), h.node.as_str());
+        // A forward handover is done moving when the node carries the target
+        // group and not the source group's role label; a rollback when the node's
+        // labels and taints are its before-image again.
+        let moved = match &h.rollback {
+            None => {
+                facts.group() == Some(h.target_group.as_str())
+                    && !facts
+                        .labels
+                        .contains_key(&format!("{NODE_ROLE_PREFIX}{}", h.source_group))
+            }
+            Some(_) => {
+                comparable(&facts.labels) == comparable(&h.labels_before)
+                    && facts.taints == h.taints_before
+            }
+        };
+        // Forward: uncordoned. Rollback: spec.unschedulable as it was.
+        let released = match &h.rollback {
+            None => !facts.unschedulable,
+            Some(_) => facts.unschedulable == h.was_unschedulable,
+        };
+        let (labels_before, taints_before) = match &h.rollback {
+            None => (h.labels_before.clone(), h.taints_before.clone()),
+            Some(mode) => (
+                mode.undone.labels_after.clone(),
+                mode.undone.taints_after.clone(),
+            ),
+        };
         match h.step {
             HandoverStep::Cordon if facts.unschedulable => {
                 let to_evict = cluster
@@ -290,19 +421,14 @@ impl Handovers {
                     evicted: h.to_evict.clone(),
                 }))]
             }
-            HandoverStep::MoveGroup
-                if facts.group() == Some(h.target_group.as_str())
-                    && !facts
-                        .labels
-                        .contains_key(&format!("{NODE_ROLE_PREFIX}{}", h.source_group)) =>
-            {
+            HandoverStep::MoveGroup if moved => {
                 vec![event(Kind::NodeGroupChanged(NodeGroupChanged {
                     handover_id: id,
                     node: name,
                     from_group: h.source_group.clone(),
                     to_group: h.target_group.clone(),
-                    labels_before: h.labels_before.clone(),
-                    taints_before: h.taints_before.clone(),
+                    labels_before,
+                    taints_before,
                     labels_after: facts.labels.clone(),
                     taints_after: facts.taints.clone(),
                 }))]
@@ -350,7 +476,7 @@ impl Handovers {
                     )
                 }
             }
-            HandoverStep::Uncordon if !facts.unschedulable => vec![
+            HandoverStep::Uncordon if released => vec![
                 event(Kind::NodeUncordoned(NodeUncordoned {
                     handover_id: id.clone(),
                     node: name.clone(),
@@ -406,24 +532,25 @@ impl Handovers {
 
     /// What the edge should be doing for the handovers in progress.
     pub fn effects(&self) -> Vec<Effect> {
+        let node = |h: &Handover| h.node.clone();
         self.active
             .values()
-            .filter_map(|h| match h.step {
-                HandoverStep::Cordon => Some(Effect::Cordon {
-                    node: h.node.clone(),
-                }),
-                HandoverStep::Drain => Some(Effect::Drain {
-                    node: h.node.clone(),
-                }),
-                HandoverStep::MoveGroup => Some(Effect::MoveToGroup {
-                    node: h.node.clone(),
+            .filter_map(|h| match (h.step, &h.rollback) {
+                (HandoverStep::Cordon, _) => Some(Effect::Cordon { node: node(h) }),
+                (HandoverStep::Drain, _) => Some(Effect::Drain { node: node(h) }),
+                (HandoverStep::MoveGroup, None) => Some(Effect::MoveToGroup {
+                    node: node(h),
                     group: h.target_group.clone(),
                     from_group: h.source_group.clone(),
                 }),
-                HandoverStep::WaitReady | HandoverStep::Unspecified => None,
-                HandoverStep::Uncordon => Some(Effect::Uncordon {
-                    node: h.node.clone(),
+                (HandoverStep::MoveGroup, Some(_)) => Some(Effect::RestoreNode {
+                    node: node(h),
+                    labels: h.labels_before.clone(),
+                    taints: h.taints_before.clone(),
                 }),
+                (HandoverStep::WaitReady | HandoverStep::Unspecified, _) => None,
+                (HandoverStep::Uncordon, Some(_)) if h.was_unschedulable => None,
+                (HandoverStep::Uncordon, _) => Some(Effect::Uncordon { node: node(h) }),
             })
             .collect()
     }

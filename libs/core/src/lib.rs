@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod effects;
 pub mod handover;
 pub mod names;
+pub mod rollback;
 pub mod stack;
 
 pub use switchyard_proto::v1 as events;

@@ -39,3 +39,7 @@ pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 pub const CLASS_RESOURCE_PREFIX: &str = "gpu.deckhouse.io/";
 /// Prefix of the NFD / GPU feature discovery labels cleared on completion.
 pub const NVIDIA_LABEL_PREFIX: &str = "nvidia.com/";
+
+/// Labels that node preparation sets after a group change; a rollback leaves
+/// them to it instead of writing them back.
+pub const PREPARATION_LABELS: [&str; 2] = [GPU_STACK_LABEL, GPU_SETUP_COMPLETE_LABEL];

@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    AlertCleared, AlertRaised, DomainEvent, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason,
-    Stack, StackAssigned, StackReason, domain_event::Kind,
+    AlertCleared, AlertRaised, DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased,
+    ReleaseReason, Stack, StackAssigned, StackReason, domain_event::Kind,
 };
 
 use crate::cluster::{Cluster, Node};
@@ -79,6 +79,8 @@ pub enum Input<'a> {
     Tick,
     /// An operator asks for a node handover.
     StartHandover(&'a StartHandover),
+    /// A node rollback planned by `rollback::plan_node_rollback`.
+    Rollback(&'a DomainEvent),
 }
 
 /// Most step decisions one input can cascade into for one node (a node that
@@ -237,6 +239,29 @@ impl StackAssigner {
                 let decisions = self.handovers.start(&self.cluster, &self.held, cmd);
                 self.fold(decisions, now, &mut out);
                 vec![cmd.node.clone()]
+            }
+            Input::Rollback(started) => {
+                let Some(Kind::RollbackStarted(r)) = &started.kind else {
+                    return out;
+                };
+                let Some(back) = &r.node_restore else {
+                    return out;
+                };
+                if let Some(h) = self.handovers.active.get(&back.node) {
+                    out.push(event(Kind::HandoverRefused(HandoverRefused {
+                        node: back.node.clone(),
+                        target_group: back.target_group.clone(),
+                        reason: format!(
+                            "node {} is being handed over ({}, step {}); roll it back once that is done",
+                            back.node,
+                            h.id,
+                            h.step.as_str_name()
+                        ),
+                    })));
+                    return out;
+                }
+                self.fold(vec![started.clone()], now, &mut out);
+                vec![back.node.clone()]
             }
         };
         for node in nodes {
