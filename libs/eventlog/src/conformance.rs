@@ -50,6 +50,7 @@ fn cordon(id: &str, node: &str, at: i64) -> NewEvent {
         handover_id: "h1".into(),
         node: node.into(),
         was_unschedulable: false,
+        to_evict: Vec::new(),
     });
     NewEvent::new(id, at, event.into())
         .with_actor("stack-assigner")

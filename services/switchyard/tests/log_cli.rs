@@ -31,6 +31,7 @@ async fn write_handover(log: &dyn EventLog) {
             handover_id: "h1".into(),
             node: "worker-1".into(),
             was_unschedulable: false,
+            to_evict: Vec::new(),
         })
         .into(),
     )
