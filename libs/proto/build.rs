@@ -22,6 +22,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     prost_build::Config::new()
         .btree_map(["."])
         .bytes([".switchyard.v1.Envelope.payload"])
+        // Keep DomainEvent small: the rollback's nested images live on the heap.
+        .boxed(".switchyard.v1.RollbackStarted.node_restore")
+        .boxed(".switchyard.v1.RollbackStarted.workload_restore")
+        .boxed(".switchyard.v1.RollbackStarted.undone_group_change")
         .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&std::fs::read(&descriptor_path)?)?

@@ -226,7 +226,11 @@ impl Handovers {
                             undo_uncordon,
                             undo_group_change,
                             undo_cordon,
-                            undone: e.undone_group_change.clone().unwrap_or_default(),
+                            undone: e
+                                .undone_group_change
+                                .as_deref()
+                                .cloned()
+                                .unwrap_or_default(),
                         }),
                     },
                 );

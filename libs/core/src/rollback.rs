@@ -157,9 +157,9 @@ fn started(
             target: Some(target),
             through_sequence,
             plan,
-            node_restore,
-            workload_restore,
-            undone_group_change,
+            node_restore: node_restore.map(Box::new),
+            workload_restore: workload_restore.map(Box::new),
+            undone_group_change: undone_group_change.map(Box::new),
         })),
     }
 }
