@@ -50,6 +50,10 @@ pub enum Effect {
         workload: WorkloadRef,
         restarted_at: String,
     },
+    /// Remove the spec.gpu section of a NodeGroup (completion).
+    RemoveSpecGpu {
+        group: String,
+    },
     /// Set a ResourceQuota's spec.hard.
     SetQuota {
         namespace: String,

@@ -10,6 +10,7 @@
 
 pub mod app_move;
 pub mod cluster;
+pub mod completion;
 pub mod effects;
 pub mod handover;
 pub mod names;

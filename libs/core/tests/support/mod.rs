@@ -261,3 +261,16 @@ pub fn mk_app_pod(
     }
     pod
 }
+
+pub fn mk_quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> DomainEvent {
+    ev(Kind::ResourceQuotaObserved(
+        switchyard_proto::v1::ResourceQuotaObserved {
+            namespace: namespace.into(),
+            name: name.into(),
+            hard: hard
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    ))
+}
