@@ -192,6 +192,16 @@ impl Completion {
             }
         }
         for (node, labels) in &self.cleared_labels {
+            // A node rolled back into a group with spec.gpu gets its labels back
+            // from its before-image; completion does not fight the rollback.
+            let on_device_plugin = cluster
+                .nodes
+                .get(node)
+                .and_then(|n| n.group())
+                .is_some_and(|g| cluster.has_spec_gpu(g));
+            if on_device_plugin {
+                continue;
+            }
             let present: Vec<String> = labels
                 .iter()
                 .filter(|l| {

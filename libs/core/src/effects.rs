@@ -35,6 +35,12 @@ pub enum Effect {
         labels: BTreeMap<String, String>,
         taints: Vec<Taint>,
     },
+    /// Set `node.deckhouse.io/gpu-stack` (or remove it for no stack); node
+    /// preparation reconfigures the node for that stack.
+    SetStackLabel {
+        node: String,
+        stack: Option<String>,
+    },
     /// Remove these labels from the node.
     RemoveNodeLabels {
         node: String,

@@ -23,8 +23,11 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, Node};
+use crate::effects::Effect;
 use crate::handover::{Handovers, StartHandover};
-use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
+use crate::names::{
+    ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA,
+};
 
 /// The stack serving a node and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -309,6 +312,38 @@ impl StackAssigner {
             ) => self.handovers.active.keys().cloned().collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// What the edge should be doing: the gpu-stack label of every node as
+    /// decided, and the steps of the handovers in progress.
+    pub fn effects(&self) -> Vec<Effect> {
+        let mut effects: Vec<Effect> = self
+            .assignments
+            .keys()
+            .filter_map(|node| self.stack_label_effect(node))
+            .collect();
+        effects.extend(self.handovers.effects());
+        effects
+    }
+
+    /// The label change `node` needs, if its gpu-stack label is not the decided stack.
+    pub fn stack_label_effect(&self, node: &str) -> Option<Effect> {
+        let assignment = self.assignments.get(node)?;
+        let want = match assignment.stack {
+            Stack::DevicePlugin => Some(STACK_DEVICE_PLUGIN),
+            Stack::Dra => Some(STACK_DRA),
+            Stack::None | Stack::Unspecified => None,
+        };
+        let have = self
+            .cluster
+            .nodes
+            .get(node)
+            .and_then(|n| n.labels.get(GPU_STACK_LABEL))
+            .map(String::as_str);
+        (have != want).then(|| Effect::SetStackLabel {
+            node: node.to_string(),
+            stack: want.map(str::to_string),
+        })
     }
 
     /// The stack serving `node`, if it has been decided.
