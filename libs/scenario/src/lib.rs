@@ -574,14 +574,25 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
         steps.push(report);
     };
 
-    // Step 1: the target group, then DRA on.
+    // Step 1: the target group, then DRA on (a cluster upgraded with DRA on has
+    // it already, and the groups it served are held on DRA since the first run).
     m.sim.set_group(TARGET, None);
-    m.sim.set_dra_enabled(true);
+    if !m.stack.cluster.module.dra_enabled {
+        m.sim.set_dra_enabled(true);
+    }
     m.pump();
+    let held: Vec<String> = m.stack.held.iter().cloned().collect();
     report(
         &m,
         "step 1: create gpu-dra and enable DRA".into(),
-        Ok(format!("held groups: {:?}", m.stack.held)),
+        Ok(if held.is_empty() {
+            "no group held".into()
+        } else {
+            format!(
+                "held on DRA since the upgrade, D8GpuNodeGroupHeldOnDra firing: {}",
+                held.join(", ")
+            )
+        }),
     );
     // Step 2: a GPU class.
     m.sim.create_gpu_class(CLASS);
@@ -597,7 +608,7 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
     let mut handed_over = Vec::new();
     loop {
         loop {
-            let free = m.sim.free_gpus_on(STACK_DRA);
+            let free = m.sim.free_class_gpus_in(TARGET, CLASS);
             let Some(i) = waiting.iter().position(|w| m.sim.workload_gpus(w) <= free) else {
                 break;
             };
@@ -657,6 +668,30 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
             Err(format!("quota not translated: {quota:?}"))
         },
     );
+
+    // The upgrade hold ends the way the reference says: spec.gpu removed, the
+    // group stays on DRA and the alert clears.
+    for group in m.stack.held.clone() {
+        m.sim.set_group(&group, None);
+        m.pump();
+        let nodes = m.sim.nodes_in(&group);
+        let on_dra = nodes
+            .iter()
+            .all(|n| m.stack.stack_of(n) == Some(Stack::Dra));
+        let cleared = !m.stack.held.contains(&group);
+        report(
+            &m,
+            format!("hold: remove spec.gpu from {group}"),
+            if on_dra && cleared {
+                Ok(format!(
+                    "released; {} stays on DRA, alert cleared",
+                    nodes.join(", ")
+                ))
+            } else {
+                Err(format!("released: {cleared}, nodes on DRA: {on_dra}"))
+            },
+        );
+    }
 
     // Rollback: a node back to the device plugin — as many as the smallest moved
     // application needs, since a rollback needs Device Plugin nodes — then that

@@ -46,6 +46,15 @@ fn the_reference_migration_completes_with_every_invariant_holding() {
         "{names:?}"
     );
     assert!(names.iter().any(|n| n.starts_with("rollback: node")));
+    assert!(
+        names.contains(&"hold: remove spec.gpu from gpu-legacy"),
+        "the upgrade hold is shown and released"
+    );
+    assert!(
+        outcome.steps[0].detail.contains("gpu-legacy"),
+        "{}",
+        outcome.steps[0].detail
+    );
     assert!(names.iter().any(|n| n.starts_with("rollback: application")));
 }
 
@@ -72,6 +81,7 @@ fn many_seeds_and_sizes_complete() {
             gpu_nodes: 2 + (seed as usize % 4),
             gpus_per_node: [2, 4, 8][seed as usize % 3],
             workloads: 3 + seed as usize % 6,
+            upgraded_with_dra: seed % 2 == 0,
             ..SimConfig::default()
         };
         let outcome = run_reference(config.clone(), |_| {});

@@ -38,6 +38,11 @@ pub const DEVICE_PLUGIN_APP: &str = "nvidia-device-plugin";
 /// The card of every simulated GPU.
 pub const GPU_DEVICE: &str = "a100-sxm4-40gb";
 pub const GPU_PRODUCT: &str = "NVIDIA-A100-SXM4-40GB";
+/// The cards of the legacy group, which DRA served before the upgrade.
+pub const LEGACY_GPU_DEVICE: &str = "h100-sxm5-80gb";
+pub const LEGACY_GPU_PRODUCT: &str = "NVIDIA-H100-SXM5-80GB";
+/// The group with spec.gpu that DRA served before the upgrade (held on DRA).
+pub const LEGACY_GROUP: &str = "gpu-legacy";
 
 /// How the simulated cluster looks and behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +57,13 @@ pub struct SimConfig {
     pub prep_delay: i64,
     /// Simulated time at the start.
     pub start: i64,
+    /// The cluster ran the previous module version with `dra.enabled: true`:
+    /// the group `gpu-legacy` (spec.gpu, served by DRA back then) is held on
+    /// DRA on the first run, and DRA is already on. Otherwise DRA is off until
+    /// Step 1 turns it on.
+    pub upgraded_with_dra: bool,
+    /// Nodes of `gpu-legacy` (with `upgraded_with_dra`).
+    pub legacy_nodes: usize,
 }
 
 impl Default for SimConfig {
@@ -63,6 +75,8 @@ impl Default for SimConfig {
             workloads: 6,
             prep_delay: 40 * SECOND,
             start: 1_764_000_000 * SECOND,
+            upgraded_with_dra: true,
+            legacy_nodes: 1,
         }
     }
 }
@@ -73,6 +87,8 @@ struct SimNode {
     taints: Vec<Taint>,
     unschedulable: bool,
     gpus: u32,
+    /// The `gpu.deckhouse.io/device` value of its cards.
+    device: String,
     /// Bumped on every stack change, so a stale preparation timer does nothing.
     generation: u64,
 }
@@ -124,22 +140,28 @@ fn ev(kind: Kind) -> DomainEvent {
     DomainEvent { kind: Some(kind) }
 }
 
-/// GPUs a placement asks for per pod, and whether through a GPU class (DRA).
-fn gpu_request(placement: &WorkloadPlacement) -> (u32, bool) {
+/// GPUs a placement asks for per pod, and the GPU class if through DRA.
+fn gpu_request(placement: &WorkloadPlacement) -> (u32, Option<String>) {
     let mut count = 0;
-    let mut dra = false;
+    let mut class = None;
     for list in placement.container_limits.values() {
         for (name, quantity) in &list.quantities {
             let n: u32 = quantity.parse().unwrap_or(0);
             if name == NVIDIA_GPU {
                 count += n;
-            } else if name.starts_with(CLASS_RESOURCE_PREFIX) {
+            } else if let Some(c) = name.strip_prefix(CLASS_RESOURCE_PREFIX) {
                 count += n;
-                dra = true;
+                class = Some(c.to_string());
             }
         }
     }
-    (count, dra)
+    (count, class)
+}
+
+/// Whether a GPU class selects a card: the demo's classes are named after the
+/// card model their selector matches (`a100` selects `a100-sxm4-40gb`).
+fn class_selects(class: &str, device: &str) -> bool {
+    device.starts_with(class)
 }
 
 impl Simulator {
@@ -155,7 +177,7 @@ impl Simulator {
             nodes: BTreeMap::new(),
             groups: BTreeMap::new(),
             module: ModuleSettingsObserved {
-                dra_enabled: false,
+                dra_enabled: config.upgraded_with_dra,
                 feature_gates_ready: true,
                 module_version: "2.0.0".into(),
                 previous_module_version: "1.9.0".into(),
@@ -169,16 +191,7 @@ impl Simulator {
             pod_seq: 0,
             out: Vec::new(),
         };
-        sim.out
-            .push(ev(Kind::ModuleSettingsObserved(sim.module.clone())));
         sim.set_group("master", None);
-        sim.set_group(
-            "gpu",
-            Some(GpuSpec {
-                sharing: GpuSharing::Exclusive as i32,
-                ..Default::default()
-            }),
-        );
         let master = SimNode {
             labels: [
                 (GROUP_LABEL.to_string(), "master".to_string()),
@@ -195,6 +208,49 @@ impl Simulator {
         };
         sim.nodes.insert("master-0".into(), master);
         sim.report_node("master-0");
+        if config.upgraded_with_dra {
+            // DRA served this group before the upgrade, spec.gpu notwithstanding.
+            sim.set_group(
+                LEGACY_GROUP,
+                Some(GpuSpec {
+                    sharing: GpuSharing::Exclusive as i32,
+                    ..Default::default()
+                }),
+            );
+            for i in 0..config.legacy_nodes {
+                let name = format!("legacy-{i}");
+                let node = SimNode {
+                    labels: [
+                        (GROUP_LABEL.to_string(), LEGACY_GROUP.to_string()),
+                        (format!("{NODE_ROLE_PREFIX}{LEGACY_GROUP}"), String::new()),
+                        (GPU_STACK_LABEL.to_string(), STACK_DRA.to_string()),
+                        (GPU_SETUP_COMPLETE_LABEL.to_string(), String::new()),
+                    ]
+                    .into(),
+                    gpus: 2,
+                    device: LEGACY_GPU_DEVICE.into(),
+                    ..SimNode::default()
+                };
+                sim.nodes.insert(name.clone(), node);
+                sim.report_node(&name);
+                for g in 0..2 {
+                    sim.set_gpu(&format!("{name}-gpu-{g}"), &name, GpuPhase::Ready);
+                }
+                sim.start_daemon(&name, NODE_AGENT_APP);
+                sim.start_daemon(&name, VENDOR_ADAPTER_APP);
+            }
+        }
+        // The first run of this module version sees its settings now.
+        sim.out
+            .push(ev(Kind::ModuleSettingsObserved(sim.module.clone())));
+        // The source group was created after the upgrade: it is not held.
+        sim.set_group(
+            "gpu",
+            Some(GpuSpec {
+                sharing: GpuSharing::Exclusive as i32,
+                ..Default::default()
+            }),
+        );
         for i in 0..config.gpu_nodes {
             let name = format!("gpu-{i}");
             let node = SimNode {
@@ -215,6 +271,7 @@ impl Simulator {
                 ]
                 .into(),
                 gpus: config.gpus_per_node,
+                device: GPU_DEVICE.into(),
                 ..SimNode::default()
             };
             sim.nodes.insert(name.clone(), node);
@@ -661,7 +718,7 @@ impl Simulator {
             let Some(workload) = self.workloads.get(&workload_key(&owner)) else {
                 continue;
             };
-            let (need, dra) = gpu_request(&workload.placement);
+            let (need, class) = gpu_request(&workload.placement);
             let selector = workload.placement.node_selector.clone();
             let fits = |sim: &Simulator, name: &str, node: &SimNode| {
                 if node.unschedulable
@@ -679,11 +736,16 @@ impl Simulator {
                 }
                 let prepared = node.labels.contains_key(GPU_SETUP_COMPLETE_LABEL);
                 let stack = node.labels.get(GPU_STACK_LABEL).map(String::as_str);
-                let served = if dra {
-                    stack == Some(STACK_DRA) && sim.daemon_running(name, VENDOR_ADAPTER_APP)
-                } else {
-                    stack == Some(STACK_DEVICE_PLUGIN)
-                        && sim.daemon_running(name, DEVICE_PLUGIN_APP)
+                let served = match &class {
+                    Some(class) => {
+                        stack == Some(STACK_DRA)
+                            && sim.daemon_running(name, VENDOR_ADAPTER_APP)
+                            && class_selects(class, &node.device)
+                    }
+                    None => {
+                        stack == Some(STACK_DEVICE_PLUGIN)
+                            && sim.daemon_running(name, DEVICE_PLUGIN_APP)
+                    }
                 };
                 prepared && served && sim.free_gpus(name) >= need
             };
@@ -697,8 +759,8 @@ impl Simulator {
                 pod.node = node;
                 pod.phase = PodPhase::Running;
                 pod.gpus = need;
-                pod.claims_needed = u32::from(dra);
-                pod.claims_allocated = u32::from(dra);
+                pod.claims_needed = u32::from(class.is_some());
+                pod.claims_allocated = u32::from(class.is_some());
                 self.report_pod(&key);
             }
         }
@@ -751,14 +813,18 @@ impl Simulator {
             .next()
             .and_then(|i| i.parse().ok())
             .unwrap_or(0);
+        let (device, product) = match self.nodes.get(node).map(|n| n.device.as_str()) {
+            Some(LEGACY_GPU_DEVICE) => (LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT),
+            _ => (GPU_DEVICE, GPU_PRODUCT),
+        };
         self.out
             .push(ev(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
                 name: name.into(),
                 node: node.into(),
                 index,
                 uuid: format!("GPU-{:08x}", fnv1a(name)),
-                product: GPU_PRODUCT.into(),
-                device: GPU_DEVICE.into(),
+                product: product.into(),
+                device: device.into(),
                 memory_mib: 40_960,
                 phase: phase as i32,
             })));
@@ -841,6 +907,22 @@ impl Simulator {
                 !n.unschedulable
                     && n.labels.get(GPU_STACK_LABEL).map(String::as_str) == Some(stack)
                     && n.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+            })
+            .map(|(name, _)| self.free_gpus(name))
+            .sum()
+    }
+
+    /// Free GPUs of `class` on prepared, schedulable DRA nodes of `group`.
+    pub fn free_class_gpus_in(&self, group: &str, class: &str) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|(name, n)| {
+                !n.unschedulable
+                    && n.labels.get(GROUP_LABEL).map(String::as_str) == Some(group)
+                    && n.labels.get(GPU_STACK_LABEL).map(String::as_str) == Some(STACK_DRA)
+                    && n.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                    && self.daemon_running(name, VENDOR_ADAPTER_APP)
+                    && class_selects(class, &n.device)
             })
             .map(|(name, _)| self.free_gpus(name))
             .sum()

@@ -18,9 +18,55 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the reference migration in one process: the cores on the embedded
+    /// log, against a simulated cluster. Exits non-zero if an invariant fails.
+    Demo(DemoArgs),
+    /// Nodes by group and stack, held groups, alerts, handovers, moves.
+    Status(StateArgs),
+    /// The state as of a log sequence.
+    Replay(ReplayArgs),
     /// Inspect and check the migration log.
     #[command(subcommand)]
     Log(LogCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// GPU nodes of the source group (spec.gpu, device plugin).
+    #[arg(long, env = "SWITCHYARD_DEMO_NODES", default_value_t = 4)]
+    pub nodes: usize,
+    #[arg(long, env = "SWITCHYARD_DEMO_GPUS_PER_NODE", default_value_t = 8)]
+    pub gpus_per_node: u32,
+    /// Deployments requesting nvidia.com/gpu (as many as fit in all nodes but one).
+    #[arg(long, env = "SWITCHYARD_DEMO_WORKLOADS", default_value_t = 6)]
+    pub workloads: usize,
+    /// Seed of the simulated cluster: the same seed gives the same log.
+    #[arg(long, env = "SWITCHYARD_DEMO_SEED", default_value_t = 1)]
+    pub seed: u64,
+    /// Where to write the migration log (an empty or new directory); default: a new temp dir.
+    #[arg(long, env = "SWITCHYARD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Fold the log up to and including this sequence.
+    #[arg(long)]
+    pub until: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -97,6 +143,9 @@ pub struct VerifyArgs {
 impl Cli {
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
+            Command::Demo(args) => crate::demo::demo(args).await,
+            Command::Status(args) => crate::log_cmd::status(args, None).await,
+            Command::Replay(args) => crate::log_cmd::status(args.state, Some(args.until)).await,
             Command::Log(LogCommand::Show(args)) => crate::log_cmd::show(args).await,
             Command::Log(LogCommand::Verify(args)) => crate::log_cmd::verify(args).await,
         }

@@ -10,7 +10,8 @@ use switchyard_eventlog::embedded::{EmbeddedLog, verify_dir};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest, StoredEvent, Subject, VerifyReport};
 
-use crate::cli::{Backend, NatsArgs, Output, ShowArgs, VerifyArgs};
+use crate::cli::{Backend, NatsArgs, Output, ShowArgs, StateArgs, VerifyArgs};
+use crate::state::Folded;
 
 const PAGE: usize = 4096;
 
@@ -219,4 +220,33 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `switchyard status` (everything) and `switchyard replay --until SEQ`.
+pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitCode> {
+    let log = open(&args.backend, &args.nats).await?;
+    let last = log.last_sequence(None).await?;
+    if let Some(until) = until
+        && until > last
+    {
+        anyhow::bail!("--until {until}: the log ends at sequence {last}");
+    }
+    let folded = Folded::read(log.as_ref(), until).await?;
+    let text = match args.output {
+        Output::Json => format!("{}\n", folded.to_json()),
+        Output::Table => folded.render_table(),
+    };
+    write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
+pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(err).context("write to stdout")
+        }
+        _ => Ok(()),
+    }
 }

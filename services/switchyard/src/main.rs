@@ -3,7 +3,9 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod demo;
 mod log_cmd;
+mod state;
 
 use clap::Parser;
 

@@ -1,0 +1,200 @@
+//! `switchyard demo`: the reference migration in one process, on the embedded
+//! log, against the simulated cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
+use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, Subject};
+use switchyard_scenario::{Check, Logged, StepReport, run_reference};
+use switchyard_sim::{SECOND, SimConfig};
+
+use std::fmt::Write;
+
+use crate::cli::{DemoArgs, Output};
+use crate::log_cmd::write_stdout;
+use crate::state::Folded;
+
+fn check_args(args: &DemoArgs) -> anyhow::Result<()> {
+    if !(2..=1000).contains(&args.nodes) {
+        bail!(
+            "--nodes {}: expected 2 to 1000 GPU nodes (one must stay free to drain)",
+            args.nodes
+        );
+    }
+    if !(1..=16).contains(&args.gpus_per_node) {
+        bail!("--gpus-per-node {}: expected 1 to 16", args.gpus_per_node);
+    }
+    if !(1..=5000).contains(&args.workloads) {
+        bail!("--workloads {}: expected 1 to 5000", args.workloads);
+    }
+    Ok(())
+}
+
+/// A fresh directory for the log: the given one if it holds no log yet, else a new temp dir.
+fn data_dir(args: &DemoArgs) -> anyhow::Result<PathBuf> {
+    match &args.data_dir {
+        Some(dir) => {
+            if dir.exists() {
+                let has_log = std::fs::read_dir(dir)
+                    .with_context(|| format!("--data-dir {}", dir.display()))?
+                    .any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg")));
+                if has_log {
+                    bail!(
+                        "--data-dir {} already holds a migration log; the demo writes a new one: choose an empty or new directory",
+                        dir.display()
+                    );
+                }
+            }
+            Ok(dir.clone())
+        }
+        None => Ok(tempfile::Builder::new()
+            .prefix("switchyard-demo-")
+            .tempdir()?
+            .keep()),
+    }
+}
+
+/// Writes the run's log, consecutive events of one aggregate as one batch.
+async fn write_log(log: &EmbeddedLog, records: &[Logged], seed: u64) -> anyhow::Result<()> {
+    let mut i = 0;
+    while i < records.len() {
+        let subject = records[i].subject();
+        let mut batch = Vec::new();
+        while i < records.len() && records[i].subject() == subject && batch.len() < 1000 {
+            let r = &records[i];
+            batch.push(NewEvent {
+                id: format!("demo-{seed}-{:08}", r.seq),
+                recorded_at_unix_nanos: r.at,
+                correlation_id: format!("migration-seed-{seed}"),
+                causation_id: String::new(),
+                actor: r.actor.to_string(),
+                trace: None,
+                payload: Payload::Domain(r.event.clone()),
+            });
+            i += 1;
+        }
+        log.append(&Subject::new(subject)?, Expected::Any, batch)
+            .await?;
+    }
+    Ok(())
+}
+
+pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    check_args(&args)?;
+    let dir = data_dir(&args)?;
+    let config = SimConfig {
+        seed: args.seed,
+        gpu_nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        workloads: args.workloads,
+        ..SimConfig::default()
+    };
+    let started = Instant::now();
+    let progress = ProgressBar::new_spinner();
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed}] {pos} steps  {msg}").expect("template"),
+    );
+    let outcome = run_reference(config.clone(), |step: &StepReport| {
+        progress.inc(1);
+        progress.set_message(step.step.clone());
+        if !step.ok {
+            progress.println(format!("FAILED {}: {}", step.step, step.detail));
+        }
+    });
+    progress.set_message("writing the migration log");
+
+    let log = EmbeddedLog::open(&dir, EmbeddedOptions::default())?;
+    write_log(&log, &outcome.migration.log, args.seed).await?;
+    let report = log.verify().await?;
+    let mut checks: Vec<Check> = outcome.checks.clone();
+    let written = outcome.migration.log.len() as u64;
+    checks.push(Check {
+        name: "log-verified",
+        ok: report.is_ok() && report.records == written,
+        detail: format!(
+            "{} records, chain head {}",
+            report.records, report.chain_head
+        ),
+    });
+    // Replay from disk: the log on disk folds into the same state as the live run.
+    let folded = Folded::read(&log, None).await?;
+    let m = &outcome.migration;
+    let same =
+        folded.stack == m.stack && folded.claims == m.claims && folded.completion == m.completion;
+    checks.push(Check {
+        name: "replay-from-disk",
+        ok: same,
+        detail: format!("{} events folded from {}", folded.events, dir.display()),
+    });
+    log.close();
+    progress.finish_and_clear();
+
+    let ok = outcome.steps.iter().all(|s| s.ok) && checks.iter().all(|c| c.ok);
+    let simulated_s = (outcome.migration.sim.now() - config.start) / SECOND;
+    let mut text = String::new();
+    match args.output {
+        Output::Json => {
+            let summary = json!({
+                "ok": ok,
+                "seed": args.seed,
+                "nodes": args.nodes,
+                "gpus_per_node": args.gpus_per_node,
+                "workloads": args.workloads,
+                "data_dir": dir,
+                "events": written,
+                "simulated_seconds": simulated_s,
+                "wall_ms": started.elapsed().as_millis() as u64,
+                "steps": outcome.steps.iter().map(|s| json!({"step": s.step, "ok": s.ok, "detail": s.detail, "at": s.at})).collect::<Vec<_>>(),
+                "invariants": checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect::<Vec<_>>(),
+                "final_state": folded.to_json(),
+            });
+            writeln!(text, "{summary}")?;
+        }
+        Output::Table => {
+            writeln!(text, "{:<4}  {:<44}  DETAIL", "", "STEP")?;
+            for s in &outcome.steps {
+                writeln!(
+                    text,
+                    "{:<4}  {:<44}  {}",
+                    if s.ok { "ok" } else { "FAIL" },
+                    s.step,
+                    s.detail
+                )?;
+            }
+            writeln!(text)?;
+            writeln!(text, "{:<4}  {:<44}  DETAIL", "", "INVARIANT")?;
+            for c in &checks {
+                writeln!(
+                    text,
+                    "{:<4}  {:<44}  {}",
+                    if c.ok { "ok" } else { "FAIL" },
+                    c.name,
+                    c.detail
+                )?;
+            }
+            writeln!(text)?;
+            text += &folded.render_table();
+            writeln!(text)?;
+            writeln!(
+                text,
+                "{} events in {} ({} s simulated, {} ms wall); inspect with: switchyard log show --data-dir {}",
+                written,
+                dir.display(),
+                simulated_s,
+                started.elapsed().as_millis(),
+                dir.display()
+            )?;
+        }
+    }
+    write_stdout(&text)?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,238 @@
+//! The migration's state as of a log sequence: `switchyard status` and
+//! `switchyard replay`. The log is folded into the same cores that wrote it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use switchyard_core::app_move::ClaimAllocator;
+use switchyard_core::completion::Completion;
+use switchyard_core::stack::StackAssigner;
+use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
+use switchyard_proto::v1::{Stack, domain_event::Kind};
+
+/// Everything the cores know after folding a log prefix.
+#[derive(Default)]
+pub struct Folded {
+    pub stack: StackAssigner,
+    pub claims: ClaimAllocator,
+    pub completion: Completion,
+    pub last_sequence: u64,
+    pub last_recorded_at: i64,
+    pub events: u64,
+    /// Alerts firing: (alert, labels) -> summary.
+    pub alerts: BTreeMap<(String, String), String>,
+    /// Rollback id -> completed.
+    pub rollbacks: BTreeMap<String, bool>,
+    /// Events kept raw (unknown type or newer schema).
+    pub undecodable: u64,
+}
+
+const PAGE: usize = 4096;
+
+impl Folded {
+    /// Folds the log from the start through `until` (everything when `None`).
+    pub async fn read(log: &dyn EventLog, until: Option<u64>) -> anyhow::Result<Folded> {
+        let mut folded = Folded::default();
+        let mut from = 1;
+        loop {
+            let page = log
+                .read(ReadRequest {
+                    subject: None,
+                    from,
+                    limit: Some(PAGE),
+                })
+                .await?;
+            let Some(last) = page.last() else { break };
+            from = last.sequence + 1;
+            for stored in &page {
+                if until.is_some_and(|until| stored.sequence > until) {
+                    return Ok(folded);
+                }
+                folded.last_sequence = stored.sequence;
+                folded.last_recorded_at = stored.envelope.recorded_at_unix_nanos;
+                folded.events += 1;
+                match stored.decode() {
+                    Decoded::Event(event) => {
+                        folded.apply(&event, stored.envelope.recorded_at_unix_nanos)
+                    }
+                    Decoded::Unknown { .. } => folded.undecodable += 1,
+                }
+            }
+        }
+        Ok(folded)
+    }
+
+    fn apply(&mut self, event: &switchyard_proto::v1::DomainEvent, at: i64) {
+        self.stack.apply(event, at);
+        self.claims.apply(event);
+        self.completion.apply(event);
+        match &event.kind {
+            Some(Kind::AlertRaised(a)) => {
+                self.alerts
+                    .insert((a.alert_name.clone(), labels(&a.labels)), a.summary.clone());
+            }
+            Some(Kind::AlertCleared(a)) => {
+                self.alerts
+                    .remove(&(a.alert_name.clone(), labels(&a.labels)));
+            }
+            Some(Kind::RollbackStarted(r)) => {
+                self.rollbacks.insert(r.rollback_id.clone(), false);
+            }
+            Some(Kind::RollbackCompleted(r)) => {
+                self.rollbacks.insert(r.rollback_id.clone(), true);
+            }
+            _ => {}
+        }
+    }
+
+    fn stack_name(stack: Option<Stack>) -> &'static str {
+        match stack {
+            Some(Stack::DevicePlugin) => "device-plugin",
+            Some(Stack::Dra) => "dra",
+            _ => "none",
+        }
+    }
+
+    /// Nodes per group and stack.
+    pub fn nodes_by_group(&self) -> BTreeMap<String, BTreeMap<&'static str, Vec<String>>> {
+        let mut groups: BTreeMap<String, BTreeMap<&'static str, Vec<String>>> = BTreeMap::new();
+        for (name, node) in &self.stack.cluster.nodes {
+            let group = node.group().unwrap_or("(none)").to_string();
+            let stack = Self::stack_name(self.stack.stack_of(name));
+            groups
+                .entry(group)
+                .or_default()
+                .entry(stack)
+                .or_default()
+                .push(name.clone());
+        }
+        groups
+    }
+
+    pub fn to_json(&self) -> Value {
+        let handovers: Vec<Value> = self
+            .stack
+            .handovers
+            .active
+            .values()
+            .map(|h| {
+                json!({"id": h.id, "node": h.node, "from": h.source_group, "to": h.target_group,
+                       "step": h.step.as_str_name(), "stalled": h.stalled, "rollback": h.rollback.is_some()})
+            })
+            .collect();
+        let moves: Vec<Value> = self
+            .claims
+            .moves
+            .active
+            .values()
+            .map(|m| json!({"id": m.id, "workload": format!("{}/{}", m.workload.namespace, m.workload.name), "to": m.target_group, "rollback": m.compensates.is_some()}))
+            .collect();
+        json!({
+            "last_sequence": self.last_sequence,
+            "events": self.events,
+            "nodes_by_group": self.nodes_by_group(),
+            "held_groups": self.stack.held,
+            "alerts": self.alerts.iter().map(|((name, labels), summary)| json!({"alert": name, "labels": labels, "summary": summary})).collect::<Vec<_>>(),
+            "handovers_in_progress": handovers,
+            "handovers_completed": self.stack.handovers.completed.len(),
+            "moves_in_progress": moves,
+            "moves_verified": self.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id})).collect::<Vec<_>>(),
+            "rollbacks": self.rollbacks,
+            "undecodable_events": self.undecodable,
+        })
+    }
+
+    pub fn render_table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        writeln!(
+            out,
+            "as of sequence {} ({} events)",
+            self.last_sequence, self.events
+        )
+        .unwrap();
+        writeln!(out).unwrap();
+        writeln!(out, "{:<16} {:<14} {:>5}  NODES", "GROUP", "STACK", "COUNT").unwrap();
+        for (group, stacks) in self.nodes_by_group() {
+            for (stack, nodes) in stacks {
+                writeln!(
+                    out,
+                    "{group:<16} {stack:<14} {:>5}  {}",
+                    nodes.len(),
+                    nodes.join(", ")
+                )
+                .unwrap();
+            }
+        }
+        writeln!(out).unwrap();
+        let held: Vec<&str> = self.stack.held.iter().map(String::as_str).collect();
+        writeln!(
+            out,
+            "held on DRA: {}",
+            if held.is_empty() {
+                "none".to_string()
+            } else {
+                held.join(", ")
+            }
+        )
+        .unwrap();
+        if self.alerts.is_empty() {
+            writeln!(out, "alerts: none firing").unwrap();
+        }
+        for ((name, labels), _) in &self.alerts {
+            writeln!(out, "alert firing: {name} {{{labels}}}").unwrap();
+        }
+        writeln!(
+            out,
+            "handovers: {} completed, {} in progress",
+            self.stack.handovers.completed.len(),
+            self.stack.handovers.active.len()
+        )
+        .unwrap();
+        for h in self.stack.handovers.active.values() {
+            let stalled = if h.stalled { " (stalled)" } else { "" };
+            writeln!(
+                out,
+                "  {} {} {} -> {} at {}{stalled}",
+                h.id,
+                h.node,
+                h.source_group,
+                h.target_group,
+                h.step.as_str_name()
+            )
+            .unwrap();
+        }
+        writeln!(
+            out,
+            "application moves: {} verified, {} in progress",
+            self.claims.moves.verified.len(),
+            self.claims.moves.active.len()
+        )
+        .unwrap();
+        for (id, done) in &self.rollbacks {
+            writeln!(
+                out,
+                "rollback {id}: {}",
+                if *done { "completed" } else { "in progress" }
+            )
+            .unwrap();
+        }
+        if self.undecodable > 0 {
+            writeln!(
+                out,
+                "{} events kept raw (written by a newer version)",
+                self.undecodable
+            )
+            .unwrap();
+        }
+        out
+    }
+}
+
+fn labels(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
