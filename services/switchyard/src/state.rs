@@ -179,7 +179,7 @@ impl Folded {
         if self.alerts.is_empty() {
             writeln!(out, "alerts: none firing").unwrap();
         }
-        for ((name, labels), _) in &self.alerts {
+        for (name, labels) in self.alerts.keys() {
             writeln!(out, "alert firing: {name} {{{labels}}}").unwrap();
         }
         writeln!(
