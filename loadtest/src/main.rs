@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cores;
 mod eventlog;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,9 @@ struct Cli {
 enum Command {
     /// Event log throughput: embedded append and replay, JetStream vs bare async-nats.
     Eventlog(eventlog::Args),
+    /// The decision cores at scale: full assignment, decision latency, handover
+    /// waves, replay of a large log, memory per GPU.
+    Cores(cores::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,7 +37,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(match cli.command {
-        Command::Eventlog(args) => eventlog::run(args),
+        Command::Eventlog(args) => Box::pin(eventlog::run(args))
+            as std::pin::Pin<
+                Box<dyn std::future::Future<Output = anyhow::Result<serde_json::Value>>>,
+            >,
+        Command::Cores(args) => Box::pin(cores::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -92,7 +92,6 @@ impl Pod {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PhysicalGpu {
-    pub node: String,
     pub device: String,
     pub phase: GpuPhase,
 }
@@ -175,7 +174,8 @@ pub struct Cluster {
     pub pods: BTreeMap<ObjectKey, Pod>,
     /// Node -> pods scheduled on it.
     pub pods_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
-    pub gpus: BTreeMap<String, PhysicalGpu>,
+    /// Node -> (PhysicalGPU name -> card). GPUs never move between nodes.
+    pub gpus: BTreeMap<String, BTreeMap<String, PhysicalGpu>>,
     pub workloads: BTreeMap<WorkloadKey, Workload>,
     /// GPUClass name -> its DeviceClass names.
     pub gpu_classes: BTreeMap<String, Vec<String>>,
@@ -241,14 +241,24 @@ impl Cluster {
             }
             Kind::PhysicalGpuObserved(fact) => {
                 let gpu = PhysicalGpu {
-                    node: fact.node.clone(),
                     device: fact.device.clone(),
                     phase: fact.phase(),
                 };
-                self.gpus.insert(fact.name.clone(), gpu);
+                let on_node = self.gpus.entry(fact.node.clone()).or_default();
+                match on_node.get_mut(&fact.name) {
+                    Some(known) => *known = gpu,
+                    None => {
+                        on_node.insert(fact.name.clone(), gpu);
+                    }
+                }
             }
             Kind::PhysicalGpuRemoved(fact) => {
-                self.gpus.remove(&fact.name);
+                if let Some(on_node) = self.gpus.get_mut(&fact.node) {
+                    on_node.remove(&fact.name);
+                    if on_node.is_empty() {
+                        self.gpus.remove(&fact.node);
+                    }
+                }
             }
             Kind::WorkloadObserved(fact) => {
                 if let Some(workload) = &fact.workload {
@@ -324,11 +334,9 @@ impl Cluster {
                 .labels
                 .get(GPU_STACK_LABEL)
                 .is_some_and(|v| v == STACK_DRA),
-            ready_physical_gpus: self
-                .gpus
-                .values()
-                .filter(|g| g.node == node && g.phase == GpuPhase::Ready)
-                .count() as u32,
+            ready_physical_gpus: self.gpus.get(node).map_or(0, |gpus| {
+                gpus.values().filter(|g| g.phase == GpuPhase::Ready).count() as u32
+            }),
             expected_physical_gpus: facts.gpu_count,
             node_agent_running: running(NODE_AGENT_APP),
             vendor_adapter_running: running(VENDOR_ADAPTER_APP),
