@@ -290,15 +290,13 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         },
     )?;
     let subject = Subject::new("replay.bench")?;
-    let mut written = 0usize;
     let mut batch = Vec::with_capacity(1000);
-    for event in log.iter().cycle().take(args.replay_events) {
+    for (written, event) in log.iter().cycle().take(args.replay_events).enumerate() {
         batch.push(NewEvent::new(
             format!("e{written}"),
             written as i64,
             event.clone(),
         ));
-        written += 1;
         if batch.len() == 1000 {
             disk.append(&subject, Expected::Any, std::mem::take(&mut batch))
                 .await?;
