@@ -236,6 +236,16 @@ impl AppMoves {
                 known.join(", ")
             ));
         }
+        if cluster
+            .gpu_classes
+            .get(&cmd.gpu_class)
+            .is_some_and(Vec::is_empty)
+        {
+            return refuse(format!(
+                "GPU class {} has no DeviceClass yet: wait for the class-compiler to publish it",
+                cmd.gpu_class
+            ));
+        }
         if !requests_nvidia_gpu(&workload.placement) {
             return refuse(format!(
                 "{name} requests no {NVIDIA_GPU}: there is nothing to move"

@@ -60,6 +60,11 @@ pub enum Effect {
     RemoveSpecGpu {
         group: String,
     },
+    /// Apply a GPUClass's DeviceClasses and write them to its status.deviceClassNames.
+    PublishDeviceClasses {
+        gpu_class: String,
+        variants: Vec<switchyard_proto::v1::CompiledVariant>,
+    },
     /// Set a ResourceQuota's spec.hard.
     SetQuota {
         namespace: String,

@@ -8,7 +8,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod alerter;
 pub mod app_move;
+pub mod class_compiler;
 pub mod cluster;
 pub mod completion;
 pub mod effects;
@@ -16,5 +18,6 @@ pub mod handover;
 pub mod names;
 pub mod rollback;
 pub mod stack;
+pub mod subjects;
 
 pub use switchyard_proto::v1 as events;

@@ -10,24 +10,22 @@
 //!
 //! The upgrade hold (reference: "If DRA was enabled before the module upgrade"):
 //! on the first run of this version in a cluster that was upgraded with
-//! `dra.enabled` on, every group that has `spec.gpu` is held on DRA and
-//! `D8GpuNodeGroupHeldOnDra` fires for it. Removing `spec.gpu` releases the group
+//! `dra.enabled` on, every group that has `spec.gpu` is held on DRA (the
+//! alerter fires `D8GpuNodeGroupHeldOnDra` for it). Removing `spec.gpu` releases the group
 //! (it stays on DRA, the alert clears); turning `dra.enabled` off releases all;
 //! setting `spec.gpu` again after the release moves the group to the device plugin.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    AlertCleared, AlertRaised, DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased,
-    ReleaseReason, Stack, StackAssigned, StackReason, domain_event::Kind,
+    DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason, Stack,
+    StackAssigned, StackReason, domain_event::Kind,
 };
 
 use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 use crate::handover::{Handovers, StartHandover};
-use crate::names::{
-    ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA,
-};
+use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
 
 /// The stack serving a node and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,10 +92,6 @@ fn event(kind: Kind) -> DomainEvent {
     DomainEvent { kind: Some(kind) }
 }
 
-fn alert_labels(group: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(ALERT_LABEL_NODE_GROUP.to_string(), group.to_string())])
-}
-
 impl StackAssigner {
     /// Folds any event of the log: facts and this core's own decisions.
     /// `at` is the event's recorded time.
@@ -141,10 +135,6 @@ impl StackAssigner {
                 group: group.to_string(),
                 reason: reason as i32,
             })));
-            decisions.push(event(Kind::AlertCleared(AlertCleared {
-                alert_name: ALERT_HELD_ON_DRA.into(),
-                labels: alert_labels(group),
-            })));
         };
         let affected: Vec<&String> = match kind {
             Kind::ModuleSettingsObserved(settings) => {
@@ -155,14 +145,6 @@ impl StackAssigner {
                             decisions.push(event(Kind::NodeGroupHeldOnDra(NodeGroupHeldOnDra {
                                 group: group.clone(),
                                 module_version: settings.module_version.clone(),
-                            })));
-                            decisions.push(event(Kind::AlertRaised(AlertRaised {
-                                alert_name: ALERT_HELD_ON_DRA.into(),
-                                labels: alert_labels(group),
-                                summary: format!(
-                                    "node group {group} has spec.gpu but is held on DRA since the module upgrade; \
-                                     drain its nodes, remove spec.gpu, wait for this alert to clear, then set spec.gpu again"
-                                ),
                             })));
                         }
                     }
@@ -344,6 +326,23 @@ impl StackAssigner {
             node: node.to_string(),
             stack: want.map(str::to_string),
         })
+    }
+
+    /// Nodes whose decided stack is not what the rules give now (always empty
+    /// after `handle`; a runtime check of invariant 2).
+    pub fn rule_violations(&self) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for (name, node) in &self.cluster.nodes {
+            let group = node.group().unwrap_or_default();
+            let expected = rule(node, &self.cluster, self.held.contains(group));
+            match self.assignments.get(name) {
+                Some(a) if (a.stack, a.reason) == expected => {}
+                other => wrong.push(format!(
+                    "node {name}: decided {other:?}, rules say {expected:?}"
+                )),
+            }
+        }
+        wrong
     }
 
     /// The stack serving `node`, if it has been decided.

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use prost::Message;
 use support::*;
+use switchyard_core::alerter::Alerter;
 use switchyard_core::stack::{StackAssigner, rule};
 use switchyard_proto::v1::{DomainEvent, Stack, domain_event::Kind};
 
@@ -81,10 +82,14 @@ proptest! {
         let mut core = StackAssigner::default();
         let mut model = HoldModel::default();
         let mut log: Vec<DomainEvent> = Vec::new();
-        let mut firing: BTreeMap<String, i32> = BTreeMap::new();
+                let mut firing: BTreeMap<String, i32> = BTreeMap::new();
+        let mut alerter = Alerter::default();
         for fact in &facts {
             model.observe(fact, &core);
-            let decisions = core.handle_fact(fact, 0);
+                        let mut decisions = core.handle_fact(fact, 0);
+            // The alerter sees the stack-assigner's decisions and alerts on them.
+            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+            decisions.extend(alerts);
             for d in &decisions {
                 match &d.kind {
                     Some(Kind::AlertRaised(a)) => *firing.entry(a.labels["node_group"].clone()).or_default() += 1,
@@ -128,11 +133,14 @@ proptest! {
             replayed.apply(event, 0);
         }
         prop_assert_eq!(&replayed, &core);
-        let mut again = StackAssigner::default();
+                let mut again = StackAssigner::default();
+        let mut alerter = Alerter::default();
         let mut relog = Vec::new();
         for fact in &facts {
             relog.push(fact.encode_to_vec());
-            relog.extend(again.handle_fact(fact, 0).iter().map(Message::encode_to_vec));
+            let decisions = again.handle_fact(fact, 0);
+            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+            relog.extend(decisions.iter().chain(&alerts).map(Message::encode_to_vec));
         }
         let original: Vec<Vec<u8>> = log.iter().map(Message::encode_to_vec).collect();
         prop_assert_eq!(relog, original);

@@ -130,7 +130,10 @@ fn upgrade_with_dra_enabled_holds_every_group_with_spec_gpu_and_alerts() {
     ]);
     let decisions = core.handle_fact(&mk_settings(true, true, "1.9.0"), 0);
     assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
-    let alerts: Vec<_> = decisions
+    // The alerter fires D8GpuNodeGroupHeldOnDra for each held group.
+    let mut alerter = switchyard_core::alerter::Alerter::default();
+    let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+    let alerts: Vec<_> = alerts
         .iter()
         .filter_map(|d| match &d.kind {
             Some(Kind::AlertRaised(a)) => {
@@ -183,10 +186,7 @@ fn removing_spec_gpu_releases_the_group_it_stays_on_dra_and_the_alert_clears() {
         mk_settings(true, true, "1.9.0"),
     ]);
     let decisions = core.handle_fact(&mk_group("gpu", false), 0);
-    assert_eq!(
-        names(&decisions),
-        ["NodeGroupReleased", "AlertCleared", "StackAssigned"]
-    );
+    assert_eq!(names(&decisions), ["NodeGroupReleased", "StackAssigned"]);
     let Some(Kind::NodeGroupReleased(released)) = &decisions[0].kind else {
         unreachable!()
     };
@@ -249,7 +249,7 @@ fn disabling_dra_releases_all_groups() {
 fn deleting_a_held_group_releases_it() {
     let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
     let decisions = core.handle_fact(&mk_group_removed("gpu"), 0);
-    assert_eq!(names(&decisions), ["NodeGroupReleased", "AlertCleared"]);
+    assert_eq!(names(&decisions), ["NodeGroupReleased"]);
     assert!(core.held.is_empty());
 }
 

@@ -33,6 +33,7 @@ pub mod v1 {
                 StackAssigned(_) => "StackAssigned",
                 NodeGroupHeldOnDra(_) => "NodeGroupHeldOnDra",
                 NodeGroupReleased(_) => "NodeGroupReleased",
+                GpuClassCompiled(_) => "GpuClassCompiled",
                 HandoverStarted(_) => "HandoverStarted",
                 HandoverRefused(_) => "HandoverRefused",
                 NodeCordoned(_) => "NodeCordoned",

@@ -1,28 +1,31 @@
-//! The reference migration, end to end, deterministically: the cores of
-//! Switchyard (stack-assigner with node handovers, claim-allocator with
-//! application moves, completion, rollback planning) against the simulated
-//! cluster, every fact and decision recorded in order as the migration log.
+//! The reference migration, end to end, deterministically: the six services of
+//! Switchyard (in process or as ractor actors, see `switchyard-runtime`)
+//! against the simulated cluster, every fact and decision recorded in order as
+//! the migration log.
 //!
-//! [`Migration`] is the engine: it feeds the simulator's facts to the cores,
-//! records their decisions, executes their effects on the simulator, and moves
+//! [`Migration`] is the engine: it hands the simulator's facts to the services,
+//! records what they decide, executes their effects on the simulator, and moves
 //! the simulated clock on when nothing else happens. [`run_reference`] is the
 //! scenario of the reference document: Step 1 (a `gpu-dra` group, DRA on),
 //! Step 2 (a GPU class), Steps 3–4 node by node and application by application,
-//! Step 5 verification, completion, then a rollback of one node and one
-//! application — checking the invariants as it goes.
+//! Step 5 verification, completion, the upgrade hold released, then a rollback
+//! of one node and one application — checking the invariants as it goes.
 
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 
-use switchyard_core::app_move::{self, ClaimAllocator, MoveApplication};
-use switchyard_core::cluster::{Cluster, workload_key};
+use switchyard_core::alerter::Alerter;
+use switchyard_core::app_move::{ClaimAllocator, MoveApplication};
+use switchyard_core::class_compiler::ClassCompiler;
+use switchyard_core::cluster::workload_key;
 use switchyard_core::completion::{Complete, Completion};
 use switchyard_core::handover::StartHandover;
-use switchyard_core::names::{ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN, STACK_DRA};
+use switchyard_core::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
-use switchyard_core::stack::{self, Input, StackAssigner};
+use switchyard_core::stack::StackAssigner;
 use switchyard_proto::v1::{DomainEvent, HandoverStarted, Stack, WorkloadRef, domain_event::Kind};
+use switchyard_runtime::{Command, CoreState, Services};
 use switchyard_sim::{SimConfig, Simulator};
 
 /// One record of the migration log, as the engine produced it.
@@ -43,83 +46,7 @@ impl Logged {
 
     /// The aggregate the event belongs to, as a log subject.
     pub fn subject(&self) -> String {
-        subject_of(&self.event)
-    }
-}
-
-/// The aggregate (log subject) of an event: `node.<name>`, `group.<name>`,
-/// `workload.<ns>.<name>`, `cluster.<kind>` for cluster-wide facts.
-pub fn subject_of(event: &DomainEvent) -> String {
-    let token = |s: &str| {
-        s.replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "_",
-        )
-    };
-    let workload = |w: &Option<WorkloadRef>| {
-        w.as_ref().map_or("workload.unknown".into(), |w| {
-            format!("workload.{}.{}", token(&w.namespace), token(&w.name))
-        })
-    };
-    let Some(kind) = &event.kind else {
-        return "cluster.unknown".into();
-    };
-    match kind {
-        Kind::NodeObserved(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeRemoved(e) => format!("node.{}", token(&e.node)),
-        Kind::StackAssigned(e) => format!("node.{}", token(&e.node)),
-        Kind::HandoverStarted(e) => format!("node.{}", token(&e.node)),
-        Kind::HandoverRefused(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeCordoned(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeDrained(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeGroupChanged(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeReadinessObserved(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeUncordoned(e) => format!("node.{}", token(&e.node)),
-        Kind::HandoverCompleted(e) => format!("node.{}", token(&e.node)),
-        Kind::HandoverStalled(e) => format!("node.{}", token(&e.node)),
-        Kind::LeftoverLabelsCleared(e) => format!("node.{}", token(&e.node)),
-        Kind::NodeGroupObserved(e) => format!("group.{}", token(&e.group)),
-        Kind::NodeGroupRemoved(e) => format!("group.{}", token(&e.group)),
-        Kind::NodeGroupHeldOnDra(e) => format!("group.{}", token(&e.group)),
-        Kind::NodeGroupReleased(e) => format!("group.{}", token(&e.group)),
-        Kind::SourceGroupRetired(e) => format!("group.{}", token(&e.group)),
-        Kind::CompletionRefused(e) => format!("group.{}", token(&e.source_group)),
-        Kind::WorkloadObserved(e) => workload(&e.workload),
-        Kind::ApplicationMoveStarted(e) => workload(&e.workload),
-        Kind::ApplicationMoveRefused(e) => workload(&e.workload),
-        Kind::WorkloadRewritten(e) => workload(&e.workload),
-        Kind::WorkloadRestarted(e) => workload(&e.workload),
-        Kind::ApplicationMoveVerified(e) => workload(&e.workload),
-        Kind::PodObserved(e) => format!("pod.{}.{}", token(&e.namespace), token(&e.name)),
-        Kind::PodRemoved(e) => format!("pod.{}.{}", token(&e.namespace), token(&e.name)),
-        Kind::PhysicalGpuObserved(e) => format!("gpu.{}", token(&e.name)),
-        Kind::PhysicalGpuRemoved(e) => format!("gpu.{}", token(&e.name)),
-        Kind::GpuClassObserved(e) => format!("gpuclass.{}", token(&e.name)),
-        Kind::ResourceQuotaObserved(e) => {
-            format!("quota.{}.{}", token(&e.namespace), token(&e.name))
-        }
-        Kind::ResourceQuotaTranslated(e) => {
-            format!("quota.{}.{}", token(&e.namespace), token(&e.name))
-        }
-        Kind::ModuleSettingsObserved(_) => "cluster.module".into(),
-        Kind::RollbackStarted(e) => format!("rollback.{}", token(&e.rollback_id)),
-        Kind::StepCompensated(e) => format!("rollback.{}", token(&e.rollback_id)),
-        Kind::RollbackCompleted(e) => format!("rollback.{}", token(&e.rollback_id)),
-        Kind::AlertRaised(e) => alert(&e.alert_name, &e.labels),
-        Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
-    }
-}
-
-fn alert(name: &str, labels: &BTreeMap<String, String>) -> String {
-    let token = |s: &str| {
-        s.replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "_",
-        )
-    };
-    match labels.get(ALERT_LABEL_NODE_GROUP) {
-        Some(group) => format!("alert.{}.{}", token(name), token(group)),
-        None => format!("alert.{}", token(name)),
+        switchyard_core::subjects::subject_of(&self.event)
     }
 }
 
@@ -131,14 +58,57 @@ pub struct Check {
     pub detail: String,
 }
 
-/// The engine: cores, simulator, log.
-pub struct Migration {
-    pub sim: Simulator,
+/// The cores' states, as the services hold them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct States {
     pub stack: StackAssigner,
     pub claims: ClaimAllocator,
     pub completion: Completion,
-    /// Completion's view of the cluster (it folds facts like every core).
-    pub completion_cluster: Cluster,
+    pub alerter: Alerter,
+    pub compiler: ClassCompiler,
+}
+
+impl States {
+    pub fn from_snapshot(snapshot: Vec<CoreState>) -> States {
+        let mut states = States::default();
+        for state in snapshot {
+            match state {
+                CoreState::Stack(s) => states.stack = *s,
+                CoreState::Claims(c, done) => {
+                    states.claims = *c;
+                    states.completion = *done;
+                }
+                CoreState::Alerter(a) => states.alerter = *a,
+                CoreState::Compiler(c) => states.compiler = *c,
+                CoreState::Observer(_) => {}
+            }
+        }
+        states
+    }
+
+    /// Folds one event of the log into every core.
+    pub fn fold(&mut self, event: &DomainEvent, at: i64) {
+        self.stack.apply(event, at);
+        self.claims.apply(event);
+        self.completion.apply(event);
+        self.alerter.apply(event);
+        self.compiler.apply(event);
+    }
+
+    /// Folds a log into fresh cores: what a restarted system would know.
+    pub fn replay<'a>(events: impl IntoIterator<Item = (&'a DomainEvent, i64)>) -> States {
+        let mut states = States::default();
+        for (event, at) in events {
+            states.fold(event, at);
+        }
+        states
+    }
+}
+
+/// The engine: services, simulator, log.
+pub struct Migration<S: Services> {
+    pub sim: Simulator,
+    pub services: S,
     pub log: Vec<Logged>,
     /// Violations seen while running, by invariant.
     pub violations: BTreeMap<&'static str, Vec<String>>,
@@ -148,32 +118,33 @@ pub struct Migration {
 /// Most pump rounds before the engine gives up on quiescence.
 const MAX_ROUNDS: usize = 100_000;
 
-impl Migration {
-    pub fn new(config: SimConfig) -> Self {
+impl<S: Services> Migration<S> {
+    pub async fn new(config: SimConfig, services: S) -> Self {
         let mut migration = Migration {
             sim: Simulator::new(config),
-            stack: StackAssigner::default(),
-            claims: ClaimAllocator::default(),
-            completion: Completion::default(),
-            completion_cluster: Cluster::default(),
+            services,
             log: Vec::new(),
             violations: BTreeMap::new(),
             commands: 0,
         };
-        migration.pump();
+        migration.pump().await;
         migration
     }
 
-    fn record(&mut self, actor: &'static str, events: Vec<DomainEvent>) -> Vec<DomainEvent> {
-        for event in &events {
-            self.log.push(Logged {
-                seq: self.log.len() as u64 + 1,
-                at: self.sim.now(),
-                actor,
-                event: event.clone(),
-            });
-        }
-        events
+    fn record(&mut self, records: Vec<switchyard_runtime::Record>) -> Vec<DomainEvent> {
+        let now = self.sim.now();
+        records
+            .into_iter()
+            .map(|r| {
+                self.log.push(Logged {
+                    seq: self.log.len() as u64 + 1,
+                    at: now,
+                    actor: r.actor,
+                    event: r.event.clone(),
+                });
+                r.event
+            })
+            .collect()
     }
 
     fn next_id(&mut self, prefix: &str) -> String {
@@ -181,28 +152,26 @@ impl Migration {
         format!("{prefix}-{}", self.commands)
     }
 
+    /// The services' current states.
+    pub async fn states(&mut self) -> States {
+        States::from_snapshot(self.services.snapshot().await)
+    }
+
     /// Feeds facts, executes effects and moves the clock until nothing is left to happen.
-    pub fn pump(&mut self) {
+    pub async fn pump(&mut self) {
         for _ in 0..MAX_ROUNDS {
             let facts = self.sim.take_facts();
             if !facts.is_empty() {
                 let now = self.sim.now();
                 for fact in facts {
-                    self.record("inventory", vec![fact.clone()]);
-                    let decisions = self.stack.handle_fact(&fact, now);
-                    self.record("stack-assigner", decisions);
-                    let decisions = self.claims.handle(app_move::Input::Fact(&fact));
-                    self.record("claim-allocator", decisions);
-                    self.completion_cluster.apply(&fact);
+                    let records = self.services.observe(fact, now).await;
+                    self.record(records);
                 }
-                self.check_running();
+                self.check_running().await;
                 continue;
             }
-            let mut effects = self.stack.effects();
-            effects.extend(self.claims.moves.effects());
-            effects.extend(self.completion.effects(&self.completion_cluster));
-            for effect in &effects {
-                self.sim.execute(effect);
+            for effect in self.services.effects().await {
+                self.sim.execute(&effect);
             }
             if self.sim.has_facts() {
                 continue;
@@ -210,8 +179,8 @@ impl Migration {
             match self.sim.next_timer() {
                 Some(at) => {
                     self.sim.advance_to(at);
-                    let decisions = self.stack.handle(Input::Tick, self.sim.now());
-                    self.record("stack-assigner", decisions);
+                    let records = self.services.tick(self.sim.now()).await;
+                    self.record(records);
                 }
                 None => return,
             }
@@ -226,8 +195,8 @@ impl Migration {
         }
     }
 
-    /// Invariants that must hold after every fact.
-    fn check_running(&mut self) {
+    /// Invariants that must hold after every round of facts.
+    async fn check_running(&mut self) {
         // 1. Never a GPU advertised by both allocators.
         for node in self.sim.nodes_with_both_stacks() {
             self.violation(
@@ -235,79 +204,88 @@ impl Migration {
                 format!("node {node} runs the device plugin and the DRA adapter"),
             );
         }
-        // 2. Every node's stack as the rules say.
-        let mut wrong = Vec::new();
-        for (name, node) in &self.stack.cluster.nodes {
-            let group = node.group().unwrap_or_default();
-            let expected = stack::rule(node, &self.stack.cluster, self.stack.held.contains(group));
-            match self.stack.assignments.get(name) {
-                Some(a) if (a.stack, a.reason) == expected => {}
-                other => wrong.push(format!(
-                    "node {name}: decided {other:?}, rules say {expected:?}"
-                )),
-            }
-        }
-        for detail in wrong {
-            self.violation("stack-rules", detail);
+        // 2. Every node's stack as the rules say, per the services themselves.
+        for (invariant, detail) in self.services.violations().await {
+            let invariant = if invariant == "stack-rules" {
+                "stack-rules"
+            } else {
+                "service"
+            };
+            self.violation(invariant, detail);
         }
     }
 
+    fn logged_since(&self, start: usize) -> impl Iterator<Item = &DomainEvent> {
+        self.log[start..].iter().map(|l| &l.event)
+    }
+
     /// Hands `node` over to `group`; Ok once the handover completed.
-    pub fn hand_over(&mut self, node: &str, group: &str) -> Result<String, String> {
+    pub async fn hand_over(&mut self, node: &str, group: &str) -> Result<String, String> {
         let id = self.next_id(&format!("handover-{node}"));
+        let start = self.log.len();
         let cmd = StartHandover {
             handover_id: id.clone(),
             node: node.into(),
             target_group: group.into(),
         };
-        let decisions = self
-            .stack
-            .handle(Input::StartHandover(&cmd), self.sim.now());
-        let decisions = self.record("stack-assigner", decisions);
+        let records = self
+            .services
+            .command(Command::StartHandover(cmd), self.sim.now())
+            .await;
+        let decisions = self.record(records);
         if let Some(Kind::HandoverRefused(r)) = decisions.first().and_then(|d| d.kind.as_ref()) {
             return Err(r.reason.clone());
         }
-        self.pump();
-        if self.stack.handovers.completed.contains_key(&id) {
-            Ok(id)
-        } else {
-            Err(self.handover_trouble(node))
-        }
+        self.pump().await;
+        self.handover_outcome(start, &id, node)
     }
 
-    fn handover_trouble(&self, node: &str) -> String {
-        match self.stack.handovers.active.get(node) {
-            Some(h) => format!(
-                "handover of {node} stopped at step {}",
-                h.step.as_str_name()
-            ),
-            None => format!("handover of {node} did not complete"),
+    fn handover_outcome(&self, start: usize, id: &str, node: &str) -> Result<String, String> {
+        let mut stalled = None;
+        for event in self.logged_since(start) {
+            match &event.kind {
+                Some(Kind::HandoverCompleted(c)) if c.handover_id == id => {
+                    return Ok(id.to_string());
+                }
+                Some(Kind::HandoverStalled(s)) if s.handover_id == id => {
+                    stalled = Some(s.reason.clone())
+                }
+                _ => {}
+            }
         }
+        Err(stalled.unwrap_or_else(|| format!("handover {id} of {node} did not complete")))
     }
 
     /// Moves a workload to `group` with `class`; Ok once verified.
-    pub fn move_application(
+    pub async fn move_application(
         &mut self,
         workload: &WorkloadRef,
         group: &str,
         class: &str,
     ) -> Result<String, String> {
         let id = self.next_id(&format!("move-{}", workload.name));
+        let start = self.log.len();
         let cmd = MoveApplication {
             move_id: id.clone(),
             workload: workload.clone(),
             target_group: group.into(),
             gpu_class: class.into(),
         };
-        let decisions = self.claims.handle(app_move::Input::MoveApplication(&cmd));
-        let decisions = self.record("claim-allocator", decisions);
+        let records = self
+            .services
+            .command(Command::MoveApplication(cmd), self.sim.now())
+            .await;
+        let decisions = self.record(records);
         if let Some(Kind::ApplicationMoveRefused(r)) =
             decisions.first().and_then(|d| d.kind.as_ref())
         {
             return Err(r.reason.clone());
         }
-        self.pump();
-        if self.claims.moves.verified.get(&workload_key(workload)) == Some(&id) {
+        self.pump().await;
+        let verified = self
+            .logged_since(start)
+            .any(|e| matches!(&e.kind, Some(Kind::ApplicationMoveVerified(v)) if v.move_id == id));
+        if verified {
             Ok(id)
         } else {
             Err(format!(
@@ -319,7 +297,7 @@ impl Migration {
     }
 
     /// Runs the completion steps; returns the refusal reasons, if any.
-    pub fn complete(
+    pub async fn complete(
         &mut self,
         source_group: &str,
         class: &str,
@@ -330,12 +308,12 @@ impl Migration {
             gpu_class: class.into(),
             trial_period_over,
         };
-        let decisions = self.completion.complete(&self.completion_cluster, &cmd);
-        for decision in &decisions {
-            self.completion.apply(decision);
-        }
-        let decisions = self.record("claim-allocator", decisions);
-        self.pump();
+        let records = self
+            .services
+            .command(Command::Complete(cmd), self.sim.now())
+            .await;
+        let decisions = self.record(records);
+        self.pump().await;
         decisions
             .iter()
             .filter_map(|d| match &d.kind {
@@ -355,21 +333,24 @@ impl Migration {
     }
 
     /// Rolls the last handover of `node` back; checks the node is exactly as before.
-    pub fn roll_back_node(&mut self, node: &str) -> Result<String, String> {
+    pub async fn roll_back_node(&mut self, node: &str) -> Result<String, String> {
         let id = self.next_id(&format!("rollback-{node}"));
         let planned = plan_node_rollback(&self.log_prefix(), node, &id)?;
         let restore: Option<HandoverStarted> = match &planned.kind {
             Some(Kind::RollbackStarted(r)) => r.node_restore.as_deref().cloned(),
             _ => None,
         };
-        let decisions = self.stack.handle(Input::Rollback(&planned), self.sim.now());
-        let decisions = self.record("stack-assigner", decisions);
+        let records = self
+            .services
+            .command(Command::Rollback(planned), self.sim.now())
+            .await;
+        let decisions = self.record(records);
         if let Some(Kind::HandoverRefused(r)) = decisions.first().and_then(|d| d.kind.as_ref()) {
             return Err(r.reason.clone());
         }
-        self.pump();
+        self.pump().await;
         if !self.completed(&id) {
-            return Err(self.handover_trouble(node));
+            return Err(format!("rollback {id} of {node} did not complete"));
         }
         if let Some(before) = restore {
             let labels = self.sim.node_labels(node).cloned().unwrap_or_default();
@@ -392,7 +373,10 @@ impl Migration {
     }
 
     /// Rolls the last move of `workload` back; checks the manifest is exactly as before.
-    pub fn roll_back_application(&mut self, workload: &WorkloadRef) -> Result<String, String> {
+    pub async fn roll_back_application(
+        &mut self,
+        workload: &WorkloadRef,
+    ) -> Result<String, String> {
         let id = self.next_id(&format!("rollback-{}", workload.name));
         let planned = plan_workload_rollback(&self.log_prefix(), workload, &id)?;
         let original = match &planned.kind {
@@ -401,14 +385,17 @@ impl Migration {
             }
             _ => None,
         };
-        let decisions = self.claims.handle(app_move::Input::Rollback(&planned));
-        let decisions = self.record("claim-allocator", decisions);
+        let records = self
+            .services
+            .command(Command::Rollback(planned), self.sim.now())
+            .await;
+        let decisions = self.record(records);
         if let Some(Kind::ApplicationMoveRefused(r)) =
             decisions.first().and_then(|d| d.kind.as_ref())
         {
             return Err(r.reason.clone());
         }
-        self.pump();
+        self.pump().await;
         if !self.completed(&id) {
             return Err(format!(
                 "rollback of {} did not complete: {} pods pending",
@@ -426,12 +413,13 @@ impl Migration {
     }
 
     /// Checks that need the whole run: replay, alerts, no pod left waiting.
-    pub fn final_checks(&self) -> Vec<Check> {
+    pub async fn final_checks(&mut self) -> Vec<Check> {
         let mut checks: Vec<Check> = [
             "one-stack-per-node",
             "stack-rules",
             "rollback-restores-exactly",
             "quiescence",
+            "service",
         ]
         .iter()
         .map(|name| {
@@ -444,16 +432,10 @@ impl Migration {
         })
         .collect();
 
-        // Replay: folding the log into fresh cores gives the same state.
-        let mut stack = StackAssigner::default();
-        let mut claims = ClaimAllocator::default();
-        let mut completion = Completion::default();
-        for logged in &self.log {
-            stack.apply(&logged.event, logged.at);
-            claims.apply(&logged.event);
-            completion.apply(&logged.event);
-        }
-        let same = stack == self.stack && claims == self.claims && completion == self.completion;
+        // Replay: folding the log into fresh cores gives the services' state.
+        let live = self.states().await;
+        let replayed = States::replay(self.log.iter().map(|l| (&l.event, l.at)));
+        let same = replayed == live;
         checks.push(Check {
             name: "replay-same-state",
             ok: same,
@@ -464,40 +446,19 @@ impl Migration {
             },
         });
 
-        // Alerts: D8GpuNodeGroupHeldOnDra fires exactly for the held groups.
-        let mut firing: BTreeMap<String, i64> = BTreeMap::new();
-        for logged in &self.log {
-            match &logged.event.kind {
-                Some(Kind::AlertRaised(a)) => {
-                    *firing
-                        .entry(
-                            a.labels
-                                .get(ALERT_LABEL_NODE_GROUP)
-                                .cloned()
-                                .unwrap_or_default(),
-                        )
-                        .or_default() += 1
-                }
-                Some(Kind::AlertCleared(a)) => {
-                    *firing
-                        .entry(
-                            a.labels
-                                .get(ALERT_LABEL_NODE_GROUP)
-                                .cloned()
-                                .unwrap_or_default(),
-                        )
-                        .or_default() -= 1
-                }
-                _ => {}
-            }
-        }
-        let alerts_ok = firing
-            .iter()
-            .all(|(group, n)| *n == i64::from(self.stack.held.contains(group)));
+        // D8GpuNodeGroupHeldOnDra fires exactly for the held groups.
+        let firing: Vec<String> = live
+            .alerter
+            .firing
+            .keys()
+            .filter(|(name, _)| name == ALERT_HELD_ON_DRA)
+            .filter_map(|(_, labels)| labels.get(ALERT_LABEL_NODE_GROUP).cloned())
+            .collect();
+        let held: Vec<String> = live.stack.held.iter().cloned().collect();
         checks.push(Check {
             name: "held-groups-alert",
-            ok: alerts_ok,
-            detail: format!("held: {:?}", self.stack.held),
+            ok: firing == held,
+            detail: format!("held: {held:?}, firing for: {firing:?}"),
         });
 
         let pending = self.sim.pending_pods();
@@ -507,25 +468,6 @@ impl Migration {
             detail: format!("{pending} pending pods"),
         });
         checks
-    }
-
-    /// Nodes per (group, stack label).
-    pub fn nodes_by_group_and_stack(&self) -> BTreeMap<(String, String), usize> {
-        let mut counts = BTreeMap::new();
-        for (name, node) in &self.stack.cluster.nodes {
-            let stack = match self.stack.stack_of(name) {
-                Some(Stack::DevicePlugin) => STACK_DEVICE_PLUGIN,
-                Some(Stack::Dra) => STACK_DRA,
-                _ => "none",
-            };
-            *counts
-                .entry((
-                    node.group().unwrap_or_default().to_string(),
-                    stack.to_string(),
-                ))
-                .or_default() += 1;
-        }
-        counts
     }
 }
 
@@ -540,26 +482,32 @@ pub struct StepReport {
 }
 
 /// The outcome of the reference scenario.
-pub struct Outcome {
-    pub migration: Migration,
+pub struct Outcome<S: Services> {
+    pub migration: Migration<S>,
     pub steps: Vec<StepReport>,
     pub checks: Vec<Check>,
+    /// The services' states at the end.
+    pub states: States,
 }
 
-impl Outcome {
+impl<S: Services> Outcome<S> {
     pub fn ok(&self) -> bool {
         self.steps.iter().all(|s| s.ok) && self.checks.iter().all(|c| c.ok)
     }
 }
 
 /// Runs the reference scenario; `progress` hears about every step as it ends.
-pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -> Outcome {
+pub async fn run_reference<S: Services>(
+    config: SimConfig,
+    services: S,
+    mut progress: impl FnMut(&StepReport),
+) -> Outcome<S> {
     const SOURCE: &str = "gpu";
     const TARGET: &str = "gpu-dra";
     const CLASS: &str = "a100";
-    let mut m = Migration::new(config);
+    let mut m = Migration::new(config, services).await;
     let mut steps = Vec::new();
-    let mut report = |m: &Migration, step: String, result: Result<String, String>| {
+    let mut report = |sim: &Simulator, step: String, result: Result<String, String>| {
         let (ok, detail) = match result {
             Ok(detail) => (true, detail),
             Err(detail) => (false, detail),
@@ -568,7 +516,7 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
             step,
             ok,
             detail,
-            at: m.sim.now(),
+            at: sim.now(),
         };
         progress(&report);
         steps.push(report);
@@ -577,13 +525,14 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
     // Step 1: the target group, then DRA on (a cluster upgraded with DRA on has
     // it already, and the groups it served are held on DRA since the first run).
     m.sim.set_group(TARGET, None);
-    if !m.stack.cluster.module.dra_enabled {
+    if !m.states().await.stack.cluster.module.dra_enabled {
         m.sim.set_dra_enabled(true);
     }
-    m.pump();
-    let held: Vec<String> = m.stack.held.iter().cloned().collect();
+    m.pump().await;
+    let states = m.states().await;
+    let held: Vec<String> = states.stack.held.iter().cloned().collect();
     report(
-        &m,
+        &m.sim,
         "step 1: create gpu-dra and enable DRA".into(),
         Ok(if held.is_empty() {
             "no group held".into()
@@ -594,13 +543,29 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
             )
         }),
     );
-    // Step 2: a GPU class.
+    // Step 2: a GPU class; the class-compiler publishes its DeviceClass.
     m.sim.create_gpu_class(CLASS);
-    m.pump();
+    m.pump().await;
+    let compiled = m
+        .states()
+        .await
+        .claims
+        .cluster
+        .gpu_classes
+        .get(CLASS)
+        .cloned()
+        .unwrap_or_default();
     report(
-        &m,
+        &m.sim,
         "step 2: create GPU class a100".into(),
-        Ok("gpu.deckhouse.io/a100".into()),
+        if compiled.is_empty() {
+            Err("the class has no DeviceClass".into())
+        } else {
+            Ok(format!(
+                "DeviceClass {}, requested as gpu.deckhouse.io/{CLASS}",
+                compiled.join(", ")
+            ))
+        },
     );
 
     // Steps 3 and 4, repeated: hand over a node, then move what fits on DRA.
@@ -613,15 +578,15 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
                 break;
             };
             let workload = waiting.remove(i);
-            let result = m.move_application(&workload, TARGET, CLASS);
-            report(&m, format!("step 4: move {}", workload.name), result);
+            let result = m.move_application(&workload, TARGET, CLASS).await;
+            report(&m.sim, format!("step 4: move {}", workload.name), result);
         }
         let Some(node) = m.sim.nodes_in(SOURCE).first().cloned() else {
             break;
         };
-        let result = m.hand_over(&node, TARGET);
+        let result = m.hand_over(&node, TARGET).await;
         let failed = result.is_err();
-        report(&m, format!("step 3: hand over {node}"), result);
+        report(&m.sim, format!("step 3: hand over {node}"), result);
         if failed {
             break;
         }
@@ -629,38 +594,38 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
     }
     for workload in &waiting {
         report(
-            &m,
+            &m.sim,
             format!("step 4: move {}", workload.name),
             Err("no room on DRA nodes".into()),
         );
     }
 
     // Step 5: every application verified on the target group.
-    let verified = m.claims.moves.verified.len();
+    let states = m.states().await;
+    let verified = states.claims.moves.verified.len();
     let total = m.sim.workloads().len();
-    let all_running = m.sim.pending_pods() == 0;
+    let pending = m.sim.pending_pods();
     report(
-        &m,
+        &m.sim,
         "step 5: verify".into(),
-        if verified == total && all_running {
+        if verified == total && pending == 0 {
             Ok(format!(
                 "{verified}/{total} applications on {TARGET} with claims allocated"
             ))
         } else {
             Err(format!(
-                "{verified}/{total} applications verified, {} pods pending",
-                m.sim.pending_pods()
+                "{verified}/{total} applications verified, {pending} pods pending"
             ))
         },
     );
 
     // Completion; the source group stays for the trial period.
-    let refusals = m.complete(SOURCE, CLASS, false);
+    let refusals = m.complete(SOURCE, CLASS, false).await;
     let quota = m.sim.quota("ml", "gpu-quota").cloned().unwrap_or_default();
     let translated = !quota.contains_key("requests.nvidia.com/gpu")
         && quota.contains_key("requests.gpu.deckhouse.io/a100");
     report(
-        &m,
+        &m.sim,
         "completion: quotas and leftover labels".into(),
         if translated {
             Ok(refusals.join("; "))
@@ -671,24 +636,28 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
 
     // The upgrade hold ends the way the reference says: spec.gpu removed, the
     // group stays on DRA and the alert clears.
-    for group in m.stack.held.clone() {
+    for group in m.states().await.stack.held.clone() {
         m.sim.set_group(&group, None);
-        m.pump();
+        m.pump().await;
+        let states = m.states().await;
         let nodes = m.sim.nodes_in(&group);
         let on_dra = nodes
             .iter()
-            .all(|n| m.stack.stack_of(n) == Some(Stack::Dra));
-        let cleared = !m.stack.held.contains(&group);
+            .all(|n| states.stack.stack_of(n) == Some(Stack::Dra));
+        let released = !states.stack.held.contains(&group);
+        let cleared = states.alerter.firing.is_empty();
         report(
-            &m,
+            &m.sim,
             format!("hold: remove spec.gpu from {group}"),
-            if on_dra && cleared {
+            if on_dra && released && cleared {
                 Ok(format!(
                     "released; {} stays on DRA, alert cleared",
                     nodes.join(", ")
                 ))
             } else {
-                Err(format!("released: {cleared}, nodes on DRA: {on_dra}"))
+                Err(format!(
+                    "released: {released}, nodes on DRA: {on_dra}, alert cleared: {cleared}"
+                ))
             },
         );
     }
@@ -696,35 +665,38 @@ pub fn run_reference(config: SimConfig, mut progress: impl FnMut(&StepReport)) -
     // Rollback: a node back to the device plugin — as many as the smallest moved
     // application needs, since a rollback needs Device Plugin nodes — then that
     // application onto it.
+    let verified = m.states().await.claims.moves.verified;
     let smallest = m
         .sim
         .workloads()
         .into_iter()
-        .filter(|w| m.claims.moves.verified.contains_key(&workload_key(w)))
+        .filter(|w| verified.contains_key(&workload_key(w)))
         .min_by_key(|w| (m.sim.workload_gpus(w), w.name.clone()));
     let mut rolled_back_ok = true;
     for node in handed_over.iter().rev() {
-        let result = m.roll_back_node(node);
+        let result = m.roll_back_node(node).await;
         rolled_back_ok &= result.is_ok();
-        report(&m, format!("rollback: node {node}"), result);
+        report(&m.sim, format!("rollback: node {node}"), result);
         let need = smallest.as_ref().map_or(0, |w| m.sim.workload_gpus(w));
         if !rolled_back_ok || m.sim.free_gpus_on(STACK_DEVICE_PLUGIN) >= need {
             break;
         }
     }
     if let Some(workload) = smallest.filter(|_| rolled_back_ok) {
-        let result = m.roll_back_application(&workload);
+        let result = m.roll_back_application(&workload).await;
         report(
-            &m,
+            &m.sim,
             format!("rollback: application {}", workload.name),
             result,
         );
     }
 
-    let checks = m.final_checks();
+    let checks = m.final_checks().await;
+    let states = m.states().await;
     Outcome {
         migration: m,
         steps,
         checks,
+        states,
     }
 }

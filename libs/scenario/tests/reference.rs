@@ -1,21 +1,25 @@
 //! The reference migration end to end on the simulator: every step succeeds,
-//! every invariant holds, and the same seed gives the same log byte for byte.
+//! every invariant holds, the same seed gives the same log byte for byte, and
+//! the services give the same log whether they run in process or as actors.
 
 use prost::Message;
+use switchyard_runtime::{Actors, Local, Services};
 use switchyard_scenario::{Outcome, run_reference};
 use switchyard_sim::SimConfig;
 
-fn run(seed: u64) -> Outcome {
+async fn run(seed: u64) -> Outcome<Local> {
     run_reference(
         SimConfig {
             seed,
             ..SimConfig::default()
         },
+        Local::default(),
         |_| {},
     )
+    .await
 }
 
-fn describe(outcome: &Outcome) -> String {
+fn describe<S: Services>(outcome: &Outcome<S>) -> String {
     let mut text = String::new();
     for step in &outcome.steps {
         text += &format!(
@@ -36,9 +40,18 @@ fn describe(outcome: &Outcome) -> String {
     text
 }
 
-#[test]
-fn the_reference_migration_completes_with_every_invariant_holding() {
-    let outcome = run(1);
+fn encode<S: Services>(outcome: &Outcome<S>) -> Vec<(i64, &'static str, Vec<u8>)> {
+    outcome
+        .migration
+        .log
+        .iter()
+        .map(|l| (l.at, l.actor, l.event.encode_to_vec()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_reference_migration_completes_with_every_invariant_holding() {
+    let outcome = run(1).await;
     assert!(outcome.ok(), "{}", describe(&outcome));
     let names: Vec<&str> = outcome.steps.iter().map(|s| s.step.as_str()).collect();
     assert!(
@@ -46,6 +59,7 @@ fn the_reference_migration_completes_with_every_invariant_holding() {
         "{names:?}"
     );
     assert!(names.iter().any(|n| n.starts_with("rollback: node")));
+    assert!(names.iter().any(|n| n.starts_with("rollback: application")));
     assert!(
         names.contains(&"hold: remove spec.gpu from gpu-legacy"),
         "the upgrade hold is shown and released"
@@ -55,26 +69,50 @@ fn the_reference_migration_completes_with_every_invariant_holding() {
         "{}",
         outcome.steps[0].detail
     );
-    assert!(names.iter().any(|n| n.starts_with("rollback: application")));
+    let actors: std::collections::BTreeSet<&str> =
+        outcome.migration.log.iter().map(|l| l.actor).collect();
+    assert_eq!(
+        actors.into_iter().collect::<Vec<_>>(),
+        [
+            "alerter",
+            "claim-allocator",
+            "class-compiler",
+            "inventory",
+            "node-agent",
+            "stack-assigner"
+        ],
+        "all six services wrote to the log"
+    );
 }
 
-#[test]
-fn the_same_seed_gives_a_byte_identical_log() {
-    let encode = |outcome: &Outcome| -> Vec<(i64, &'static str, Vec<u8>)> {
-        outcome
-            .migration
-            .log
-            .iter()
-            .map(|l| (l.at, l.actor, l.event.encode_to_vec()))
-            .collect()
-    };
-    let (a, b) = (run(7), run(7));
+#[tokio::test]
+async fn the_same_seed_gives_a_byte_identical_log() {
+    let (a, b) = (run(7).await, run(7).await);
     assert_eq!(encode(&a), encode(&b));
-    assert_ne!(encode(&a), encode(&run(8)), "another seed, another cluster");
+    assert_ne!(
+        encode(&a),
+        encode(&run(8).await),
+        "another seed, another cluster"
+    );
 }
 
-#[test]
-fn many_seeds_and_sizes_complete() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actors_and_in_process_services_write_the_same_log() {
+    let config = SimConfig {
+        seed: 3,
+        ..SimConfig::default()
+    };
+    let local = run_reference(config.clone(), Local::default(), |_| {}).await;
+    let actors = Actors::spawn().await.expect("spawn the services");
+    let with_actors = run_reference(config, actors, |_| {}).await;
+    assert!(with_actors.ok(), "{}", describe(&with_actors));
+    assert_eq!(encode(&local), encode(&with_actors));
+    assert_eq!(local.states, with_actors.states);
+    with_actors.migration.services.stop().await;
+}
+
+#[tokio::test]
+async fn many_seeds_and_sizes_complete() {
     for seed in 0..12 {
         let config = SimConfig {
             seed,
@@ -84,7 +122,7 @@ fn many_seeds_and_sizes_complete() {
             upgraded_with_dra: seed % 2 == 0,
             ..SimConfig::default()
         };
-        let outcome = run_reference(config.clone(), |_| {});
+        let outcome = run_reference(config.clone(), Local::default(), |_| {}).await;
         assert!(outcome.ok(), "{config:?}\n{}", describe(&outcome));
     }
 }

@@ -130,6 +130,8 @@ pub struct Simulator {
     workloads: BTreeMap<WorkloadKey, SimWorkload>,
     gpus: BTreeMap<String, (String, GpuPhase)>,
     quotas: BTreeMap<ObjectKey, BTreeMap<String, String>>,
+    /// GPUClass -> the DeviceClasses in its status.
+    classes: BTreeMap<String, Vec<String>>,
     timers: BTreeMap<(i64, u64), Timer>,
     timer_seq: u64,
     pod_seq: u64,
@@ -186,6 +188,7 @@ impl Simulator {
             workloads: BTreeMap::new(),
             gpus: BTreeMap::new(),
             quotas: BTreeMap::new(),
+            classes: BTreeMap::new(),
             timers: BTreeMap::new(),
             timer_seq: 0,
             pod_seq: 0,
@@ -394,11 +397,13 @@ impl Simulator {
             .push(ev(Kind::ModuleSettingsObserved(self.module.clone())));
     }
 
-    /// A GPUClass and the DeviceClass the class-compiler derives for whole cards.
+    /// `kubectl apply` of a GPUClass; its status is empty until the
+    /// class-compiler publishes the DeviceClasses.
     pub fn create_gpu_class(&mut self, name: &str) {
+        self.classes.insert(name.into(), Vec::new());
         self.out.push(ev(Kind::GpuClassObserved(GpuClassObserved {
             name: name.into(),
-            device_class_names: vec![format!("{name}-whole")],
+            device_class_names: Vec::new(),
         })));
     }
 
@@ -516,6 +521,19 @@ impl Simulator {
                             name: name.clone(),
                             hard: hard.clone(),
                         })));
+                }
+            }
+            Effect::PublishDeviceClasses {
+                gpu_class,
+                variants,
+            } => {
+                let names: Vec<String> = variants.iter().map(|v| v.device_class.clone()).collect();
+                if self.classes.get(gpu_class) != Some(&names) {
+                    self.classes.insert(gpu_class.clone(), names.clone());
+                    self.out.push(ev(Kind::GpuClassObserved(GpuClassObserved {
+                        name: gpu_class.clone(),
+                        device_class_names: names,
+                    })));
                 }
             }
             Effect::RemoveSpecGpu { group } => {

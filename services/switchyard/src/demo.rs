@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, Subject};
+use switchyard_runtime::Actors;
 use switchyard_scenario::{Check, Logged, StepReport, run_reference};
 use switchyard_sim::{SECOND, SimConfig};
 
@@ -99,13 +100,16 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     progress.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed}] {pos} steps  {msg}").expect("template"),
     );
-    let outcome = run_reference(config.clone(), |step: &StepReport| {
+    // The six services, each a ractor actor around its core.
+    let services = Actors::spawn().await.context("start the services")?;
+    let outcome = run_reference(config.clone(), services, |step: &StepReport| {
         progress.inc(1);
         progress.set_message(step.step.clone());
         if !step.ok {
             progress.println(format!("FAILED {}: {}", step.step, step.detail));
         }
-    });
+    })
+    .await;
     progress.set_message("writing the migration log");
 
     let log = EmbeddedLog::open(&dir, EmbeddedOptions::default())?;
@@ -123,15 +127,14 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     });
     // Replay from disk: the log on disk folds into the same state as the live run.
     let folded = Folded::read(&log, None).await?;
-    let m = &outcome.migration;
-    let same =
-        folded.stack == m.stack && folded.claims == m.claims && folded.completion == m.completion;
+    let same = folded.states == outcome.states;
     checks.push(Check {
         name: "replay-from-disk",
         ok: same,
         detail: format!("{} events folded from {}", folded.events, dir.display()),
     });
     log.close();
+    outcome.migration.services.stop().await;
     progress.finish_and_clear();
 
     let ok = outcome.steps.iter().all(|s| s.ok) && checks.iter().all(|c| c.ok);

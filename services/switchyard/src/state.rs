@@ -4,23 +4,17 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use switchyard_core::app_move::ClaimAllocator;
-use switchyard_core::completion::Completion;
-use switchyard_core::stack::StackAssigner;
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
 use switchyard_proto::v1::{Stack, domain_event::Kind};
+use switchyard_scenario::States;
 
-/// Everything the cores know after folding a log prefix.
+/// Everything the services know after folding a log prefix.
 #[derive(Default)]
 pub struct Folded {
-    pub stack: StackAssigner,
-    pub claims: ClaimAllocator,
-    pub completion: Completion,
+    pub states: States,
     pub last_sequence: u64,
     pub last_recorded_at: i64,
     pub events: u64,
-    /// Alerts firing: (alert, labels) -> summary.
-    pub alerts: BTreeMap<(String, String), String>,
     /// Rollback id -> completed.
     pub rollbacks: BTreeMap<String, bool>,
     /// Events kept raw (unknown type or newer schema).
@@ -63,18 +57,8 @@ impl Folded {
     }
 
     fn apply(&mut self, event: &switchyard_proto::v1::DomainEvent, at: i64) {
-        self.stack.apply(event, at);
-        self.claims.apply(event);
-        self.completion.apply(event);
+        self.states.fold(event, at);
         match &event.kind {
-            Some(Kind::AlertRaised(a)) => {
-                self.alerts
-                    .insert((a.alert_name.clone(), labels(&a.labels)), a.summary.clone());
-            }
-            Some(Kind::AlertCleared(a)) => {
-                self.alerts
-                    .remove(&(a.alert_name.clone(), labels(&a.labels)));
-            }
             Some(Kind::RollbackStarted(r)) => {
                 self.rollbacks.insert(r.rollback_id.clone(), false);
             }
@@ -96,9 +80,9 @@ impl Folded {
     /// Nodes per group and stack.
     pub fn nodes_by_group(&self) -> BTreeMap<String, BTreeMap<&'static str, Vec<String>>> {
         let mut groups: BTreeMap<String, BTreeMap<&'static str, Vec<String>>> = BTreeMap::new();
-        for (name, node) in &self.stack.cluster.nodes {
+        for (name, node) in &self.states.stack.cluster.nodes {
             let group = node.group().unwrap_or("(none)").to_string();
-            let stack = Self::stack_name(self.stack.stack_of(name));
+            let stack = Self::stack_name(self.states.stack.stack_of(name));
             groups
                 .entry(group)
                 .or_default()
@@ -111,6 +95,7 @@ impl Folded {
 
     pub fn to_json(&self) -> Value {
         let handovers: Vec<Value> = self
+            .states
             .stack
             .handovers
             .active
@@ -121,6 +106,7 @@ impl Folded {
             })
             .collect();
         let moves: Vec<Value> = self
+            .states
             .claims
             .moves
             .active
@@ -131,12 +117,12 @@ impl Folded {
             "last_sequence": self.last_sequence,
             "events": self.events,
             "nodes_by_group": self.nodes_by_group(),
-            "held_groups": self.stack.held,
-            "alerts": self.alerts.iter().map(|((name, labels), summary)| json!({"alert": name, "labels": labels, "summary": summary})).collect::<Vec<_>>(),
+            "held_groups": self.states.stack.held,
+                        "alerts": self.states.alerter.firing.iter().map(|((name, l), summary)| json!({"alert": name, "labels": labels(l), "summary": summary})).collect::<Vec<_>>(),
             "handovers_in_progress": handovers,
-            "handovers_completed": self.stack.handovers.completed.len(),
+            "handovers_completed": self.states.stack.handovers.completed.len(),
             "moves_in_progress": moves,
-            "moves_verified": self.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id})).collect::<Vec<_>>(),
+            "moves_verified": self.states.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id})).collect::<Vec<_>>(),
             "rollbacks": self.rollbacks,
             "undecodable_events": self.undecodable,
         })
@@ -165,7 +151,7 @@ impl Folded {
             }
         }
         writeln!(out).unwrap();
-        let held: Vec<&str> = self.stack.held.iter().map(String::as_str).collect();
+        let held: Vec<&str> = self.states.stack.held.iter().map(String::as_str).collect();
         writeln!(
             out,
             "held on DRA: {}",
@@ -176,20 +162,21 @@ impl Folded {
             }
         )
         .unwrap();
-        if self.alerts.is_empty() {
+        if self.states.alerter.firing.is_empty() {
             writeln!(out, "alerts: none firing").unwrap();
         }
-        for (name, labels) in self.alerts.keys() {
+        for (name, alert_labels) in self.states.alerter.firing.keys() {
+            let labels = labels(alert_labels);
             writeln!(out, "alert firing: {name} {{{labels}}}").unwrap();
         }
         writeln!(
             out,
             "handovers: {} completed, {} in progress",
-            self.stack.handovers.completed.len(),
-            self.stack.handovers.active.len()
+            self.states.stack.handovers.completed.len(),
+            self.states.stack.handovers.active.len()
         )
         .unwrap();
-        for h in self.stack.handovers.active.values() {
+        for h in self.states.stack.handovers.active.values() {
             let stalled = if h.stalled { " (stalled)" } else { "" };
             writeln!(
                 out,
@@ -205,8 +192,8 @@ impl Folded {
         writeln!(
             out,
             "application moves: {} verified, {} in progress",
-            self.claims.moves.verified.len(),
-            self.claims.moves.active.len()
+            self.states.claims.moves.verified.len(),
+            self.states.claims.moves.active.len()
         )
         .unwrap();
         for (id, done) in &self.rollbacks {

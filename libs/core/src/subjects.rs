@@ -1,0 +1,119 @@
+//! Aggregates: which log subject an event belongs to, and the dedupe of
+//! observations that inventory and the node agents apply before appending.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use switchyard_proto::v1::{DomainEvent, WorkloadRef, domain_event::Kind};
+
+use crate::names::ALERT_LABEL_NODE_GROUP;
+
+/// The aggregate (log subject) of an event: `node.<name>`, `group.<name>`,
+/// `workload.<ns>.<name>`, `cluster.<kind>` for cluster-wide facts.
+pub fn subject_of(event: &DomainEvent) -> String {
+    let token = |s: &str| {
+        s.replace(
+            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "_",
+        )
+    };
+    let workload = |w: &Option<WorkloadRef>| {
+        w.as_ref().map_or("workload.unknown".into(), |w| {
+            format!("workload.{}.{}", token(&w.namespace), token(&w.name))
+        })
+    };
+    let Some(kind) = &event.kind else {
+        return "cluster.unknown".into();
+    };
+    match kind {
+        Kind::NodeObserved(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeRemoved(e) => format!("node.{}", token(&e.node)),
+        Kind::StackAssigned(e) => format!("node.{}", token(&e.node)),
+        Kind::HandoverStarted(e) => format!("node.{}", token(&e.node)),
+        Kind::HandoverRefused(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeCordoned(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeDrained(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeGroupChanged(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeReadinessObserved(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeUncordoned(e) => format!("node.{}", token(&e.node)),
+        Kind::HandoverCompleted(e) => format!("node.{}", token(&e.node)),
+        Kind::HandoverStalled(e) => format!("node.{}", token(&e.node)),
+        Kind::LeftoverLabelsCleared(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeGroupObserved(e) => format!("group.{}", token(&e.group)),
+        Kind::NodeGroupRemoved(e) => format!("group.{}", token(&e.group)),
+        Kind::NodeGroupHeldOnDra(e) => format!("group.{}", token(&e.group)),
+        Kind::NodeGroupReleased(e) => format!("group.{}", token(&e.group)),
+        Kind::SourceGroupRetired(e) => format!("group.{}", token(&e.group)),
+        Kind::CompletionRefused(e) => format!("group.{}", token(&e.source_group)),
+        Kind::WorkloadObserved(e) => workload(&e.workload),
+        Kind::ApplicationMoveStarted(e) => workload(&e.workload),
+        Kind::ApplicationMoveRefused(e) => workload(&e.workload),
+        Kind::WorkloadRewritten(e) => workload(&e.workload),
+        Kind::WorkloadRestarted(e) => workload(&e.workload),
+        Kind::ApplicationMoveVerified(e) => workload(&e.workload),
+        Kind::PodObserved(e) => format!("pod.{}.{}", token(&e.namespace), token(&e.name)),
+        Kind::PodRemoved(e) => format!("pod.{}.{}", token(&e.namespace), token(&e.name)),
+        Kind::PhysicalGpuObserved(e) => format!("gpu.{}", token(&e.name)),
+        Kind::PhysicalGpuRemoved(e) => format!("gpu.{}", token(&e.name)),
+        Kind::GpuClassObserved(e) => format!("gpuclass.{}", token(&e.name)),
+        Kind::GpuClassCompiled(e) => format!("gpuclass.{}", token(&e.gpu_class)),
+        Kind::ResourceQuotaObserved(e) => {
+            format!("quota.{}.{}", token(&e.namespace), token(&e.name))
+        }
+        Kind::ResourceQuotaTranslated(e) => {
+            format!("quota.{}.{}", token(&e.namespace), token(&e.name))
+        }
+        Kind::ModuleSettingsObserved(_) => "cluster.module".into(),
+        Kind::RollbackStarted(e) => format!("rollback.{}", token(&e.rollback_id)),
+        Kind::StepCompensated(e) => format!("rollback.{}", token(&e.rollback_id)),
+        Kind::RollbackCompleted(e) => format!("rollback.{}", token(&e.rollback_id)),
+        Kind::AlertRaised(e) => alert(&e.alert_name, &e.labels),
+        Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
+    }
+}
+
+fn alert(name: &str, labels: &BTreeMap<String, String>) -> String {
+    let token = |s: &str| {
+        s.replace(
+            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "_",
+        )
+    };
+    match labels.get(ALERT_LABEL_NODE_GROUP) {
+        Some(group) => format!("alert.{}.{}", token(name), token(group)),
+        None => format!("alert.{}", token(name)),
+    }
+}
+
+/// Inventory's and the node agents' memory of what they last reported per
+/// object: an observation that changes nothing is not appended again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observer {
+    /// Subject -> BLAKE3 of the last fact reported for it.
+    last: BTreeMap<String, [u8; 32]>,
+}
+
+impl Observer {
+    /// The fact to append, or `None` if it repeats the last report of its object.
+    pub fn observe(&mut self, fact: DomainEvent) -> Option<DomainEvent> {
+        let subject = subject_of(&fact);
+        let removal = matches!(
+            fact.kind,
+            Some(
+                Kind::NodeRemoved(_)
+                    | Kind::PodRemoved(_)
+                    | Kind::PhysicalGpuRemoved(_)
+                    | Kind::NodeGroupRemoved(_)
+            )
+        );
+        if removal {
+            return self.last.remove(&subject).map(|_| fact);
+        }
+        let hash = *blake3::hash(&fact.encode_to_vec()).as_bytes();
+        if self.last.get(&subject) == Some(&hash) {
+            return None;
+        }
+        self.last.insert(subject, hash);
+        Some(fact)
+    }
+}

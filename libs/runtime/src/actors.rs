@@ -1,0 +1,243 @@
+//! Every service as a ractor actor. The actor's state is the service's core;
+//! every message is answered (`call_t!` with a timeout, never an unbounded
+//! call); a core never returns an error, so an actor only stops when asked.
+
+use std::collections::BTreeMap;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
+use switchyard_core::effects::Effect;
+use switchyard_proto::v1::DomainEvent;
+
+use crate::services::{CoreState, ServiceCore, service_cores};
+use crate::{Command, Record, STACK_ASSIGNER, Services, dispatch, observer_of};
+
+/// How long one call to a service may take before it counts as failed.
+const CALL_TIMEOUT_MS: u64 = 10_000;
+
+pub enum ServiceMsg {
+    Record(Record, i64, RpcReplyPort<Vec<DomainEvent>>),
+    Observe(DomainEvent, RpcReplyPort<Option<DomainEvent>>),
+    Command(Command, i64, RpcReplyPort<Vec<DomainEvent>>),
+    Tick(i64, RpcReplyPort<Vec<DomainEvent>>),
+    Effects(RpcReplyPort<Vec<Effect>>),
+    Violations(RpcReplyPort<Vec<(&'static str, String)>>),
+    Snapshot(RpcReplyPort<CoreState>),
+}
+
+/// The actor type shared by all six services; the core decides what it is.
+struct ServiceActor;
+
+impl Actor for ServiceActor {
+    type Msg = ServiceMsg;
+    type State = Box<dyn ServiceCore>;
+    type Arguments = Box<dyn ServiceCore>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        core: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(core)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        core: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // A caller that gave up has dropped its port; that is not the actor's failure.
+        match message {
+            ServiceMsg::Record(record, now, reply) => {
+                let _ = reply.send(core.on_record(&record, now));
+            }
+            ServiceMsg::Observe(fact, reply) => {
+                let _ = reply.send(core.observe(fact));
+            }
+            ServiceMsg::Command(command, now, reply) => {
+                let _ = reply.send(core.command(&command, now));
+            }
+            ServiceMsg::Tick(now, reply) => {
+                let _ = reply.send(core.tick(now));
+            }
+            ServiceMsg::Effects(reply) => {
+                let _ = reply.send(core.effects());
+            }
+            ServiceMsg::Violations(reply) => {
+                let _ = reply.send(core.violations());
+            }
+            ServiceMsg::Snapshot(reply) => {
+                let _ = reply.send(core.snapshot());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The six services as actors.
+pub struct Actors {
+    refs: BTreeMap<&'static str, ActorRef<ServiceMsg>>,
+    /// In a fixed order, for effects and snapshots.
+    order: Vec<&'static str>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A failed call means an actor is gone: nothing sensible can continue.
+fn lost(service: &str, err: impl std::fmt::Display) -> ! {
+    panic!("service {service} did not answer: {err}")
+}
+
+impl Actors {
+    /// Spawns one actor per service.
+    pub async fn spawn() -> Result<Actors, ractor::SpawnErr> {
+        let mut refs = BTreeMap::new();
+        let mut order = Vec::new();
+        let mut handles = Vec::new();
+        for core in service_cores() {
+            let name = core.name();
+            let (actor, handle) =
+                Actor::spawn(Some(format!("switchyard-{name}")), ServiceActor, core).await?;
+            refs.insert(name, actor);
+            order.push(name);
+            handles.push(handle);
+        }
+        Ok(Actors {
+            refs,
+            order,
+            handles,
+        })
+    }
+
+    fn actor(&self, name: &str) -> &ActorRef<ServiceMsg> {
+        &self.refs[name]
+    }
+
+    /// Stops every actor and waits for them.
+    pub async fn stop(self) {
+        for actor in self.refs.values() {
+            actor.stop(None);
+        }
+        for handle in self.handles {
+            let _ = handle.await;
+        }
+    }
+
+    async fn send_record(
+        &self,
+        service: &'static str,
+        record: Record,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        call_t!(
+            self.actor(service),
+            ServiceMsg::Record,
+            CALL_TIMEOUT_MS,
+            record,
+            now
+        )
+        .unwrap_or_else(|err| lost(service, err))
+    }
+}
+
+impl Services for Actors {
+    async fn observe(&mut self, fact: DomainEvent, now: i64) -> Vec<Record> {
+        let observer = observer_of(&fact);
+        let seen = call_t!(
+            self.actor(observer),
+            ServiceMsg::Observe,
+            CALL_TIMEOUT_MS,
+            fact
+        )
+        .unwrap_or_else(|err| lost(observer, err));
+        let Some(fact) = seen else { return Vec::new() };
+        let this = &*self;
+        dispatch(
+            vec![Record {
+                actor: observer,
+                event: fact,
+            }],
+            now,
+            |service, record, now| this.send_record(service, record, now),
+        )
+        .await
+    }
+
+    async fn command(&mut self, command: Command, now: i64) -> Vec<Record> {
+        let owner = command.owner();
+        let decisions = call_t!(
+            self.actor(owner),
+            ServiceMsg::Command,
+            CALL_TIMEOUT_MS,
+            command,
+            now
+        )
+        .unwrap_or_else(|err| lost(owner, err));
+        let first = decisions
+            .into_iter()
+            .map(|event| Record {
+                actor: owner,
+                event,
+            })
+            .collect();
+        let this = &*self;
+        dispatch(first, now, |service, record, now| {
+            this.send_record(service, record, now)
+        })
+        .await
+    }
+
+    async fn tick(&mut self, now: i64) -> Vec<Record> {
+        let decisions = call_t!(
+            self.actor(STACK_ASSIGNER),
+            ServiceMsg::Tick,
+            CALL_TIMEOUT_MS,
+            now
+        )
+        .unwrap_or_else(|err| lost(STACK_ASSIGNER, err));
+        let first = decisions
+            .into_iter()
+            .map(|event| Record {
+                actor: STACK_ASSIGNER,
+                event,
+            })
+            .collect();
+        let this = &*self;
+        dispatch(first, now, |service, record, now| {
+            this.send_record(service, record, now)
+        })
+        .await
+    }
+
+    async fn effects(&mut self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for name in &self.order {
+            effects.extend(
+                call_t!(self.actor(name), ServiceMsg::Effects, CALL_TIMEOUT_MS)
+                    .unwrap_or_else(|err| lost(name, err)),
+            );
+        }
+        effects
+    }
+
+    async fn violations(&mut self) -> Vec<(&'static str, String)> {
+        let mut violations = Vec::new();
+        for name in &self.order {
+            violations.extend(
+                call_t!(self.actor(name), ServiceMsg::Violations, CALL_TIMEOUT_MS)
+                    .unwrap_or_else(|err| lost(name, err)),
+            );
+        }
+        violations
+    }
+
+    async fn snapshot(&mut self) -> Vec<CoreState> {
+        let mut states = Vec::new();
+        for name in &self.order {
+            states.push(
+                call_t!(self.actor(name), ServiceMsg::Snapshot, CALL_TIMEOUT_MS)
+                    .unwrap_or_else(|err| lost(name, err)),
+            );
+        }
+        states
+    }
+}
