@@ -407,6 +407,28 @@ impl Simulator {
         })));
     }
 
+    /// `kubectl apply` of a Deployment.
+    pub fn add_workload(
+        &mut self,
+        workload: &WorkloadRef,
+        replicas: u32,
+        placement: WorkloadPlacement,
+    ) {
+        self.workloads.insert(
+            workload_key(workload),
+            SimWorkload {
+                replicas,
+                placement,
+                restarted_at: String::new(),
+            },
+        );
+        self.report_workload(workload);
+        for _ in 0..replicas {
+            self.create_pod(workload);
+        }
+        self.schedule();
+    }
+
     fn set_quota<const N: usize>(&mut self, namespace: &str, name: &str, hard: [(&str, &str); N]) {
         let hard: BTreeMap<String, String> = hard
             .iter()
@@ -898,6 +920,24 @@ impl Simulator {
         self.workloads
             .get(&workload_key(workload))
             .map_or(0, |w| w.replicas * gpu_request(&w.placement).0)
+    }
+
+    /// (node, phase) of every pod of `workload`; the node is empty while Pending.
+    pub fn workload_pods(&self, workload: &WorkloadRef) -> Vec<(String, PodPhase)> {
+        let key = workload_key(workload);
+        self.pods
+            .values()
+            .filter(|p| workload_key(&p.owner) == key)
+            .map(|p| (p.node.clone(), p.phase))
+            .collect()
+    }
+
+    /// The group of a node.
+    pub fn group_of(&self, node: &str) -> Option<&str> {
+        self.nodes
+            .get(node)
+            .and_then(|n| n.labels.get(GROUP_LABEL))
+            .map(String::as_str)
     }
 
     /// Pods that wait for a node.
