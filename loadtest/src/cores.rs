@@ -13,7 +13,7 @@ use switchyard_core::names::{
 };
 use switchyard_core::stack::{Input, StackAssigner};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
-use switchyard_eventlog::{Decoded, EventLog, Expected, NewEvent, ReadRequest, Subject};
+use switchyard_eventlog::{Decoded, EventLog, Expected, NewEvent, Subject};
 use switchyard_proto::v1::{
     DomainEvent, GpuPhase, GpuSharing, GpuSpec, ModuleSettingsObserved, NodeGroupObserved,
     NodeObserved, NodeProvisioning, PhysicalGpuObserved, PodObserved, PodPhase, PodRemoved,
@@ -175,7 +175,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let total_gpus = args.nodes as u64 * u64::from(args.gpus_per_node);
     // Memory of the projections alone: the two cores of one process that hold
     // cluster facts (stack-assigner, claim-allocator), without the log.
-    let projection_bytes_per_gpu = {
+    let (projection_bytes_per_gpu, projection_rss_per_gpu) = {
+        let live_before = crate::live_bytes();
         let rss_before = rss_kib();
         let mut stack = StackAssigner::default();
         let mut claims = ClaimAllocator::default();
@@ -183,9 +184,10 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             stack.handle_fact(fact, 0);
             claims.apply(fact);
         }
-        let bytes = rss_kib().saturating_sub(rss_before) * 1024;
+        let live = crate::live_bytes().saturating_sub(live_before) as u64;
+        let rss = rss_kib().saturating_sub(rss_before) * 1024;
         drop((stack, claims));
-        bytes / total_gpus.max(1)
+        (live / total_gpus.max(1), rss / total_gpus.max(1))
     };
     let mut stack = StackAssigner::default();
     let mut claims = ClaimAllocator::default();
@@ -308,25 +310,12 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     drop(log);
     let start = Instant::now();
     let mut replayed = StackAssigner::default();
-    let mut from = 1;
-    let mut folded = 0u64;
-    loop {
-        let page = disk
-            .read(ReadRequest {
-                subject: None,
-                from,
-                limit: Some(8192),
-            })
-            .await?;
-        let Some(last) = page.last() else { break };
-        from = last.sequence + 1;
-        for stored in &page {
-            if let Decoded::Event(event) = stored.decode() {
-                replayed.apply(&event, stored.envelope.recorded_at_unix_nanos);
-                folded += 1;
-            }
+    let folded = switchyard_eventlog::replay(&disk, 1, |stored| {
+        if let Decoded::Event(event) = stored.decode() {
+            replayed.apply_owned(event, stored.envelope.recorded_at_unix_nanos);
         }
-    }
+    })
+    .await?;
     let replay_s = start.elapsed().as_secs_f64();
 
     Ok(json!({
@@ -342,7 +331,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "handover_wave_size": args.wave,
         "replay_events": folded,
         "replay_s": replay_s,
-        "projection_bytes_per_gpu": projection_bytes_per_gpu,
+                "projection_bytes_per_gpu": projection_bytes_per_gpu,
+        "projection_rss_bytes_per_gpu": projection_rss_per_gpu,
         "peak_rss_kib": crate::peak_rss_kib(),
     }))
 }

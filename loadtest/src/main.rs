@@ -5,7 +5,40 @@
 //! commit), embedded replay, and JetStream appends through the backend against
 //! a bare async-nats publish loop on the same server with the same payload.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+/// The same allocator as the services (mimalloc), counting the bytes in use so
+/// the size of a data structure can be measured exactly rather than read off
+/// the resident set, which also holds freed memory the allocator keeps.
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+struct Counting;
+
+static LIVE_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to mimalloc; only a counter is added.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE_BYTES.fetch_sub(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size, std::sync::atomic::Ordering::Relaxed);
+        LIVE_BYTES.fetch_sub(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Bytes allocated and not yet freed.
+pub fn live_bytes() -> usize {
+    LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 mod cores;
 mod eventlog;

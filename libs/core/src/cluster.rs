@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PodPhase, Taint,
-    WorkloadPlacement, WorkloadRef, domain_event::Kind,
+    DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PhysicalGpuObserved,
+    PodObserved, PodPhase, Taint, WorkloadObserved, WorkloadPlacement, WorkloadRef,
+    domain_event::Kind,
 };
 
 use crate::names::{
@@ -186,19 +187,96 @@ pub struct Cluster {
 impl Cluster {
     /// Folds a fact event; other events leave the facts alone.
     pub fn apply(&mut self, event: &DomainEvent) {
+        match &event.kind {
+            Some(Kind::NodeObserved(fact)) => self.observe_node(fact.clone()),
+            Some(Kind::PodObserved(fact)) => self.observe_pod(fact.clone()),
+            Some(Kind::PhysicalGpuObserved(fact)) => self.observe_gpu(fact.clone()),
+            Some(Kind::WorkloadObserved(fact)) => self.observe_workload(fact.clone()),
+            _ => self.apply_other(event),
+        }
+    }
+
+    /// [`Cluster::apply`] for an event the caller owns: the bulky facts are
+    /// moved into the state instead of copied (replays fold millions).
+    pub fn apply_owned(&mut self, event: DomainEvent) {
+        match event.kind {
+            Some(Kind::NodeObserved(fact)) => self.observe_node(fact),
+            Some(Kind::PodObserved(fact)) => self.observe_pod(fact),
+            Some(Kind::PhysicalGpuObserved(fact)) => self.observe_gpu(fact),
+            Some(Kind::WorkloadObserved(fact)) => self.observe_workload(fact),
+            kind => self.apply_other(&DomainEvent { kind }),
+        }
+    }
+
+    fn observe_node(&mut self, fact: NodeObserved) {
+        self.remove_member(&fact.node);
+        let node = Node {
+            provisioning: fact.provisioning(),
+            labels: fact.labels,
+            taints: fact.taints,
+            unschedulable: fact.unschedulable,
+            gpu_count: fact.gpu_count,
+        };
+        if let Some(group) = node.group() {
+            self.members
+                .entry(group.to_string())
+                .or_default()
+                .insert(fact.node.clone());
+        }
+        self.nodes.insert(fact.node, node);
+    }
+
+    fn observe_pod(&mut self, fact: PodObserved) {
+        let phase = fact.phase();
+        let key = (fact.namespace, fact.name);
+        self.unindex_pod(&key);
+        if !fact.node.is_empty() {
+            self.pods_by_node
+                .entry(fact.node.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        let pod = Pod {
+            node: fact.node,
+            owner: fact.owner,
+            phase,
+            app: fact.app,
+            claims_allocated: fact.claims_allocated,
+            claims_needed: fact.claims_needed,
+        };
+        self.pods.insert(key, pod);
+    }
+
+    fn observe_gpu(&mut self, fact: PhysicalGpuObserved) {
+        let gpu = PhysicalGpu {
+            phase: fact.phase(),
+            device: fact.device,
+        };
+        let on_node = self.gpus.entry(fact.node).or_default();
+        match on_node.get_mut(&fact.name) {
+            Some(known) => *known = gpu,
+            None => {
+                on_node.insert(fact.name, gpu);
+            }
+        }
+    }
+
+    fn observe_workload(&mut self, fact: WorkloadObserved) {
+        if let Some(workload) = &fact.workload {
+            let placement = fact.placement.unwrap_or_default();
+            self.workloads.insert(
+                workload_key(workload),
+                Workload {
+                    replicas: fact.replicas,
+                    placement,
+                },
+            );
+        }
+    }
+
+    fn apply_other(&mut self, event: &DomainEvent) {
         let Some(kind) = &event.kind else { return };
         match kind {
-            Kind::NodeObserved(fact) => {
-                self.remove_member(&fact.node);
-                let node = Node::from(fact);
-                if let Some(group) = node.group() {
-                    self.members
-                        .entry(group.to_string())
-                        .or_default()
-                        .insert(fact.node.clone());
-                }
-                self.nodes.insert(fact.node.clone(), node);
-            }
             Kind::NodeRemoved(fact) => {
                 self.remove_member(&fact.node);
                 self.nodes.remove(&fact.node);
@@ -215,43 +293,13 @@ impl Cluster {
             Kind::NodeGroupRemoved(fact) => {
                 self.groups.remove(&fact.group);
             }
-            Kind::PodObserved(fact) => {
-                let key = (fact.namespace.clone(), fact.name.clone());
-                self.unindex_pod(&key);
-                if !fact.node.is_empty() {
-                    self.pods_by_node
-                        .entry(fact.node.clone())
-                        .or_default()
-                        .insert(key.clone());
-                }
-                let pod = Pod {
-                    node: fact.node.clone(),
-                    owner: fact.owner.clone(),
-                    phase: fact.phase(),
-                    app: fact.app.clone(),
-                    claims_allocated: fact.claims_allocated,
-                    claims_needed: fact.claims_needed,
-                };
-                self.pods.insert(key, pod);
-            }
+
             Kind::PodRemoved(fact) => {
                 let key = (fact.namespace.clone(), fact.name.clone());
                 self.unindex_pod(&key);
                 self.pods.remove(&key);
             }
-            Kind::PhysicalGpuObserved(fact) => {
-                let gpu = PhysicalGpu {
-                    device: fact.device.clone(),
-                    phase: fact.phase(),
-                };
-                let on_node = self.gpus.entry(fact.node.clone()).or_default();
-                match on_node.get_mut(&fact.name) {
-                    Some(known) => *known = gpu,
-                    None => {
-                        on_node.insert(fact.name.clone(), gpu);
-                    }
-                }
-            }
+
             Kind::PhysicalGpuRemoved(fact) => {
                 if let Some(on_node) = self.gpus.get_mut(&fact.node) {
                     on_node.remove(&fact.name);
@@ -260,18 +308,7 @@ impl Cluster {
                     }
                 }
             }
-            Kind::WorkloadObserved(fact) => {
-                if let Some(workload) = &fact.workload {
-                    let placement = fact.placement.clone().unwrap_or_default();
-                    self.workloads.insert(
-                        workload_key(workload),
-                        Workload {
-                            replicas: fact.replicas,
-                            placement,
-                        },
-                    );
-                }
-            }
+
             Kind::GpuClassObserved(fact) => {
                 self.gpu_classes
                     .insert(fact.name.clone(), fact.device_class_names.clone());

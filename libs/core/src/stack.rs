@@ -96,7 +96,18 @@ impl StackAssigner {
     /// Folds any event of the log: facts and this core's own decisions.
     /// `at` is the event's recorded time.
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
+        self.apply_own(event, at);
         self.cluster.apply(event);
+    }
+
+    /// [`Self::apply`] for an event the caller owns (a replay): facts are moved in.
+    pub fn apply_owned(&mut self, event: DomainEvent, at: i64) {
+        self.apply_own(&event, at);
+        self.cluster.apply_owned(event);
+    }
+
+    /// The part of a fold that concerns this core's own decisions.
+    fn apply_own(&mut self, event: &DomainEvent, at: i64) {
         self.handovers.apply(event, at);
         let Some(kind) = &event.kind else { return };
         match kind {
@@ -104,14 +115,17 @@ impl StackAssigner {
                 self.assignments.remove(&fact.node);
             }
             Kind::StackAssigned(decision) => {
-                self.assignments.insert(
-                    decision.node.clone(),
-                    Assignment {
-                        group: decision.group.clone(),
-                        stack: decision.stack(),
-                        reason: decision.reason(),
-                    },
-                );
+                let assignment = Assignment {
+                    group: decision.group.clone(),
+                    stack: decision.stack(),
+                    reason: decision.reason(),
+                };
+                match self.assignments.get_mut(&decision.node) {
+                    Some(known) => *known = assignment,
+                    None => {
+                        self.assignments.insert(decision.node.clone(), assignment);
+                    }
+                }
             }
             Kind::NodeGroupHeldOnDra(decision) => {
                 self.held.insert(decision.group.clone());

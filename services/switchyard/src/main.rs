@@ -2,6 +2,11 @@
 
 #![forbid(unsafe_code)]
 
+/// mimalloc: the cores allocate many small strings and maps; it is much
+/// faster than the system allocator for that, and wastes less memory.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cli;
 mod demo;
 mod log_cmd;

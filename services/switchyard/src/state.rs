@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
+use switchyard_eventlog::{Decoded, EventLog};
 use switchyard_proto::v1::{Stack, domain_event::Kind};
 use switchyard_scenario::States;
 
@@ -21,38 +21,28 @@ pub struct Folded {
     pub undecodable: u64,
 }
 
-const PAGE: usize = 4096;
-
 impl Folded {
     /// Folds the log from the start through `until` (everything when `None`).
     pub async fn read(log: &dyn EventLog, until: Option<u64>) -> anyhow::Result<Folded> {
         let mut folded = Folded::default();
-        let mut from = 1;
-        loop {
-            let page = log
-                .read(ReadRequest {
-                    subject: None,
-                    from,
-                    limit: Some(PAGE),
-                })
-                .await?;
-            let Some(last) = page.last() else { break };
-            from = last.sequence + 1;
-            for stored in &page {
-                if until.is_some_and(|until| stored.sequence > until) {
-                    return Ok(folded);
-                }
-                folded.last_sequence = stored.sequence;
-                folded.last_recorded_at = stored.envelope.recorded_at_unix_nanos;
-                folded.events += 1;
-                match stored.decode() {
-                    Decoded::Event(event) => {
-                        folded.apply(&event, stored.envelope.recorded_at_unix_nanos)
-                    }
-                    Decoded::Unknown { .. } => folded.undecodable += 1,
-                }
-            }
+        if until == Some(0) {
+            return Ok(folded);
         }
+        switchyard_eventlog::replay(log, 1, |stored| {
+            if until.is_some_and(|until| stored.sequence > until) {
+                return;
+            }
+            folded.last_sequence = stored.sequence;
+            folded.last_recorded_at = stored.envelope.recorded_at_unix_nanos;
+            folded.events += 1;
+            match stored.decode() {
+                Decoded::Event(event) => {
+                    folded.apply(&event, stored.envelope.recorded_at_unix_nanos)
+                }
+                Decoded::Unknown { .. } => folded.undecodable += 1,
+            }
+        })
+        .await?;
         Ok(folded)
     }
 
