@@ -176,6 +176,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     // Memory of the projections alone: the two cores of one process that hold
     // cluster facts (stack-assigner, claim-allocator), without the log.
     let (projection_bytes_per_gpu, projection_rss_per_gpu) = {
+        crate::count_bytes(true);
         let live_before = crate::live_bytes();
         let rss_before = rss_kib();
         let mut stack = StackAssigner::default();
@@ -184,7 +185,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             stack.handle_fact(fact, 0);
             claims.apply(fact);
         }
-        let live = crate::live_bytes().saturating_sub(live_before) as u64;
+        let live = (crate::live_bytes() - live_before).max(0) as u64;
+        crate::count_bytes(false);
         let rss = rss_kib().saturating_sub(rss_before) * 1024;
         drop((stack, claims));
         (live / total_gpus.max(1), rss / total_gpus.max(1))
