@@ -573,8 +573,11 @@ pub async fn run_reference<S: Services>(
     let mut handed_over = Vec::new();
     loop {
         loop {
-            let free = m.sim.free_class_gpus_in(TARGET, CLASS);
-            let Some(i) = waiting.iter().position(|w| m.sim.workload_gpus(w) <= free) else {
+            // Move what fits now; the rest waits for the next node.
+            let Some(i) = waiting
+                .iter()
+                .position(|w| m.sim.fits_on_class(w, TARGET, CLASS))
+            else {
                 break;
             };
             let workload = waiting.remove(i);

@@ -290,7 +290,8 @@ impl Simulator {
         let mut demand = 0;
         for i in 0..config.workloads {
             let replicas = 1 + (sim.random() % 2) as u32;
-            let per_pod = 1 + (sim.random() % 2) as u32;
+            // A pod must fit on one node.
+            let per_pod = (1 + (sim.random() % 2) as u32).min(config.gpus_per_node);
             if demand + replicas * per_pod > capacity {
                 break;
             }
@@ -970,9 +971,15 @@ impl Simulator {
             .sum()
     }
 
-    /// Free GPUs of `class` on prepared, schedulable DRA nodes of `group`.
-    pub fn free_class_gpus_in(&self, group: &str, class: &str) -> u32 {
-        self.nodes
+    /// Whether the pods of `workload`, as they would request `class`, fit on
+    /// the free GPUs of prepared DRA nodes of `group` (first fit, pod by pod).
+    pub fn fits_on_class(&self, workload: &WorkloadRef, group: &str, class: &str) -> bool {
+        let Some(w) = self.workloads.get(&workload_key(workload)) else {
+            return false;
+        };
+        let per_pod = gpu_request(&w.placement).0;
+        let mut free: Vec<u32> = self
+            .nodes
             .iter()
             .filter(|(name, n)| {
                 !n.unschedulable
@@ -983,7 +990,14 @@ impl Simulator {
                     && class_selects(class, &n.device)
             })
             .map(|(name, _)| self.free_gpus(name))
-            .sum()
+            .collect();
+        (0..w.replicas).all(|_| match free.iter_mut().find(|f| **f >= per_pod) {
+            Some(slot) => {
+                *slot -= per_pod;
+                true
+            }
+            None => false,
+        })
     }
 
     pub fn quota(&self, namespace: &str, name: &str) -> Option<&BTreeMap<String, String>> {
