@@ -572,14 +572,11 @@ pub async fn run_reference<S: Services>(
     let mut waiting: Vec<WorkloadRef> = m.sim.workloads();
     let mut handed_over = Vec::new();
     loop {
-        loop {
-            // Move what fits now; the rest waits for the next node.
-            let Some(i) = waiting
-                .iter()
-                .position(|w| m.sim.fits_on_class(w, TARGET, CLASS))
-            else {
-                break;
-            };
+        // Move what fits now; the rest waits for the next node.
+        while let Some(i) = waiting
+            .iter()
+            .position(|w| m.sim.fits_on_class(w, TARGET, CLASS))
+        {
             let workload = waiting.remove(i);
             let result = m.move_application(&workload, TARGET, CLASS).await;
             report(&m.sim, format!("step 4: move {}", workload.name), result);
