@@ -246,7 +246,7 @@ impl AppMoves {
                 cmd.gpu_class
             ));
         }
-        if !requests_nvidia_gpu(&workload.placement) {
+        if !workload.placement.requests_nvidia_gpu() {
             return refuse(format!(
                 "{name} requests no {NVIDIA_GPU}: there is nothing to move"
             ));
@@ -258,13 +258,13 @@ impl AppMoves {
                 cmd.target_group
             ));
         }
-        let source_group = workload
-            .placement
+        let placement = workload.placement.get();
+        let source_group = placement
             .node_selector
             .get(GROUP_LABEL)
             .cloned()
             .unwrap_or_default();
-        let after = rewrite(&workload.placement, &source_group, &cmd.gpu_class);
+        let after = rewrite(&placement, &source_group, &cmd.gpu_class);
         vec![
             event(Kind::ApplicationMoveStarted(ApplicationMoveStarted {
                 move_id: cmd.move_id.clone(),
@@ -276,7 +276,7 @@ impl AppMoves {
             event(Kind::WorkloadRewritten(WorkloadRewritten {
                 move_id: cmd.move_id.clone(),
                 workload: Some(w.clone()),
-                before: Some(workload.placement.clone()),
+                before: Some(placement),
                 after: Some(after),
             })),
         ]
@@ -297,8 +297,8 @@ impl AppMoves {
             restarted_at: m.id.clone(),
         }));
         match (m.step, m.compensates) {
-            (MoveStep::Rewrite, None) if workload.placement == m.after => vec![restarted],
-            (MoveStep::Rewrite, Some(compensated)) if workload.placement == m.after => vec![
+            (MoveStep::Rewrite, None) if workload.placement.is(&m.after) => vec![restarted],
+            (MoveStep::Rewrite, Some(compensated)) if workload.placement.is(&m.after) => vec![
                 event(Kind::StepCompensated(Box::new(StepCompensated {
                     rollback_id: m.id.clone(),
                     compensated_sequence: compensated,
@@ -315,11 +315,7 @@ impl AppMoves {
             ],
             (MoveStep::Verify, Some(_)) => {
                 // Back on the device plugin: running pods, on the source group if bound to it.
-                let pods: Vec<_> = cluster
-                    .pods
-                    .values()
-                    .filter(|p| p.owner.as_ref().is_some_and(|o| workload_key(o) == *key))
-                    .collect();
+                let pods = cluster.pods_of(key);
                 let in_group = |node: &str| {
                     m.target_group.is_empty()
                         || cluster.nodes.get(node).and_then(|n| n.group())
@@ -338,11 +334,7 @@ impl AppMoves {
                 }
             }
             (MoveStep::Verify, None) => {
-                let pods: Vec<_> = cluster
-                    .pods
-                    .values()
-                    .filter(|p| p.owner.as_ref().is_some_and(|o| workload_key(o) == *key))
-                    .collect();
+                let pods = cluster.pods_of(key);
                 let on_target = |node: &str| {
                     cluster.nodes.get(node).and_then(|n| n.group()) == Some(m.target_group.as_str())
                 };
@@ -357,7 +349,7 @@ impl AppMoves {
                 if !verified {
                     return Vec::new();
                 }
-                let mut pod_nodes: Vec<String> = pods.iter().map(|p| p.node.clone()).collect();
+                let mut pod_nodes: Vec<String> = pods.iter().map(|p| p.node.to_string()).collect();
                 pod_nodes.sort();
                 vec![event(Kind::ApplicationMoveVerified(
                     ApplicationMoveVerified {

@@ -15,11 +15,54 @@ use crate::names::{
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     pub taints: Vec<Taint>,
     pub unschedulable: bool,
     pub gpu_count: u32,
     pub provisioning: NodeProvisioning,
+}
+
+/// A node's labels: a sorted vector (nodes have a handful, and tens of
+/// thousands of nodes are held; a map's node slack would dominate).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(Vec<(String, String)>);
+
+impl Labels {
+    pub fn get(&self, key: &str) -> Option<&String> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    pub fn insert(&mut self, key: String, value: String) {
+        match self.find(&key) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (key, value)),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.0.iter().cloned().collect()
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        // A map iterates in key order: already sorted.
+        let mut labels: Vec<(String, String)> = map.into_iter().collect();
+        labels.shrink_to_fit();
+        Labels(labels)
+    }
 }
 
 impl Node {
@@ -46,7 +89,7 @@ impl Node {
 impl From<&NodeObserved> for Node {
     fn from(fact: &NodeObserved) -> Self {
         Node {
-            labels: fact.labels.clone(),
+            labels: fact.labels.clone().into(),
             taints: fact.taints.clone(),
             unschedulable: fact.unschedulable,
             gpu_count: fact.gpu_count,
@@ -73,13 +116,16 @@ pub struct ModuleSettings {
     pub observations: u64,
 }
 
-/// A pod, keyed by (namespace, name).
+/// A pod, keyed by (namespace, name). Compact: clusters have many.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pod {
-    pub node: String,
-    pub owner: Option<WorkloadRef>,
+    /// Empty while not scheduled.
+    pub node: Box<str>,
+    /// The controller that owns the pod, in the pod's namespace; empty if none.
+    pub owner_kind: Box<str>,
+    pub owner_name: Box<str>,
     pub phase: PodPhase,
-    pub app: String,
+    pub app: Box<str>,
     pub claims_allocated: u32,
     pub claims_needed: u32,
 }
@@ -87,20 +133,68 @@ pub struct Pod {
 impl Pod {
     /// DaemonSet pods stay on a drained node.
     pub fn is_daemon(&self) -> bool {
-        self.owner.as_ref().is_some_and(|o| o.kind == "DaemonSet")
+        &*self.owner_kind == "DaemonSet"
+    }
+
+    /// The owning workload, given the pod's namespace.
+    pub fn owner(&self, namespace: &str) -> Option<WorkloadRef> {
+        (!self.owner_kind.is_empty()).then(|| WorkloadRef {
+            namespace: namespace.to_string(),
+            kind: self.owner_kind.to_string(),
+            name: self.owner_name.to_string(),
+        })
+    }
+
+    /// Whether the pod (in `namespace`) belongs to `workload`.
+    pub fn owned_by(&self, namespace: &str, workload: &WorkloadKey) -> bool {
+        namespace == workload.0
+            && *self.owner_kind == *workload.1
+            && *self.owner_name == *workload.2
     }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PhysicalGpu {
-    pub device: String,
+    pub name: Box<str>,
+    pub device: Box<str>,
     pub phase: GpuPhase,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
     pub replicas: u32,
-    pub placement: WorkloadPlacement,
+    pub placement: Placement,
+}
+
+/// A workload's placement kept encoded: a few dozen bytes instead of nested
+/// maps, since tens of thousands of workloads are held and few are read.
+/// Map fields are ordered, so equal placements have equal bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    encoded: Box<[u8]>,
+    requests_nvidia_gpu: bool,
+}
+
+impl Placement {
+    pub fn new(placement: &WorkloadPlacement) -> Self {
+        Placement {
+            encoded: prost::Message::encode_to_vec(placement).into_boxed_slice(),
+            requests_nvidia_gpu: crate::app_move::requests_nvidia_gpu(placement),
+        }
+    }
+
+    pub fn get(&self) -> WorkloadPlacement {
+        prost::Message::decode(&self.encoded[..]).expect("encoded by Placement::new")
+    }
+
+    /// Whether it still asks for device-plugin GPUs.
+    pub fn requests_nvidia_gpu(&self) -> bool {
+        self.requests_nvidia_gpu
+    }
+
+    pub fn is(&self, placement: &WorkloadPlacement) -> bool {
+        *self.encoded == *prost::Message::encode_to_vec(placement)
+    }
 }
 
 /// (namespace, kind, name) of a workload.
@@ -173,10 +267,10 @@ pub struct Cluster {
     pub members: BTreeMap<String, BTreeSet<String>>,
     pub module: ModuleSettings,
     pub pods: BTreeMap<ObjectKey, Pod>,
-    /// Node -> pods scheduled on it.
-    pub pods_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
-    /// Node -> (PhysicalGPU name -> card). GPUs never move between nodes.
-    pub gpus: BTreeMap<String, BTreeMap<String, PhysicalGpu>>,
+    /// Node -> pods scheduled on it, sorted.
+    pub pods_by_node: BTreeMap<String, Vec<ObjectKey>>,
+    /// Node -> its PhysicalGPUs, by name. GPUs never move between nodes.
+    pub gpus: BTreeMap<String, Vec<PhysicalGpu>>,
     pub workloads: BTreeMap<WorkloadKey, Workload>,
     /// GPUClass name -> its DeviceClass names.
     pub gpu_classes: BTreeMap<String, Vec<String>>,
@@ -212,7 +306,7 @@ impl Cluster {
         self.remove_member(&fact.node);
         let node = Node {
             provisioning: fact.provisioning(),
-            labels: fact.labels,
+            labels: fact.labels.into(),
             taints: fact.taints,
             unschedulable: fact.unschedulable,
             gpu_count: fact.gpu_count,
@@ -231,16 +325,20 @@ impl Cluster {
         let key = (fact.namespace, fact.name);
         self.unindex_pod(&key);
         if !fact.node.is_empty() {
-            self.pods_by_node
-                .entry(fact.node.clone())
-                .or_default()
-                .insert(key.clone());
+            let on_node = self.pods_by_node.entry(fact.node.clone()).or_default();
+            if let Err(i) = on_node.binary_search(&key) {
+                on_node.insert(i, key.clone());
+            }
         }
+        let (owner_kind, owner_name) = fact
+            .owner
+            .map_or_else(Default::default, |o| (o.kind.into(), o.name.into()));
         let pod = Pod {
-            node: fact.node,
-            owner: fact.owner,
+            node: fact.node.into(),
+            owner_kind,
+            owner_name,
             phase,
-            app: fact.app,
+            app: fact.app.into(),
             claims_allocated: fact.claims_allocated,
             claims_needed: fact.claims_needed,
         };
@@ -250,20 +348,19 @@ impl Cluster {
     fn observe_gpu(&mut self, fact: PhysicalGpuObserved) {
         let gpu = PhysicalGpu {
             phase: fact.phase(),
-            device: fact.device,
+            device: fact.device.into(),
+            name: fact.name.into(),
         };
         let on_node = self.gpus.entry(fact.node).or_default();
-        match on_node.get_mut(&fact.name) {
-            Some(known) => *known = gpu,
-            None => {
-                on_node.insert(fact.name, gpu);
-            }
+        match on_node.binary_search_by(|g| g.name.cmp(&gpu.name)) {
+            Ok(i) => on_node[i] = gpu,
+            Err(i) => on_node.insert(i, gpu),
         }
     }
 
     fn observe_workload(&mut self, fact: WorkloadObserved) {
         if let Some(workload) = &fact.workload {
-            let placement = fact.placement.unwrap_or_default();
+            let placement = Placement::new(&fact.placement.unwrap_or_default());
             self.workloads.insert(
                 workload_key(workload),
                 Workload {
@@ -302,7 +399,7 @@ impl Cluster {
 
             Kind::PhysicalGpuRemoved(fact) => {
                 if let Some(on_node) = self.gpus.get_mut(&fact.node) {
-                    on_node.remove(&fact.name);
+                    on_node.retain(|g| *g.name != *fact.name);
                     if on_node.is_empty() {
                         self.gpus.remove(&fact.node);
                     }
@@ -332,12 +429,25 @@ impl Cluster {
         }
     }
 
+    /// The pods of a workload (they live in its namespace).
+    pub fn pods_of(&self, workload: &WorkloadKey) -> Vec<&Pod> {
+        let start = (workload.0.clone(), String::new());
+        self.pods
+            .range(start..)
+            .take_while(|((namespace, _), _)| *namespace == workload.0)
+            .filter(|((namespace, _), pod)| pod.owned_by(namespace, workload))
+            .map(|(_, pod)| pod)
+            .collect()
+    }
+
     fn unindex_pod(&mut self, key: &ObjectKey) {
-        let Some(node) = self.pods.get(key).map(|p| p.node.clone()) else {
+        let Some(node) = self.pods.get(key).map(|p| p.node.to_string()) else {
             return;
         };
         if let Some(pods) = self.pods_by_node.get_mut(&node) {
-            pods.remove(key);
+            if let Ok(i) = pods.binary_search(key) {
+                pods.remove(i);
+            }
             if pods.is_empty() {
                 self.pods_by_node.remove(&node);
             }
@@ -363,7 +473,7 @@ impl Cluster {
         };
         let running = |app: &str| {
             self.pods_on(node)
-                .any(|(_, p)| p.app == app && p.phase == PodPhase::Running)
+                .any(|(_, p)| &*p.app == app && p.phase == PodPhase::Running)
         };
         Readiness {
             gpu_setup_complete: facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL),
@@ -372,7 +482,7 @@ impl Cluster {
                 .get(GPU_STACK_LABEL)
                 .is_some_and(|v| v == STACK_DRA),
             ready_physical_gpus: self.gpus.get(node).map_or(0, |gpus| {
-                gpus.values().filter(|g| g.phase == GpuPhase::Ready).count() as u32
+                gpus.iter().filter(|g| g.phase == GpuPhase::Ready).count() as u32
             }),
             expected_physical_gpus: facts.gpu_count,
             node_agent_running: running(NODE_AGENT_APP),

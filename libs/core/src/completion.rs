@@ -12,7 +12,6 @@ use switchyard_proto::v1::{
     SourceGroupRetired, domain_event::Kind,
 };
 
-use crate::app_move::requests_nvidia_gpu;
 use crate::cluster::{Cluster, ObjectKey};
 use crate::effects::Effect;
 use crate::names::{
@@ -66,9 +65,10 @@ pub fn translate_quota(
 }
 
 /// Device-plugin leftovers on a node: the gpu config label and NFD's nvidia.com/* labels.
-pub fn leftover_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub fn leftover_labels<'a>(
+    labels: impl Iterator<Item = (&'a String, &'a String)>,
+) -> BTreeMap<String, String> {
     labels
-        .iter()
         .filter(|(k, _)| {
             k.as_str() == DEVICE_GPU_CONFIG_LABEL || k.starts_with(NVIDIA_LABEL_PREFIX)
         })
@@ -116,7 +116,7 @@ impl Completion {
         let waiting: Vec<String> = cluster
             .workloads
             .iter()
-            .filter(|(_, w)| requests_nvidia_gpu(&w.placement))
+            .filter(|(_, w)| w.placement.requests_nvidia_gpu())
             .map(|((ns, kind, name), _)| format!("{kind} {ns}/{name}"))
             .collect();
         if !waiting.is_empty() {
@@ -150,7 +150,7 @@ impl Completion {
             }
         }
         for (node, facts) in &cluster.nodes {
-            let removed = leftover_labels(&facts.labels);
+            let removed = leftover_labels(facts.labels.iter());
             if !removed.is_empty() {
                 decisions.push(event(Kind::LeftoverLabelsCleared(LeftoverLabelsCleared {
                     node: node.clone(),
@@ -208,7 +208,7 @@ impl Completion {
                     cluster
                         .nodes
                         .get(node)
-                        .is_some_and(|n| n.labels.contains_key(*l))
+                        .is_some_and(|n| n.labels.contains_key(l))
                 })
                 .cloned()
                 .collect();

@@ -131,9 +131,10 @@ impl RollbackMode {
 }
 
 /// Labels as compared after a restore: without the preparation labels.
-fn comparable(labels: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+fn comparable<'a>(
+    labels: impl Iterator<Item = (&'a String, &'a String)>,
+) -> BTreeMap<&'a str, &'a str> {
     labels
-        .iter()
         .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect()
@@ -335,7 +336,7 @@ impl Handovers {
             node: cmd.node.clone(),
             source_group: source,
             target_group: cmd.target_group.clone(),
-            labels_before: node.labels.clone(),
+            labels_before: node.labels.to_map(),
             taints_before: node.taints.clone(),
             was_unschedulable: node.unschedulable,
         }))]
@@ -384,7 +385,7 @@ impl Handovers {
                         .contains_key(&format!("{NODE_ROLE_PREFIX}{}", h.source_group))
             }
             Some(_) => {
-                comparable(&facts.labels) == comparable(&h.labels_before)
+                comparable(facts.labels.iter()) == comparable(h.labels_before.iter())
                     && facts.taints == h.taints_before
             }
         };
@@ -408,7 +409,7 @@ impl Handovers {
                     .map(|((namespace, name), pod)| PodRef {
                         namespace: namespace.clone(),
                         name: name.clone(),
-                        owner: pod.owner.clone(),
+                        owner: pod.owner(namespace),
                     })
                     .collect();
                 vec![event(Kind::NodeCordoned(NodeCordoned {
@@ -433,7 +434,7 @@ impl Handovers {
                     to_group: h.target_group.clone(),
                     labels_before,
                     taints_before,
-                    labels_after: facts.labels.clone(),
+                    labels_after: facts.labels.to_map(),
                     taints_after: facts.taints.clone(),
                 }))]
             }

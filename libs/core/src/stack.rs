@@ -97,13 +97,30 @@ impl StackAssigner {
     /// `at` is the event's recorded time.
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.apply_own(event, at);
-        self.cluster.apply(event);
+        if Self::needs(event) {
+            self.cluster.apply(event);
+        }
     }
 
     /// [`Self::apply`] for an event the caller owns (a replay): facts are moved in.
     pub fn apply_owned(&mut self, event: DomainEvent, at: i64) {
         self.apply_own(&event, at);
-        self.cluster.apply_owned(event);
+        if Self::needs(&event) {
+            self.cluster.apply_owned(event);
+        }
+    }
+
+    /// The facts this core keeps: not workloads, quotas or GPU classes, which
+    /// only the claim-allocator reads.
+    fn needs(event: &DomainEvent) -> bool {
+        !matches!(
+            event.kind,
+            Some(
+                Kind::WorkloadObserved(_)
+                    | Kind::ResourceQuotaObserved(_)
+                    | Kind::GpuClassObserved(_)
+            )
+        )
     }
 
     /// The part of a fold that concerns this core's own decisions.

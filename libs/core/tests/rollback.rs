@@ -272,7 +272,8 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
     );
     let node = &core.cluster.nodes["w1"];
     assert_eq!(
-        node.labels, original,
+        node.labels.to_map(),
+        original,
         "labels byte-identical to the before-image"
     );
     assert_eq!(node.taints, vec![taint()]);
@@ -407,7 +408,13 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     );
     assert_eq!(names(&d), ["RollbackCompleted"]);
     assert_eq!(
-        core.cluster.workloads.values().next().unwrap().placement,
+        core.cluster
+            .workloads
+            .values()
+            .next()
+            .unwrap()
+            .placement
+            .get(),
         original,
         "manifest exactly as before"
     );
