@@ -105,30 +105,60 @@ impl States {
     }
 }
 
+/// Where the engine appends the migration log as it goes.
+#[allow(async_fn_in_trait)]
+pub trait LogSink {
+    async fn append(&mut self, records: &[Logged]) -> Result<(), String>;
+}
+
+/// Keeps the log in memory only (`Migration::log`).
+impl LogSink for () {
+    async fn append(&mut self, _records: &[Logged]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
 /// The engine: services, simulator, log.
-pub struct Migration<S: Services> {
+pub struct Migration<S: Services, L: LogSink = ()> {
     pub sim: Simulator,
     pub services: S,
+    pub sink: L,
     pub log: Vec<Logged>,
     /// Violations seen while running, by invariant.
     pub violations: BTreeMap<&'static str, Vec<String>>,
     commands: u64,
+    /// How much of `log` the sink has.
+    flushed: usize,
 }
 
 /// Most pump rounds before the engine gives up on quiescence.
 const MAX_ROUNDS: usize = 100_000;
 
-impl<S: Services> Migration<S> {
-    pub async fn new(config: SimConfig, services: S) -> Self {
+impl<S: Services, L: LogSink> Migration<S, L> {
+    pub async fn new(config: SimConfig, services: S, sink: L) -> Self {
         let mut migration = Migration {
             sim: Simulator::new(config),
             services,
+            sink,
             log: Vec::new(),
             violations: BTreeMap::new(),
             commands: 0,
+            flushed: 0,
         };
         migration.pump().await;
         migration
+    }
+
+    /// Hands what was recorded since the last flush to the sink.
+    async fn flush(&mut self) {
+        if self.flushed == self.log.len() {
+            return;
+        }
+        let result = self.sink.append(&self.log[self.flushed..]).await;
+        self.flushed = self.log.len();
+        if let Err(err) = result {
+            self.violation("log-append", err);
+        }
     }
 
     fn record(&mut self, records: Vec<switchyard_runtime::Record>) -> Vec<DomainEvent> {
@@ -182,10 +212,15 @@ impl<S: Services> Migration<S> {
                     let records = self.services.tick(self.sim.now()).await;
                     self.record(records);
                 }
-                None => return,
+                None => {
+                    self.flush().await;
+                    return;
+                }
             }
+            self.flush().await;
         }
         self.violation("quiescence", "the cluster never settled".into());
+        self.flush().await;
     }
 
     fn violation(&mut self, invariant: &'static str, detail: String) {
@@ -414,12 +449,14 @@ impl<S: Services> Migration<S> {
 
     /// Checks that need the whole run: replay, alerts, no pod left waiting.
     pub async fn final_checks(&mut self) -> Vec<Check> {
+        self.flush().await;
         let mut checks: Vec<Check> = [
             "one-stack-per-node",
             "stack-rules",
             "rollback-restores-exactly",
             "quiescence",
             "service",
+            "log-append",
         ]
         .iter()
         .map(|name| {
@@ -482,30 +519,31 @@ pub struct StepReport {
 }
 
 /// The outcome of the reference scenario.
-pub struct Outcome<S: Services> {
-    pub migration: Migration<S>,
+pub struct Outcome<S: Services, L: LogSink = ()> {
+    pub migration: Migration<S, L>,
     pub steps: Vec<StepReport>,
     pub checks: Vec<Check>,
     /// The services' states at the end.
     pub states: States,
 }
 
-impl<S: Services> Outcome<S> {
+impl<S: Services, L: LogSink> Outcome<S, L> {
     pub fn ok(&self) -> bool {
         self.steps.iter().all(|s| s.ok) && self.checks.iter().all(|c| c.ok)
     }
 }
 
 /// Runs the reference scenario; `progress` hears about every step as it ends.
-pub async fn run_reference<S: Services>(
+pub async fn run_reference<S: Services, L: LogSink>(
     config: SimConfig,
     services: S,
+    sink: L,
     mut progress: impl FnMut(&StepReport),
-) -> Outcome<S> {
+) -> Outcome<S, L> {
     const SOURCE: &str = "gpu";
     const TARGET: &str = "gpu-dra";
     const CLASS: &str = "a100";
-    let mut m = Migration::new(config, services).await;
+    let mut m = Migration::new(config, services, sink).await;
     let mut steps = Vec::new();
     let mut report = |sim: &Simulator, step: String, result: Result<String, String>| {
         let (ok, detail) = match result {

@@ -18,7 +18,7 @@ async fn cluster(upgraded_with_dra: bool, enable_dra: bool) -> Migration<Local> 
         upgraded_with_dra,
         ..SimConfig::default()
     };
-    let mut m = Migration::new(config, Local::default()).await;
+    let mut m = Migration::new(config, Local::default(), ()).await;
     m.sim.set_group("gpu-dra", None);
     if enable_dra {
         m.sim.set_dra_enabled(true);

@@ -1,4 +1,4 @@
-//! Property test over random clusters: the whole migration, with its rollbacks,
+//! Property test over random clusters (1,000 cases): the whole migration, with its rollbacks,
 //! keeps every invariant — one stack per node, the rules, the hold and its
 //! alert, replay, and rollback restoring labels, taints, group and manifest
 //! exactly.
@@ -41,12 +41,12 @@ fn config() -> impl Strategy<Value = SimConfig> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn every_random_cluster_migrates_and_rolls_back_with_all_invariants(config in config()) {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let outcome = runtime.block_on(run_reference(config.clone(), Local::default(), |_| {}));
+        let outcome = runtime.block_on(run_reference(config.clone(), Local::default(), (), |_| {}));
         for check in &outcome.checks {
             prop_assert!(check.ok, "{:?}: {} failed: {}", config, check.name, check.detail);
         }

@@ -14,6 +14,7 @@ async fn run(seed: u64) -> Outcome<Local> {
             ..SimConfig::default()
         },
         Local::default(),
+        (),
         |_| {},
     )
     .await
@@ -102,9 +103,9 @@ async fn actors_and_in_process_services_write_the_same_log() {
         seed: 3,
         ..SimConfig::default()
     };
-    let local = run_reference(config.clone(), Local::default(), |_| {}).await;
+    let local = run_reference(config.clone(), Local::default(), (), |_| {}).await;
     let actors = Actors::spawn().await.expect("spawn the services");
-    let with_actors = run_reference(config, actors, |_| {}).await;
+    let with_actors = run_reference(config, actors, (), |_| {}).await;
     assert!(with_actors.ok(), "{}", describe(&with_actors));
     assert_eq!(encode(&local), encode(&with_actors));
     assert_eq!(local.states, with_actors.states);
@@ -122,7 +123,7 @@ async fn many_seeds_and_sizes_complete() {
             upgraded_with_dra: seed % 2 == 0,
             ..SimConfig::default()
         };
-        let outcome = run_reference(config.clone(), Local::default(), |_| {}).await;
+        let outcome = run_reference(config.clone(), Local::default(), (), |_| {}).await;
         assert!(outcome.ok(), "{config:?}\n{}", describe(&outcome));
     }
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, Subject};
 use switchyard_runtime::Actors;
-use switchyard_scenario::{Check, Logged, StepReport, run_reference};
+use switchyard_scenario::{Check, LogSink, Logged, StepReport, run_reference};
 use switchyard_sim::{SECOND, SimConfig};
 
 use std::fmt::Write;
@@ -60,29 +60,41 @@ fn data_dir(args: &DemoArgs) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Writes the run's log, consecutive events of one aggregate as one batch.
-async fn write_log(log: &EmbeddedLog, records: &[Logged], seed: u64) -> anyhow::Result<()> {
-    let mut i = 0;
-    while i < records.len() {
-        let subject = records[i].subject();
-        let mut batch = Vec::new();
-        while i < records.len() && records[i].subject() == subject && batch.len() < 1000 {
-            let r = &records[i];
-            batch.push(NewEvent {
-                id: format!("demo-{seed}-{:08}", r.seq),
-                recorded_at_unix_nanos: r.at,
-                correlation_id: format!("migration-seed-{seed}"),
-                causation_id: String::new(),
-                actor: r.actor.to_string(),
-                trace: None,
-                payload: Payload::Domain(r.event.clone()),
-            });
-            i += 1;
+/// Appends the migration log to the embedded log as the run goes: consecutive
+/// events of one aggregate as one batch, with ids that depend only on the seed
+/// and the sequence, so the same seed writes the same bytes.
+struct EmbeddedSink {
+    log: EmbeddedLog,
+    seed: u64,
+}
+
+impl LogSink for EmbeddedSink {
+    async fn append(&mut self, records: &[Logged]) -> Result<(), String> {
+        let mut i = 0;
+        while i < records.len() {
+            let subject = records[i].subject();
+            let mut batch = Vec::new();
+            while i < records.len() && records[i].subject() == subject && batch.len() < 1000 {
+                let r = &records[i];
+                batch.push(NewEvent {
+                    id: format!("demo-{}-{:08}", self.seed, r.seq),
+                    recorded_at_unix_nanos: r.at,
+                    correlation_id: format!("migration-seed-{}", self.seed),
+                    causation_id: String::new(),
+                    actor: r.actor.to_string(),
+                    trace: None,
+                    payload: Payload::Domain(r.event.clone()),
+                });
+                i += 1;
+            }
+            let subject = Subject::new(subject).map_err(|e| e.to_string())?;
+            self.log
+                .append(&subject, Expected::Any, batch)
+                .await
+                .map_err(|e| e.to_string())?;
         }
-        log.append(&Subject::new(subject)?, Expected::Any, batch)
-            .await?;
+        Ok(())
     }
-    Ok(())
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -100,9 +112,14 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     progress.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed}] {pos} steps  {msg}").expect("template"),
     );
-    // The six services, each a ractor actor around its core.
+    // The six services, each a ractor actor around its core; the log is
+    // appended to the embedded log as the migration goes.
     let services = Actors::spawn().await.context("start the services")?;
-    let outcome = run_reference(config.clone(), services, |step: &StepReport| {
+    let sink = EmbeddedSink {
+        log: EmbeddedLog::open(&dir, EmbeddedOptions::default())?,
+        seed: args.seed,
+    };
+    let outcome = run_reference(config.clone(), services, sink, |step: &StepReport| {
         progress.inc(1);
         progress.set_message(step.step.clone());
         if !step.ok {
@@ -110,10 +127,8 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
     })
     .await;
-    progress.set_message("writing the migration log");
-
-    let log = EmbeddedLog::open(&dir, EmbeddedOptions::default())?;
-    write_log(&log, &outcome.migration.log, args.seed).await?;
+    progress.set_message("checking the migration log");
+    let log = &outcome.migration.sink.log;
     let report = log.verify().await?;
     let mut checks: Vec<Check> = outcome.checks.clone();
     let written = outcome.migration.log.len() as u64;
@@ -126,19 +141,20 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         ),
     });
     // Replay from disk: the log on disk folds into the same state as the live run.
-    let folded = Folded::read(&log, None).await?;
+    let folded = Folded::read(log, None).await?;
     let same = folded.states == outcome.states;
     checks.push(Check {
         name: "replay-from-disk",
         ok: same,
         detail: format!("{} events folded from {}", folded.events, dir.display()),
     });
-    log.close();
-    outcome.migration.services.stop().await;
+    let simulated_s = (outcome.migration.sim.now() - config.start) / SECOND;
+    let (steps, migration) = (outcome.steps, outcome.migration);
+    migration.sink.log.close();
+    migration.services.stop().await;
     progress.finish_and_clear();
 
-    let ok = outcome.steps.iter().all(|s| s.ok) && checks.iter().all(|c| c.ok);
-    let simulated_s = (outcome.migration.sim.now() - config.start) / SECOND;
+    let ok = steps.iter().all(|s| s.ok) && checks.iter().all(|c| c.ok);
     let mut text = String::new();
     match args.output {
         Output::Json => {
@@ -152,7 +168,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 "events": written,
                 "simulated_seconds": simulated_s,
                 "wall_ms": started.elapsed().as_millis() as u64,
-                "steps": outcome.steps.iter().map(|s| json!({"step": s.step, "ok": s.ok, "detail": s.detail, "at": s.at})).collect::<Vec<_>>(),
+                "steps": steps.iter().map(|s| json!({"step": s.step, "ok": s.ok, "detail": s.detail, "at": s.at})).collect::<Vec<_>>(),
                 "invariants": checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect::<Vec<_>>(),
                 "final_state": folded.to_json(),
             });
@@ -160,7 +176,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         Output::Table => {
             writeln!(text, "{:<4}  {:<44}  DETAIL", "", "STEP")?;
-            for s in &outcome.steps {
+            for s in &steps {
                 writeln!(
                     text,
                     "{:<4}  {:<44}  {}",
