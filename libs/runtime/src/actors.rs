@@ -122,6 +122,26 @@ impl Actors {
         }
     }
 
+    /// `author`'s events, and everything they lead to, through the other services.
+    async fn spread(
+        &self,
+        author: &'static str,
+        events: Vec<DomainEvent>,
+        now: i64,
+    ) -> Vec<Record> {
+        let first = events
+            .into_iter()
+            .map(|event| Record {
+                actor: author,
+                event,
+            })
+            .collect();
+        dispatch(first, now, |service, record, now| {
+            self.send_record(service, record, now)
+        })
+        .await
+    }
+
     async fn send_record(
         &self,
         service: &'static str,
@@ -150,16 +170,7 @@ impl Services for Actors {
         )
         .unwrap_or_else(|err| lost(observer, err));
         let Some(fact) = seen else { return Vec::new() };
-        let this = &*self;
-        dispatch(
-            vec![Record {
-                actor: observer,
-                event: fact,
-            }],
-            now,
-            |service, record, now| this.send_record(service, record, now),
-        )
-        .await
+        self.spread(observer, vec![fact], now).await
     }
 
     async fn command(&mut self, command: Command, now: i64) -> Vec<Record> {
@@ -172,18 +183,7 @@ impl Services for Actors {
             now
         )
         .unwrap_or_else(|err| lost(owner, err));
-        let first = decisions
-            .into_iter()
-            .map(|event| Record {
-                actor: owner,
-                event,
-            })
-            .collect();
-        let this = &*self;
-        dispatch(first, now, |service, record, now| {
-            this.send_record(service, record, now)
-        })
-        .await
+        self.spread(owner, decisions, now).await
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
@@ -194,18 +194,7 @@ impl Services for Actors {
             now
         )
         .unwrap_or_else(|err| lost(STACK_ASSIGNER, err));
-        let first = decisions
-            .into_iter()
-            .map(|event| Record {
-                actor: STACK_ASSIGNER,
-                event,
-            })
-            .collect();
-        let this = &*self;
-        dispatch(first, now, |service, record, now| {
-            this.send_record(service, record, now)
-        })
-        .await
+        self.spread(STACK_ASSIGNER, decisions, now).await
     }
 
     async fn effects(&mut self) -> Vec<Effect> {

@@ -141,21 +141,12 @@ impl Services for Local {
         let Some(fact) = self.core(observer).observe(fact) else {
             return Vec::new();
         };
-        let cores = &mut self.cores;
-        dispatch(
+        self.redispatch(
             vec![Record {
                 actor: observer,
                 event: fact,
             }],
             now,
-            |service, record, now| {
-                let decisions = cores
-                    .iter_mut()
-                    .find(|c| c.name() == service)
-                    .expect("known")
-                    .on_record(&record, now);
-                std::future::ready(decisions)
-            },
         )
         .await
     }
