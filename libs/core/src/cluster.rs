@@ -86,18 +86,6 @@ impl Node {
     }
 }
 
-impl From<&NodeObserved> for Node {
-    fn from(fact: &NodeObserved) -> Self {
-        Node {
-            labels: fact.labels.clone().into(),
-            taints: fact.taints.clone(),
-            unschedulable: fact.unschedulable,
-            gpu_count: fact.gpu_count,
-            provisioning: fact.provisioning(),
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Group {
     pub node_type: String,
