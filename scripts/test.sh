@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs the pinned nats-server the
-# tests start (cached, idempotent), then runs every test of the workspace.
+# The whole test suite, on a fresh machine: installs the pinned nats-server and
+# builds the Kubernetes control plane the tests start (both cached, idempotent;
+# the control plane takes about 6 minutes the first time), then runs every test
+# of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 # Build outputs live outside the clone, so a fresh clone on the same machine reuses them.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
 scripts/install-nats-server.sh
+scripts/control-plane.sh
 cargo test --workspace --locked "$@"

@@ -6,6 +6,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod nats;
 
 use std::time::{Duration, Instant};

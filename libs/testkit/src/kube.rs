@@ -1,0 +1,218 @@
+//! A real Kubernetes control plane for tests: etcd and kube-apiserver (RBAC on,
+//! a static admin token, a self-signed serving certificate made per run), on
+//! free loopback ports in a temp dir, stopped when dropped. Nodes are API
+//! objects without kubelets, as scheduler_perf and kwok do.
+//!
+//! The binaries come from `scripts/control-plane.sh` (official Go modules,
+//! cached by version). A missing binary is a test failure that says how to
+//! build it — never a skip.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cache_dir;
+
+pub const KUBERNETES_VERSION: &str = "1.36.3";
+pub const ETCD_VERSION: &str = "3.6.16";
+
+const BUILD_HINT: &str = "build them with `scripts/control-plane.sh` (kube-apiserver, kube-scheduler, kube-controller-manager v1.36.3 and etcd v3.6.16 into ~/.cache/switchyard/control-plane) or set SWITCHYARD_CONTROL_PLANE to a directory holding them";
+
+const ADMIN_TOKEN: &str = "switchyard-test-admin-token";
+
+/// Where the control-plane binaries are.
+pub fn binaries_dir() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("SWITCHYARD_CONTROL_PLANE") {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_dir().join(format!(
+            "control-plane/k8s-v{KUBERNETES_VERSION}-etcd-v{ETCD_VERSION}"
+        )),
+    };
+    for binary in ["etcd", "kube-apiserver"] {
+        if !dir.join(binary).is_file() {
+            return Err(format!(
+                "{} is missing; {BUILD_HINT}",
+                dir.join(binary).display()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+fn free_port() -> u16 {
+    // The port is free when asked; a test's own processes are the only ones
+    // binding loopback ports here, so the window is harmless.
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind loopback")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+    let out = File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    Command::new(binary)
+        .args(args)
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", binary.display()))
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// etcd and kube-apiserver, running.
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+    apiserver_port: u16,
+    /// How long etcd and the API server took to become ready.
+    pub startup: Duration,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver and waits until the API answers.
+    pub async fn start() -> ControlPlane {
+        let started = Instant::now();
+        let bin = binaries_dir().unwrap_or_else(|err| panic!("{err}"));
+        let dir = tempfile::Builder::new()
+            .prefix("switchyard-kube-")
+            .tempdir()
+            .expect("temp dir");
+        let path = |name: &str| dir.path().join(name);
+
+        let (client_port, peer_port) = (free_port(), free_port());
+        let etcd_args = vec![
+            format!("--data-dir={}", path("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+            // Test data: durability is not what is under test here.
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd = spawn(&bin.join("etcd"), &etcd_args, &path("etcd.log"))
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        // The service-account signing key, made for this run.
+        let key = rcgen::KeyPair::generate().expect("generate a key");
+        std::fs::write(path("sa.key"), key.serialize_pem()).expect("write key");
+        std::fs::write(path("sa.pub"), key.public_key_pem()).expect("write public key");
+        std::fs::write(
+            path("tokens.csv"),
+            format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
+        )
+        .expect("tokens");
+
+        let apiserver_port = free_port();
+        let apiserver_args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+            format!("--secure-port={apiserver_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--cert-dir={}", path("certs").display()),
+            "--authorization-mode=RBAC".into(),
+            format!("--token-auth-file={}", path("tokens.csv").display()),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", path("sa.pub").display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                path("sa.key").display()
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--runtime-config=resource.k8s.io/v1=true".into(),
+            "--enable-priority-and-fairness=false".into(),
+        ];
+        let apiserver = spawn(
+            &bin.join("kube-apiserver"),
+            &apiserver_args,
+            &path("kube-apiserver.log"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut plane = ControlPlane {
+            dir,
+            etcd: Some(etcd),
+            apiserver: Some(apiserver),
+            apiserver_port,
+            startup: Duration::ZERO,
+        };
+
+        let client = plane.client();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if client.apiserver_version().await.is_ok() {
+                break;
+            }
+            if Instant::now() >= deadline || plane.exited() {
+                panic!(
+                    "kube-apiserver exited or did not become ready within 90 s\n--- kube-apiserver.log\n{}\n--- etcd.log\n{}",
+                    tail(&plane.dir.path().join("kube-apiserver.log")),
+                    tail(&plane.dir.path().join("etcd.log"))
+                );
+            }
+            // Polling a condition with a deadline: the API has no readiness event to wait on.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+        plane.startup = started.elapsed();
+        plane
+    }
+
+    fn exited(&mut self) -> bool {
+        [self.etcd.as_mut(), self.apiserver.as_mut()]
+            .into_iter()
+            .flatten()
+            .any(|child| matches!(child.try_wait(), Ok(Some(_))))
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// A client with cluster-admin rights (system:masters).
+    pub fn client(&self) -> kube::Client {
+        self.client_as(None)
+    }
+
+    /// A client acting as `user` (with `groups`), through impersonation by the admin.
+    pub fn impersonating(&self, user: &str, groups: &[&str]) -> kube::Client {
+        self.client_as(Some((user, groups)))
+    }
+
+    fn client_as(&self, who: Option<(&str, &[&str])>) -> kube::Client {
+        let mut config = kube::Config::new(self.url().parse().expect("url"));
+        // The serving certificate is self-signed per run.
+        config.accept_invalid_certs = true;
+        config.auth_info.token = Some(secrecy::SecretString::from(ADMIN_TOKEN.to_string()));
+        if let Some((user, groups)) = who {
+            config.auth_info.impersonate = Some(user.to_string());
+            config.auth_info.impersonate_groups =
+                Some(groups.iter().map(|g| g.to_string()).collect());
+        }
+        kube::Client::try_from(config).expect("kube client")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for child in [self.apiserver.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
