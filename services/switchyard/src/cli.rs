@@ -28,6 +28,16 @@ enum Command {
     /// Inspect and check the migration log.
     #[command(subcommand)]
     Log(LogCommand),
+    /// Print the CustomResourceDefinitions from the Rust types, or write them
+    /// into a Helm chart's crds/ directory.
+    Crdgen(CrdgenArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CrdgenArgs {
+    /// Write one file per CRD into this directory (e.g. deploy/helm/switchyard/crds).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -146,8 +156,27 @@ impl Cli {
             Command::Demo(args) => crate::demo::demo(args).await,
             Command::Status(args) => crate::log_cmd::status(args, None).await,
             Command::Replay(args) => crate::log_cmd::status(args.state, Some(args.until)).await,
+            Command::Crdgen(args) => crdgen(args),
             Command::Log(LogCommand::Show(args)) => crate::log_cmd::show(args).await,
             Command::Log(LogCommand::Verify(args)) => crate::log_cmd::verify(args).await,
         }
     }
+}
+
+fn crdgen(args: CrdgenArgs) -> anyhow::Result<ExitCode> {
+    let mut all = String::new();
+    for (file, crd) in switchyard_api::crds() {
+        let yaml = switchyard_api::to_yaml(&crd);
+        match &args.out {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(dir.join(file), yaml)?;
+            }
+            None => all += &format!("---\n{yaml}"),
+        }
+    }
+    if args.out.is_none() {
+        crate::log_cmd::write_stdout(&all)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,246 @@
+//! Kubernetes API types of Switchyard.
+//!
+//! `GPUClass` and `PhysicalGPU` (`gpu.deckhouse.io/v1alpha1`, cluster-scoped)
+//! are Switchyard's own. `NodeGroup` (`deckhouse.io/v1`) and `ModuleConfig`
+//! (`deckhouse.io/v1alpha1`) are Deckhouse's: the subsets here are what
+//! Switchyard reads, installed only in clusters without Deckhouse. The
+//! structural schemas carry the validation, so the API server rejects bad
+//! objects with a message that names the field.
+
+#![forbid(unsafe_code)]
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Which cards a class offers and on what terms (reference, "Step 2").
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "gpu.deckhouse.io",
+    version = "v1alpha1",
+    kind = "GPUClass",
+    plural = "gpuclasses",
+    status = "GPUClassStatus",
+    printcolumn = r#"{"name":"DeviceClasses","type":"string","jsonPath":".status.deviceClassNames"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClassSpec {
+    /// PhysicalGPUs the class offers, by their labels, e.g.
+    /// `gpu.deckhouse.io/device: a100-sxm4-40gb`.
+    pub selector: LabelSelector,
+    /// Allocation variants besides the whole card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Partitions>,
+    /// Sharing of a whole card between consumers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Partitions {
+    /// Offer the whole card (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whole: Option<bool>,
+    /// MIG profiles offered, e.g. `1g.5gb`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[1-7]g\.[0-9]+gb(\+me)?$")))]
+    pub mig_profiles: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Sharing {
+    /// Consumers per card with time-slicing.
+    #[schemars(range(min = 2, max = 64))]
+    pub time_slicing_replicas: u32,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClassStatus {
+    /// The DeviceClasses compiled from the class, one per variant.
+    #[serde(default)]
+    pub device_class_names: Vec<String>,
+    #[serde(default)]
+    pub variants: Vec<Variant>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Variant {
+    /// `whole`, a MIG profile, or `shared`.
+    pub name: String,
+    pub device_class: String,
+    /// What applications request, e.g. `gpu.deckhouse.io/a100`.
+    pub extended_resource_name: String,
+}
+
+/// One card in one node, as its node agent found it.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "gpu.deckhouse.io",
+    version = "v1alpha1",
+    kind = "PhysicalGPU",
+    plural = "physicalgpus",
+    status = "PhysicalGPUStatus",
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.node"}"#,
+    printcolumn = r#"{"name":"Product","type":"string","jsonPath":".spec.product"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PhysicalGPUSpec {
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    /// The card's index (NVML minor number) on its node.
+    pub index: u32,
+    #[schemars(regex(pattern = r"^GPU-[0-9a-fA-F-]+$"))]
+    pub uuid: String,
+    /// e.g. `NVIDIA A100-SXM4-40GB`.
+    pub product: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PhysicalGPUStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<GpuPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum GpuPhase {
+    Pending,
+    Ready,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// e.g. `Ampere`.
+    pub architecture: String,
+    /// e.g. `CUDA`.
+    #[serde(rename = "computeAPI")]
+    pub compute_api: String,
+    /// e.g. `8.0`.
+    pub compute_capability: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// `MIG`, `TimeSlicing`, ...
+    #[serde(default)]
+    pub partition_support: Vec<String>,
+}
+
+/// The part of a Deckhouse NodeGroup Switchyard reads.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "deckhouse.io",
+    version = "v1",
+    kind = "NodeGroup",
+    plural = "nodegroups"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGroupSpec {
+    pub node_type: NodeType,
+    /// Present: the group's nodes are served by the device plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<NodeGroupGpu>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum NodeType {
+    CloudEphemeral,
+    CloudPermanent,
+    CloudStatic,
+    #[default]
+    Static,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGroupGpu {
+    #[serde(default)]
+    pub sharing: GpuSharing,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicing>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<Mig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum GpuSharing {
+    #[default]
+    Exclusive,
+    TimeSlicing,
+    #[serde(rename = "MIG")]
+    Mig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlicing {
+    #[schemars(range(min = 2, max = 64))]
+    pub partition_count: u32,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mig {
+    /// A named partition layout, e.g. `all-1g.5gb`.
+    pub parted_config: String,
+}
+
+/// The part of the gpu module's ModuleConfig Switchyard reads.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "deckhouse.io",
+    version = "v1alpha1",
+    kind = "ModuleConfig",
+    plural = "moduleconfigs"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleConfigSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<ModuleSettings>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DraSettings>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DraSettings {
+    pub enabled: bool,
+}
+
+/// Every CRD, with the file name it has in the Helm chart's `crds/`.
+pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+    vec![
+        ("gpuclasses.gpu.deckhouse.io.yaml", GPUClass::crd()),
+        ("physicalgpus.gpu.deckhouse.io.yaml", PhysicalGPU::crd()),
+        ("nodegroups.deckhouse.io.yaml", NodeGroup::crd()),
+        ("moduleconfigs.deckhouse.io.yaml", ModuleConfig::crd()),
+    ]
+}
+
+/// A CRD as the chart stores it.
+pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
+    format!(
+        "# Generated by `switchyard crdgen` from the Rust types in libs/api; do not edit.\n{}",
+        serde_yaml_ng::to_string(crd).expect("a CRD serializes")
+    )
+}
