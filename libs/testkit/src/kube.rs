@@ -68,11 +68,22 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// etcd and kube-apiserver, running.
+/// Components to run besides etcd and kube-apiserver.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Components {
+    pub scheduler: bool,
+    /// kube-controller-manager with its default controllers (the resourceclaim
+    /// controller among them) but no node lifecycle: nodes have no kubelets.
+    pub controller_manager: bool,
+}
+
+/// etcd and kube-apiserver (and on request kube-scheduler and
+/// kube-controller-manager), running.
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Option<Child>,
     apiserver: Option<Child>,
+    others: Vec<Child>,
     apiserver_port: u16,
     /// How long etcd and the API server took to become ready.
     pub startup: Duration,
@@ -81,6 +92,11 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API answers.
     pub async fn start() -> ControlPlane {
+        Self::start_with(Components::default()).await
+    }
+
+    /// Starts etcd, kube-apiserver and `components`; waits until the API answers.
+    pub async fn start_with(components: Components) -> ControlPlane {
         let started = Instant::now();
         let bin = binaries_dir().unwrap_or_else(|err| panic!("{err}"));
         let dir = tempfile::Builder::new()
@@ -132,6 +148,9 @@ impl ControlPlane {
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--runtime-config=resource.k8s.io/v1=true".into(),
             "--enable-priority-and-fairness=false".into(),
+            // Nodes here have no kubelet and no node-lifecycle controller to lift
+            // the not-ready taint this plugin puts on every new node.
+            "--disable-admission-plugins=TaintNodesByCondition".into(),
         ];
         let apiserver = spawn(
             &bin.join("kube-apiserver"),
@@ -143,6 +162,7 @@ impl ControlPlane {
             dir,
             etcd: Some(etcd),
             apiserver: Some(apiserver),
+            others: Vec::new(),
             apiserver_port,
             startup: Duration::ZERO,
         };
@@ -165,8 +185,55 @@ impl ControlPlane {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(500));
         }
+        plane.start_components(&bin, components);
         plane.startup = started.elapsed();
         plane
+    }
+
+    /// A kubeconfig for the other components: the admin token, the self-signed server.
+    fn write_kubeconfig(&self) -> PathBuf {
+        let path = self.dir.path().join("admin.kubeconfig");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: admin\ncurrent-context: local\n",
+            self.url()
+        );
+        std::fs::write(&path, config).expect("write kubeconfig");
+        path
+    }
+
+    fn start_components(&mut self, bin: &Path, components: Components) {
+        if !components.scheduler && !components.controller_manager {
+            return;
+        }
+        let kubeconfig = self.write_kubeconfig();
+        let common = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".to_string(),
+            "--secure-port=0".to_string(),
+        ];
+        if components.scheduler {
+            let log = self.dir.path().join("kube-scheduler.log");
+            let child =
+                spawn(&bin.join("kube-scheduler"), &common, &log).unwrap_or_else(|e| panic!("{e}"));
+            self.others.push(child);
+        }
+        if components.controller_manager {
+            let mut args = common.clone();
+            args.push("--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-node-route-controller,-cloud-node-lifecycle-controller,-service-lb-controller".into());
+            args.push(format!(
+                "--service-account-private-key-file={}",
+                self.dir.path().join("sa.key").display()
+            ));
+            let log = self.dir.path().join("kube-controller-manager.log");
+            let child = spawn(&bin.join("kube-controller-manager"), &args, &log)
+                .unwrap_or_else(|e| panic!("{e}"));
+            self.others.push(child);
+        }
+    }
+
+    /// The last lines of a component's log, for failure messages.
+    pub fn log_tail(&self, component: &str) -> String {
+        tail(&self.dir.path().join(format!("{component}.log")))
     }
 
     fn exited(&mut self) -> bool {
@@ -206,10 +273,12 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for child in [self.apiserver.take(), self.etcd.take()]
-            .into_iter()
-            .flatten()
-        {
+        let others = std::mem::take(&mut self.others);
+        for child in others.into_iter().chain(
+            [self.apiserver.take(), self.etcd.take()]
+                .into_iter()
+                .flatten(),
+        ) {
             let mut child = child;
             let _ = child.kill();
             let _ = child.wait();
