@@ -1,5 +1,6 @@
 //! The JetStream backend through a nats-server crash: the server is killed with
-//! SIGKILL and restarted on the same port and store while writers append. The
+//! SIGKILL while writers append, stays down until appends have timed out and
+//! been retried, and comes back on the same port and store. The
 //! client reconnects, appends caught in the outage are retried with the same ids,
 //! and afterwards every acknowledged event is in the stream exactly once.
 
@@ -82,8 +83,19 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
         let (id, seq) = acked_rx.recv().await.expect("writers running");
         assert!(acked.insert(id, seq).is_none());
     }
+    // Down long enough that appends time out and are retried: wait for the
+    // first retry (a condition with a deadline), then bring the server back.
+    let mut server = server;
+    server.kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while log.retried_publishes() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no append was retried while the server was down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let server = tokio::task::spawn_blocking(move || {
-        let mut server = server;
         server.restart();
         server
     })
