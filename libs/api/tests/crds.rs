@@ -1,7 +1,7 @@
 //! The CRDs: the chart's files are what the Rust types generate, and the real
 //! API server stores good objects and rejects bad ones naming the field.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -9,6 +9,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use switchyard_api::{
     GPUClass, GPUClassSpec, Partitions, PhysicalGPU, PhysicalGPUSpec, Sharing, crds, to_yaml,
 };
+use switchyard_testkit::eventually;
 use switchyard_testkit::kube::ControlPlane;
 
 #[test]
@@ -59,24 +60,22 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
             .await
             .expect("create CRD");
     }
-    // Established is a condition on the CRD; poll it with a deadline.
-    let deadline = Instant::now() + Duration::from_secs(30);
     for (_, crd) in crds() {
         let name = crd.metadata.name.unwrap();
-        loop {
-            let got = definitions.get(&name).await.unwrap();
-            let established = got
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{name} not established");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let definitions = &definitions;
+        eventually(
+            &format!("{name} to be established"),
+            Duration::from_secs(30),
+            || async {
+                let got = definitions.get(&name).await.unwrap();
+                let conditions = got.status.and_then(|s| s.conditions).unwrap_or_default();
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            },
+        )
+        .await
+        .unwrap();
     }
 
     let classes: Api<GPUClass> = Api::all(client.clone());

@@ -263,6 +263,28 @@ impl NatsLog {
         }))
     }
 
+    /// [`Self::load_head`], retried through timeouts and reconnects until
+    /// `deadline` — an append in progress must not give up on a read.
+    async fn load_head_until(
+        &self,
+        subject: &Subject,
+        deadline: Instant,
+    ) -> Result<(Head, Option<String>), LogError> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.load_head(subject).await {
+                Err(err) if Instant::now() < deadline => {
+                    tracing::debug!(%subject, error = %err, "reading the subject's head retried");
+                    self.retried.fetch_add(1, Ordering::Relaxed);
+                    // Back off between attempts (a retry pace, not a wait for an event).
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// Publishes the batch chained to `head`; returns the acks' sequences.
     async fn publish(
         &self,
@@ -426,7 +448,7 @@ impl EventLog for NatsLog {
             let (current, current_id, from_cache) = match head.take() {
                 Some(head) => (head, None, true),
                 None => {
-                    let (head, id) = self.load_head(subject).await?;
+                    let (head, id) = self.load_head_until(subject, deadline).await?;
                     (head, id, false)
                 }
             };
@@ -487,7 +509,7 @@ impl EventLog for NatsLog {
             {
                 // Another writer got in first, or an earlier attempt of this very
                 // batch was stored before its ack was lost.
-                let (latest, latest_id) = self.load_head(subject).await?;
+                let (latest, latest_id) = self.load_head_until(subject, deadline).await?;
                 if let Some(ack) = self
                     .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
                     .await?
@@ -509,7 +531,7 @@ impl EventLog for NatsLog {
             if code == Some(DUPLICATE_IN_BATCH) {
                 // Some id of the batch is stored already. Fine if the whole batch is
                 // the subject's tail (a retry); anything else is refused whole.
-                let (latest, latest_id) = self.load_head(subject).await?;
+                let (latest, latest_id) = self.load_head_until(subject, deadline).await?;
                 if let Some(ack) = self
                     .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
                     .await?

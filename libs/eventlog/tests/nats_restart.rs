@@ -87,14 +87,13 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
     // first retry (a condition with a deadline), then bring the server back.
     let mut server = server;
     server.kill();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while log.retried_publishes() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no append was retried while the server was down"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    switchyard_testkit::eventually(
+        "an append retried while the server is down",
+        Duration::from_secs(30),
+        || std::future::ready(log.retried_publishes() > 0),
+    )
+    .await
+    .unwrap();
     let server = tokio::task::spawn_blocking(move || {
         server.restart();
         server

@@ -34,6 +34,30 @@ pub fn wait_for<T>(
     }
 }
 
+/// Polls an async `condition` until it holds or `timeout` passes; the error
+/// names `what`. For conditions with no event to wait on (a CRD becoming
+/// established, a retry counter moving); not a sleep used as synchronisation.
+pub async fn eventually<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut condition: F,
+) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(10);
+    while !condition().await {
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}"));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
 /// The cache directory scripts install pinned tools into (`scripts/install-*.sh`):
 /// `$SWITCHYARD_CACHE`, else `$HOME/.cache/switchyard`.
 pub fn cache_dir() -> std::path::PathBuf {

@@ -59,7 +59,7 @@ async fn the_api_server_stores_nodes_and_dra_objects_and_enforces_rbac() {
 }
 
 mod with_scheduler_and_controllers {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use k8s_openapi::api::core::v1::{
         Container, Node, NodeCondition, NodeStatus, Pod, PodResourceClaim, PodSpec,
@@ -80,21 +80,19 @@ mod with_scheduler_and_controllers {
         }
     }
 
-    /// Polls `check` until it holds; the API has no event to wait on here.
-    async fn eventually<F, Fut>(what: &str, plane: &ControlPlane, mut check: F)
+    /// Waits for `check`, failing with the components' logs.
+    async fn eventually<F, Fut>(what: &str, plane: &ControlPlane, check: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !check().await {
-            assert!(
-                Instant::now() < deadline,
-                "{what} did not happen within 60 s\n--- kube-scheduler\n{}\n--- kube-controller-manager\n{}",
+        if let Err(err) = switchyard_testkit::eventually(what, Duration::from_secs(60), check).await
+        {
+            panic!(
+                "{err}\n--- kube-scheduler\n{}\n--- kube-controller-manager\n{}",
                 plane.log_tail("kube-scheduler"),
                 plane.log_tail("kube-controller-manager")
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
