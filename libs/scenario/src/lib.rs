@@ -250,6 +250,19 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         }
     }
 
+    /// Sends a command and lets the cluster settle; a refusal is the error.
+    async fn run_command(&mut self, command: Command) -> Result<(), String> {
+        let records = self.services.command(command, self.sim.now()).await;
+        let decisions = self.record(records);
+        match decisions.first().and_then(|d| d.kind.as_ref()) {
+            Some(Kind::HandoverRefused(r)) => return Err(r.reason.clone()),
+            Some(Kind::ApplicationMoveRefused(r)) => return Err(r.reason.clone()),
+            _ => {}
+        }
+        self.pump().await;
+        Ok(())
+    }
+
     fn logged_since(&self, start: usize) -> impl Iterator<Item = &DomainEvent> {
         self.log[start..].iter().map(|l| &l.event)
     }
@@ -263,15 +276,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             node: node.into(),
             target_group: group.into(),
         };
-        let records = self
-            .services
-            .command(Command::StartHandover(cmd), self.sim.now())
-            .await;
-        let decisions = self.record(records);
-        if let Some(Kind::HandoverRefused(r)) = decisions.first().and_then(|d| d.kind.as_ref()) {
-            return Err(r.reason.clone());
-        }
-        self.pump().await;
+        self.run_command(Command::StartHandover(cmd)).await?;
         self.handover_outcome(start, &id, node)
     }
 
@@ -306,17 +311,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             target_group: group.into(),
             gpu_class: class.into(),
         };
-        let records = self
-            .services
-            .command(Command::MoveApplication(cmd), self.sim.now())
-            .await;
-        let decisions = self.record(records);
-        if let Some(Kind::ApplicationMoveRefused(r)) =
-            decisions.first().and_then(|d| d.kind.as_ref())
-        {
-            return Err(r.reason.clone());
-        }
-        self.pump().await;
+        self.run_command(Command::MoveApplication(cmd)).await?;
         let verified = self
             .logged_since(start)
             .any(|e| matches!(&e.kind, Some(Kind::ApplicationMoveVerified(v)) if v.move_id == id));
@@ -375,15 +370,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             Some(Kind::RollbackStarted(r)) => r.node_restore.as_deref().cloned(),
             _ => None,
         };
-        let records = self
-            .services
-            .command(Command::Rollback(planned), self.sim.now())
-            .await;
-        let decisions = self.record(records);
-        if let Some(Kind::HandoverRefused(r)) = decisions.first().and_then(|d| d.kind.as_ref()) {
-            return Err(r.reason.clone());
-        }
-        self.pump().await;
+        self.run_command(Command::Rollback(planned)).await?;
         if !self.completed(&id) {
             return Err(format!("rollback {id} of {node} did not complete"));
         }
@@ -420,17 +407,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             }
             _ => None,
         };
-        let records = self
-            .services
-            .command(Command::Rollback(planned), self.sim.now())
-            .await;
-        let decisions = self.record(records);
-        if let Some(Kind::ApplicationMoveRefused(r)) =
-            decisions.first().and_then(|d| d.kind.as_ref())
-        {
-            return Err(r.reason.clone());
-        }
-        self.pump().await;
+        self.run_command(Command::Rollback(planned)).await?;
         if !self.completed(&id) {
             return Err(format!(
                 "rollback of {} did not complete: {} pods pending",
