@@ -2,7 +2,11 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &["switchyard/v1/envelope.proto", "switchyard/v1/events.proto"];
+const PROTOS: &[&str] = &[
+    "switchyard/v1/envelope.proto",
+    "switchyard/v1/events.proto",
+    "switchyard/v1/commands.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");

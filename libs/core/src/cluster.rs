@@ -264,6 +264,9 @@ pub struct Cluster {
     pub gpu_classes: BTreeMap<String, Vec<String>>,
     /// ResourceQuota spec.hard.
     pub quotas: BTreeMap<ObjectKey, BTreeMap<String, String>>,
+    /// Pods the Eviction API refused to evict, with its answer and the
+    /// PodDisruptionBudgets that cover them; forgotten when the pod goes.
+    pub eviction_blocks: BTreeMap<ObjectKey, String>,
 }
 
 impl Cluster {
@@ -383,6 +386,7 @@ impl Cluster {
                 let key = (fact.namespace.clone(), fact.name.clone());
                 self.unindex_pod(&key);
                 self.pods.remove(&key);
+                self.eviction_blocks.remove(&key);
             }
 
             Kind::PhysicalGpuRemoved(fact) => {
@@ -394,6 +398,20 @@ impl Cluster {
                 }
             }
 
+            Kind::EvictionBlocked(fact) => {
+                let budgets = if fact.disruption_budgets.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (PodDisruptionBudget {})",
+                        fact.disruption_budgets.join(", ")
+                    )
+                };
+                self.eviction_blocks.insert(
+                    (fact.namespace.clone(), fact.pod.clone()),
+                    format!("{}{budgets}", fact.reason),
+                );
+            }
             Kind::GpuClassObserved(fact) => {
                 self.gpu_classes
                     .insert(fact.name.clone(), fact.device_class_names.clone());

@@ -498,12 +498,19 @@ impl Handovers {
                 let left: Vec<String> = cluster
                     .pods_on(node)
                     .filter(|(_, pod)| !pod.is_daemon())
-                    .map(|((ns, name), _)| format!("{ns}/{name}"))
+                    .map(|(key, _)| match cluster.eviction_blocks.get(key) {
+                        Some(why) => format!("{}/{} (eviction refused: {why})", key.0, key.1),
+                        None => format!("{}/{}", key.0, key.1),
+                    })
                     .collect();
                 self.stall(
                     h,
                     now,
-                    format!("{} pods are still on node {node} (a PodDisruptionBudget may block them): {}", left.len(), left.join(", ")),
+                    format!(
+                        "{} pods are still on node {node}: {}",
+                        left.len(),
+                        left.join(", ")
+                    ),
                 )
             }
             HandoverStep::MoveGroup => self.stall(

@@ -218,24 +218,32 @@ impl StackAssigner {
                 .collect(),
             _ => Vec::new(),
         };
-        for name in affected {
-            let node = &self.cluster.nodes[name];
-            let group = node.group().unwrap_or_default();
-            let (stack, reason) = rule(node, &self.cluster, held.contains(group));
-            let previous = self.assignments.get(name);
-            let unchanged = previous
-                .is_some_and(|p| p.stack == stack && p.reason == reason && p.group == group);
-            if !unchanged {
-                decisions.push(event(Kind::StackAssigned(StackAssigned {
-                    node: name.clone(),
-                    group: group.to_string(),
-                    stack: stack as i32,
-                    previous_stack: previous.map_or(Stack::Unspecified, |p| p.stack) as i32,
-                    reason: reason as i32,
-                })));
-            }
-        }
+        decisions.extend(
+            affected
+                .into_iter()
+                .filter_map(|name| self.assignment_decision(name, &held)),
+        );
         decisions
+    }
+
+    /// `StackAssigned` for `node` if the rules give another stack, reason or
+    /// group than decided so far.
+    fn assignment_decision(&self, name: &str, held: &BTreeSet<String>) -> Option<DomainEvent> {
+        let node = self.cluster.nodes.get(name)?;
+        let group = node.group().unwrap_or_default();
+        let (stack, reason) = rule(node, &self.cluster, held.contains(group));
+        let previous = self.assignments.get(name);
+        let unchanged =
+            previous.is_some_and(|p| p.stack == stack && p.reason == reason && p.group == group);
+        (!unchanged).then(|| {
+            event(Kind::StackAssigned(StackAssigned {
+                node: name.to_string(),
+                group: group.to_string(),
+                stack: stack as i32,
+                previous_stack: previous.map_or(Stack::Unspecified, |p| p.stack) as i32,
+                reason: reason as i32,
+            }))
+        })
     }
 
     /// What the service does with each input: fold a fact, decide, fold the
@@ -291,6 +299,23 @@ impl StackAssigner {
                 self.fold(decisions, now, &mut out);
             }
         }
+        out
+    }
+
+    /// After a restart from the log: the decisions a crash may have kept from
+    /// being recorded — a node whose decided stack is not what the rules give
+    /// for the facts in the log — and the handovers' next steps. Empty when the
+    /// log was complete.
+    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        let decisions: Vec<DomainEvent> = self
+            .cluster
+            .nodes
+            .keys()
+            .filter_map(|name| self.assignment_decision(name, &self.held))
+            .collect();
+        let mut out = Vec::new();
+        self.fold(decisions, now, &mut out);
+        out.extend(self.handle(Input::Tick, now));
         out
     }
 

@@ -56,6 +56,11 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::PhysicalGpuObserved(e) => format!("gpu.{}", token(&e.name)),
         Kind::PhysicalGpuRemoved(e) => format!("gpu.{}", token(&e.name)),
         Kind::GpuClassObserved(e) => format!("gpuclass.{}", token(&e.name)),
+        Kind::ResourceSliceObserved(e) => format!("slice.{}", token(&e.name)),
+        Kind::ResourceSliceRemoved(e) => format!("slice.{}", token(&e.name)),
+        Kind::DeviceClassObserved(e) => format!("deviceclass.{}", token(&e.name)),
+        Kind::DeviceClassRemoved(e) => format!("deviceclass.{}", token(&e.name)),
+        Kind::EvictionBlocked(e) => format!("node.{}", token(&e.node)),
         Kind::GpuClassCompiled(e) => format!("gpuclass.{}", token(&e.gpu_class)),
         Kind::ResourceQuotaObserved(e) => {
             format!("quota.{}.{}", token(&e.namespace), token(&e.name))
@@ -104,6 +109,8 @@ impl Observer {
                     | Kind::PodRemoved(_)
                     | Kind::PhysicalGpuRemoved(_)
                     | Kind::NodeGroupRemoved(_)
+                    | Kind::ResourceSliceRemoved(_)
+                    | Kind::DeviceClassRemoved(_)
             )
         );
         if removal {

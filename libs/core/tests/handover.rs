@@ -10,7 +10,8 @@ use switchyard_core::names::{
 };
 use switchyard_core::stack::{Input, StackAssigner};
 use switchyard_proto::v1::{
-    DomainEvent, HandoverStep, NodeProvisioning, PodPhase, Stack, Taint, domain_event::Kind,
+    DomainEvent, EvictionBlocked, HandoverStep, NodeProvisioning, PodPhase, Stack, Taint,
+    domain_event::Kind,
 };
 
 const S: i64 = 1_000_000_000;
@@ -259,6 +260,19 @@ fn a_blocked_drain_stalls_once_with_the_pods_that_stay() {
         ..NodeSpec::new("w1", "gpu")
     };
     core.handle_fact(&cordoned.fact(), S);
+    // The drain's eviction of web-1 was refused; the edge recorded why.
+    core.handle_fact(
+        &DomainEvent {
+            kind: Some(Kind::EvictionBlocked(EvictionBlocked {
+                node: "w1".into(),
+                namespace: "apps".into(),
+                pod: "web-1".into(),
+                reason: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+                disruption_budgets: vec!["apps/web".into()],
+            })),
+        },
+        S,
+    );
     let deadline = S + core.handovers.deadlines.drain;
     assert!(
         core.handle(Input::Tick, deadline).is_empty(),
@@ -271,7 +285,9 @@ fn a_blocked_drain_stalls_once_with_the_pods_that_stay() {
     };
     assert_eq!(stalled.step(), HandoverStep::Drain);
     assert!(
-        stalled.reason.contains("apps/web-1") && stalled.reason.contains("PodDisruptionBudget"),
+        stalled.reason.contains(
+            "apps/web-1 (eviction refused: Cannot evict pod as it would violate the pod's disruption budget. (PodDisruptionBudget apps/web))"
+        ),
         "{}",
         stalled.reason
     );

@@ -29,6 +29,13 @@ pub trait ServiceCore: Send + 'static {
     fn name(&self) -> &'static str;
     /// A record of the log written by another service: fold it, return the decisions.
     fn on_record(&mut self, record: &Record, now: i64) -> Vec<DomainEvent>;
+    /// Folds a record of the log, its own or another's, without deciding: the
+    /// rebuild of a restarted service.
+    fn fold(&mut self, _event: &DomainEvent, _at: i64) {}
+    /// After a rebuild: the decisions the log shows due but not recorded.
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        Vec::new()
+    }
     /// Observers only: the fact to append, or `None` if it changes nothing.
     fn observe(&mut self, fact: DomainEvent) -> Option<DomainEvent> {
         Some(fact)
@@ -99,6 +106,12 @@ impl ServiceCore for StackService {
     fn on_record(&mut self, record: &Record, now: i64) -> Vec<DomainEvent> {
         self.core.handle_fact(&record.event, now)
     }
+    fn fold(&mut self, event: &DomainEvent, at: i64) {
+        self.core.apply(event, at);
+    }
+    fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        self.core.catch_up(now)
+    }
     fn command(&mut self, command: &Command, now: i64) -> Vec<DomainEvent> {
         match command {
             Command::StartHandover(cmd) => self.core.handle(Input::StartHandover(cmd), now),
@@ -136,6 +149,9 @@ impl ServiceCore for CompilerService {
     fn on_record(&mut self, record: &Record, _now: i64) -> Vec<DomainEvent> {
         self.core.handle(&record.event)
     }
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        self.core.apply(event);
+    }
     fn effects(&self) -> Vec<Effect> {
         self.core.effects()
     }
@@ -158,6 +174,10 @@ impl ServiceCore for ClaimsService {
     fn on_record(&mut self, record: &Record, _now: i64) -> Vec<DomainEvent> {
         self.completion.apply(&record.event);
         self.core.handle(app_move::Input::Fact(&record.event))
+    }
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        self.completion.apply(event);
+        self.core.apply(event);
     }
     fn command(&mut self, command: &Command, _now: i64) -> Vec<DomainEvent> {
         match command {
@@ -199,6 +219,9 @@ impl ServiceCore for AlerterService {
     }
     fn on_record(&mut self, record: &Record, _now: i64) -> Vec<DomainEvent> {
         self.core.handle(&record.event)
+    }
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        self.core.apply(event);
     }
     fn snapshot(&self) -> CoreState {
         CoreState::Alerter(Box::new(self.core.clone()))

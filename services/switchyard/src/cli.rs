@@ -31,6 +31,21 @@ enum Command {
     /// Print the CustomResourceDefinitions from the Rust types, or write them
     /// into a Helm chart's crds/ directory.
     Crdgen(CrdgenArgs),
+    /// Run one service as a process against the cluster (in-cluster config or
+    /// KUBECONFIG) and the JetStream log.
+    Serve(crate::serve::ServeArgs),
+    /// Hand a node over to another group (a command to the running stack-assigner).
+    Handover(crate::serve::HandoverArgs),
+    /// Undo the last handover of a node (planned from the log, carried out by
+    /// the running stack-assigner).
+    #[command(subcommand)]
+    Rollback(RollbackCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RollbackCommand {
+    /// Restore a node's labels, taints and cordon state as before its last handover.
+    Node(crate::serve::RollbackNodeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -157,6 +172,11 @@ impl Cli {
             Command::Status(args) => crate::log_cmd::status(args, None).await,
             Command::Replay(args) => crate::log_cmd::status(args.state, Some(args.until)).await,
             Command::Crdgen(args) => crdgen(args),
+            Command::Serve(args) => crate::serve::serve(args).await,
+            Command::Handover(args) => crate::serve::handover(args).await,
+            Command::Rollback(RollbackCommand::Node(args)) => {
+                crate::serve::rollback_node(args).await
+            }
             Command::Log(LogCommand::Show(args)) => crate::log_cmd::show(args).await,
             Command::Log(LogCommand::Verify(args)) => crate::log_cmd::verify(args).await,
         }

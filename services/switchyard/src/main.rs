@@ -10,6 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod cli;
 mod demo;
 mod log_cmd;
+mod serve;
 mod state;
 
 use clap::Parser;

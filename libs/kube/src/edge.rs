@@ -1,0 +1,670 @@
+//! The writers: the cores' [`Effect`]s executed against the API server.
+//!
+//! Every write carries the service's field manager. A field the service owns
+//! (the `gpu-stack` label, `spec.unschedulable`, a DeviceClass, a GPUClass's
+//! status) is written with Server-Side Apply. Server-Side Apply cannot take
+//! away a field another manager owns, so changes to what others own (the
+//! group label, role labels, a rollback's restore, a workload's template) are
+//! read-decide-write: read the object, compute the change from what is there
+//! now, write it with the read `resourceVersion` as precondition. A conflict
+//! (409) — from either route — re-reads and decides again; an apply conflict
+//! is forced only after the re-read shows the field still is not what the
+//! effect asks for. 409, 429 and 5xx are retried with exponential backoff per
+//! object; other errors are returned to the host, which issues the effect
+//! again later (effects are idempotent).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, ResourceQuota};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use switchyard_api::{GPUClass, NodeGroup};
+use switchyard_core::effects::Effect;
+use switchyard_core::names::{GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
+use switchyard_proto::v1::{EvictionBlocked, Taint, WorkloadPlacement, WorkloadRef};
+
+/// The `kubectl rollout restart` annotation.
+pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl EdgeError {
+    fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> EdgeError {
+        let what = what.into();
+        move |source| EdgeError::Api { what, source }
+    }
+
+    /// 409, 429 and 5xx: worth another try after a pause.
+    fn retryable(&self) -> bool {
+        matches!(self, EdgeError::Api { source: kube::Error::Api(status), .. }
+            if status.code == 409 || status.code == 429 || status.code >= 500)
+    }
+}
+
+/// What an effect led to, beyond "done".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Pods of a drained node the Eviction API refused to evict.
+    pub blocked: Vec<EvictionBlocked>,
+    /// Pods an eviction was accepted for.
+    pub evicted: Vec<String>,
+}
+
+/// The writers of one service.
+#[derive(Clone)]
+pub struct Edge {
+    client: Client,
+    manager: String,
+    backoff: ExponentialBuilder,
+}
+
+impl Edge {
+    /// Writers acting as `service`: field manager `switchyard-<service>`.
+    pub fn new(client: Client, service: &str) -> Edge {
+        Edge {
+            client,
+            manager: format!("switchyard-{service}"),
+            backoff: ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_secs(5))
+                .with_max_times(8)
+                .with_jitter(),
+        }
+    }
+
+    pub fn field_manager(&self) -> &str {
+        &self.manager
+    }
+
+    /// Executes one effect, retrying conflicts, throttling and server errors.
+    pub async fn execute(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        (|| self.execute_once(effect))
+            .retry(self.backoff)
+            .when(EdgeError::retryable)
+            .notify(|err, pause| tracing::debug!(%err, ?pause, "retrying"))
+            .await
+    }
+
+    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        match effect {
+            Effect::Cordon { node } => self.apply_unschedulable(node, true).await,
+            Effect::Uncordon { node } => self.apply_unschedulable(node, false).await,
+            Effect::SetStackLabel {
+                node,
+                stack: Some(stack),
+            } => self.apply_stack_label(node, stack).await,
+            Effect::SetStackLabel { node, stack: None } => {
+                self.edit_node_labels(node, |labels| {
+                    labels.remove(GPU_STACK_LABEL);
+                })
+                .await
+            }
+            Effect::RemoveNodeLabels { node, labels } => {
+                self.edit_node_labels(node, |current| {
+                    for label in labels {
+                        current.remove(label);
+                    }
+                })
+                .await
+            }
+            Effect::MoveToGroup {
+                node,
+                group,
+                from_group,
+            } => {
+                self.edit_node_labels(node, |labels| {
+                    labels.insert(GROUP_LABEL.to_string(), group.clone());
+                    labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
+                })
+                .await
+            }
+            Effect::RestoreNode {
+                node,
+                labels,
+                taints,
+            } => self.restore_node(node, labels, taints).await,
+            Effect::Drain { node } => self.drain(node).await,
+            Effect::SetPlacement {
+                workload,
+                placement,
+            } => {
+                self.edit_template(workload, |spec| set_placement(spec, placement))
+                    .await
+            }
+            Effect::RestartWorkload {
+                workload,
+                restarted_at,
+            } => self.restart(workload, restarted_at).await,
+            Effect::RemoveSpecGpu { group } => self.remove_spec_gpu(group).await,
+            Effect::SetQuota {
+                namespace,
+                name,
+                hard,
+            } => self.set_quota(namespace, name, hard).await,
+            Effect::PublishDeviceClasses {
+                gpu_class,
+                variants,
+            } => self.publish_device_classes(gpu_class, variants).await,
+        }
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Server-Side Apply of a node field this service owns. On a conflict
+    /// with another manager: re-read, and take the field over only if it still
+    /// is not what the effect asks for.
+    async fn apply_node(
+        &self,
+        node: &str,
+        patch: Value,
+        holds: impl Fn(&Node) -> bool,
+    ) -> Result<Outcome, EdgeError> {
+        let nodes = self.nodes();
+        let params = PatchParams::apply(&self.manager);
+        match nodes.patch(node, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => Ok(Outcome::default()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let current = nodes
+                    .get(node)
+                    .await
+                    .map_err(EdgeError::api(format!("read node {node}")))?;
+                if holds(&current) {
+                    return Ok(Outcome::default());
+                }
+                tracing::info!(node, conflict = %status.message, "taking the field over after a re-read");
+                nodes
+                    .patch(node, &params.force(), &Patch::Apply(&patch))
+                    .await
+                    .map_err(EdgeError::api(format!("apply node {node}")))?;
+                Ok(Outcome::default())
+            }
+            Err(err) => Err(EdgeError::api(format!("apply node {node}"))(err)),
+        }
+    }
+
+    async fn apply_unschedulable(&self, node: &str, on: bool) -> Result<Outcome, EdgeError> {
+        let patch = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node},
+            "spec": {"unschedulable": on},
+        });
+        self.apply_node(node, patch, |n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+                == on
+        })
+        .await
+    }
+
+    async fn apply_stack_label(&self, node: &str, stack: &str) -> Result<Outcome, EdgeError> {
+        let patch = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": {GPU_STACK_LABEL: stack}},
+        });
+        self.apply_node(node, patch, |n| {
+            n.labels().get(GPU_STACK_LABEL).map(String::as_str) == Some(stack)
+        })
+        .await
+    }
+
+    /// Read-decide-write of a node's labels: `edit` gets the labels as they
+    /// are; the difference is written as a merge patch guarded by the read
+    /// resourceVersion. Nothing is written when nothing changes.
+    async fn edit_node_labels(
+        &self,
+        node: &str,
+        edit: impl Fn(&mut BTreeMap<String, String>),
+    ) -> Result<Outcome, EdgeError> {
+        let nodes = self.nodes();
+        let current = nodes
+            .get(node)
+            .await
+            .map_err(EdgeError::api(format!("read node {node}")))?;
+        let before = current.labels().clone();
+        let mut after = before.clone();
+        edit(&mut after);
+        if after == before {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": current.resource_version(),
+            "labels": label_diff(&before, &after),
+        }});
+        nodes
+            .patch(node, &self.merge_params(), &Patch::Merge(&patch))
+            .await
+            .map_err(EdgeError::api(format!("label node {node}")))?;
+        Ok(Outcome::default())
+    }
+
+    /// A rollback: the node's labels become `labels` (the preparation labels
+    /// stay as node preparation left them) and its taints `taints`.
+    async fn restore_node(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+        taints: &[Taint],
+    ) -> Result<Outcome, EdgeError> {
+        let nodes = self.nodes();
+        let current = nodes
+            .get(node)
+            .await
+            .map_err(EdgeError::api(format!("read node {node}")))?;
+        let before = current.labels().clone();
+        let mut after: BTreeMap<String, String> = labels
+            .iter()
+            .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for label in PREPARATION_LABELS {
+            if let Some(v) = before.get(label) {
+                after.insert(label.to_string(), v.clone());
+            }
+        }
+        let taints: Vec<Value> = taints
+            .iter()
+            .map(|t| {
+                let mut taint = json!({"key": t.key, "effect": t.effect});
+                if !t.value.is_empty() {
+                    taint["value"] = json!(t.value);
+                }
+                taint
+            })
+            .collect();
+        let have_taints = serde_json::to_value(
+            current
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        if after == before && have_taints == json!(taints) {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": current.resource_version(),
+                "labels": label_diff(&before, &after),
+            },
+            "spec": {"taints": if taints.is_empty() { Value::Null } else { json!(taints) }},
+        });
+        nodes
+            .patch(node, &self.merge_params(), &Patch::Merge(&patch))
+            .await
+            .map_err(EdgeError::api(format!("restore node {node}")))?;
+        Ok(Outcome::default())
+    }
+
+    fn merge_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.manager.clone()),
+            ..PatchParams::default()
+        }
+    }
+
+    /// Evicts every pod of the node but DaemonSet and mirror pods, through the
+    /// Eviction API; reports the pods it refused (a PodDisruptionBudget) with
+    /// the budgets that cover them.
+    async fn drain(&self, node: &str) -> Result<Outcome, EdgeError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let on_node = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(EdgeError::api(format!("list the pods of node {node}")))?;
+        let mut outcome = Outcome::default();
+        for pod in on_node {
+            let daemon = pod
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+            let mirror = pod
+                .annotations()
+                .contains_key("kubernetes.io/config.mirror");
+            if daemon || mirror || pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let namespace = pod.namespace().unwrap_or_default();
+            let name = pod.name_any();
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            match api.evict(&name, &EvictParams::default()).await {
+                Ok(_) => outcome.evicted.push(format!("{namespace}/{name}")),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if status.code == 429 => {
+                    let budgets = self.budgets_covering(&pod).await?;
+                    outcome.blocked.push(EvictionBlocked {
+                        node: node.to_string(),
+                        namespace,
+                        pod: name,
+                        reason: status.message,
+                        disruption_budgets: budgets,
+                    });
+                }
+                Err(err) => {
+                    return Err(EdgeError::api(format!("evict pod {namespace}/{name}"))(err));
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn budgets_covering(&self, pod: &Pod) -> Result<Vec<String>, EdgeError> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &namespace);
+        let list = pdbs
+            .list(&ListParams::default())
+            .await
+            .map_err(EdgeError::api(format!(
+                "list the PodDisruptionBudgets of namespace {namespace}"
+            )))?;
+        Ok(list
+            .into_iter()
+            .filter(|pdb| {
+                pdb.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    .is_some_and(|sel| selects(sel, pod.labels()))
+            })
+            .map(|pdb| format!("{namespace}/{}", pdb.name_any()))
+            .collect())
+    }
+
+    /// Read-decide-write of a workload's pod template (replace with the read
+    /// resourceVersion, so a concurrent change is a conflict, not lost).
+    async fn edit_template(
+        &self,
+        workload: &WorkloadRef,
+        edit: impl Fn(&mut PodSpec),
+    ) -> Result<Outcome, EdgeError> {
+        let what = format!("{} {}/{}", workload.kind, workload.namespace, workload.name);
+        let post = PostParams {
+            field_manager: Some(self.manager.clone()),
+            ..PostParams::default()
+        };
+        match workload.kind.as_str() {
+            "Deployment" => {
+                let api: Api<Deployment> =
+                    Api::namespaced(self.client.clone(), &workload.namespace);
+                let mut object = api
+                    .get(&workload.name)
+                    .await
+                    .map_err(EdgeError::api(format!("read {what}")))?;
+                let before = object.clone();
+                if let Some(spec) = object.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                    edit(spec);
+                }
+                if object != before {
+                    api.replace(&workload.name, &post, &object)
+                        .await
+                        .map_err(EdgeError::api(format!("write {what}")))?;
+                }
+            }
+            "StatefulSet" => {
+                let api: Api<StatefulSet> =
+                    Api::namespaced(self.client.clone(), &workload.namespace);
+                let mut object = api
+                    .get(&workload.name)
+                    .await
+                    .map_err(EdgeError::api(format!("read {what}")))?;
+                let before = object.clone();
+                if let Some(spec) = object.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                    edit(spec);
+                }
+                if object != before {
+                    api.replace(&workload.name, &post, &object)
+                        .await
+                        .map_err(EdgeError::api(format!("write {what}")))?;
+                }
+            }
+            other => {
+                return Err(EdgeError::Invalid(format!(
+                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                )));
+            }
+        }
+        Ok(Outcome::default())
+    }
+
+    async fn restart(&self, workload: &WorkloadRef, at: &str) -> Result<Outcome, EdgeError> {
+        let patch = json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: at}}}}});
+        let what = format!(
+            "restart {} {}/{}",
+            workload.kind, workload.namespace, workload.name
+        );
+        let params = self.merge_params();
+        match workload.kind.as_str() {
+            "Deployment" => Api::<Deployment>::namespaced(self.client.clone(), &workload.namespace)
+                .patch(&workload.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop),
+            "StatefulSet" => Api::<StatefulSet>::namespaced(self.client.clone(), &workload.namespace)
+                .patch(&workload.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop),
+            other => {
+                return Err(EdgeError::Invalid(format!(
+                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                )));
+            }
+        }
+        .map_err(EdgeError::api(what))?;
+        Ok(Outcome::default())
+    }
+
+    async fn remove_spec_gpu(&self, group: &str) -> Result<Outcome, EdgeError> {
+        let api: Api<NodeGroup> = Api::all(self.client.clone());
+        let current = api
+            .get(group)
+            .await
+            .map_err(EdgeError::api(format!("read NodeGroup {group}")))?;
+        if current.spec.gpu.is_none() {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "spec": {"gpu": null},
+        });
+        api.patch(group, &self.merge_params(), &Patch::Merge(&patch))
+            .await
+            .map_err(EdgeError::api(format!(
+                "remove spec.gpu of NodeGroup {group}"
+            )))?;
+        Ok(Outcome::default())
+    }
+
+    async fn set_quota(
+        &self,
+        namespace: &str,
+        name: &str,
+        hard: &BTreeMap<String, String>,
+    ) -> Result<Outcome, EdgeError> {
+        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("ResourceQuota {namespace}/{name}");
+        let mut quota = api
+            .get(name)
+            .await
+            .map_err(EdgeError::api(format!("read {what}")))?;
+        let want: BTreeMap<String, Quantity> = hard
+            .iter()
+            .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+            .collect();
+        let spec = quota.spec.get_or_insert_with(Default::default);
+        if spec.hard.as_ref() == Some(&want) {
+            return Ok(Outcome::default());
+        }
+        spec.hard = Some(want);
+        let post = PostParams {
+            field_manager: Some(self.manager.clone()),
+            ..PostParams::default()
+        };
+        api.replace(name, &post, &quota)
+            .await
+            .map_err(EdgeError::api(format!("write {what}")))?;
+        Ok(Outcome::default())
+    }
+
+    /// The GPU class's DeviceClasses (Server-Side Apply, owned by this
+    /// service) and its status.
+    async fn publish_device_classes(
+        &self,
+        gpu_class: &str,
+        variants: &[switchyard_proto::v1::CompiledVariant],
+    ) -> Result<Outcome, EdgeError> {
+        let classes: Api<DeviceClass> = Api::all(self.client.clone());
+        let params = PatchParams::apply(&self.manager);
+        for v in variants {
+            let object = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": v.device_class, "labels": {"gpu.deckhouse.io/class": gpu_class}},
+                "spec": {
+                    "selectors": [{"cel": {"expression": v.cel_selector}}],
+                    "extendedResourceName": v.extended_resource_name,
+                },
+            });
+            classes
+                .patch(&v.device_class, &params, &Patch::Apply(&object))
+                .await
+                .map_err(EdgeError::api(format!(
+                    "apply DeviceClass {}",
+                    v.device_class
+                )))?;
+        }
+        let status = json!({
+            "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
+            "metadata": {"name": gpu_class},
+            "status": {
+                "deviceClassNames": variants.iter().map(|v| v.device_class.clone()).collect::<Vec<_>>(),
+                "variants": variants.iter().map(|v| json!({
+                    "name": v.variant,
+                    "deviceClass": v.device_class,
+                    "extendedResourceName": v.extended_resource_name,
+                })).collect::<Vec<_>>(),
+            },
+        });
+        Api::<GPUClass>::all(self.client.clone())
+            .patch_status(gpu_class, &params, &Patch::Apply(&status))
+            .await
+            .map_err(EdgeError::api(format!(
+                "apply the status of GPUClass {gpu_class}"
+            )))?;
+        Ok(Outcome::default())
+    }
+}
+
+/// A merge-patch `labels` object turning `before` into `after`.
+fn label_diff(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Value {
+    let mut diff = serde_json::Map::new();
+    for key in before.keys().filter(|k| !after.contains_key(*k)) {
+        diff.insert(key.clone(), Value::Null);
+    }
+    for (key, value) in after.iter().filter(|(k, v)| before.get(*k) != Some(v)) {
+        diff.insert(key.clone(), json!(value));
+    }
+    Value::Object(diff)
+}
+
+fn set_placement(spec: &mut PodSpec, placement: &WorkloadPlacement) {
+    let to_map = |list: Option<&switchyard_proto::v1::ResourceList>| {
+        let map: BTreeMap<String, Quantity> = list
+            .into_iter()
+            .flat_map(|l| l.quantities.iter())
+            .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    };
+    for container in &mut spec.containers {
+        let resources = container.resources.get_or_insert_with(Default::default);
+        resources.limits = to_map(placement.container_limits.get(&container.name));
+        resources.requests = to_map(placement.container_requests.get(&container.name));
+    }
+    spec.node_selector =
+        (!placement.node_selector.is_empty()).then(|| placement.node_selector.clone());
+}
+
+/// Whether a label selector selects `labels` (matchLabels and matchExpressions).
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&e.key),
+            "DoesNotExist" => !labels.contains_key(&e.key),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn a_label_diff_nulls_what_goes_and_sets_what_changes() {
+        let before = BTreeMap::from([
+            ("a".to_string(), "1".to_string()),
+            ("b".to_string(), "2".to_string()),
+        ]);
+        let after = BTreeMap::from([
+            ("b".to_string(), "3".to_string()),
+            ("c".to_string(), "4".to_string()),
+        ]);
+        assert_eq!(
+            label_diff(&before, &after),
+            json!({"a": null, "b": "3", "c": "4"})
+        );
+        assert_eq!(label_diff(&before, &before), json!({}));
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels = BTreeMap::from([("app".to_string(), "train".to_string())]);
+        let mut selector = LabelSelector {
+            match_labels: Some(labels.clone()),
+            ..LabelSelector::default()
+        };
+        assert!(selects(&selector, &labels));
+        selector.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: "Exists".into(),
+            values: None,
+        }]);
+        assert!(!selects(&selector, &labels));
+        assert!(!selects(
+            &LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), "x".to_string())])),
+                ..LabelSelector::default()
+            },
+            &labels
+        ));
+    }
+}

@@ -1,0 +1,459 @@
+//! Kubernetes objects as fact events: pure functions from an object to the
+//! fact that describes it, the same facts the simulator reports. Only what the
+//! cores read is carried, so an unrelated change (a status heartbeat, a managed
+//! field) gives the same bytes and is not reported again.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
+use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
+use switchyard_proto::v1::{
+    DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuPhase, GpuSharing,
+    GpuSpec, ModuleSettingsObserved, NodeGroupObserved, NodeGroupRemoved, NodeObserved,
+    NodeProvisioning, NodeRemoved, PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase,
+    PodRemoved, ResourceList, ResourceQuotaObserved, ResourceSliceObserved, ResourceSliceRemoved,
+    Taint, WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
+};
+
+/// The ModuleConfig of the GPU module.
+pub const MODULE_CONFIG_NAME: &str = "gpu";
+/// Annotation on the ModuleConfig naming the module version that ran before
+/// this one (written by the module's upgrade); absent on a fresh install.
+pub const PREVIOUS_VERSION_ANNOTATION: &str = "gpu.deckhouse.io/previous-module-version";
+/// Annotation the node agent writes on its node: how many GPUs it found.
+pub const GPU_COUNT_ANNOTATION: &str = "gpu.deckhouse.io/physical-gpus";
+
+fn event(kind: Kind) -> DomainEvent {
+    DomainEvent { kind: Some(kind) }
+}
+
+/// A Node: labels, taints, `spec.unschedulable`, how it was provisioned and
+/// how many GPUs it carries.
+pub fn node(node: &Node) -> DomainEvent {
+    let spec = node.spec.clone().unwrap_or_default();
+    let taints = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| Taint {
+            key: t.key,
+            value: t.value.unwrap_or_default(),
+            effect: t.effect,
+        })
+        .collect();
+    // Deckhouse's static provider names StaticInstance machines `static://…`;
+    // any other provider ID is a cloud machine; none at all is a node added by hand.
+    let provisioning = match spec.provider_id.as_deref() {
+        None | Some("") => NodeProvisioning::Manual,
+        Some(id) if id.starts_with("static://") => NodeProvisioning::StaticInstance,
+        Some(_) => NodeProvisioning::Cloud,
+    };
+    let from_agent = node
+        .annotations()
+        .get(GPU_COUNT_ANNOTATION)
+        .and_then(|v| v.parse::<u32>().ok());
+    let from_plugin = node
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get(NVIDIA_GPU))
+        .and_then(|q| q.0.parse::<u32>().ok());
+    event(Kind::NodeObserved(NodeObserved {
+        node: node.name_any(),
+        labels: node.labels().clone(),
+        taints,
+        unschedulable: spec.unschedulable.unwrap_or(false),
+        provisioning: provisioning as i32,
+        gpu_count: from_agent.or(from_plugin).unwrap_or(0),
+    }))
+}
+
+pub fn node_removed(node: &Node) -> DomainEvent {
+    event(Kind::NodeRemoved(NodeRemoved {
+        node: node.name_any(),
+    }))
+}
+
+pub fn node_group(group: &NodeGroup) -> DomainEvent {
+    let gpu = group.spec.gpu.as_ref().map(|gpu| GpuSpec {
+        sharing: match gpu.sharing {
+            switchyard_api::GpuSharing::Exclusive => GpuSharing::Exclusive,
+            switchyard_api::GpuSharing::TimeSlicing => GpuSharing::TimeSlicing,
+            switchyard_api::GpuSharing::Mig => GpuSharing::Mig,
+        } as i32,
+        partition_count: gpu.time_slicing.as_ref().map_or(0, |t| t.partition_count),
+        mig_parted_config: gpu
+            .mig
+            .as_ref()
+            .map_or(String::new(), |m| m.parted_config.clone()),
+    });
+    let node_type = serde_json::to_value(group.spec.node_type)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    event(Kind::NodeGroupObserved(NodeGroupObserved {
+        group: group.name_any(),
+        node_type,
+        gpu,
+        node_labels: BTreeMap::new(),
+        node_taints: Vec::new(),
+    }))
+}
+
+pub fn node_group_removed(group: &NodeGroup) -> DomainEvent {
+    event(Kind::NodeGroupRemoved(NodeGroupRemoved {
+        group: group.name_any(),
+    }))
+}
+
+/// The GPU module's settings, or `None` for another module's ModuleConfig.
+/// `module_version` is the running Switchyard's; `dra_api_served` whether the
+/// API server serves `resource.k8s.io/v1`.
+pub fn module_settings(
+    config: &ModuleConfig,
+    module_version: &str,
+    dra_api_served: bool,
+) -> Option<DomainEvent> {
+    if config.name_any() != MODULE_CONFIG_NAME {
+        return None;
+    }
+    let dra_enabled = config
+        .spec
+        .settings
+        .as_ref()
+        .and_then(|s| s.dra.as_ref())
+        .is_some_and(|d| d.enabled);
+    Some(event(Kind::ModuleSettingsObserved(
+        ModuleSettingsObserved {
+            dra_enabled,
+            feature_gates_ready: dra_api_served,
+            module_version: module_version.to_string(),
+            previous_module_version: config
+                .annotations()
+                .get(PREVIOUS_VERSION_ANNOTATION)
+                .cloned()
+                .unwrap_or_default(),
+        },
+    )))
+}
+
+pub fn physical_gpu(gpu: &PhysicalGPU) -> DomainEvent {
+    let status = gpu.status.clone().unwrap_or_default();
+    let phase = match status.phase {
+        None => GpuPhase::Unspecified,
+        Some(switchyard_api::GpuPhase::Pending) => GpuPhase::Pending,
+        Some(switchyard_api::GpuPhase::Ready) => GpuPhase::Ready,
+        Some(switchyard_api::GpuPhase::Failed) => GpuPhase::Failed,
+    };
+    event(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
+        name: gpu.name_any(),
+        node: gpu.spec.node.clone(),
+        index: gpu.spec.index,
+        uuid: gpu.spec.uuid.clone(),
+        product: gpu.spec.product.clone(),
+        device: gpu
+            .labels()
+            .get(GPU_DEVICE_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+        memory_mib: status.capabilities.map_or(0, |c| c.memory_mib),
+        phase: phase as i32,
+    }))
+}
+
+pub fn physical_gpu_removed(gpu: &PhysicalGPU) -> DomainEvent {
+    event(Kind::PhysicalGpuRemoved(PhysicalGpuRemoved {
+        name: gpu.name_any(),
+        node: gpu.spec.node.clone(),
+    }))
+}
+
+pub fn gpu_class(class: &GPUClass) -> DomainEvent {
+    event(Kind::GpuClassObserved(GpuClassObserved {
+        name: class.name_any(),
+        device_class_names: class
+            .status
+            .as_ref()
+            .map(|s| s.device_class_names.clone())
+            .unwrap_or_default(),
+    }))
+}
+
+/// The controller that owns a pod, as the workload the operator knows: a
+/// ReplicaSet's pods belong to its Deployment (the ReplicaSet is named
+/// `<deployment>-<pod-template-hash>`).
+fn pod_owner(pod: &Pod) -> Option<WorkloadRef> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    let (kind, name) = match owner.kind.as_str() {
+        "ReplicaSet" => match pod.labels().get("pod-template-hash") {
+            Some(hash) => match owner.name.strip_suffix(&format!("-{hash}")) {
+                Some(deployment) => ("Deployment", deployment.to_string()),
+                None => ("ReplicaSet", owner.name.clone()),
+            },
+            None => ("ReplicaSet", owner.name.clone()),
+        },
+        kind => (kind, owner.name.clone()),
+    };
+    Some(WorkloadRef {
+        namespace: pod.namespace().unwrap_or_default(),
+        kind: kind.to_string(),
+        name,
+    })
+}
+
+pub fn pod(pod: &Pod) -> DomainEvent {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Pending") => PodPhase::Pending,
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        _ => PodPhase::Unspecified,
+    };
+    let node = spec.node_name.clone().unwrap_or_default();
+    let claims_needed = spec.resource_claims.as_ref().map_or(0, Vec::len) as u32;
+    // The scheduler binds a pod only once all its claims are allocated and
+    // reserved for it: a scheduled pod has them all.
+    let claims_allocated = if node.is_empty() { 0 } else { claims_needed };
+    event(Kind::PodObserved(PodObserved {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        node,
+        owner: pod_owner(pod),
+        phase: phase as i32,
+        app: pod.labels().get("app").cloned().unwrap_or_default(),
+        claims_allocated,
+        claims_needed,
+    }))
+}
+
+pub fn pod_removed(pod: &Pod) -> DomainEvent {
+    event(Kind::PodRemoved(PodRemoved {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+    }))
+}
+
+fn quantities(list: Option<&BTreeMap<String, Quantity>>) -> ResourceList {
+    ResourceList {
+        quantities: list
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
+    }
+}
+
+/// The parts of a pod template an application move changes.
+pub fn placement(spec: Option<&PodSpec>) -> WorkloadPlacement {
+    let containers: &[Container] = spec.map_or(&[], |s| &s.containers);
+    let mut placement = WorkloadPlacement {
+        node_selector: spec
+            .and_then(|s| s.node_selector.clone())
+            .unwrap_or_default(),
+        ..WorkloadPlacement::default()
+    };
+    for c in containers {
+        let resources = c.resources.as_ref();
+        placement.container_limits.insert(
+            c.name.clone(),
+            quantities(resources.and_then(|r| r.limits.as_ref())),
+        );
+        placement.container_requests.insert(
+            c.name.clone(),
+            quantities(resources.and_then(|r| r.requests.as_ref())),
+        );
+    }
+    placement
+}
+
+pub fn deployment(d: &Deployment) -> DomainEvent {
+    let spec = d.spec.as_ref();
+    workload(
+        d.namespace().unwrap_or_default(),
+        "Deployment",
+        d.name_any(),
+        spec.and_then(|s| s.replicas).unwrap_or(1),
+        spec.and_then(|s| s.template.spec.as_ref()),
+    )
+}
+
+pub fn stateful_set(s: &StatefulSet) -> DomainEvent {
+    let spec = s.spec.as_ref();
+    workload(
+        s.namespace().unwrap_or_default(),
+        "StatefulSet",
+        s.name_any(),
+        spec.and_then(|s| s.replicas).unwrap_or(1),
+        spec.and_then(|s| s.template.spec.as_ref()),
+    )
+}
+
+fn workload(
+    namespace: String,
+    kind: &str,
+    name: String,
+    replicas: i32,
+    template: Option<&PodSpec>,
+) -> DomainEvent {
+    event(Kind::WorkloadObserved(WorkloadObserved {
+        workload: Some(WorkloadRef {
+            namespace,
+            kind: kind.to_string(),
+            name,
+        }),
+        replicas: replicas.max(0) as u32,
+        placement: Some(placement(template)),
+    }))
+}
+
+pub fn resource_quota(quota: &ResourceQuota) -> DomainEvent {
+    event(Kind::ResourceQuotaObserved(ResourceQuotaObserved {
+        namespace: quota.namespace().unwrap_or_default(),
+        name: quota.name_any(),
+        hard: quantities(quota.spec.as_ref().and_then(|s| s.hard.as_ref())).quantities,
+    }))
+}
+
+pub fn resource_slice(slice: &ResourceSlice) -> DomainEvent {
+    event(Kind::ResourceSliceObserved(ResourceSliceObserved {
+        name: slice.name_any(),
+        driver: slice.spec.driver.clone(),
+        node: slice.spec.node_name.clone().unwrap_or_default(),
+        pool: slice.spec.pool.name.clone(),
+        devices: slice.spec.devices.as_ref().map_or(0, Vec::len) as u32,
+    }))
+}
+
+pub fn resource_slice_removed(slice: &ResourceSlice) -> DomainEvent {
+    event(Kind::ResourceSliceRemoved(ResourceSliceRemoved {
+        name: slice.name_any(),
+        node: slice.spec.node_name.clone().unwrap_or_default(),
+    }))
+}
+
+pub fn device_class(class: &DeviceClass) -> DomainEvent {
+    event(Kind::DeviceClassObserved(DeviceClassObserved {
+        name: class.name_any(),
+        selectors: class
+            .spec
+            .selectors
+            .iter()
+            .flatten()
+            .filter_map(|s| s.cel.as_ref().map(|c| c.expression.clone()))
+            .collect(),
+    }))
+}
+
+pub fn device_class_removed(class: &DeviceClass) -> DomainEvent {
+    event(Kind::DeviceClassRemoved(DeviceClassRemoved {
+        name: class.name_any(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, Taint as KTaint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn meta(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn a_node_carries_labels_taints_cordon_provisioning_and_gpus() {
+        let mut n = Node {
+            metadata: meta("gpu-1"),
+            spec: Some(NodeSpec {
+                unschedulable: Some(true),
+                provider_id: Some("static://abc".into()),
+                taints: Some(vec![KTaint {
+                    key: "dedicated".into(),
+                    value: Some("gpu".into()),
+                    effect: "NoSchedule".into(),
+                    ..KTaint::default()
+                }]),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                capacity: Some([(NVIDIA_GPU.to_string(), Quantity("8".into()))].into()),
+                ..NodeStatus::default()
+            }),
+        };
+        n.metadata.labels =
+            Some([("node.deckhouse.io/group".to_string(), "gpu".to_string())].into());
+        let Some(Kind::NodeObserved(f)) = node(&n).kind else {
+            panic!("a NodeObserved")
+        };
+        assert_eq!(f.node, "gpu-1");
+        assert_eq!(f.labels["node.deckhouse.io/group"], "gpu");
+        assert!(f.unschedulable);
+        assert_eq!(f.provisioning(), NodeProvisioning::StaticInstance);
+        assert_eq!(f.gpu_count, 8);
+        assert_eq!(f.taints[0].value, "gpu");
+        // The node agent's count wins over the device plugin's capacity.
+        n.metadata.annotations = Some([(GPU_COUNT_ANNOTATION.to_string(), "4".into())].into());
+        n.spec.as_mut().unwrap().provider_id = None;
+        let Some(Kind::NodeObserved(f)) = node(&n).kind else {
+            panic!("a NodeObserved")
+        };
+        assert_eq!(f.gpu_count, 4);
+        assert_eq!(f.provisioning(), NodeProvisioning::Manual);
+    }
+
+    #[test]
+    fn a_replica_set_pod_belongs_to_its_deployment() {
+        let mut p = Pod {
+            metadata: meta("train-7d9f8-abcde"),
+            ..Pod::default()
+        };
+        p.metadata.namespace = Some("ml".into());
+        p.metadata.labels = Some([("pod-template-hash".to_string(), "7d9f8".to_string())].into());
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "ReplicaSet".into(),
+            name: "train-7d9f8".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        let owner = f.owner.expect("owner");
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Deployment", "train")
+        );
+        assert_eq!(f.phase(), PodPhase::Unspecified);
+    }
+
+    #[test]
+    fn only_the_gpu_module_config_is_a_fact() {
+        let other = ModuleConfig::new("cni-cilium", Default::default());
+        assert!(module_settings(&other, "2.0.0", true).is_none());
+        let mut gpu = ModuleConfig::new(MODULE_CONFIG_NAME, Default::default());
+        gpu.spec.settings = Some(switchyard_api::ModuleSettings {
+            dra: Some(switchyard_api::DraSettings { enabled: true }),
+        });
+        gpu.metadata.annotations =
+            Some([(PREVIOUS_VERSION_ANNOTATION.to_string(), "1.9.0".into())].into());
+        let Some(Kind::ModuleSettingsObserved(f)) =
+            module_settings(&gpu, "2.0.0", true).and_then(|e| e.kind)
+        else {
+            panic!("settings")
+        };
+        assert!(f.dra_enabled && f.feature_gates_ready);
+        assert_eq!(f.previous_module_version, "1.9.0");
+    }
+}

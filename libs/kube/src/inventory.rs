@@ -1,0 +1,355 @@
+//! inventory: watches the cluster and appends what changed as fact events.
+//!
+//! One kube-runtime watcher per kind, merged into one ordered stream. Each
+//! object becomes its fact ([`crate::facts`]); the [`Observer`] drops a fact
+//! that repeats the last report of its object, so a watch restart or a
+//! re-list appends nothing for objects that did not change. After a re-list
+//! (`InitDone`), objects reported before but absent from the list are reported
+//! removed — a deletion missed while the watch was down is not lost. On start
+//! the observer and the set of live objects are rebuilt from inventory's own
+//! records in the log, so a restarted inventory does not report the cluster
+//! again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, stream::BoxStream};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
+use switchyard_core::subjects::{Observer, subject_of};
+use switchyard_eventlog::{EventLog, LogError};
+use switchyard_proto::v1::{
+    DeviceClassRemoved, DomainEvent, NodeGroupRemoved, NodeRemoved, PhysicalGpuRemoved, PodRemoved,
+    ResourceSliceRemoved, domain_event::Kind,
+};
+use switchyard_runtime::INVENTORY;
+
+use crate::{append_as, facts, now_nanos};
+
+/// What one watcher saw, already as facts.
+#[derive(Debug)]
+enum Seen {
+    /// A re-list of `kind` starts.
+    Init(&'static str),
+    /// An object as it is now (from a list or a watch event).
+    Object(&'static str, DomainEvent),
+    /// The object is gone.
+    Gone(DomainEvent),
+    /// The re-list of `kind` is complete.
+    InitDone(&'static str),
+}
+
+/// How inventory runs.
+#[derive(Clone, Debug)]
+pub struct InventoryOptions {
+    /// The running module version, reported with the module settings.
+    pub module_version: String,
+}
+
+impl Default for InventoryOptions {
+    fn default() -> Self {
+        InventoryOptions {
+            module_version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// The removal fact of an observed object, for the kinds that have one.
+fn removal_of(fact: &DomainEvent) -> Option<DomainEvent> {
+    let kind = match fact.kind.as_ref()? {
+        Kind::NodeObserved(f) => Kind::NodeRemoved(NodeRemoved {
+            node: f.node.clone(),
+        }),
+        Kind::NodeGroupObserved(f) => Kind::NodeGroupRemoved(NodeGroupRemoved {
+            group: f.group.clone(),
+        }),
+        Kind::PhysicalGpuObserved(f) => Kind::PhysicalGpuRemoved(PhysicalGpuRemoved {
+            name: f.name.clone(),
+            node: f.node.clone(),
+        }),
+        Kind::PodObserved(f) => Kind::PodRemoved(PodRemoved {
+            namespace: f.namespace.clone(),
+            name: f.name.clone(),
+        }),
+        Kind::ResourceSliceObserved(f) => Kind::ResourceSliceRemoved(ResourceSliceRemoved {
+            name: f.name.clone(),
+            node: f.node.clone(),
+        }),
+        Kind::DeviceClassObserved(f) => Kind::DeviceClassRemoved(DeviceClassRemoved {
+            name: f.name.clone(),
+        }),
+        _ => return None,
+    };
+    Some(DomainEvent { kind: Some(kind) })
+}
+
+/// Which watcher reports a fact (the key of the live-object sets).
+fn watch_kind(fact: &DomainEvent) -> Option<&'static str> {
+    Some(match fact.kind.as_ref()? {
+        Kind::NodeObserved(_) | Kind::NodeRemoved(_) => "Node",
+        Kind::NodeGroupObserved(_) | Kind::NodeGroupRemoved(_) => "NodeGroup",
+        Kind::PhysicalGpuObserved(_) | Kind::PhysicalGpuRemoved(_) => "PhysicalGPU",
+        Kind::PodObserved(_) | Kind::PodRemoved(_) => "Pod",
+        Kind::ResourceSliceObserved(_) | Kind::ResourceSliceRemoved(_) => "ResourceSlice",
+        Kind::DeviceClassObserved(_) | Kind::DeviceClassRemoved(_) => "DeviceClass",
+        _ => return None,
+    })
+}
+
+/// What inventory has reported: the observer's memory and, per kind, the
+/// live objects (subject -> removal fact).
+#[derive(Default)]
+pub struct Reported {
+    observer: Observer,
+    live: BTreeMap<&'static str, BTreeMap<String, DomainEvent>>,
+    /// Subjects seen in the re-list in progress, per kind.
+    relisting: BTreeMap<&'static str, BTreeSet<String>>,
+    /// The module settings wait for the first complete list of NodeGroups:
+    /// the upgrade hold applies to the groups with spec.gpu at the first
+    /// observation of the settings, so they must be in the log before it.
+    groups_listed: bool,
+    deferred: Vec<Seen>,
+}
+
+impl Reported {
+    /// Folds one of inventory's own records (rebuild) or a fact about to be
+    /// appended; returns the fact if it is news.
+    pub fn observe(&mut self, fact: DomainEvent) -> Option<DomainEvent> {
+        let news = self.observer.observe(fact)?;
+        if let Some(kind) = watch_kind(&news) {
+            let live = self.live.entry(kind).or_default();
+            let subject = subject_of(&news);
+            match removal_of(&news) {
+                Some(removal) => {
+                    live.insert(subject, removal);
+                }
+                None => {
+                    live.remove(&subject);
+                }
+            }
+        }
+        Some(news)
+    }
+
+    fn handle(&mut self, seen: Seen) -> Vec<DomainEvent> {
+        if !self.groups_listed {
+            match &seen {
+                Seen::Object("ModuleConfig", _) => {
+                    self.deferred.push(seen);
+                    return Vec::new();
+                }
+                Seen::InitDone("NodeGroup") => {
+                    self.groups_listed = true;
+                    let mut out = self.handle(seen);
+                    for later in std::mem::take(&mut self.deferred) {
+                        out.extend(self.handle(later));
+                    }
+                    return out;
+                }
+                _ => {}
+            }
+        }
+        match seen {
+            Seen::Init(kind) => {
+                self.relisting.insert(kind, BTreeSet::new());
+                Vec::new()
+            }
+            Seen::Object(kind, fact) => {
+                if let Some(listed) = self.relisting.get_mut(kind) {
+                    listed.insert(subject_of(&fact));
+                }
+                self.observe(fact).into_iter().collect()
+            }
+            Seen::Gone(fact) => self.observe(fact).into_iter().collect(),
+            Seen::InitDone(kind) => {
+                let listed = self.relisting.remove(kind).unwrap_or_default();
+                let missed: Vec<DomainEvent> = self
+                    .live
+                    .get(kind)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(subject, _)| !listed.contains(*subject))
+                    .map(|(_, removal)| removal.clone())
+                    .collect();
+                missed
+                    .into_iter()
+                    .filter_map(|removal| self.observe(removal))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// One watcher's stream, as facts.
+fn watch<K>(
+    api: Api<K>,
+    kind: &'static str,
+    fact: impl Fn(&K) -> Option<DomainEvent> + Send + 'static,
+    gone: impl Fn(&K) -> Option<DomainEvent> + Send + 'static,
+) -> BoxStream<'static, Seen>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let seen = match event {
+                Ok(watcher::Event::Init) => Some(Seen::Init(kind)),
+                Ok(watcher::Event::InitDone) => Some(Seen::InitDone(kind)),
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    fact(&o).map(|f| Seen::Object(kind, f))
+                }
+                Ok(watcher::Event::Delete(o)) => gone(&o).map(Seen::Gone),
+                Err(err) => {
+                    tracing::warn!(kind, %err, "watch failed; retrying with backoff");
+                    None
+                }
+            };
+            futures::future::ready(seen)
+        })
+        .boxed()
+}
+
+/// Every watcher of inventory, merged.
+fn watchers(
+    client: &Client,
+    options: &InventoryOptions,
+    dra_api: bool,
+) -> impl Stream<Item = Seen> {
+    let c = || client.clone();
+    let version = options.module_version.clone();
+    let mut streams = vec![
+        watch(
+            Api::<Node>::all(c()),
+            "Node",
+            |o| Some(facts::node(o)),
+            |o| Some(facts::node_removed(o)),
+        ),
+        watch(
+            Api::<NodeGroup>::all(c()),
+            "NodeGroup",
+            |o| Some(facts::node_group(o)),
+            |o| Some(facts::node_group_removed(o)),
+        ),
+        watch(
+            Api::<ModuleConfig>::all(c()),
+            "ModuleConfig",
+            move |o| facts::module_settings(o, &version, dra_api),
+            |_| None,
+        ),
+        watch(
+            Api::<GPUClass>::all(c()),
+            "GPUClass",
+            |o| Some(facts::gpu_class(o)),
+            |_| None,
+        ),
+        watch(
+            Api::<PhysicalGPU>::all(c()),
+            "PhysicalGPU",
+            |o| Some(facts::physical_gpu(o)),
+            |o| Some(facts::physical_gpu_removed(o)),
+        ),
+        watch(
+            Api::<Pod>::all(c()),
+            "Pod",
+            |o| Some(facts::pod(o)),
+            |o| Some(facts::pod_removed(o)),
+        ),
+        watch(
+            Api::<Deployment>::all(c()),
+            "Deployment",
+            |o| Some(facts::deployment(o)),
+            |_| None,
+        ),
+        watch(
+            Api::<StatefulSet>::all(c()),
+            "StatefulSet",
+            |o| Some(facts::stateful_set(o)),
+            |_| None,
+        ),
+        watch(
+            Api::<ResourceQuota>::all(c()),
+            "ResourceQuota",
+            |o| Some(facts::resource_quota(o)),
+            |_| None,
+        ),
+    ];
+    if dra_api {
+        streams.push(watch(
+            Api::<ResourceSlice>::all(c()),
+            "ResourceSlice",
+            |o| Some(facts::resource_slice(o)),
+            |o| Some(facts::resource_slice_removed(o)),
+        ));
+        streams.push(watch(
+            Api::<DeviceClass>::all(c()),
+            "DeviceClass",
+            |o| Some(facts::device_class(o)),
+            |o| Some(facts::device_class_removed(o)),
+        ));
+    }
+    futures::stream::select_all(streams)
+}
+
+/// Whether the API server serves `resource.k8s.io/v1` (DRA).
+pub async fn dra_api_served(client: &Client) -> bool {
+    client
+        .list_api_group_resources("resource.k8s.io/v1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"))
+}
+
+/// Rebuilds what inventory reported from its own records in the log.
+pub async fn rebuild(log: &Arc<dyn EventLog>) -> Result<Reported, LogError> {
+    let mut reported = Reported::default();
+    switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+        if stored.envelope.actor == INVENTORY
+            && let switchyard_eventlog::Decoded::Event(event) = stored.decode()
+        {
+            reported.observe(event);
+        }
+    })
+    .await?;
+    Ok(reported)
+}
+
+/// Runs inventory until the watch streams end (they do not) or the log fails.
+/// `appended` is told the log sequence of every fact appended.
+pub async fn run(
+    client: Client,
+    log: Arc<dyn EventLog>,
+    options: InventoryOptions,
+    appended: Option<tokio::sync::mpsc::UnboundedSender<u64>>,
+) -> anyhow::Result<()> {
+    let mut reported = rebuild(&log).await?;
+    let dra_api = dra_api_served(&client).await;
+    tracing::info!(dra_api, "inventory watching");
+    let mut seen = Box::pin(watchers(&client, &options, dra_api));
+    while let Some(first) = seen.next().await {
+        // Take whatever else is ready too, and append it in one go.
+        let mut news = reported.handle(first);
+        while let Some(Some(more)) = seen.next().now_or_never() {
+            news.extend(reported.handle(more));
+            if news.len() >= switchyard_eventlog::MAX_BATCH_EVENTS {
+                break;
+            }
+        }
+        if news.is_empty() {
+            continue;
+        }
+        let sequences = append_as(&log, INVENTORY, &news, now_nanos()).await?;
+        if let Some(tx) = &appended {
+            for seq in sequences {
+                let _ = tx.send(seq);
+            }
+        }
+    }
+    Ok(())
+}
+
+use futures::FutureExt;
