@@ -10,4 +10,5 @@ export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
 scripts/install-nats-server.sh
 scripts/control-plane.sh
+scripts/install-helm.sh
 cargo test --workspace --locked "$@"

@@ -254,21 +254,66 @@ impl ControlPlane {
 
     /// A client acting as `user` (with `groups`), through impersonation by the admin.
     pub fn impersonating(&self, user: &str, groups: &[&str]) -> kube::Client {
-        self.client_as(Some((user, groups)))
+        self.client_as(Some(Impersonation {
+            user,
+            groups,
+            extra: &[],
+        }))
     }
 
-    fn client_as(&self, who: Option<(&str, &[&str])>) -> kube::Client {
+    /// A client acting as `user` with `groups` and user `extra` values, e.g.
+    /// `("authentication.kubernetes.io/node-name", &["gpu-0"])`, which bound
+    /// service-account tokens of a pod carry since Kubernetes 1.32.
+    pub fn impersonating_with_extra(
+        &self,
+        user: &str,
+        groups: &[&str],
+        extra: &[(&str, &[&str])],
+    ) -> kube::Client {
+        self.client_as(Some(Impersonation {
+            user,
+            groups,
+            extra,
+        }))
+    }
+
+    fn client_as(&self, who: Option<Impersonation>) -> kube::Client {
         let mut config = kube::Config::new(self.url().parse().expect("url"));
         // The serving certificate is self-signed per run.
         config.accept_invalid_certs = true;
         config.auth_info.token = Some(secrecy::SecretString::from(ADMIN_TOKEN.to_string()));
-        if let Some((user, groups)) = who {
+        if let Some(Impersonation {
+            user,
+            groups,
+            extra,
+        }) = who
+        {
             config.auth_info.impersonate = Some(user.to_string());
             config.auth_info.impersonate_groups =
                 Some(groups.iter().map(|g| g.to_string()).collect());
+            if !extra.is_empty() {
+                config.auth_info.impersonate_user_extra = Some(
+                    extra
+                        .iter()
+                        .map(|(key, values)| {
+                            (
+                                key.to_string(),
+                                values.iter().map(|v| v.to_string()).collect(),
+                            )
+                        })
+                        .collect(),
+                );
+            }
         }
         kube::Client::try_from(config).expect("kube client")
     }
+}
+
+/// Who an impersonating client acts as.
+struct Impersonation<'a> {
+    user: &'a str,
+    groups: &'a [&'a str],
+    extra: &'a [(&'a str, &'a [&'a str])],
 }
 
 impl Drop for ControlPlane {

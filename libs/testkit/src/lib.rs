@@ -58,6 +58,37 @@ where
     Ok(())
 }
 
+/// The helm version the chart is tested with (built by `scripts/install-helm.sh`).
+pub const HELM_VERSION: &str = "3.22.0";
+
+const HELM_INSTALL_HINT: &str = "build it with `scripts/install-helm.sh` (helm v3.22.0 into ~/.cache/switchyard/helm/v3.22.0) or set SWITCHYARD_HELM to a helm v3 binary";
+
+/// Finds helm: `$SWITCHYARD_HELM`, else the pinned build in the cache. Not
+/// `helm` on `PATH`: the chart's tests depend on helm 3's schema checks, and a
+/// stray helm of another major version would fail them for the wrong reason.
+pub fn helm_binary() -> Result<std::path::PathBuf, String> {
+    if let Some(path) = std::env::var_os("SWITCHYARD_HELM") {
+        let path = std::path::PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "SWITCHYARD_HELM={} is not a file; {HELM_INSTALL_HINT}",
+                path.display()
+            ))
+        };
+    }
+    let cached = cache_dir().join(format!("helm/v{HELM_VERSION}/helm"));
+    if cached.is_file() {
+        Ok(cached)
+    } else {
+        Err(format!(
+            "{} is missing; {HELM_INSTALL_HINT}",
+            cached.display()
+        ))
+    }
+}
+
 /// The cache directory scripts install pinned tools into (`scripts/install-*.sh`):
 /// `$SWITCHYARD_CACHE`, else `$HOME/.cache/switchyard`.
 pub fn cache_dir() -> std::path::PathBuf {
