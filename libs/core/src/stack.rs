@@ -227,8 +227,14 @@ impl StackAssigner {
     }
 
     /// `StackAssigned` for `node` if the rules give another stack, reason or
-    /// group than decided so far.
+    /// group than decided so far. Nothing before the module settings are
+    /// known: until then whether DRA is on, and which groups the upgrade holds
+    /// on it, is not known either, and a guess could move a held node to the
+    /// device plugin with its claims.
     fn assignment_decision(&self, name: &str, held: &BTreeSet<String>) -> Option<DomainEvent> {
+        if self.cluster.module.observations == 0 {
+            return None;
+        }
         let node = self.cluster.nodes.get(name)?;
         let group = node.group().unwrap_or_default();
         let (stack, reason) = rule(node, &self.cluster, held.contains(group));
@@ -388,6 +394,9 @@ impl StackAssigner {
     /// after `handle`; a runtime check of invariant 2).
     pub fn rule_violations(&self) -> Vec<String> {
         let mut wrong = Vec::new();
+        if self.cluster.module.observations == 0 {
+            return wrong;
+        }
         for (name, node) in &self.cluster.nodes {
             let group = node.group().unwrap_or_default();
             let expected = rule(node, &self.cluster, self.held.contains(group));

@@ -100,6 +100,11 @@ proptest! {
             log.push(fact.clone());
             log.extend(decisions);
 
+            // 0: nothing is decided before the module settings are known.
+            if core.cluster.module.observations == 0 {
+                prop_assert!(core.assignments.is_empty(), "decided before the settings: {:?}", core.assignments);
+                continue;
+            }
             // 1 + 2: exactly the cluster's nodes are assigned, each as the rules say.
             prop_assert_eq!(
                 core.assignments.keys().collect::<Vec<_>>(),

@@ -78,8 +78,14 @@ pub struct Edge {
 
 impl Edge {
     /// Writers acting as `service`: field manager `switchyard-<service>`.
-    pub fn new(client: Client, service: &str) -> Edge {
-        Edge {
+    /// The client is built from `config` without kube's own retry of 429 and
+    /// 503: an eviction refused by a PodDisruptionBudget is a 429 that must be
+    /// reported at once, not retried for minutes; the edge backs off itself.
+    pub fn new(mut config: kube::Config, service: &str) -> Result<Edge, EdgeError> {
+        config.default_retry = false;
+        let client = Client::try_from(config)
+            .map_err(|e| EdgeError::Invalid(format!("build the Kubernetes client: {e}")))?;
+        Ok(Edge {
             client,
             manager: format!("switchyard-{service}"),
             backoff: ExponentialBuilder::default()
@@ -87,7 +93,7 @@ impl Edge {
                 .with_max_delay(Duration::from_secs(5))
                 .with_max_times(8)
                 .with_jitter(),
-        }
+        })
     }
 
     pub fn field_manager(&self) -> &str {
@@ -111,12 +117,7 @@ impl Edge {
                 node,
                 stack: Some(stack),
             } => self.apply_stack_label(node, stack).await,
-            Effect::SetStackLabel { node, stack: None } => {
-                self.edit_node_labels(node, |labels| {
-                    labels.remove(GPU_STACK_LABEL);
-                })
-                .await
-            }
+            Effect::SetStackLabel { node, stack: None } => self.remove_stack_label(node).await,
             Effect::RemoveNodeLabels { node, labels } => {
                 self.edit_node_labels(node, |current| {
                     for label in labels {
@@ -170,16 +171,29 @@ impl Edge {
         Api::all(self.client.clone())
     }
 
-    /// Server-Side Apply of a node field this service owns. On a conflict
-    /// with another manager: re-read, and take the field over only if it still
-    /// is not what the effect asks for.
+    /// Server-Side Apply of the node fields this service owns. An apply
+    /// states everything its manager owns — a field left out is given up — so
+    /// the apply carries the fields the service owns now (read from the
+    /// node's managedFields) with `edit` made to them. On a conflict with
+    /// another manager: re-read, and take the field over only if it still is
+    /// not what the effect asks for.
     async fn apply_node(
         &self,
         node: &str,
-        patch: Value,
+        edit: impl Fn(&mut Owned),
         holds: impl Fn(&Node) -> bool,
     ) -> Result<Outcome, EdgeError> {
         let nodes = self.nodes();
+        let current = nodes
+            .get(node)
+            .await
+            .map_err(EdgeError::api(format!("read node {node}")))?;
+        if holds(&current) {
+            return Ok(Outcome::default());
+        }
+        let mut owned = Owned::of(&current, &self.manager);
+        edit(&mut owned);
+        let patch = owned.apply_config(node);
         let params = PatchParams::apply(&self.manager);
         match nodes.patch(node, &params, &Patch::Apply(&patch)).await {
             Ok(_) => Ok(Outcome::default()),
@@ -192,8 +206,14 @@ impl Edge {
                     return Ok(Outcome::default());
                 }
                 tracing::info!(node, conflict = %status.message, "taking the field over after a re-read");
+                let mut owned = Owned::of(&current, &self.manager);
+                edit(&mut owned);
                 nodes
-                    .patch(node, &params.force(), &Patch::Apply(&patch))
+                    .patch(
+                        node,
+                        &params.force(),
+                        &Patch::Apply(&owned.apply_config(node)),
+                    )
                     .await
                     .map_err(EdgeError::api(format!("apply node {node}")))?;
                 Ok(Outcome::default())
@@ -203,28 +223,46 @@ impl Edge {
     }
 
     async fn apply_unschedulable(&self, node: &str, on: bool) -> Result<Outcome, EdgeError> {
-        let patch = json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node},
-            "spec": {"unschedulable": on},
-        });
-        self.apply_node(node, patch, |n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false)
-                == on
-        })
+        self.apply_node(
+            node,
+            |owned| owned.unschedulable = Some(on),
+            |n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false)
+                    == on
+            },
+        )
         .await
     }
 
     async fn apply_stack_label(&self, node: &str, stack: &str) -> Result<Outcome, EdgeError> {
-        let patch = json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node, "labels": {GPU_STACK_LABEL: stack}},
-        });
-        self.apply_node(node, patch, |n| {
-            n.labels().get(GPU_STACK_LABEL).map(String::as_str) == Some(stack)
+        self.apply_node(
+            node,
+            |owned| {
+                owned
+                    .labels
+                    .insert(GPU_STACK_LABEL.to_string(), stack.to_string());
+            },
+            |n| n.labels().get(GPU_STACK_LABEL).map(String::as_str) == Some(stack),
+        )
+        .await
+    }
+
+    /// No stack: give the label up (Server-Side Apply without it), and
+    /// remove it outright if another manager keeps it.
+    async fn remove_stack_label(&self, node: &str) -> Result<Outcome, EdgeError> {
+        self.apply_node(
+            node,
+            |owned| {
+                owned.labels.remove(GPU_STACK_LABEL);
+            },
+            |n| !n.labels().contains_key(GPU_STACK_LABEL),
+        )
+        .await?;
+        self.edit_node_labels(node, |labels| {
+            labels.remove(GPU_STACK_LABEL);
         })
         .await
     }
@@ -570,6 +608,64 @@ impl Edge {
                 "apply the status of GPUClass {gpu_class}"
             )))?;
         Ok(Outcome::default())
+    }
+}
+
+/// The node fields a manager owns through Server-Side Apply, with their
+/// current values: the labels and `spec.unschedulable`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Owned {
+    pub labels: BTreeMap<String, String>,
+    pub unschedulable: Option<bool>,
+}
+
+impl Owned {
+    /// What `manager` owns of `node` by its applies (managedFields, operation Apply).
+    pub fn of(node: &Node, manager: &str) -> Owned {
+        let mut owned = Owned::default();
+        let entries = node.metadata.managed_fields.iter().flatten();
+        for entry in entries.filter(|e| {
+            e.manager.as_deref() == Some(manager) && e.operation.as_deref() == Some("Apply")
+        }) {
+            let Some(fields) = entry.fields_v1.as_ref().map(|f| &f.0) else {
+                continue;
+            };
+            if let Some(labels) = fields
+                .get("f:metadata")
+                .and_then(|m| m.get("f:labels"))
+                .and_then(Value::as_object)
+            {
+                for key in labels.keys().filter_map(|k| k.strip_prefix("f:")) {
+                    if let Some(value) = node.labels().get(key) {
+                        owned.labels.insert(key.to_string(), value.clone());
+                    }
+                }
+            }
+            if fields
+                .get("f:spec")
+                .and_then(|s| s.get("f:unschedulable"))
+                .is_some()
+            {
+                owned.unschedulable = Some(
+                    node.spec
+                        .as_ref()
+                        .and_then(|s| s.unschedulable)
+                        .unwrap_or(false),
+                );
+            }
+        }
+        owned
+    }
+
+    fn apply_config(&self, node: &str) -> Value {
+        let mut config = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": self.labels},
+        });
+        if let Some(on) = self.unschedulable {
+            config["spec"] = json!({"unschedulable": on});
+        }
+        config
     }
 }
 

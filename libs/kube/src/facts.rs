@@ -430,7 +430,7 @@ mod tests {
         let Some(Kind::PodObserved(f)) = pod(&p).kind else {
             panic!("a PodObserved")
         };
-        let owner = f.owner.expect("owner");
+        let owner = f.owner.clone().expect("owner");
         assert_eq!(
             (owner.kind.as_str(), owner.name.as_str()),
             ("Deployment", "train")

@@ -164,8 +164,12 @@ impl Host {
                     continue;
                 }
             }
+            tracing::debug!(?effect, "issuing");
             match edge.execute(&effect).await {
                 Ok(outcome) => {
+                    if !outcome.evicted.is_empty() {
+                        tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
+                    }
                     self.issued.insert(key, (Instant::now(), 0));
                     let mut news = Vec::new();
                     for block in outcome.blocked {

@@ -190,8 +190,9 @@ impl ControlPlane {
         plane
     }
 
-    /// A kubeconfig for the other components: the admin token, the self-signed server.
-    fn write_kubeconfig(&self) -> PathBuf {
+    /// A kubeconfig file with the admin token and the self-signed server, for
+    /// the other components and for processes under test (`KUBECONFIG`).
+    pub fn kubeconfig(&self) -> PathBuf {
         let path = self.dir.path().join("admin.kubeconfig");
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: admin\ncurrent-context: local\n",
@@ -205,7 +206,7 @@ impl ControlPlane {
         if !components.scheduler && !components.controller_manager {
             return;
         }
-        let kubeconfig = self.write_kubeconfig();
+        let kubeconfig = self.kubeconfig();
         let common = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".to_string(),
@@ -277,6 +278,14 @@ impl ControlPlane {
         }))
     }
 
+    /// The admin client's configuration, for components that build their own client.
+    pub fn config(&self) -> kube::Config {
+        let mut config = kube::Config::new(self.url().parse().expect("url"));
+        config.accept_invalid_certs = true;
+        config.auth_info.token = Some(secrecy::SecretString::from(ADMIN_TOKEN.to_string()));
+        config
+    }
+
     fn client_as(&self, who: Option<Impersonation>) -> kube::Client {
         let mut config = kube::Config::new(self.url().parse().expect("url"));
         // The serving certificate is self-signed per run.
@@ -328,5 +337,80 @@ impl Drop for ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Creates `definitions` and waits until each is established.
+pub async fn install_crds(
+    client: &kube::Client,
+    definitions: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
+    for crd in &definitions {
+        api.create(&kube::api::PostParams::default(), crd)
+            .await
+            .unwrap_or_else(|err| panic!("create CRD {:?}: {err}", crd.metadata.name));
+    }
+    for crd in definitions {
+        let name = crd.metadata.name.unwrap_or_default();
+        let api = &api;
+        crate::eventually(
+            &format!("CRD {name} to be established"),
+            std::time::Duration::from_secs(30),
+            || async {
+                api.get(&name).await.is_ok_and(|got| {
+                    got.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+            },
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    }
+}
+
+/// A kubelet-less Node the way scheduler_perf makes them: Ready, with
+/// capacity, labels and taints as given.
+pub fn fake_node(
+    name: &str,
+    labels: &[(&str, &str)],
+    taints: Vec<k8s_openapi::api::core::v1::Taint>,
+) -> k8s_openapi::api::core::v1::Node {
+    use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let capacity: std::collections::BTreeMap<String, Quantity> =
+        [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect();
+    Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!taints.is_empty()).then_some(taints),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            allocatable: Some(capacity.clone()),
+            capacity: Some(capacity),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
     }
 }

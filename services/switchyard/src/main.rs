@@ -22,6 +22,7 @@ async fn main() -> std::process::ExitCode {
             "SWITCHYARD_LOG_LEVEL",
         ))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli::Cli::parse().run().await {
         Ok(code) => code,

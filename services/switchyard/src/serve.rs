@@ -143,9 +143,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "node-agent does not run on its own yet: the kubelet plugin and the GPU discovery it needs are not part of this build"
         );
     }
-    let kube = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        .context("find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let kube = kube::Client::try_from(config.clone()).context("connect to the Kubernetes API")?;
     let nats = args.connection.client(name).await?;
     let log = args.connection.log(nats.clone()).await?;
     let (progress, watching) = watch::channel(Progress::default());
@@ -177,7 +178,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             host::run(
                 core,
                 log,
-                Some(Edge::new(kube, name)),
+                Some(Edge::new(config, name)?),
                 Some(nats),
                 HostOptions {
                     tick: args.tick,

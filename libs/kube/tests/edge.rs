@@ -1,0 +1,184 @@
+//! The writers against a real API server (etcd, kube-apiserver,
+//! kube-controller-manager for the disruption controller).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_core::effects::Effect;
+use switchyard_kube::edge::{Edge, Owned};
+use switchyard_testkit::eventually;
+use switchyard_testkit::kube::{Components, ControlPlane, fake_node};
+
+async fn run_pod(client: &Client, name: &str, node: &str, app: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.example.com/app:1"}]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.expect("pod");
+    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("pod status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_evicts_and_reports_the_budget_that_blocks() {
+    let plane = ControlPlane::start_with(Components {
+        controller_manager: true,
+        ..Components::default()
+    })
+    .await;
+    let client = plane.client();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "apps"}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    // The service-account controller gives the namespace its default account.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "apps");
+    eventually(
+        "the default service account",
+        Duration::from_secs(30),
+        || async { accounts.get_opt("default").await.ok().flatten().is_some() },
+    )
+    .await
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &fake_node("w1", &[], Vec::new()))
+        .await
+        .unwrap();
+    run_pod(&client, "web-1", "w1", "web").await;
+    run_pod(&client, "db-1", "w1", "db").await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "apps");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    eventually("the budget observed", Duration::from_secs(60), || async {
+        pdbs.get("db")
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
+    })
+    .await
+    .unwrap();
+
+    let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(30),
+        edge.execute(&Effect::Drain { node: "w1".into() }),
+    )
+    .await
+    .expect("the drain answers")
+    .expect("the drain runs");
+    assert_eq!(outcome.evicted, ["apps/web-1"]);
+    assert_eq!(outcome.blocked.len(), 1, "{outcome:?}");
+    let blocked = &outcome.blocked[0];
+    assert_eq!(
+        (blocked.pod.as_str(), blocked.node.as_str()),
+        ("db-1", "w1")
+    );
+    assert_eq!(blocked.disruption_budgets, ["apps/db"]);
+    assert!(
+        blocked.reason.contains("disruption budget"),
+        "{}",
+        blocked.reason
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    assert!(
+        pods.get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "web-1 is being deleted"
+    );
+    assert!(
+        pods.get("db-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+}
+
+/// Cordon and stack label are applied by one field manager: each apply
+/// carries what the service owns already, so neither undoes the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applies_of_one_manager_keep_each_others_fields() {
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &fake_node("w1", &[("node.deckhouse.io/group", "gpu")], Vec::new()),
+        )
+        .await
+        .unwrap();
+    let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
+    let label = |stack: Option<&str>| Effect::SetStackLabel {
+        node: "w1".into(),
+        stack: stack.map(str::to_string),
+    };
+    edge.execute(&label(Some("device-plugin"))).await.unwrap();
+    edge.execute(&Effect::Cordon { node: "w1".into() })
+        .await
+        .unwrap();
+    let node = nodes.get("w1").await.unwrap();
+    assert_eq!(
+        node.labels()["node.deckhouse.io/gpu-stack"],
+        "device-plugin"
+    );
+    assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    let owned = Owned::of(&node, edge.field_manager());
+    assert_eq!(owned.unschedulable, Some(true));
+    assert_eq!(owned.labels.len(), 1);
+
+    edge.execute(&label(None)).await.unwrap();
+    let node = nodes.get("w1").await.unwrap();
+    assert!(!node.labels().contains_key("node.deckhouse.io/gpu-stack"));
+    assert_eq!(
+        node.spec.as_ref().unwrap().unschedulable,
+        Some(true),
+        "still cordoned"
+    );
+    edge.execute(&Effect::Uncordon { node: "w1".into() })
+        .await
+        .unwrap();
+    let node = nodes.get("w1").await.unwrap();
+    assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    assert_eq!(node.labels().len(), 1, "only the group label is left");
+
+    // A label another manager set is taken over only after a re-read shows
+    // it still differs; the group move removes the role label it does not own.
+    nodes
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"node-role.kubernetes.io/gpu": ""}}})),
+        )
+        .await
+        .unwrap();
+    edge.execute(&Effect::MoveToGroup {
+        node: "w1".into(),
+        group: "gpu-dra".into(),
+        from_group: "gpu".into(),
+    })
+    .await
+    .unwrap();
+    let node = nodes.get("w1").await.unwrap();
+    assert_eq!(node.labels()["node.deckhouse.io/group"], "gpu-dra");
+    assert!(!node.labels().contains_key("node-role.kubernetes.io/gpu"));
+}

@@ -1,0 +1,709 @@
+//! inventory and stack-assigner as real processes (`switchyard serve`) against
+//! a real control plane (etcd, kube-apiserver, and where needed
+//! kube-controller-manager) and a real nats-server with JetStream.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_api::{ModuleConfig, NodeGroup, crds};
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
+use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
+use switchyard_testkit::eventually;
+use switchyard_testkit::kube::{Components, ControlPlane, fake_node, install_crds};
+use switchyard_testkit::nats::NatsServer;
+
+const STACK: &str = "node.deckhouse.io/gpu-stack";
+const GROUP: &str = "node.deckhouse.io/group";
+const SETUP: &str = "node.deckhouse.io/gpu-setup-complete";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A `switchyard serve` process, killed when dropped; its log kept for failures.
+struct Service {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    fn start(
+        name: &'static str,
+        plane: &ControlPlane,
+        nats: &NatsServer,
+        dir: &std::path::Path,
+    ) -> Service {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("service log");
+        let child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["serve", name, "--tick", "200ms", "--reissue", "500ms"])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("SWITCHYARD_NATS_URL", nats.url())
+            .env(
+                "SWITCHYARD_LOG_LEVEL",
+                "info,switchyard_kube=debug,kube_client::client::tls=error",
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start switchyard serve");
+        Service { name, child, log }
+    }
+
+    fn output(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!(
+            "--- {} (last lines) ---\n{}",
+            self.name,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct World {
+    plane: ControlPlane,
+    nats: NatsServer,
+    client: Client,
+    dir: tempfile::TempDir,
+    services: Vec<Service>,
+}
+
+impl World {
+    async fn start(components: Components) -> World {
+        let plane = ControlPlane::start_with(components).await;
+        let client = plane.client();
+        install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
+        World {
+            plane,
+            nats: NatsServer::start(),
+            client,
+            dir: tempfile::tempdir().expect("temp dir"),
+            services: Vec::new(),
+        }
+    }
+
+    fn serve(&mut self, name: &'static str) {
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path());
+        self.services.push(service);
+    }
+
+    fn stop(&mut self, name: &str) {
+        self.services.retain(|s| s.name != name);
+    }
+
+    /// Services' logs, for a failure message.
+    fn output(&self) -> String {
+        self.services
+            .iter()
+            .map(Service::output)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn log(&self) -> Arc<dyn EventLog> {
+        Arc::new(
+            NatsLog::connect(
+                &self.nats.url(),
+                NatsOptions {
+                    create: true,
+                    ..NatsOptions::default()
+                },
+            )
+            .await
+            .expect("open the log"),
+        )
+    }
+
+    async fn events(&self) -> Vec<(String, DomainEvent)> {
+        let log = self.log().await;
+        log.read(ReadRequest::default())
+            .await
+            .expect("read the log")
+            .into_iter()
+            .filter_map(|s| match s.decode() {
+                Decoded::Event(e) => Some((s.envelope.actor.clone(), e)),
+                Decoded::Unknown { .. } => None,
+            })
+            .collect()
+    }
+
+    async fn until<F, Fut>(&self, what: &str, condition: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        if let Err(err) = eventually(what, WAIT, condition).await {
+            let events: Vec<String> = self
+                .events()
+                .await
+                .iter()
+                .map(|(actor, e)| {
+                    format!("{actor}: {}", serde_json::to_string(e).unwrap_or_default())
+                })
+                .collect();
+            panic!(
+                "{err}\n{}\n--- the log ---\n{}",
+                self.output(),
+                events.join("\n")
+            );
+        }
+    }
+
+    async fn labels(&self, node: &str) -> BTreeMap<String, String> {
+        Api::<Node>::all(self.client.clone())
+            .get(node)
+            .await
+            .expect("node")
+            .labels()
+            .clone()
+    }
+
+    /// Waits until `node`'s labels are exactly `want`.
+    async fn labels_become(&self, node: &str, want: &BTreeMap<String, String>) {
+        self.until(&format!("node {node} labelled {want:?}"), || async {
+            self.labels(node).await == *want
+        })
+        .await;
+    }
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)], taints: Vec<Taint>) {
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &fake_node(name, labels, taints))
+        .await
+        .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+}
+
+async fn create_group(client: &Client, name: &str, gpu: bool) {
+    let group: NodeGroup = serde_json::from_value(json!({
+        "apiVersion": "deckhouse.io/v1", "kind": "NodeGroup",
+        "metadata": {"name": name},
+        "spec": if gpu {
+            json!({"nodeType": "Static", "gpu": {"sharing": "Exclusive"}})
+        } else {
+            json!({"nodeType": "Static"})
+        },
+    }))
+    .expect("group");
+    Api::<NodeGroup>::all(client.clone())
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap_or_else(|e| panic!("create group {name}: {e}"));
+}
+
+async fn set_module_config(client: &Client, dra: bool, previous_version: Option<&str>) {
+    let mut config = json!({
+        "apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig",
+        "metadata": {"name": "gpu"},
+        "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}},
+    });
+    if let Some(v) = previous_version {
+        config["metadata"]["annotations"] = json!({"gpu.deckhouse.io/previous-module-version": v});
+    }
+    Api::<ModuleConfig>::all(client.clone())
+        .patch(
+            "gpu",
+            &PatchParams::apply("test-operator").force(),
+            &Patch::Apply(&config),
+        )
+        .await
+        .expect("module config");
+}
+
+fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> usize {
+    events
+        .iter()
+        .filter(|(_, e)| e.kind.as_ref().is_some_and(&pred))
+        .count()
+}
+
+/// The reference's stack rules on real Node objects: spec.gpu groups get the
+/// device plugin, DRA goes to every other node once dra.enabled is on except
+/// control-plane nodes and nodes with gpu.deckhouse.io/enabled=false — and no
+/// label but gpu-stack is ever touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stack_labels_follow_the_rules_on_real_nodes() {
+    let mut world = World::start(Components::default()).await;
+    let c = world.client.clone();
+    create_group(&c, "master", false).await;
+    create_group(&c, "gpu", true).await;
+    create_group(&c, "gpu-dra", false).await;
+    let nodes: [(&str, &[(&str, &str)]); 5] = [
+        (
+            "master-0",
+            &[
+                (GROUP, "master"),
+                ("node-role.kubernetes.io/control-plane", ""),
+            ],
+        ),
+        (
+            "gpu-1",
+            &[(GROUP, "gpu"), ("node-role.kubernetes.io/gpu", "")],
+        ),
+        ("dra-1", &[(GROUP, "gpu-dra")]),
+        (
+            "dra-off",
+            &[(GROUP, "gpu-dra"), ("gpu.deckhouse.io/enabled", "false")],
+        ),
+        ("loose-1", &[]),
+    ];
+    for (name, labels) in nodes {
+        create_node(&c, name, labels, Vec::new()).await;
+    }
+    set_module_config(&c, false, None).await;
+    world.serve("inventory");
+    world.serve("stack-assigner");
+
+    let with = |labels: &[(&str, &str)], stack: Option<&str>| {
+        let mut m = map(labels);
+        if let Some(s) = stack {
+            m.insert(STACK.into(), s.into());
+        }
+        m
+    };
+    // DRA off: only the spec.gpu group has a stack.
+    world
+        .labels_become("gpu-1", &with(nodes[1].1, Some("device-plugin")))
+        .await;
+    for (name, labels) in [nodes[0], nodes[2], nodes[3], nodes[4]] {
+        assert_eq!(
+            world.labels(name).await,
+            map(labels),
+            "{name}\n{}",
+            world.output()
+        );
+    }
+
+    // DRA on.
+    set_module_config(&c, true, None).await;
+    world
+        .labels_become("dra-1", &with(nodes[2].1, Some("dra")))
+        .await;
+    world
+        .labels_become("loose-1", &with(nodes[4].1, Some("dra")))
+        .await;
+    assert_eq!(
+        world.labels("gpu-1").await,
+        with(nodes[1].1, Some("device-plugin"))
+    );
+    assert_eq!(
+        world.labels("master-0").await,
+        map(nodes[0].1),
+        "control plane: no DRA"
+    );
+    assert_eq!(
+        world.labels("dra-off").await,
+        map(nodes[3].1),
+        "opted out: no DRA"
+    );
+
+    // DRA off again: the DRA labels go, the device plugin stays.
+    set_module_config(&c, false, None).await;
+    world.labels_become("dra-1", &map(nodes[2].1)).await;
+    world.labels_become("loose-1", &map(nodes[4].1)).await;
+    assert_eq!(
+        world.labels("gpu-1").await,
+        with(nodes[1].1, Some("device-plugin"))
+    );
+
+    // Every decision is in the log once per change, and inventory never
+    // reported an object again without a change.
+    let events = world.events().await;
+    let assigned = count(
+        &events,
+        |k| matches!(k, Kind::StackAssigned(s) if s.node == "dra-1"),
+    );
+    assert_eq!(assigned, 3, "dra-1: none, dra, none");
+    let mut last = BTreeMap::new();
+    for (actor, event) in &events {
+        if actor == "inventory" {
+            let subject = switchyard_core::subjects::subject_of(event);
+            let bytes = prost::Message::encode_to_vec(event);
+            assert_ne!(
+                last.insert(subject, bytes.clone()),
+                Some(bytes),
+                "inventory reported an unchanged object again: {event:?}"
+            );
+        }
+    }
+    let settings = count(&events, |k| matches!(k, Kind::ModuleSettingsObserved(_)));
+    assert_eq!(settings, 3, "off, on, off");
+}
+
+/// The upgrade hold: a cluster upgraded with dra.enabled keeps its spec.gpu
+/// group on DRA; a restarted stack-assigner rebuilds that from the log (it
+/// does not hold again, nor forget), and inventory restarted does not report
+/// the cluster again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_hold_survives_restarts() {
+    let mut world = World::start(Components::default()).await;
+    let c = world.client.clone();
+    create_group(&c, "gpu-legacy", true).await;
+    create_node(&c, "legacy-1", &[(GROUP, "gpu-legacy")], Vec::new()).await;
+    set_module_config(&c, true, Some("1.9.0")).await;
+    world.serve("inventory");
+    world.serve("stack-assigner");
+    world
+        .labels_become("legacy-1", &map(&[(GROUP, "gpu-legacy"), (STACK, "dra")]))
+        .await;
+    world
+        .until("inventory to report the label", || async {
+            world.events().await.iter().any(|(_, e)| matches!(&e.kind,
+                Some(Kind::NodeObserved(n)) if n.node == "legacy-1" && n.labels.get(STACK).map(String::as_str) == Some("dra")))
+        })
+        .await;
+
+    // Restart both; meanwhile a node joins the held group.
+    world.stop("stack-assigner");
+    world.stop("inventory");
+    let before = world.events().await.len();
+    create_node(&c, "legacy-2", &[(GROUP, "gpu-legacy")], Vec::new()).await;
+    world.serve("inventory");
+    world.serve("stack-assigner");
+    world
+        .labels_become("legacy-2", &map(&[(GROUP, "gpu-legacy"), (STACK, "dra")]))
+        .await;
+    let events = world.events().await;
+    let holds = count(&events, |k| matches!(k, Kind::NodeGroupHeldOnDra(_)));
+    assert_eq!(holds, 1, "held once, on the first run\n{}", world.output());
+    // After the restart inventory reported only the new node (as it joined
+    // and once labelled), nothing it had reported before.
+    let reported: Vec<String> = events[before..]
+        .iter()
+        .filter(|(actor, _)| actor == "inventory")
+        .map(|(_, e)| switchyard_core::subjects::subject_of(e))
+        .collect();
+    assert_eq!(
+        reported,
+        ["node.legacy-2", "node.legacy-2"],
+        "{}",
+        world.output()
+    );
+    // legacy-1 never left DRA: no other stack was ever decided for it.
+    let stacks: Vec<i32> = events
+        .iter()
+        .filter_map(|(_, e)| match &e.kind {
+            Some(Kind::StackAssigned(a)) if a.node == "legacy-1" => Some(a.stack),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stacks, [switchyard_proto::v1::Stack::Dra as i32]);
+
+    // Removing spec.gpu releases the group; its nodes stay on DRA.
+    Api::<NodeGroup>::all(c.clone())
+        .patch(
+            "gpu-legacy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gpu": null}})),
+        )
+        .await
+        .expect("remove spec.gpu");
+    world
+        .until("the group released", || async {
+            count(&world.events().await, |k| {
+                matches!(k, Kind::NodeGroupReleased(_))
+            }) == 1
+        })
+        .await;
+    assert_eq!(
+        world.labels("legacy-1").await,
+        map(&[(GROUP, "gpu-legacy"), (STACK, "dra")])
+    );
+}
+
+/// Plays the kubelet and node preparation for nodes that have none: a pod
+/// marked for deletion goes away; a node whose gpu-stack label is set gets
+/// gpu-setup-complete and, for DRA, running node-agent and vendor-adapter pods.
+async fn play_the_node(client: Client, node: String) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let agents: Api<Pod> = Api::namespaced(client.clone(), "d8-nvidia-gpu");
+    loop {
+        if let Ok(list) = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+        {
+            for pod in list {
+                if pod.metadata.deletion_timestamp.is_some() {
+                    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap());
+                    let _ = api
+                        .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                        .await;
+                }
+            }
+        }
+        if let Ok(n) = nodes.get(&node).await {
+            let labels = n.labels();
+            if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
+                let _ = nodes
+                    .patch(
+                        &node,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": {SETUP: "true"}}})),
+                    )
+                    .await;
+            }
+            if labels.get(STACK).map(String::as_str) == Some("dra") {
+                for app in ["gpu-node-agent", "nvidia-dra-adapter"] {
+                    let name = format!("{app}-{node}");
+                    if agents.get_opt(&name).await.ok().flatten().is_none() {
+                        let _ =
+                            run_pod(&client, "d8-nvidia-gpu", &name, &node, &[("app", app)]).await;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A pod bound to `node` and reported Running and Ready (there is no kubelet).
+async fn run_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: &[(&str, &str)],
+) -> kube::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": map(labels)},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.example.com/app:1"}]},
+    }))
+    .expect("pod");
+    api.create(&PostParams::default(), &pod).await?;
+    let status = json!({"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await?;
+    Ok(())
+}
+
+/// A node handover on real objects: cordon, drain through the Eviction API
+/// (one pod held by a PodDisruptionBudget, reported, then released), move to
+/// gpu-dra, wait until ready, uncordon; then its rollback, after which the
+/// Node's labels and taints are byte-identical to before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
+    let mut world = World::start(Components {
+        controller_manager: true,
+        ..Components::default()
+    })
+    .await;
+    let c = world.client.clone();
+    for ns in ["apps", "d8-nvidia-gpu"] {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(c.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace");
+    }
+    create_group(&c, "gpu", true).await;
+    create_group(&c, "gpu-dra", false).await;
+    let taint = Taint {
+        key: "dedicated".into(),
+        value: Some("gpu".into()),
+        effect: "NoSchedule".into(),
+        ..Taint::default()
+    };
+    create_node(
+        &c,
+        "gpu-1",
+        &[
+            (GROUP, "gpu"),
+            ("node-role.kubernetes.io/gpu", ""),
+            ("nvidia.com/gpu.product", "A100"),
+            (SETUP, "true"),
+        ],
+        vec![taint],
+    )
+    .await;
+    set_module_config(&c, true, None).await;
+    run_pod(&c, "apps", "web-1", "gpu-1", &[("app", "web")])
+        .await
+        .expect("web-1");
+    run_pod(&c, "apps", "db-1", "gpu-1", &[("app", "db")])
+        .await
+        .expect("db-1");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.clone(), "apps");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
+    // The disruption controller has counted db-1 healthy: no disruption allowed.
+    world
+        .until("the PDB to be observed", || async {
+            pdbs.get("db")
+                .await
+                .ok()
+                .and_then(|p| p.status)
+                .is_some_and(|s| {
+                    s.observed_generation.is_some()
+                        && s.current_healthy == Some(1)
+                        && s.disruptions_allowed == Some(0)
+                })
+        })
+        .await;
+    let player = tokio::spawn(play_the_node(c.clone(), "gpu-1".into()));
+    world.serve("inventory");
+    world.serve("stack-assigner");
+    world
+        .until("gpu-1 on the device plugin", || async {
+            world.labels("gpu-1").await.get(STACK).map(String::as_str) == Some("device-plugin")
+        })
+        .await;
+    let nodes: Api<Node> = Api::all(c.clone());
+    let before = nodes.get("gpu-1").await.expect("node");
+    let before_json = (
+        serde_json::to_vec(&before.metadata.labels).unwrap(),
+        serde_json::to_vec(&before.spec.as_ref().unwrap().taints).unwrap(),
+        before.spec.as_ref().unwrap().unschedulable,
+    );
+
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(args)
+            .env("SWITCHYARD_NATS_URL", world.nats.url())
+            .output()
+            .expect("run switchyard");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = cli(&[
+        "handover", "--node", "gpu-1", "--to", "gpu-dra", "--id", "h1",
+    ]);
+    assert!(
+        ok && out.contains("HandoverStarted"),
+        "{out}\n{err}\n{}",
+        world.output()
+    );
+
+    // web-1 is evicted; db-1 is refused and the refusal recorded with its budget.
+    world
+        .until("the PDB refusal in the log", || async {
+            world.events().await.iter().any(|(_, e)| matches!(&e.kind,
+                Some(Kind::EvictionBlocked(b)) if b.pod == "db-1" && b.disruption_budgets == ["apps/db"]))
+        })
+        .await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "apps");
+    world
+        .until("web-1 evicted", || async {
+            pods.get_opt("web-1").await.ok().flatten().is_none()
+        })
+        .await;
+    assert!(
+        pods.get_opt("db-1").await.unwrap().is_some(),
+        "db-1 is held by its budget"
+    );
+    assert!(
+        nodes
+            .get("gpu-1")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .unschedulable
+            == Some(true),
+        "cordoned"
+    );
+
+    // The operator lifts the budget: the drain finishes and the handover completes.
+    pdbs.delete("db", &DeleteParams::default())
+        .await
+        .expect("delete pdb");
+    world
+        .until("the handover completed", || async {
+            world.events().await.iter().any(|(_, e)| matches!(&e.kind, Some(Kind::HandoverCompleted(h)) if h.handover_id == "h1"))
+        })
+        .await;
+    let moved = nodes.get("gpu-1").await.unwrap();
+    assert_eq!(
+        moved.labels().get(GROUP).map(String::as_str),
+        Some("gpu-dra")
+    );
+    assert!(!moved.labels().contains_key("node-role.kubernetes.io/gpu"));
+    assert_eq!(moved.labels().get(STACK).map(String::as_str), Some("dra"));
+    assert_ne!(
+        moved.spec.as_ref().unwrap().unschedulable,
+        Some(true),
+        "uncordoned"
+    );
+
+    // Roll it back.
+    let (ok, out, err) = cli(&["rollback", "node", "--node", "gpu-1"]);
+    assert!(
+        ok && out.contains("RollbackStarted"),
+        "{out}\n{err}\n{}",
+        world.output()
+    );
+    world
+        .until("the rollback completed", || async {
+            world
+                .events()
+                .await
+                .iter()
+                .any(|(_, e)| matches!(&e.kind, Some(Kind::RollbackCompleted(_))))
+        })
+        .await;
+    world
+        .until("gpu-1 back on the device plugin", || async {
+            world.labels("gpu-1").await.get(STACK).map(String::as_str) == Some("device-plugin")
+        })
+        .await;
+    player.abort();
+    let after = nodes.get("gpu-1").await.expect("node");
+    let after_json = (
+        serde_json::to_vec(&after.metadata.labels).unwrap(),
+        serde_json::to_vec(&after.spec.as_ref().unwrap().taints).unwrap(),
+        after.spec.as_ref().unwrap().unschedulable,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&after_json.0),
+        String::from_utf8_lossy(&before_json.0),
+        "labels"
+    );
+    assert_eq!(
+        after_json, before_json,
+        "labels, taints and cordon state byte-identical"
+    );
+}
