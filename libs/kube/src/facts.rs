@@ -261,16 +261,19 @@ pub fn placement(spec: Option<&PodSpec>) -> WorkloadPlacement {
             .unwrap_or_default(),
         ..WorkloadPlacement::default()
     };
+    // A container without limits (requests) has no entry: one form per template.
     for c in containers {
         let resources = c.resources.as_ref();
-        placement.container_limits.insert(
-            c.name.clone(),
-            quantities(resources.and_then(|r| r.limits.as_ref())),
-        );
-        placement.container_requests.insert(
-            c.name.clone(),
-            quantities(resources.and_then(|r| r.requests.as_ref())),
-        );
+        let limits = quantities(resources.and_then(|r| r.limits.as_ref()));
+        if !limits.quantities.is_empty() {
+            placement.container_limits.insert(c.name.clone(), limits);
+        }
+        let requests = quantities(resources.and_then(|r| r.requests.as_ref()));
+        if !requests.quantities.is_empty() {
+            placement
+                .container_requests
+                .insert(c.name.clone(), requests);
+        }
     }
     placement
 }

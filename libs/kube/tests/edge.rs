@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -11,7 +11,7 @@ use serde_json::json;
 use switchyard_core::effects::Effect;
 use switchyard_kube::edge::{Edge, Owned};
 use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{Components, ControlPlane, fake_node};
+use switchyard_testkit::kube::{Components, ControlPlane, create_namespace, fake_node};
 
 async fn run_pod(client: &Client, name: &str, node: &str, app: &str) {
     let api: Api<Pod> = Api::namespaced(client.clone(), "apps");
@@ -35,20 +35,7 @@ async fn a_drain_evicts_and_reports_the_budget_that_blocks() {
     })
     .await;
     let client = plane.client();
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "apps"}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    // The service-account controller gives the namespace its default account.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "apps");
-    eventually(
-        "the default service account",
-        Duration::from_secs(30),
-        || async { accounts.get_opt("default").await.ok().flatten().is_some() },
-    )
-    .await
-    .unwrap();
+    create_namespace(&client, "apps").await;
     Api::<Node>::all(client.clone())
         .create(&PostParams::default(), &fake_node("w1", &[], Vec::new()))
         .await

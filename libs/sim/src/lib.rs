@@ -138,6 +138,45 @@ pub struct Simulator {
     out: Vec<DomainEvent>,
 }
 
+/// A node effect as Switchyard's writers carry it out (see `switchyard-kube`'s edge).
+fn write_node(n: &mut SimNode, effect: &Effect) {
+    match effect {
+        Effect::Cordon { .. } => n.unschedulable = true,
+        Effect::Uncordon { .. } => n.unschedulable = false,
+        Effect::MoveToGroup {
+            group, from_group, ..
+        } => {
+            n.labels.insert(GROUP_LABEL.into(), group.clone());
+            n.labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
+        }
+        Effect::RestoreNode { labels, taints, .. } => {
+            let kept: Vec<(String, String)> = PREPARATION_LABELS
+                .iter()
+                .filter_map(|k| n.labels.get(*k).map(|v| (k.to_string(), v.clone())))
+                .collect();
+            n.labels = labels
+                .iter()
+                .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            n.labels.extend(kept);
+            n.taints = taints.clone();
+        }
+        Effect::RemoveNodeLabels { labels, .. } => {
+            for label in labels {
+                n.labels.remove(label);
+            }
+        }
+        Effect::SetStackLabel { stack, .. } => {
+            match stack {
+                Some(stack) => n.labels.insert(GPU_STACK_LABEL.into(), stack.clone()),
+                None => n.labels.remove(GPU_STACK_LABEL),
+            };
+        }
+        _ => {}
+    }
+}
+
 fn ev(kind: Kind) -> DomainEvent {
     DomainEvent { kind: Some(kind) }
 }
@@ -447,51 +486,108 @@ impl Simulator {
 
     // ------------------------------------------------------------ effects
 
-    /// Carries out one effect. Effects are idempotent: repeating one changes nothing.
+    /// Carries out one effect. Effects are idempotent: repeating one changes
+    /// nothing. The part Switchyard's writers do is [`Simulator::write`] — the
+    /// Kubernetes edge does the same, which a parity test on a real API server
+    /// checks; the platform's answer to it (node-manager's role label, node
+    /// preparation after a stack change, controllers replacing evicted pods)
+    /// follows here.
     pub fn execute(&mut self, effect: &Effect) {
         match effect {
-            Effect::Cordon { node } => self.set_unschedulable(node, true),
-            Effect::Uncordon { node } => self.set_unschedulable(node, false),
-            Effect::Drain { node } => self.drain(node),
-            Effect::MoveToGroup {
-                node,
-                group,
-                from_group,
-            } => {
-                self.edit_node(node, |n| {
-                    n.labels.insert(GROUP_LABEL.into(), group.clone());
-                    n.labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
+            Effect::Cordon { node }
+            | Effect::Uncordon { node }
+            | Effect::MoveToGroup { node, .. }
+            | Effect::RestoreNode { node, .. }
+            | Effect::RemoveNodeLabels { node, .. }
+            | Effect::SetStackLabel { node, .. } => {
+                let Some(before) = self.nodes.get(node).cloned() else {
+                    return;
+                };
+                self.write(effect);
+                let restacked = self.react(effect, &before);
+                if self.nodes[node] != before {
+                    self.report_node(node);
+                }
+                if restacked {
+                    self.prepare(node);
+                }
+            }
+            Effect::Drain { node } => {
+                for owner in self.evict(node) {
+                    // The Deployment controller replaces the evicted pod.
+                    self.create_pod(&owner);
+                }
+            }
+            other => self.execute_other(other),
+        }
+        self.schedule();
+    }
+
+    /// What Switchyard's writers do, and nothing more: a node effect changes
+    /// the node's labels, taints or `spec.unschedulable` only, with no report
+    /// and no platform reaction; a drain removes the pods. Other effects are
+    /// executed as by [`Self::execute`].
+    pub fn write(&mut self, effect: &Effect) {
+        match effect {
+            Effect::Drain { node } => {
+                self.evict(node);
+            }
+            Effect::Cordon { node }
+            | Effect::Uncordon { node }
+            | Effect::MoveToGroup { node, .. }
+            | Effect::RestoreNode { node, .. }
+            | Effect::RemoveNodeLabels { node, .. }
+            | Effect::SetStackLabel { node, .. } => {
+                if let Some(n) = self.nodes.get_mut(node) {
+                    write_node(n, effect);
+                }
+            }
+            other => self.execute_other(other),
+        }
+    }
+
+    /// The platform's answer to a node write, in the same update: node-manager
+    /// labels a moved node with its new group's role; a new stack label starts
+    /// node preparation, which first takes gpu-setup-complete away. Returns
+    /// whether preparation starts.
+    fn react(&mut self, effect: &Effect, before: &SimNode) -> bool {
+        let stack = |n: &SimNode| n.labels.get(GPU_STACK_LABEL).cloned();
+        match effect {
+            Effect::MoveToGroup { node, group, .. } => {
+                if let Some(n) = self.nodes.get_mut(node) {
                     n.labels
                         .insert(format!("{NODE_ROLE_PREFIX}{group}"), String::new());
-                });
+                }
+                false
             }
-            Effect::RestoreNode {
-                node,
-                labels,
-                taints,
-            } => {
-                self.edit_node(node, |n| {
-                    let kept: Vec<(String, String)> = PREPARATION_LABELS
-                        .iter()
-                        .filter_map(|k| n.labels.get(*k).map(|v| (k.to_string(), v.clone())))
-                        .collect();
-                    n.labels = labels
-                        .iter()
-                        .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                    n.labels.extend(kept);
-                    n.taints = taints.clone();
-                });
+            Effect::SetStackLabel { node, .. } => {
+                let n = self.nodes.get_mut(node).expect("written");
+                if stack(n) == stack(before) {
+                    return false;
+                }
+                n.labels.remove(GPU_SETUP_COMPLETE_LABEL);
+                true
             }
-            Effect::RemoveNodeLabels { node, labels } => {
-                self.edit_node(node, |n| {
-                    for label in labels {
-                        n.labels.remove(label);
-                    }
-                });
-            }
-            Effect::SetStackLabel { node, stack } => self.set_stack(node, stack.as_deref()),
+            _ => false,
+        }
+    }
+
+    /// A node as inventory would report it.
+    pub fn node_fact(&self, node: &str) -> Option<NodeObserved> {
+        let n = self.nodes.get(node)?;
+        Some(NodeObserved {
+            node: node.into(),
+            labels: n.labels.clone(),
+            taints: n.taints.clone(),
+            unschedulable: n.unschedulable,
+            provisioning: NodeProvisioning::Manual as i32,
+            gpu_count: n.gpus,
+        })
+    }
+
+    /// Effects on workloads, quotas, groups and classes.
+    fn execute_other(&mut self, effect: &Effect) {
+        match effect {
             Effect::SetPlacement {
                 workload,
                 placement,
@@ -559,13 +655,13 @@ impl Simulator {
                     })));
                 }
             }
-            Effect::RemoveSpecGpu { group } => {
-                if self.groups.get(group).is_some_and(Option::is_some) {
-                    self.set_group(group, None);
-                }
+            Effect::RemoveSpecGpu { group }
+                if self.groups.get(group).is_some_and(Option::is_some) =>
+            {
+                self.set_group(group, None);
             }
+            _ => {}
         }
-        self.schedule();
     }
 
     fn edit_node(&mut self, node: &str, edit: impl FnOnce(&mut SimNode)) {
@@ -579,42 +675,29 @@ impl Simulator {
         }
     }
 
-    fn set_unschedulable(&mut self, node: &str, unschedulable: bool) {
-        self.edit_node(node, |n| n.unschedulable = unschedulable);
-    }
-
-    fn drain(&mut self, node: &str) {
+    /// Evicts every pod of the node but DaemonSet pods; returns their owners.
+    fn evict(&mut self, node: &str) -> Vec<WorkloadRef> {
         let evict: Vec<(ObjectKey, WorkloadRef)> = self
             .pods
             .iter()
             .filter(|(_, p)| p.node == node && p.owner.kind != "DaemonSet")
             .map(|(k, p)| (k.clone(), p.owner.clone()))
             .collect();
-        for (pod, owner) in evict {
-            self.remove_pod(&pod);
-            // The Deployment controller replaces the evicted pod.
-            self.create_pod(&owner);
-        }
+        evict
+            .into_iter()
+            .map(|(pod, owner)| {
+                self.remove_pod(&pod);
+                owner
+            })
+            .collect()
     }
 
     /// The stack label changed: node preparation starts over for the new stack.
-    fn set_stack(&mut self, node: &str, stack: Option<&str>) {
-        let Some(n) = self.nodes.get(node) else {
-            return;
-        };
-        if n.labels.get(GPU_STACK_LABEL).map(String::as_str) == stack {
-            return;
-        }
+    fn prepare(&mut self, node: &str) {
         let jitter = (self.random() % (self.config.prep_delay as u64 / 2).max(1)) as i64;
         let n = self.nodes.get_mut(node).expect("present");
-        match stack {
-            Some(stack) => n.labels.insert(GPU_STACK_LABEL.into(), stack.into()),
-            None => n.labels.remove(GPU_STACK_LABEL),
-        };
-        n.labels.remove(GPU_SETUP_COMPLETE_LABEL);
         n.generation += 1;
         let generation = n.generation;
-        self.report_node(node);
         // Reconfiguration: the GPUs are re-discovered, the stacks' pods restart.
         let gpus: Vec<String> = self
             .gpus

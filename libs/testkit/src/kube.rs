@@ -414,3 +414,39 @@ pub fn fake_node(
         }),
     }
 }
+
+/// Creates a namespace with its `default` ServiceAccount (which pods need and
+/// which only kube-controller-manager would otherwise create).
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    let meta = |name: &str| kube::api::ObjectMeta {
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    let namespaces: kube::Api<Namespace> = kube::Api::all(client.clone());
+    namespaces
+        .create(
+            &kube::api::PostParams::default(),
+            &Namespace {
+                metadata: meta(name),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|err| panic!("create namespace {name}: {err}"));
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), name);
+    match accounts
+        .create(
+            &kube::api::PostParams::default(),
+            &ServiceAccount {
+                metadata: meta("default"),
+                ..Default::default()
+            },
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) => panic!("create the default ServiceAccount of {name}: {err}"),
+    }
+}

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -18,7 +18,9 @@ use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{Components, ControlPlane, fake_node, install_crds};
+use switchyard_testkit::kube::{
+    Components, ControlPlane, create_namespace, fake_node, install_crds,
+};
 use switchyard_testkit::nats::NatsServer;
 
 const STACK: &str = "node.deckhouse.io/gpu-stack";
@@ -525,11 +527,7 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
     .await;
     let c = world.client.clone();
     for ns in ["apps", "d8-nvidia-gpu"] {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(c.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("namespace");
+        create_namespace(&c, ns).await;
     }
     create_group(&c, "gpu", true).await;
     create_group(&c, "gpu-dra", false).await;
