@@ -9,7 +9,9 @@ const PROTOS: &[&str] = &[
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not baked in when it is compiled: a build
+    // script binary may be reused by a clone at another path.
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={}", root.join(proto).display());
     }

@@ -55,6 +55,7 @@ pub fn live_bytes() -> isize {
 
 mod cores;
 mod eventlog;
+mod kube;
 
 use clap::{Parser, Subcommand};
 
@@ -75,6 +76,9 @@ enum Command {
     /// The decision cores at scale: full assignment, decision latency, handover
     /// waves, replay of a large log, memory per GPU.
     Cores(cores::Args),
+    /// The Kubernetes edge on a real control plane: start-up, creation-to-label
+    /// latency for many nodes, relabelling a wave.
+    Kube(kube::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -88,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                 Box<dyn std::future::Future<Output = anyhow::Result<serde_json::Value>>>,
             >,
         Command::Cores(args) => Box::pin(cores::run(args)),
+        Command::Kube(args) => Box::pin(kube::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

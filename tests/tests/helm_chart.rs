@@ -407,12 +407,22 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         missing.stderr
     );
 
+    // The node agent's DaemonSet is off by default (its binary is not built
+    // yet); the variants turn it on so that it is checked too.
+    let default = render(&[NATS_URL]);
+    assert_eq!(
+        of_kind(&default, "DaemonSet").len(),
+        0,
+        "node agent off by default"
+    );
+    assert_eq!(of_kind(&default, "Deployment").len(), 5);
+    const AGENT: &str = "nodeAgent.enabled=true";
     let variants: [(&str, Vec<&str>); 3] = [
-        ("external NATS", vec![NATS_URL]),
-        ("bundled NATS", vec!["nats.bundled.enabled=true"]),
+        ("external NATS", vec![NATS_URL, AGENT]),
+        ("bundled NATS", vec!["nats.bundled.enabled=true", AGENT]),
         (
             "NATS credentials",
-            vec![NATS_URL, "nats.credentialsSecret.name=nats-creds"],
+            vec![NATS_URL, "nats.credentialsSecret.name=nats-creds", AGENT],
         ),
     ];
     let rendered: Vec<(&str, Vec<Value>)> = variants

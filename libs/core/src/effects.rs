@@ -72,3 +72,27 @@ pub enum Effect {
         hard: BTreeMap<String, String>,
     },
 }
+
+impl Effect {
+    /// The object the effect writes, e.g. `node/gpu-1`: effects on one object
+    /// are carried out in order, effects on different objects may run at once.
+    pub fn object(&self) -> String {
+        match self {
+            Effect::Cordon { node }
+            | Effect::Uncordon { node }
+            | Effect::Drain { node }
+            | Effect::MoveToGroup { node, .. }
+            | Effect::RestoreNode { node, .. }
+            | Effect::SetStackLabel { node, .. }
+            | Effect::RemoveNodeLabels { node, .. } => format!("node/{node}"),
+            Effect::SetPlacement { workload, .. } | Effect::RestartWorkload { workload, .. } => {
+                format!("{}/{}/{}", workload.kind, workload.namespace, workload.name)
+            }
+            Effect::RemoveSpecGpu { group } => format!("nodegroup/{group}"),
+            Effect::PublishDeviceClasses { gpu_class, .. } => format!("gpuclass/{gpu_class}"),
+            Effect::SetQuota {
+                namespace, name, ..
+            } => format!("resourcequota/{namespace}/{name}"),
+        }
+    }
+}

@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use prost::Message;
+use switchyard_core::effects::Effect;
 use switchyard_core::handover::StartHandover;
 use switchyard_eventlog::{Decoded, EventLog};
 use switchyard_proto::v1::{
@@ -26,8 +27,11 @@ use switchyard_runtime::{
 };
 use tokio::sync::watch;
 
-use crate::edge::Edge;
+use crate::edge::{Edge, EdgeError, Outcome};
 use crate::{append_as, now_nanos};
+
+/// Records taken from the log at once before the effects are issued.
+const FOLLOW_BATCH: usize = 512;
 
 /// The NATS subject a service takes commands on.
 pub fn command_subject(service: &str) -> String {
@@ -41,6 +45,8 @@ pub struct HostOptions {
     /// How long an issued effect may take to show in the facts before it is
     /// issued again.
     pub reissue: Duration,
+    /// Objects written at once.
+    pub parallel: usize,
 }
 
 impl Default for HostOptions {
@@ -48,6 +54,7 @@ impl Default for HostOptions {
         HostOptions {
             tick: Duration::from_secs(1),
             reissue: Duration::from_secs(2),
+            parallel: 16,
         }
     }
 }
@@ -149,6 +156,8 @@ impl Host {
     }
 
     /// Issues the effects the core wants now, unless issued a moment ago.
+    /// Objects are written concurrently (up to `options.parallel`); the
+    /// effects on one object one after the other, in the core's order.
     async fn execute_effects(&mut self) -> anyhow::Result<()> {
         let Some(edge) = self.edge.clone() else {
             return Ok(());
@@ -156,6 +165,7 @@ impl Host {
         let effects = self.core.effects();
         let wanted: BTreeSet<String> = effects.iter().map(|e| format!("{e:?}")).collect();
         self.issued.retain(|key, _| wanted.contains(key));
+        let mut by_object: BTreeMap<String, Vec<(String, Effect)>> = BTreeMap::new();
         for effect in effects {
             let key = format!("{effect:?}");
             if let Some((at, failures)) = self.issued.get(&key) {
@@ -164,14 +174,35 @@ impl Host {
                     continue;
                 }
             }
-            tracing::debug!(?effect, "issuing");
-            match edge.execute(&effect).await {
+            by_object
+                .entry(effect.object())
+                .or_default()
+                .push((key, effect));
+        }
+        let results: Vec<(String, Result<Outcome, EdgeError>)> =
+            futures::stream::iter(by_object.into_values().map(|effects| {
+                let edge = edge.clone();
+                async move {
+                    let mut done = Vec::with_capacity(effects.len());
+                    for (key, effect) in effects {
+                        tracing::debug!(?effect, "issuing");
+                        done.push((key, edge.execute(&effect).await));
+                    }
+                    done
+                }
+            }))
+            .buffer_unordered(self.options.parallel.max(1))
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await;
+        let mut news = Vec::new();
+        for (key, result) in results {
+            match result {
                 Ok(outcome) => {
                     if !outcome.evicted.is_empty() {
                         tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
                     }
                     self.issued.insert(key, (Instant::now(), 0));
-                    let mut news = Vec::new();
                     for block in outcome.blocked {
                         let event = DomainEvent {
                             kind: Some(Kind::EvictionBlocked(block.clone())),
@@ -183,10 +214,6 @@ impl Host {
                             news.push(event);
                         }
                     }
-                    for event in &news {
-                        self.core.fold(event, now_nanos());
-                    }
-                    self.append(&news).await?;
                 }
                 Err(err) => {
                     let failures = self.issued.get(&key).map_or(0, |(_, f)| f + 1);
@@ -195,7 +222,10 @@ impl Host {
                 }
             }
         }
-        Ok(())
+        for event in &news {
+            self.core.fold(event, now_nanos());
+        }
+        self.append(&news).await
     }
 }
 
@@ -255,22 +285,34 @@ pub async fn run(
     loop {
         tokio::select! {
             stored = follow.next() => {
-                let Some(stored) = stored else {
-                    anyhow::bail!("the log's follow stream ended");
-                };
-                let stored = stored?;
-                let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
-                if host.own.remove(&stored.sequence) {
-                    continue;
+                // This record and whatever else is ready: decided together,
+                // appended together, then the effects issued once.
+                let mut batch = vec![stored];
+                while batch.len() < FOLLOW_BATCH {
+                    match follow.next().now_or_never() {
+                        Some(next) => batch.push(next),
+                        None => break,
+                    }
                 }
-                let Decoded::Event(event) = stored.decode() else { continue };
-                let actor = actor_name(&stored.envelope.actor);
-                if actor == host.core.name() {
-                    // Written by an earlier run of this service: fold only.
-                    host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-                    continue;
+                let mut decisions = Vec::new();
+                for stored in batch {
+                    let Some(stored) = stored else {
+                        anyhow::bail!("the log's follow stream ended");
+                    };
+                    let stored = stored?;
+                    let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
+                    if host.own.remove(&stored.sequence) {
+                        continue;
+                    }
+                    let Decoded::Event(event) = stored.decode() else { continue };
+                    let actor = actor_name(&stored.envelope.actor);
+                    if actor == host.core.name() {
+                        // Written by an earlier run of this service: fold only.
+                        host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                        continue;
+                    }
+                    decisions.extend(host.core.on_record(&Record { actor, event }, now_nanos()));
                 }
-                let decisions = host.core.on_record(&Record { actor, event }, now_nanos());
                 host.append(&decisions).await?;
             }
             _ = tick.tick() => {

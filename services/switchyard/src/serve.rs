@@ -103,6 +103,12 @@ pub struct ServeArgs {
     /// How long an issued effect may take to show before it is issued again.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub reissue: std::time::Duration,
+    /// How many objects the service writes at once.
+    #[arg(long, default_value_t = 16)]
+    pub parallel: usize,
+    /// The node this process runs on (node-agent; from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
 }
 
 async fn health(
@@ -183,6 +189,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 HostOptions {
                     tick: args.tick,
                     reissue: args.reissue,
+                    parallel: args.parallel,
                 },
                 progress,
             )

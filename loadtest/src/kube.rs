@@ -1,0 +1,305 @@
+//! The Kubernetes edge under load, on a real control plane (etcd +
+//! kube-apiserver) and a real JetStream log: inventory and stack-assigner run
+//! in this process as they run in their own. Measures the control plane's
+//! start-up, the latency from a Node's creation to its gpu-stack label (watch
+//! → fact → decision → Server-Side Apply) for N nodes created at once, and the
+//! time to relabel a wave of nodes when DRA is turned on.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use switchyard_api::{ModuleConfig, NodeGroup};
+use switchyard_eventlog::EventLog;
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_kube::edge::Edge;
+use switchyard_kube::host::{self, HostOptions};
+use switchyard_kube::inventory::{self, InventoryOptions};
+use switchyard_runtime::{STACK_ASSIGNER, service_cores};
+use switchyard_testkit::kube::{ControlPlane, fake_node, install_crds};
+use switchyard_testkit::nats::NatsServer;
+
+const STACK: &str = "node.deckhouse.io/gpu-stack";
+const GROUP: &str = "node.deckhouse.io/group";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Nodes created at once; each one's creation-to-label latency is measured.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Nodes of a group relabelled together when DRA is turned on.
+    #[arg(long, default_value_t = 100)]
+    wave: usize,
+    /// Nodes then created one at a time, each waited for.
+    #[arg(long, default_value_t = 100)]
+    single: usize,
+    /// Node creations in flight at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+}
+
+/// When each node was first seen with each gpu-stack value.
+type Seen = Arc<Mutex<BTreeMap<(String, String), Instant>>>;
+
+fn watch_labels(client: Client, seen: Seen) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let stream = watcher(Api::<Node>::all(client), watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Ok(Some(node)) = stream.try_next().await {
+            if let Some(stack) = node.labels().get(STACK) {
+                seen.lock()
+                    .unwrap()
+                    .entry((node.name_any(), stack.clone()))
+                    .or_insert_with(Instant::now);
+            }
+        }
+    })
+}
+
+async fn wait_labelled(
+    seen: &Seen,
+    names: &[String],
+    stack: &str,
+    deadline: Duration,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + deadline;
+    loop {
+        let done = {
+            let seen = seen.lock().unwrap();
+            names
+                .iter()
+                .filter(|n| seen.contains_key(&((*n).clone(), stack.to_string())))
+                .count()
+        };
+        if done == names.len() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            anyhow::bail!(
+                "{done} of {} nodes labelled {stack} after {deadline:?}",
+                names.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+async fn group(client: &Client, name: &str, gpu: bool) -> anyhow::Result<()> {
+    let spec = if gpu {
+        json!({"nodeType": "Static", "gpu": {"sharing": "Exclusive"}})
+    } else {
+        json!({"nodeType": "Static"})
+    };
+    let group: NodeGroup = serde_json::from_value(json!({
+        "apiVersion": "deckhouse.io/v1", "kind": "NodeGroup",
+        "metadata": {"name": name}, "spec": spec,
+    }))?;
+    Api::<NodeGroup>::all(client.clone())
+        .create(&PostParams::default(), &group)
+        .await?;
+    Ok(())
+}
+
+async fn module(client: &Client, dra: bool) -> anyhow::Result<()> {
+    let config = json!({
+        "apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig",
+        "metadata": {"name": "gpu"},
+        "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}},
+    });
+    Api::<ModuleConfig>::all(client.clone())
+        .patch(
+            "gpu",
+            &PatchParams::apply("loadtest").force(),
+            &Patch::Apply(&config),
+        )
+        .await?;
+    Ok(())
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    let plane = ControlPlane::start().await;
+    let startup = started.elapsed();
+    let client = plane.client();
+    install_crds(
+        &client,
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
+    let nats = NatsServer::start();
+    let log: Arc<dyn EventLog> = Arc::new(
+        NatsLog::connect(
+            &nats.url(),
+            NatsOptions {
+                create: true,
+                ..NatsOptions::default()
+            },
+        )
+        .await?,
+    );
+    group(&client, "gpu", true).await?;
+    group(&client, "wave", false).await?;
+    module(&client, false).await?;
+
+    let seen: Seen = Arc::default();
+    let watching = watch_labels(client.clone(), seen.clone());
+    let inventory = tokio::spawn(inventory::run(
+        client.clone(),
+        log.clone(),
+        InventoryOptions::default(),
+        None,
+    ));
+    let core = service_cores()
+        .into_iter()
+        .find(|c| c.name() == STACK_ASSIGNER)
+        .expect("core");
+    let (progress, _) = tokio::sync::watch::channel(Default::default());
+    let assigner = tokio::spawn(host::run(
+        core,
+        log.clone(),
+        Some(Edge::new(plane.config(), STACK_ASSIGNER)?),
+        None,
+        HostOptions::default(),
+        progress,
+    ));
+
+    // 1. N nodes of a spec.gpu group, created at once: creation → device-plugin label.
+    let names: Vec<String> = (0..args.nodes).map(|i| format!("gpu-{i:05}")).collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let created_at: Vec<(String, Instant)> = futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let nodes = nodes.clone();
+            async move {
+                nodes
+                    .create(
+                        &PostParams::default(),
+                        &fake_node(&name, &[(GROUP, "gpu")], Vec::new()),
+                    )
+                    .await?;
+                anyhow::Ok((name, Instant::now()))
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .try_collect()
+        .await?;
+    let first = created_at.iter().map(|(_, t)| *t).min().expect("nodes");
+    wait_labelled(&seen, &names, "device-plugin", Duration::from_secs(600)).await?;
+    let mut latencies: Vec<Duration> = {
+        let seen = seen.lock().unwrap();
+        created_at
+            .iter()
+            .map(|(name, at)| {
+                seen[&(name.clone(), "device-plugin".to_string())].saturating_duration_since(*at)
+            })
+            .collect()
+    };
+    latencies.sort();
+    let all_labelled = {
+        let seen = seen.lock().unwrap();
+        names
+            .iter()
+            .map(|n| seen[&(n.clone(), "device-plugin".to_string())])
+            .max()
+            .expect("nodes")
+    };
+
+    // 2. A wave: W nodes of a group without spec.gpu, no stack while DRA is
+    //    off; DRA on → every one labelled dra.
+    let wave: Vec<String> = (0..args.wave).map(|i| format!("wave-{i:04}")).collect();
+    for name in &wave {
+        nodes
+            .create(
+                &PostParams::default(),
+                &fake_node(name, &[(GROUP, "wave")], Vec::new()),
+            )
+            .await?;
+    }
+    // Every wave node known to the stack-assigner (decided: no stack) first.
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let decided = log
+            .read(Default::default())
+            .await?
+            .iter()
+            .filter(|s| {
+                s.envelope.event_type == "StackAssigned" && s.envelope.subject.contains("wave-")
+            })
+            .count();
+        if decided >= wave.len() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "the wave nodes were not decided: {decided}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let turned_on = Instant::now();
+    module(&client, true).await?;
+    wait_labelled(&seen, &wave, "dra", Duration::from_secs(600)).await?;
+    let wave_done = {
+        let seen = seen.lock().unwrap();
+        wave.iter()
+            .map(|n| seen[&(n.clone(), "dra".to_string())])
+            .max()
+            .expect("wave")
+    };
+
+    // 3. One node at a time on the loaded cluster: the latency without a queue.
+    let mut single = Vec::with_capacity(args.single);
+    for i in 0..args.single {
+        let name = format!("single-{i:04}");
+        let at = Instant::now();
+        nodes
+            .create(
+                &PostParams::default(),
+                &fake_node(&name, &[(GROUP, "gpu")], Vec::new()),
+            )
+            .await?;
+        wait_labelled(
+            &seen,
+            std::slice::from_ref(&name),
+            "device-plugin",
+            Duration::from_secs(60),
+        )
+        .await?;
+        single.push(seen.lock().unwrap()[&(name, "device-plugin".to_string())].duration_since(at));
+    }
+    single.sort();
+
+    inventory.abort();
+    assigner.abort();
+    watching.abort();
+    let events = log.last_sequence(None).await?;
+    Ok(json!({
+        "control_plane_startup_ms": startup.as_millis(),
+        "nodes": args.nodes,
+        "create_to_label_ms": {
+            "p50": percentile(&latencies, 0.50),
+            "p99": percentile(&latencies, 0.99),
+            "max": percentile(&latencies, 1.0),
+        },
+        "all_nodes_labelled_after_first_create_ms": all_labelled.duration_since(first).as_millis(),
+        "one_at_a_time_create_to_label_ms": {
+            "nodes": args.single,
+            "p50": percentile(&single, 0.50),
+            "p99": percentile(&single, 0.99),
+        },
+        "wave": args.wave,
+        "wave_relabel_ms": wave_done.duration_since(turned_on).as_millis(),
+        "log_events": events,
+    }))
+}
