@@ -23,7 +23,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_api::{GPUClass, NodeGroup};
@@ -429,52 +429,30 @@ impl Edge {
             .collect())
     }
 
-    /// Read-decide-write of a workload's pod template (replace with the read
-    /// resourceVersion, so a concurrent change is a conflict, not lost).
+    /// Read-decide-write of a workload's pod template: the changed containers
+    /// and nodeSelector as a merge patch guarded by the read resourceVersion,
+    /// so a concurrent change is a conflict, not lost.
     async fn edit_template(
         &self,
         workload: &WorkloadRef,
         edit: impl Fn(&mut PodSpec),
     ) -> Result<Outcome, EdgeError> {
         let what = format!("{} {}/{}", workload.kind, workload.namespace, workload.name);
-        let post = PostParams {
-            field_manager: Some(self.manager.clone()),
-            ..PostParams::default()
-        };
+        let (ns, name) = (workload.namespace.as_str(), workload.name.as_str());
         match workload.kind.as_str() {
             "Deployment" => {
-                let api: Api<Deployment> =
-                    Api::namespaced(self.client.clone(), &workload.namespace);
-                let mut object = api
-                    .get(&workload.name)
-                    .await
-                    .map_err(EdgeError::api(format!("read {what}")))?;
-                let before = object.clone();
-                if let Some(spec) = object.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-                    edit(spec);
-                }
-                if object != before {
-                    api.replace(&workload.name, &post, &object)
-                        .await
-                        .map_err(EdgeError::api(format!("write {what}")))?;
-                }
+                let api: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+                self.patch_template(&api, name, &what, edit, |d| {
+                    d.spec.as_ref().and_then(|s| s.template.spec.clone())
+                })
+                .await?;
             }
             "StatefulSet" => {
-                let api: Api<StatefulSet> =
-                    Api::namespaced(self.client.clone(), &workload.namespace);
-                let mut object = api
-                    .get(&workload.name)
-                    .await
-                    .map_err(EdgeError::api(format!("read {what}")))?;
-                let before = object.clone();
-                if let Some(spec) = object.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-                    edit(spec);
-                }
-                if object != before {
-                    api.replace(&workload.name, &post, &object)
-                        .await
-                        .map_err(EdgeError::api(format!("write {what}")))?;
-                }
+                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
+                self.patch_template(&api, name, &what, edit, |d| {
+                    d.spec.as_ref().and_then(|s| s.template.spec.clone())
+                })
+                .await?;
             }
             other => {
                 return Err(EdgeError::Invalid(format!(
@@ -483,6 +461,42 @@ impl Edge {
             }
         }
         Ok(Outcome::default())
+    }
+
+    async fn patch_template<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        what: &str,
+        edit: impl Fn(&mut PodSpec),
+        template: impl Fn(&K) -> Option<PodSpec>,
+    ) -> Result<(), EdgeError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let object = api
+            .get(name)
+            .await
+            .map_err(EdgeError::api(format!("read {what}")))?;
+        let before = template(&object)
+            .ok_or_else(|| EdgeError::Invalid(format!("{what}: spec.template.spec is missing")))?;
+        let mut after = before.clone();
+        edit(&mut after);
+        if after == before {
+            return Ok(());
+        }
+        let selector = label_diff(
+            &before.node_selector.unwrap_or_default(),
+            &after.node_selector.unwrap_or_default(),
+        );
+        let patch = json!({
+            "metadata": {"resourceVersion": object.resource_version()},
+            "spec": {"template": {"spec": {"containers": after.containers, "nodeSelector": selector}}},
+        });
+        api.patch(name, &self.merge_params(), &Patch::Merge(&patch))
+            .await
+            .map_err(EdgeError::api(format!("write {what}")))?;
+        Ok(())
     }
 
     async fn restart(&self, workload: &WorkloadRef, at: &str) -> Result<Outcome, EdgeError> {
@@ -540,24 +554,26 @@ impl Edge {
     ) -> Result<Outcome, EdgeError> {
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
         let what = format!("ResourceQuota {namespace}/{name}");
-        let mut quota = api
+        let quota = api
             .get(name)
             .await
             .map_err(EdgeError::api(format!("read {what}")))?;
-        let want: BTreeMap<String, Quantity> = hard
-            .iter()
-            .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+        let have: BTreeMap<String, String> = quota
+            .spec
+            .as_ref()
+            .and_then(|s| s.hard.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
             .collect();
-        let spec = quota.spec.get_or_insert_with(Default::default);
-        if spec.hard.as_ref() == Some(&want) {
+        if have == *hard {
             return Ok(Outcome::default());
         }
-        spec.hard = Some(want);
-        let post = PostParams {
-            field_manager: Some(self.manager.clone()),
-            ..PostParams::default()
-        };
-        api.replace(name, &post, &quota)
+        let patch = json!({
+            "metadata": {"resourceVersion": quota.resource_version()},
+            "spec": {"hard": label_diff(&have, hard)},
+        });
+        api.patch(name, &self.merge_params(), &Patch::Merge(&patch))
             .await
             .map_err(EdgeError::api(format!("write {what}")))?;
         Ok(Outcome::default())

@@ -169,3 +169,64 @@ async fn applies_of_one_manager_keep_each_others_fields() {
     assert_eq!(node.labels()["node.deckhouse.io/group"], "gpu-dra");
     assert!(!node.labels().contains_key("node-role.kubernetes.io/gpu"));
 }
+
+/// class-compiler's effect: the DeviceClasses of a GPU class by Server-Side
+/// Apply, and the class's status listing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_a_class_applies_its_device_classes_and_status() {
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    use switchyard_api::GPUClass;
+    use switchyard_proto::v1::CompiledVariant;
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    switchyard_testkit::kube::install_crds(
+        &client,
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
+    let classes: Api<GPUClass> = Api::all(client.clone());
+    let class: GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
+        "metadata": {"name": "a100"},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}}},
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let variant = CompiledVariant {
+        variant: "whole".into(),
+        device_class: "a100.gpu.deckhouse.io".into(),
+        extended_resource_name: "gpu.deckhouse.io/a100".into(),
+        cel_selector: "device.attributes['gpu.deckhouse.io'].device == 'a100-sxm4-40gb'".into(),
+    };
+    let edge = Edge::new(plane.config(), "class-compiler").unwrap();
+    let effect = Effect::PublishDeviceClasses {
+        gpu_class: "a100".into(),
+        variants: vec![variant.clone()],
+    };
+    edge.execute(&effect).await.unwrap();
+    edge.execute(&effect).await.unwrap();
+    let device_class = Api::<DeviceClass>::all(client.clone())
+        .get("a100.gpu.deckhouse.io")
+        .await
+        .unwrap();
+    let selectors = device_class.spec.selectors.unwrap_or_default();
+    assert_eq!(
+        selectors[0].cel.as_ref().unwrap().expression,
+        variant.cel_selector
+    );
+    let status = classes.get("a100").await.unwrap().status.expect("status");
+    assert_eq!(status.device_class_names, ["a100.gpu.deckhouse.io"]);
+    assert_eq!(
+        status.variants[0].extended_resource_name,
+        "gpu.deckhouse.io/a100"
+    );
+    // The inventory fact of the class carries what was published.
+    let fact = switchyard_kube::facts::gpu_class(&classes.get("a100").await.unwrap());
+    let Some(switchyard_proto::v1::domain_event::Kind::GpuClassObserved(fact)) = fact.kind else {
+        unreachable!()
+    };
+    assert_eq!(fact.device_class_names, ["a100.gpu.deckhouse.io"]);
+}

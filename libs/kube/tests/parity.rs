@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Taint as KTaint};
+use k8s_openapi::api::core::v1::{Namespace, Node, ResourceQuota, Taint as KTaint};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use switchyard_core::effects::Effect;
@@ -130,6 +130,19 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
         .create(&PostParams::default(), &deployment(&workload))
         .await
         .expect("deployment");
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &w.namespace);
+    let hard = sim
+        .quota(&w.namespace, "gpu-quota")
+        .expect("the simulator's quota")
+        .clone();
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-quota"}, "spec": {"hard": hard},
+    }))
+    .unwrap();
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota");
     let real_node = || async { observed_node(facts::node(&nodes.get(&node.node).await.unwrap())) };
     assert_eq!(
         node_state(&real_node().await),
@@ -212,6 +225,18 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
             workload: w.clone(),
             placement: workload.placement.clone().unwrap(),
         },
+        Effect::SetQuota {
+            namespace: w.namespace.clone(),
+            name: "gpu-quota".into(),
+            hard: [
+                (
+                    "requests.gpu.deckhouse.io/a100".to_string(),
+                    "64".to_string(),
+                ),
+                ("pods".to_string(), "100".to_string()),
+            ]
+            .into(),
+        },
     ];
     let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
     for effect in &effects {
@@ -231,6 +256,15 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
         assert_eq!(
             real.placement.as_ref(),
             sim.workload_placement(&w),
+            "after {effect:?}"
+        );
+        let real = facts::resource_quota(&quotas.get("gpu-quota").await.unwrap());
+        let Some(Kind::ResourceQuotaObserved(real)) = real.kind else {
+            unreachable!()
+        };
+        assert_eq!(
+            Some(&real.hard),
+            sim.quota(&w.namespace, "gpu-quota"),
             "after {effect:?}"
         );
     }
