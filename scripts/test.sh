@@ -11,4 +11,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
 scripts/install-nats-server.sh
 scripts/control-plane.sh
 scripts/install-helm.sh
+scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

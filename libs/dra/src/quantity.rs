@@ -1,0 +1,546 @@
+//! Kubernetes resource quantities, exactly as `k8s.io/apimachinery/pkg/api/resource`
+//! parses, compares, adds and formats them — with arbitrary precision and no
+//! floating point anywhere a result depends on it.
+//!
+//! A quantity is a decimal number with a format: `DecimalSI` (`1.5`, `500m`,
+//! `40G`), `BinarySI` (`40Gi`) or `DecimalExponent` (`4e9`). Parsing follows
+//! Kubernetes step by step, quirks included:
+//! - values are kept exactly, but anything finer than `1n` is rounded up (away
+//!   from zero) to the next nano, so asking for a little gives a little;
+//! - a `BinarySI` value above 2^63-1 is capped there; one between 0 and 1 becomes
+//!   `DecimalSI`;
+//! - the string is kept as given when Kubernetes would keep it (its own
+//!   canonical-looking fast path: `01` stays `01`), otherwise it is formatted
+//!   canonically: integer mantissa, exponent a multiple of three, the largest
+//!   suffix that keeps the mantissa whole (`1500m`, `1k`, `2Ki`, `1e3`);
+//! - as in Kubernetes, a `DecimalSI` exponent beyond `E` (10^18) or a `BinarySI`
+//!   one beyond `Ei` has no suffix and is printed without one.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use num_bigint::{BigInt, Sign};
+use num_integer::Integer;
+use num_traits::{Signed, ToPrimitive, Zero};
+
+/// How a quantity is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// `4e9`, `12e-3`.
+    DecimalExponent,
+    /// `40Gi`, `512Mi`.
+    BinarySI,
+    /// `1.5`, `500m`, `40G`.
+    DecimalSI,
+}
+
+/// Why a string is not a quantity, in Kubernetes' words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error(
+        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+    )]
+    FormatWrong,
+    #[error("unable to parse numeric part of quantity")]
+    Numeric,
+    #[error("unable to parse quantity's suffix")]
+    Suffix,
+}
+
+/// An exact quantity: `mantissa × 10^exponent`, kept with no trailing zeros in
+/// the mantissa so that equal values have equal parts.
+#[derive(Clone, Debug)]
+pub struct Quantity {
+    mantissa: BigInt,
+    exponent: i32,
+    format: Format,
+    /// The parsed string, when Kubernetes keeps it as the quantity's text.
+    kept: Option<Box<str>>,
+}
+
+/// The pieces `parseQuantityString` cuts a quantity into.
+struct Pieces<'a> {
+    positive: bool,
+    /// Sign, digits, point and fraction, as written.
+    value: &'a str,
+    /// Integer digits without leading zeros (`"0"` when there are none).
+    num: &'a str,
+    denom: &'a str,
+    suffix: &'a str,
+}
+
+fn split(s: &str) -> Result<Pieces<'_>, ParseError> {
+    let b = s.as_bytes();
+    let end = b.len();
+    let mut pos = 0;
+    let mut positive = true;
+    if pos < end {
+        match b[0] {
+            b'-' => {
+                positive = false;
+                pos += 1;
+            }
+            b'+' => pos += 1,
+            _ => {}
+        }
+    }
+    // Leading zeros; nothing but zeros is zero.
+    while pos < end && b[pos] == b'0' {
+        pos += 1;
+    }
+    if pos >= end {
+        return Ok(Pieces {
+            positive,
+            value: "0",
+            num: "0",
+            denom: "",
+            suffix: "",
+        });
+    }
+    let num_start = pos;
+    while pos < end && b[pos].is_ascii_digit() {
+        pos += 1;
+    }
+    let whole = |value| Pieces {
+        positive,
+        value,
+        num: &s[num_start..],
+        denom: "",
+        suffix: "",
+    };
+    if pos >= end {
+        return Ok(whole(s));
+    }
+    let num = if pos == num_start {
+        "0"
+    } else {
+        &s[num_start..pos]
+    };
+    let mut denom = "";
+    if b[pos] == b'.' {
+        pos += 1;
+        let denom_start = pos;
+        while pos < end && b[pos].is_ascii_digit() {
+            pos += 1;
+        }
+        denom = &s[denom_start..pos];
+        if pos >= end {
+            return Ok(Pieces {
+                positive,
+                value: s,
+                num,
+                denom,
+                suffix: "",
+            });
+        }
+    }
+    let value = &s[..pos];
+    let suffix_start = pos;
+    while pos < end && b"eEinumkKMGTP".contains(&b[pos]) {
+        pos += 1;
+    }
+    if pos < end && matches!(b[pos], b'-' | b'+') {
+        pos += 1;
+    }
+    while pos < end && b[pos].is_ascii_digit() {
+        pos += 1;
+    }
+    if pos < end {
+        return Err(ParseError::FormatWrong);
+    }
+    Ok(Pieces {
+        positive,
+        value,
+        num,
+        denom,
+        suffix: &s[suffix_start..],
+    })
+}
+
+/// Base, exponent and format of a suffix.
+fn interpret(suffix: &str) -> Option<(u32, i32, Format)> {
+    let decimal = |e| Some((10, e, Format::DecimalSI));
+    let binary = |e| Some((2, e, Format::BinarySI));
+    match suffix {
+        "" => decimal(0),
+        "n" => decimal(-9),
+        "u" => decimal(-6),
+        "m" => decimal(-3),
+        "k" => decimal(3),
+        "M" => decimal(6),
+        "G" => decimal(9),
+        "T" => decimal(12),
+        "P" => decimal(15),
+        "E" => decimal(18),
+        "Ki" => binary(10),
+        "Mi" => binary(20),
+        "Gi" => binary(30),
+        "Ti" => binary(40),
+        "Pi" => binary(50),
+        "Ei" => binary(60),
+        s if s.len() > 1 && (s.starts_with('e') || s.starts_with('E')) => {
+            // strconv.ParseInt(s[1:], 10, 64), then int32(): Go truncates.
+            let exponent: i64 = go_parse_int(&s[1..])?;
+            Some((10, exponent as i32, Format::DecimalExponent))
+        }
+        _ => None,
+    }
+}
+
+/// `strconv.ParseInt(s, 10, 64)`: an optional sign and decimal digits.
+fn go_parse_int(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn pow10(n: u32) -> BigInt {
+    BigInt::from(10u32).pow(n)
+}
+
+/// Divides by 10^n rounding away from zero.
+fn div_pow10_round_up(value: &BigInt, n: u32) -> BigInt {
+    let (q, r) = value.div_rem(&pow10(n));
+    if r.is_zero() {
+        q
+    } else if value.is_negative() {
+        q - 1
+    } else {
+        q + 1
+    }
+}
+
+impl Quantity {
+    fn new(mantissa: BigInt, exponent: i32, format: Format) -> Quantity {
+        let mut q = Quantity {
+            mantissa,
+            exponent,
+            format,
+            kept: None,
+        };
+        q.normalize();
+        q
+    }
+
+    fn normalize(&mut self) {
+        if self.mantissa.is_zero() {
+            self.exponent = 0;
+            return;
+        }
+        let ten = BigInt::from(10u32);
+        loop {
+            let (q, r) = self.mantissa.div_rem(&ten);
+            if !r.is_zero() {
+                break;
+            }
+            self.mantissa = q;
+            self.exponent += 1;
+        }
+    }
+
+    /// Zero, `DecimalSI`.
+    pub fn zero() -> Quantity {
+        Quantity::new(BigInt::zero(), 0, Format::DecimalSI)
+    }
+
+    /// `value × 10^exponent` in `format`.
+    pub fn from_parts(value: impl Into<BigInt>, exponent: i32, format: Format) -> Quantity {
+        Quantity::new(value.into(), exponent, format)
+    }
+
+    /// An integer, `DecimalSI`.
+    pub fn from_i64(value: i64) -> Quantity {
+        Quantity::new(value.into(), 0, Format::DecimalSI)
+    }
+
+    /// Parses a quantity as Kubernetes' `ParseQuantity` does.
+    pub fn parse(s: &str) -> Result<Quantity, ParseError> {
+        if s.is_empty() {
+            return Err(ParseError::FormatWrong);
+        }
+        if s == "0" {
+            let mut zero = Quantity::zero();
+            zero.kept = Some(s.into());
+            return Ok(zero);
+        }
+        let p = split(s)?;
+        let (base, exponent, format) = interpret(p.suffix).ok_or(ParseError::Suffix)?;
+
+        // Kubernetes' int64 fast path: where it applies, the string is kept
+        // when it already looks canonical (and "." alone is zero).
+        if let Some(value) = Self::fast_path(&p, exponent, format, s) {
+            return Ok(value);
+        }
+
+        // The exact path.
+        let digits: String = p
+            .value
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .map(char::from)
+            .collect();
+        if digits.is_empty() {
+            return Err(ParseError::Numeric);
+        }
+        let fraction = p.value.split_once('.').map_or(0, |(_, f)| f.len() as i64);
+        let mut mantissa: BigInt = digits.parse().map_err(|_| ParseError::Numeric)?;
+        let mut scale: i64 = -fraction;
+        match base {
+            10 => scale += i64::from(exponent),
+            _ => mantissa <<= exponent as usize,
+        }
+        // Rounded up to whole nanos, away from zero.
+        if scale < -9 {
+            let shift = u32::try_from(-9 - scale).map_err(|_| ParseError::Numeric)?;
+            mantissa = div_pow10_round_up(&mantissa, shift);
+            scale = -9;
+        }
+        let mut format = format;
+        let mut q = Quantity::new(
+            mantissa,
+            i32::try_from(scale).map_err(|_| ParseError::Numeric)?,
+            format,
+        );
+        if format == Format::BinarySI {
+            let max = Quantity::from_i64(i64::MAX);
+            if q > max {
+                q = max;
+            }
+            if q < Quantity::from_i64(1) && !q.is_zero() {
+                format = Format::DecimalSI;
+            }
+        }
+        q.format = format;
+        if !p.positive {
+            q.mantissa = -q.mantissa;
+        }
+        Ok(q)
+    }
+
+    fn fast_path(p: &Pieces<'_>, exponent: i32, format: Format, s: &str) -> Option<Quantity> {
+        let digits = (p.num.len() + p.denom.len()) as i32;
+        let (mut scale, multiplier, precision) = match format {
+            Format::DecimalExponent | Format::DecimalSI => (exponent, 1i64, 18 - digits),
+            Format::BinarySI if exponent >= 0 && p.denom.is_empty() => {
+                // float32(exponent)*3/10, truncated, as Go computes it.
+                let approx = (exponent as f32 * 3.0 / 10.0) as i32;
+                (
+                    0,
+                    1i64.checked_shl(exponent as u32)?,
+                    15 - p.num.len() as i32 - approx - 1,
+                )
+            }
+            Format::BinarySI => return None,
+        };
+        if precision < 0 {
+            return None;
+        }
+        scale -= p.denom.len() as i32;
+        if scale < -9 {
+            return None;
+        }
+        let shifted = format!("{}{}", p.num, p.denom);
+        let value: i64 = shifted.parse().ok()?;
+        let mut result = value.checked_mul(multiplier)?;
+        if !p.positive {
+            result = -result;
+        }
+        let mut q = Quantity::new(result.into(), scale, format);
+        let keep = match format {
+            Format::BinarySI => exponent % 10 == 0 && value & 0x07 != 0,
+            _ => scale % 3 == 0 && !shifted.ends_with("000") && !shifted.starts_with('0'),
+        };
+        if keep {
+            q.kept = Some(s.into());
+        }
+        Some(q)
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.mantissa.is_zero()
+    }
+
+    /// -1, 0 or 1.
+    pub fn sign(&self) -> i32 {
+        match self.mantissa.sign() {
+            Sign::Minus => -1,
+            Sign::NoSign => 0,
+            Sign::Plus => 1,
+        }
+    }
+
+    /// The value as an exact `i64`, if it is an integer in range.
+    pub fn as_i64(&self) -> Option<i64> {
+        if self.exponent < 0 {
+            return None;
+        }
+        (&self.mantissa * pow10(self.exponent as u32)).to_i64()
+    }
+
+    /// The nearest `f64` (for display and CEL's `asApproximateFloat`, never for
+    /// comparisons).
+    pub fn as_approximate_f64(&self) -> f64 {
+        let m = self.mantissa.to_f64().unwrap_or(f64::NAN);
+        m * 10f64.powi(self.exponent)
+    }
+
+    /// `self + other`; the format is `self`'s, or `other`'s when `self` is zero.
+    pub fn add(&self, other: &Quantity) -> Quantity {
+        self.combine(other, |a, b| a + b)
+    }
+
+    /// `self - other`; the format is `self`'s, or `other`'s when `self` is zero.
+    pub fn sub(&self, other: &Quantity) -> Quantity {
+        self.combine(other, |a, b| a - b)
+    }
+
+    fn combine(&self, other: &Quantity, op: impl Fn(BigInt, BigInt) -> BigInt) -> Quantity {
+        let exponent = self.exponent.min(other.exponent);
+        let a = &self.mantissa * pow10((self.exponent - exponent) as u32);
+        let b = &other.mantissa * pow10((other.exponent - exponent) as u32);
+        let format = if self.is_zero() {
+            other.format
+        } else {
+            self.format
+        };
+        Quantity::new(op(a, b), exponent, format)
+    }
+
+    /// The canonical text, as `CanonicalizeBytes` writes it.
+    pub fn canonical(&self) -> String {
+        if self.is_zero() {
+            return "0".into();
+        }
+        let mut format = self.format;
+        let mut rounded = None;
+        if format == Format::BinarySI {
+            let small = *self > Quantity::from_i64(-1024) && *self < Quantity::from_i64(1024);
+            if small {
+                format = Format::DecimalSI;
+            } else if self.exponent < 0 {
+                // Not a whole number: Kubernetes shows it as DecimalSI rather than round.
+                format = Format::DecimalSI;
+            } else {
+                rounded = Some(&self.mantissa * pow10(self.exponent as u32));
+            }
+        }
+        match (format, rounded) {
+            (Format::BinarySI, Some(mut whole)) => {
+                let k = BigInt::from(1024u32);
+                let mut times = 0;
+                loop {
+                    let (q, r) = whole.div_rem(&k);
+                    if !r.is_zero() {
+                        break;
+                    }
+                    whole = q;
+                    times += 1;
+                }
+                let suffix = match times {
+                    0 => "",
+                    1 => "Ki",
+                    2 => "Mi",
+                    3 => "Gi",
+                    4 => "Ti",
+                    5 => "Pi",
+                    6 => "Ei",
+                    _ => "",
+                };
+                format!("{whole}{suffix}")
+            }
+            (format, _) => {
+                // Already without trailing zeros: floor the exponent to a multiple of 3.
+                let mut exponent = self.exponent;
+                let mut mantissa = self.mantissa.clone();
+                let ten = BigInt::from(10u32);
+                while exponent % 3 != 0 {
+                    mantissa *= &ten;
+                    exponent -= 1;
+                }
+                let suffix = match format {
+                    Format::DecimalExponent if exponent == 0 => String::new(),
+                    Format::DecimalExponent => format!("e{exponent}"),
+                    _ => match exponent {
+                        -9 => "n",
+                        -6 => "u",
+                        -3 => "m",
+                        3 => "k",
+                        6 => "M",
+                        9 => "G",
+                        12 => "T",
+                        15 => "P",
+                        18 => "E",
+                        _ => "",
+                    }
+                    .to_string(),
+                };
+                format!("{mantissa}{suffix}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Quantity {
+    /// The text Kubernetes serialises: the parsed string where it keeps it,
+    /// the canonical form otherwise.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kept {
+            Some(s) => f.write_str(s),
+            None => f.write_str(&self.canonical()),
+        }
+    }
+}
+
+impl std::str::FromStr for Quantity {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Quantity::parse(s)
+    }
+}
+
+impl PartialEq for Quantity {
+    /// Equal values, whatever their format (`Quantity.Equal`).
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Quantity {}
+
+impl PartialOrd for Quantity {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Quantity {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Normalised: equal exponents compare mantissas; otherwise scale the one
+        // with the larger exponent down to the other's.
+        match self.exponent.cmp(&other.exponent) {
+            Ordering::Equal => self.mantissa.cmp(&other.mantissa),
+            Ordering::Greater => {
+                let a = &self.mantissa * pow10((self.exponent - other.exponent) as u32);
+                a.cmp(&other.mantissa)
+            }
+            Ordering::Less => {
+                let b = &other.mantissa * pow10((other.exponent - self.exponent) as u32);
+                self.mantissa.cmp(&b)
+            }
+        }
+    }
+}
+
+impl std::hash::Hash for Quantity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Normalised parts: equal values hash alike.
+        self.mantissa.hash(state);
+        self.exponent.hash(state);
+    }
+}
