@@ -56,6 +56,7 @@ pub fn live_bytes() -> isize {
 mod cores;
 mod eventlog;
 mod kube;
+mod quantity;
 
 use clap::{Parser, Subcommand};
 
@@ -79,6 +80,8 @@ enum Command {
     /// The Kubernetes edge on a real control plane: start-up, creation-to-label
     /// latency for many nodes, relabelling a wave.
     Kube(kube::Args),
+    /// Kubernetes quantities: ours against k8s.io/apimachinery's, same run.
+    Quantity(quantity::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -93,6 +96,7 @@ fn main() -> anyhow::Result<()> {
             >,
         Command::Cores(args) => Box::pin(cores::run(args)),
         Command::Kube(args) => Box::pin(kube::run(args)),
+        Command::Quantity(args) => Box::pin(quantity::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
