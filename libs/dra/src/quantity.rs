@@ -47,11 +47,65 @@ pub enum ParseError {
     Suffix,
 }
 
+/// A mantissa: an `i64` where it fits (no allocation, the common case), a
+/// big integer otherwise. Always the `Small` form when the value fits.
+#[derive(Clone, Debug)]
+enum Mantissa {
+    Small(i64),
+    Big(Box<BigInt>),
+}
+
+impl Mantissa {
+    fn from_big(value: BigInt) -> Mantissa {
+        match value.to_i64() {
+            Some(v) => Mantissa::Small(v),
+            None => Mantissa::Big(Box::new(value)),
+        }
+    }
+
+    fn big(&self) -> BigInt {
+        match self {
+            Mantissa::Small(v) => BigInt::from(*v),
+            Mantissa::Big(b) => (**b).clone(),
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        matches!(self, Mantissa::Small(0))
+    }
+
+    fn sign(&self) -> i32 {
+        match self {
+            Mantissa::Small(v) => v.signum() as i32,
+            Mantissa::Big(b) => match b.sign() {
+                Sign::Minus => -1,
+                Sign::NoSign => 0,
+                Sign::Plus => 1,
+            },
+        }
+    }
+
+    fn neg(self) -> Mantissa {
+        match self {
+            Mantissa::Small(v) => match v.checked_neg() {
+                Some(n) => Mantissa::Small(n),
+                None => Mantissa::from_big(-BigInt::from(v)),
+            },
+            Mantissa::Big(b) => Mantissa::from_big(-*b),
+        }
+    }
+}
+
+/// 10^n as an `i128`, for n ≤ 38.
+fn pow10_i128(n: u32) -> Option<i128> {
+    10i128.checked_pow(n)
+}
+
 /// An exact quantity: `mantissa × 10^exponent`, kept with no trailing zeros in
 /// the mantissa so that equal values have equal parts.
 #[derive(Clone, Debug)]
 pub struct Quantity {
-    mantissa: BigInt,
+    mantissa: Mantissa,
     exponent: i32,
     format: Format,
     /// The parsed string, when Kubernetes keeps it as the quantity's text.
@@ -214,35 +268,55 @@ fn div_pow10_round_up(value: &BigInt, n: u32) -> BigInt {
 
 impl Quantity {
     fn new(mantissa: BigInt, exponent: i32, format: Format) -> Quantity {
-        let mut q = Quantity {
-            mantissa,
-            exponent,
-            format,
-            kept: None,
-        };
-        q.normalize();
-        q
-    }
-
-    fn normalize(&mut self) {
-        if self.mantissa.is_zero() {
-            self.exponent = 0;
-            return;
+        if let Some(small) = mantissa.to_i64() {
+            return Quantity::small(small, exponent, format);
         }
         let ten = BigInt::from(10u32);
+        let (mut mantissa, mut exponent) = (mantissa, exponent);
         loop {
-            let (q, r) = self.mantissa.div_rem(&ten);
+            let (q, r) = mantissa.div_rem(&ten);
             if !r.is_zero() {
                 break;
             }
-            self.mantissa = q;
-            self.exponent += 1;
+            mantissa = q;
+            exponent += 1;
+        }
+        Quantity {
+            mantissa: Mantissa::from_big(mantissa),
+            exponent,
+            format,
+            kept: None,
+        }
+    }
+
+    /// `mantissa × 10^exponent` without allocating.
+    fn small(mut mantissa: i64, mut exponent: i32, format: Format) -> Quantity {
+        if mantissa == 0 {
+            exponent = 0;
+        } else {
+            while mantissa % 10 == 0 {
+                mantissa /= 10;
+                exponent += 1;
+            }
+        }
+        Quantity {
+            mantissa: Mantissa::Small(mantissa),
+            exponent,
+            format,
+            kept: None,
+        }
+    }
+
+    fn from_i128(value: i128, exponent: i32, format: Format) -> Quantity {
+        match i64::try_from(value) {
+            Ok(v) => Quantity::small(v, exponent, format),
+            Err(_) => Quantity::new(BigInt::from(value), exponent, format),
         }
     }
 
     /// Zero, `DecimalSI`.
     pub fn zero() -> Quantity {
-        Quantity::new(BigInt::zero(), 0, Format::DecimalSI)
+        Quantity::small(0, 0, Format::DecimalSI)
     }
 
     /// `value × 10^exponent` in `format`.
@@ -252,7 +326,7 @@ impl Quantity {
 
     /// An integer, `DecimalSI`.
     pub fn from_i64(value: i64) -> Quantity {
-        Quantity::new(value.into(), 0, Format::DecimalSI)
+        Quantity::small(value, 0, Format::DecimalSI)
     }
 
     /// Parses a quantity as Kubernetes' `ParseQuantity` does.
@@ -314,7 +388,7 @@ impl Quantity {
         }
         q.format = format;
         if !p.positive {
-            q.mantissa = -q.mantissa;
+            q.mantissa = q.mantissa.neg();
         }
         Ok(q)
     }
@@ -341,16 +415,31 @@ impl Quantity {
         if scale < -9 {
             return None;
         }
-        let shifted = format!("{}{}", p.num, p.denom);
-        let value: i64 = shifted.parse().ok()?;
+        // At most 18 digits here: the value fits an i64.
+        let mut value: i64 = 0;
+        for c in p.num.bytes().chain(p.denom.bytes()) {
+            value = value.checked_mul(10)?.checked_add(i64::from(c - b'0'))?;
+        }
         let mut result = value.checked_mul(multiplier)?;
         if !p.positive {
             result = -result;
         }
-        let mut q = Quantity::new(result.into(), scale, format);
+        let mut q = Quantity::small(result, scale, format);
         let keep = match format {
             Format::BinarySI => exponent % 10 == 0 && value & 0x07 != 0,
-            _ => scale % 3 == 0 && !shifted.ends_with("000") && !shifted.starts_with('0'),
+            _ => {
+                let last = |n: usize| {
+                    let all = p.num.len() + p.denom.len();
+                    (all >= n)
+                        && p.num
+                            .bytes()
+                            .chain(p.denom.bytes())
+                            .skip(all - n)
+                            .all(|c| c == b'0')
+                };
+                let first = p.num.bytes().chain(p.denom.bytes()).next();
+                scale % 3 == 0 && !last(3) && first != Some(b'0')
+            }
         };
         if keep {
             q.kept = Some(s.into());
@@ -368,11 +457,7 @@ impl Quantity {
 
     /// -1, 0 or 1.
     pub fn sign(&self) -> i32 {
-        match self.mantissa.sign() {
-            Sign::Minus => -1,
-            Sign::NoSign => 0,
-            Sign::Plus => 1,
-        }
+        self.mantissa.sign()
     }
 
     /// The value as an exact `i64`, if it is an integer in range.
@@ -380,36 +465,56 @@ impl Quantity {
         if self.exponent < 0 {
             return None;
         }
-        (&self.mantissa * pow10(self.exponent as u32)).to_i64()
+        if let (Mantissa::Small(m), Some(p)) = (&self.mantissa, pow10_i128(self.exponent as u32)) {
+            return i64::try_from(i128::from(*m).checked_mul(p)?).ok();
+        }
+        (self.mantissa.big() * pow10(self.exponent as u32)).to_i64()
     }
 
     /// The nearest `f64` (for display and CEL's `asApproximateFloat`, never for
     /// comparisons).
     pub fn as_approximate_f64(&self) -> f64 {
-        let m = self.mantissa.to_f64().unwrap_or(f64::NAN);
+        let m = match &self.mantissa {
+            Mantissa::Small(v) => *v as f64,
+            Mantissa::Big(b) => b.to_f64().unwrap_or(f64::NAN),
+        };
         m * 10f64.powi(self.exponent)
     }
 
     /// `self + other`; the format is `self`'s, or `other`'s when `self` is zero.
     pub fn add(&self, other: &Quantity) -> Quantity {
-        self.combine(other, |a, b| a + b)
+        self.combine(other, false)
     }
 
     /// `self - other`; the format is `self`'s, or `other`'s when `self` is zero.
     pub fn sub(&self, other: &Quantity) -> Quantity {
-        self.combine(other, |a, b| a - b)
+        self.combine(other, true)
     }
 
-    fn combine(&self, other: &Quantity, op: impl Fn(BigInt, BigInt) -> BigInt) -> Quantity {
+    fn combine(&self, other: &Quantity, negate_other: bool) -> Quantity {
         let exponent = self.exponent.min(other.exponent);
-        let a = &self.mantissa * pow10((self.exponent - exponent) as u32);
-        let b = &other.mantissa * pow10((other.exponent - exponent) as u32);
         let format = if self.is_zero() {
             other.format
         } else {
             self.format
         };
-        Quantity::new(op(a, b), exponent, format)
+        let (da, db) = (
+            (self.exponent - exponent) as u32,
+            (other.exponent - exponent) as u32,
+        );
+        if let (Mantissa::Small(a), Mantissa::Small(b), Some(pa), Some(pb)) = (
+            &self.mantissa,
+            &other.mantissa,
+            pow10_i128(da).filter(|_| da <= 18),
+            pow10_i128(db).filter(|_| db <= 18),
+        ) {
+            let (a, b) = (i128::from(*a) * pa, i128::from(*b) * pb);
+            let sum = if negate_other { a - b } else { a + b };
+            return Quantity::from_i128(sum, exponent, format);
+        }
+        let a = self.mantissa.big() * pow10(da);
+        let b = other.mantissa.big() * pow10(db);
+        Quantity::new(if negate_other { a - b } else { a + b }, exponent, format)
     }
 
     /// The canonical text, as `CanonicalizeBytes` writes it.
@@ -427,7 +532,7 @@ impl Quantity {
                 // Not a whole number: Kubernetes shows it as DecimalSI rather than round.
                 format = Format::DecimalSI;
             } else {
-                rounded = Some(&self.mantissa * pow10(self.exponent as u32));
+                rounded = Some(self.mantissa.big() * pow10(self.exponent as u32));
             }
         }
         match (format, rounded) {
@@ -457,7 +562,7 @@ impl Quantity {
             (format, _) => {
                 // Already without trailing zeros: floor the exponent to a multiple of 3.
                 let mut exponent = self.exponent;
-                let mut mantissa = self.mantissa.clone();
+                let mut mantissa = self.mantissa.big();
                 let ten = BigInt::from(10u32);
                 while exponent % 3 != 0 {
                     mantissa *= &ten;
@@ -523,16 +628,30 @@ impl Ord for Quantity {
     fn cmp(&self, other: &Self) -> Ordering {
         // Normalised: equal exponents compare mantissas; otherwise scale the one
         // with the larger exponent down to the other's.
-        match self.exponent.cmp(&other.exponent) {
-            Ordering::Equal => self.mantissa.cmp(&other.mantissa),
-            Ordering::Greater => {
-                let a = &self.mantissa * pow10((self.exponent - other.exponent) as u32);
-                a.cmp(&other.mantissa)
+        let (a, b) = (&self.mantissa, &other.mantissa);
+        // Different signs (or zero) decide at once.
+        let (sa, sb) = (a.sign(), b.sign());
+        if sa != sb {
+            return sa.cmp(&sb);
+        }
+        let d = self.exponent - other.exponent;
+        if let (Mantissa::Small(x), Mantissa::Small(y)) = (a, b) {
+            if d == 0 {
+                return x.cmp(y);
             }
-            Ordering::Less => {
-                let b = &other.mantissa * pow10((other.exponent - self.exponent) as u32);
-                self.mantissa.cmp(&b)
+            if let Some(p) = pow10_i128(d.unsigned_abs()).filter(|_| d.abs() <= 18) {
+                let (x, y) = (i128::from(*x), i128::from(*y));
+                return if d > 0 {
+                    (x * p).cmp(&y)
+                } else {
+                    x.cmp(&(y * p))
+                };
             }
+        }
+        match d.cmp(&0) {
+            Ordering::Equal => a.big().cmp(&b.big()),
+            Ordering::Greater => (a.big() * pow10(d as u32)).cmp(&b.big()),
+            Ordering::Less => a.big().cmp(&(b.big() * pow10(d.unsigned_abs()))),
         }
     }
 }
@@ -540,7 +659,10 @@ impl Ord for Quantity {
 impl std::hash::Hash for Quantity {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         // Normalised parts: equal values hash alike.
-        self.mantissa.hash(state);
+        match &self.mantissa {
+            Mantissa::Small(v) => v.hash(state),
+            Mantissa::Big(b) => b.hash(state),
+        }
         self.exponent.hash(state);
     }
 }
