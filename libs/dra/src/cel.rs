@@ -1,0 +1,691 @@
+//! DRA device selectors: CEL as Kubernetes evaluates them (the `device`
+//! variable of `k8s.io/dynamic-resource-allocation/cel`), on the `cel` crate.
+//!
+//! - `device.driver`, `device.allowMultipleAllocations`,
+//!   `device.attributes[domain][name]` (int, bool, string, version) and
+//!   `device.capacity[domain][name]` (quantity). A name without a domain lives
+//!   under the driver's domain. A domain the device does not have is an empty
+//!   map; a missing attribute is the error `no such key: <name>`.
+//! - The quantity library (`quantity`, `isQuantity`, `compareTo`,
+//!   `isGreaterThan`, `isLessThan`, `add`, `sub`, `isInteger`, `asInteger`,
+//!   `asApproximateFloat`; `==` compares values — `sign` is not offered to
+//!   selectors by Kubernetes 1.36, so it is refused here too) and the semver
+//!   library (`semver`, `isSemver`, `major`, `minor`, `patch`, `compareTo`,
+//!   `isGreaterThan`, `isLessThan`), plus the crate's standard library, string
+//!   extensions and macros.
+//! - Compile-time refusals: more than 10 Ki characters, a function Kubernetes
+//!   does not offer (or this build does not implement yet — said so), a result
+//!   that is visibly not a bool. Compiled selectors are cached by their text.
+//!
+//! Not yet: `cel.bind`, optional types, the cost limit, the list and regex
+//! extension libraries. One known difference: when both sides of `&&` or `||`
+//! fail, Kubernetes reports the left side's error and this evaluator the right
+//! side's (the result — an error — is the same).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use cel::common::ast::{Expr, IdedExpr, LiteralValue};
+use cel::objects::Opaque;
+use cel::{Context, Env, ExecutionError, FunctionContext, Program, Value, extensions};
+
+use crate::quantity::Quantity;
+
+/// Kubernetes' limit on a selector's length (`CELSelectorExpressionMaxLength`).
+pub const MAX_EXPRESSION_LENGTH: usize = 10 * 1024;
+
+/// One attribute value of a device.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attribute {
+    Int(i64),
+    Bool(bool),
+    String(String),
+    /// A semantic version, as published (`1.2.3`).
+    Version(String),
+}
+
+/// A device as selectors see it: names are `domain/name` or bare (the driver's domain).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Device {
+    pub driver: String,
+    pub allow_multiple_allocations: bool,
+    pub attributes: BTreeMap<String, Attribute>,
+    pub capacity: BTreeMap<String, Quantity>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error(
+        "the expression is {length} characters long; at most {MAX_EXPRESSION_LENGTH} are allowed"
+    )]
+    TooLong { length: usize },
+    #[error("compilation failed: {0}")]
+    Syntax(String),
+    #[error("undeclared reference to '{0}'")]
+    Undeclared(String),
+    #[error("'{0}' is offered by Kubernetes but not supported by Switchyard yet")]
+    Unsupported(String),
+    #[error("must evaluate to bool or the unknown type, not {0}")]
+    NotBool(&'static str),
+}
+
+/// A runtime error, worded as Kubernetes words it where it matters.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EvalError(pub String);
+
+/// Functions (and operators) a selector may use here.
+const SUPPORTED: &[&str] = &[
+    // operators
+    "_==_",
+    "_!=_",
+    "_<_",
+    "_<=_",
+    "_>_",
+    "_>=_",
+    "_&&_",
+    "_||_",
+    "!_",
+    "-_",
+    "_+_",
+    "_-_",
+    "_*_",
+    "_/_",
+    "_%_",
+    "_?_:_",
+    "_[_]",
+    "@in",
+    "@not_strictly_false",
+    // standard library
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "type",
+    "has",
+    "all",
+    "exists",
+    "exists_one",
+    "map",
+    "filter",
+    // string extensions
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "replace",
+    "split",
+    "substring",
+    "trim",
+    "join",
+    // quantity and semver libraries
+    "quantity",
+    "isQuantity",
+    "compareTo",
+    "isGreaterThan",
+    "isLessThan",
+    "add",
+    "sub",
+    "isInteger",
+    "asInteger",
+    "asApproximateFloat",
+    "semver",
+    "isSemver",
+    "major",
+    "minor",
+    "patch",
+];
+
+/// Functions Kubernetes offers to selectors that this build does not implement yet.
+const NOT_YET: &[&str] = &[
+    "cel.bind",
+    "bind",
+    "optional.of",
+    "optional.none",
+    "optional.ofNonZeroValue",
+    "orValue",
+    "hasValue",
+    "value",
+    "or",
+    "find",
+    "findAll",
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    "format",
+    "quote",
+    "reverse",
+    "url",
+    "isURL",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "sets.contains",
+    "sets.equivalent",
+    "sets.intersects",
+    "base64.encode",
+    "base64.decode",
+    "duration",
+    "timestamp",
+    "dyn",
+    "bytes",
+];
+
+/// A compiled selector.
+#[derive(Debug)]
+pub struct Selector {
+    program: Program,
+    /// Domains the selector indexes `device.attributes` / `device.capacity` with.
+    domains: BTreeSet<String>,
+}
+
+/// Compiles selectors once and evaluates them against devices.
+pub struct Compiler {
+    env: Arc<Env>,
+    cache: Mutex<HashMap<String, Arc<Result<Selector, CompileError>>>>,
+}
+
+impl Default for Compiler {
+    fn default() -> Self {
+        let mut env = Env::stdlib();
+        env.add_extension(extensions::strings)
+            .expect("the string extensions load");
+        Compiler {
+            env: Arc::new(env),
+            cache: Mutex::default(),
+        }
+    }
+}
+
+fn walk<'a>(e: &'a IdedExpr, visit: &mut impl FnMut(&'a IdedExpr)) {
+    visit(e);
+    match &e.expr {
+        Expr::Call(c) => {
+            if let Some(t) = &c.target {
+                walk(t, visit);
+            }
+            for a in &c.args {
+                walk(a, visit);
+            }
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                walk(x, visit);
+            }
+        }
+        Expr::List(l) => l.elements.iter().for_each(|x| walk(x, visit)),
+        Expr::Select(s) => walk(&s.operand, visit),
+        _ => {}
+    }
+}
+
+/// A top-level expression whose type is known not to be bool.
+fn visibly_not_bool(e: &IdedExpr) -> Option<&'static str> {
+    match &e.expr {
+        Expr::Literal(LiteralValue::Int(_)) => Some("int"),
+        Expr::Literal(LiteralValue::UInt(_)) => Some("uint"),
+        Expr::Literal(LiteralValue::Double(_)) => Some("double"),
+        Expr::Literal(LiteralValue::String(_)) => Some("string"),
+        Expr::Literal(LiteralValue::Bytes(_)) => Some("bytes"),
+        Expr::Literal(LiteralValue::Null) => Some("null_type"),
+        Expr::List(_) => Some("list(dyn)"),
+        Expr::Map(_) => Some("map(dyn, dyn)"),
+        Expr::Call(c) => match c.func_name.as_str() {
+            "size" | "int" | "compareTo" | "asInteger" | "major" | "minor" | "patch" => Some("int"),
+            "string" | "lowerAscii" | "upperAscii" | "trim" | "replace" | "substring" => {
+                Some("string")
+            }
+            "quantity" | "add" | "sub" => Some("kubernetes.Quantity"),
+            "semver" => Some("kubernetes.Semver"),
+            "double" | "asApproximateFloat" => Some("double"),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Compiler {
+    /// The selector for `expression`, compiled on first use.
+    pub fn compile(&self, expression: &str) -> Arc<Result<Selector, CompileError>> {
+        if let Some(hit) = self.cache.lock().expect("cache").get(expression) {
+            return hit.clone();
+        }
+        let compiled = Arc::new(self.compile_uncached(expression));
+        self.cache
+            .lock()
+            .expect("cache")
+            .insert(expression.to_string(), compiled.clone());
+        compiled
+    }
+
+    fn compile_uncached(&self, expression: &str) -> Result<Selector, CompileError> {
+        if expression.chars().count() > MAX_EXPRESSION_LENGTH {
+            return Err(CompileError::TooLong {
+                length: expression.chars().count(),
+            });
+        }
+        let program = self
+            .env
+            .compile(expression)
+            .map_err(|e| CompileError::Syntax(e.to_string()))?;
+        let references = program.references();
+        for variable in references.variables() {
+            if variable != "device" {
+                return Err(CompileError::Undeclared(variable.to_string()));
+            }
+        }
+        let mut functions = references.functions();
+        functions.sort_unstable();
+        for f in functions {
+            if NOT_YET.contains(&f) {
+                return Err(CompileError::Unsupported(f.to_string()));
+            }
+            if !SUPPORTED.contains(&f) {
+                return Err(CompileError::Undeclared(f.to_string()));
+            }
+        }
+        if let Some(t) = visibly_not_bool(program.expression()) {
+            return Err(CompileError::NotBool(t));
+        }
+        let mut domains = BTreeSet::new();
+        walk(program.expression(), &mut |e| {
+            if let Expr::Call(c) = &e.expr
+                && c.func_name == "_[_]"
+                && let [map, key] = c.args.as_slice()
+                && let Expr::Select(s) = &map.expr
+                && matches!(s.field.as_str(), "attributes" | "capacity")
+                && matches!(&s.operand.expr, Expr::Ident(v) if v == "device")
+                && let Expr::Literal(LiteralValue::String(domain)) = &key.expr
+            {
+                domains.insert(domain.inner().to_string());
+            }
+        });
+        Ok(Selector { program, domains })
+    }
+
+    /// Evaluates `selector` against `device`.
+    pub fn matches(&self, selector: &Selector, device: &Device) -> Result<bool, EvalError> {
+        let mut context = Context::with_env(self.env.clone());
+        register(&mut context);
+        context.add_variable_from_value("device", device_value(device, &selector.domains)?);
+        match selector.program.execute(&context) {
+            Ok(Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(EvalError(format!(
+                "CEL result of type {} could not be converted to bool",
+                type_name(&other)
+            ))),
+            Err(err) => Err(EvalError(kubernetes_wording(&err))),
+        }
+    }
+
+    /// Compiles (cached) and evaluates in one step.
+    pub fn eval(&self, expression: &str, device: &Device) -> Result<bool, SelectorError> {
+        let compiled = self.compile(expression);
+        match compiled.as_ref() {
+            Err(e) => Err(SelectorError::Compile(e.clone())),
+            Ok(selector) => self.matches(selector, device).map_err(SelectorError::Eval),
+        }
+    }
+}
+
+/// Either kind of failure of a selector.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error(transparent)]
+    Compile(CompileError),
+    #[error(transparent)]
+    Eval(EvalError),
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Int(_) => "int",
+        Value::UInt(_) => "uint",
+        Value::Float(_) => "double",
+        Value::String(_) => "string",
+        Value::Bool(_) => "bool",
+        Value::List(_) => "list",
+        Value::Map(_) => "map",
+        Value::Null => "null_type",
+        Value::Opaque(o) if o.downcast_ref::<QuantityValue>().is_some() => "kubernetes.Quantity",
+        Value::Opaque(o) if o.downcast_ref::<Semver>().is_some() => "kubernetes.Semver",
+        _ => "dyn",
+    }
+}
+
+fn kubernetes_wording(err: &ExecutionError) -> String {
+    match err {
+        ExecutionError::NoSuchKey(key) => format!("no such key: {key}"),
+        ExecutionError::FunctionError { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn split_name<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
+    name.split_once('/').unwrap_or((driver, name))
+}
+
+fn device_value(device: &Device, domains: &BTreeSet<String>) -> Result<Value, EvalError> {
+    let mut attributes: HashMap<String, HashMap<String, Value>> = HashMap::new();
+    let mut capacity: HashMap<String, HashMap<String, Value>> = HashMap::new();
+    for domain in domains {
+        attributes.entry(domain.clone()).or_default();
+        capacity.entry(domain.clone()).or_default();
+    }
+    for (name, attribute) in &device.attributes {
+        let (domain, id) = split_name(name, &device.driver);
+        let value = match attribute {
+            Attribute::Int(v) => Value::Int(*v),
+            Attribute::Bool(v) => Value::Bool(*v),
+            Attribute::String(v) => Value::from(v.as_str()),
+            Attribute::Version(v) => {
+                Value::Opaque(Arc::new(Semver::parse(v).ok_or_else(|| {
+                    EvalError(format!(
+                        "attribute {name}: parse semantic version: {v:?} is not a semantic version"
+                    ))
+                })?))
+            }
+        };
+        attributes
+            .entry(domain.to_string())
+            .or_default()
+            .insert(id.to_string(), value);
+    }
+    for (name, q) in &device.capacity {
+        let (domain, id) = split_name(name, &device.driver);
+        capacity
+            .entry(domain.to_string())
+            .or_default()
+            .insert(id.to_string(), quantity_value(q.clone()));
+    }
+    let nested = |m: HashMap<String, HashMap<String, Value>>| {
+        Value::from(
+            m.into_iter()
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect::<HashMap<String, Value>>(),
+        )
+    };
+    let mut root: HashMap<String, Value> = HashMap::new();
+    root.insert("driver".into(), Value::from(device.driver.as_str()));
+    root.insert(
+        "allowMultipleAllocations".into(),
+        Value::Bool(device.allow_multiple_allocations),
+    );
+    root.insert("attributes".into(), nested(attributes));
+    root.insert("capacity".into(), nested(capacity));
+    Ok(Value::from(root))
+}
+
+// ---------------------------------------------------------------- quantity and semver values
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct QuantityValue(Quantity);
+
+impl Opaque for QuantityValue {
+    fn runtime_type_name(&self) -> &str {
+        "kubernetes.Quantity"
+    }
+}
+
+fn quantity_value(q: Quantity) -> Value {
+    Value::Opaque(Arc::new(QuantityValue(q)))
+}
+
+/// A semantic version as Kubernetes reads version attributes (strict
+/// `MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD]`, no leading zeros).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Semver {
+    major: u64,
+    minor: u64,
+    patch: u64,
+    pre: Vec<String>,
+}
+
+impl Semver {
+    pub fn parse(s: &str) -> Option<Semver> {
+        let (core, _build) = s.split_once('+').map_or((s, None), |(c, b)| (c, Some(b)));
+        if let Some(b) = _build
+            && (b.is_empty()
+                || b.split('.').any(|p| {
+                    p.is_empty() || !p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+                }))
+        {
+            return None;
+        }
+        let (core, pre) = core
+            .split_once('-')
+            .map_or((core, None), |(c, p)| (c, Some(p)));
+        let number = |p: &str| -> Option<u64> {
+            if p.is_empty()
+                || !p.bytes().all(|c| c.is_ascii_digit())
+                || (p.len() > 1 && p.starts_with('0'))
+            {
+                return None;
+            }
+            p.parse().ok()
+        };
+        let parts: Vec<&str> = core.split('.').collect();
+        let [major, minor, patch] = parts.as_slice() else {
+            return None;
+        };
+        let pre = match pre {
+            None => Vec::new(),
+            Some(p) => {
+                let ids: Vec<String> = p.split('.').map(str::to_string).collect();
+                for id in &ids {
+                    let valid = !id.is_empty()
+                        && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+                        && !(id.bytes().all(|c| c.is_ascii_digit())
+                            && id.len() > 1
+                            && id.starts_with('0'));
+                    if !valid {
+                        return None;
+                    }
+                }
+                ids
+            }
+        };
+        Some(Semver {
+            major: number(major)?,
+            minor: number(minor)?,
+            patch: number(patch)?,
+            pre,
+        })
+    }
+}
+
+impl Ord for Semver {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        (self.major, self.minor, self.patch)
+            .cmp(&(other.major, other.minor, other.patch))
+            .then_with(|| match (self.pre.is_empty(), other.pre.is_empty()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => {
+                    for (a, b) in self.pre.iter().zip(&other.pre) {
+                        let order = match (a.parse::<u64>(), b.parse::<u64>()) {
+                            (Ok(x), Ok(y)) => x.cmp(&y),
+                            (Ok(_), Err(_)) => Ordering::Less,
+                            (Err(_), Ok(_)) => Ordering::Greater,
+                            (Err(_), Err(_)) => a.cmp(b),
+                        };
+                        if order != Ordering::Equal {
+                            return order;
+                        }
+                    }
+                    self.pre.len().cmp(&other.pre.len())
+                }
+            })
+    }
+}
+
+impl PartialOrd for Semver {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Opaque for Semver {
+    fn runtime_type_name(&self) -> &str {
+        "kubernetes.Semver"
+    }
+}
+
+enum Operand {
+    Quantity(Quantity),
+    Semver(Semver),
+    Int(i64),
+    Other,
+}
+
+fn operand(v: &Value) -> Operand {
+    match v {
+        Value::Opaque(o) => {
+            if let Some(q) = o.downcast_ref::<QuantityValue>() {
+                Operand::Quantity(q.0.clone())
+            } else if let Some(s) = o.downcast_ref::<Semver>() {
+                Operand::Semver(s.clone())
+            } else {
+                Operand::Other
+            }
+        }
+        Value::Int(i) => Operand::Int(*i),
+        _ => Operand::Other,
+    }
+}
+
+fn no_overload(ftx: &FunctionContext, what: &str) -> ExecutionError {
+    ftx.error(format!("no such overload: {what}"))
+}
+
+fn ordering(
+    ftx: &FunctionContext,
+    this: &Value,
+    other: &Value,
+    name: &str,
+) -> Result<std::cmp::Ordering, ExecutionError> {
+    match (operand(this), operand(other)) {
+        (Operand::Quantity(a), Operand::Quantity(b)) => Ok(a.cmp(&b)),
+        (Operand::Semver(a), Operand::Semver(b)) => Ok(a.cmp(&b)),
+        _ => Err(no_overload(ftx, name)),
+    }
+}
+
+fn register(context: &mut Context) {
+    use cel::extractors::This;
+    let add =
+        |context: &mut Context,
+         name: &str,
+         f: fn(&FunctionContext, This<Value>, Value) -> Result<Value, ExecutionError>| {
+            context.add_function(name, f).expect("a free name");
+        };
+    context
+        .add_function("quantity", |ftx: &FunctionContext, s: Arc<String>| {
+            Quantity::parse(&s)
+                .map(quantity_value)
+                .map_err(|e| ftx.error(e.to_string()))
+        })
+        .expect("a free name");
+    context
+        .add_function("isQuantity", |s: Arc<String>| Quantity::parse(&s).is_ok())
+        .expect("a free name");
+    context
+        .add_function("semver", |ftx: &FunctionContext, s: Arc<String>| {
+            Semver::parse(&s)
+                .map(|v| Value::Opaque(Arc::new(v)))
+                .ok_or_else(|| ftx.error(format!("could not parse {s:?} as a semantic version")))
+        })
+        .expect("a free name");
+    context
+        .add_function("isSemver", |s: Arc<String>| Semver::parse(&s).is_some())
+        .expect("a free name");
+    add(context, "compareTo", |ftx, This(this), other| {
+        Ok(Value::Int(ordering(ftx, &this, &other, "compareTo")? as i64))
+    });
+    add(context, "isGreaterThan", |ftx, This(this), other| {
+        Ok(Value::Bool(
+            ordering(ftx, &this, &other, "isGreaterThan")?.is_gt(),
+        ))
+    });
+    add(context, "isLessThan", |ftx, This(this), other| {
+        Ok(Value::Bool(
+            ordering(ftx, &this, &other, "isLessThan")?.is_lt(),
+        ))
+    });
+    add(context, "add", |ftx, This(this), other| {
+        match (operand(&this), operand(&other)) {
+            (Operand::Quantity(a), Operand::Quantity(b)) => Ok(quantity_value(a.add(&b))),
+            (Operand::Quantity(a), Operand::Int(b)) => {
+                Ok(quantity_value(a.add(&Quantity::from_i64(b))))
+            }
+            _ => Err(no_overload(ftx, "add")),
+        }
+    });
+    add(context, "sub", |ftx, This(this), other| {
+        match (operand(&this), operand(&other)) {
+            (Operand::Quantity(a), Operand::Quantity(b)) => Ok(quantity_value(a.sub(&b))),
+            (Operand::Quantity(a), Operand::Int(b)) => {
+                Ok(quantity_value(a.sub(&Quantity::from_i64(b))))
+            }
+            _ => Err(no_overload(ftx, "sub")),
+        }
+    });
+    let unary =
+        |context: &mut Context,
+         name: &str,
+         f: fn(&FunctionContext, This<Value>) -> Result<Value, ExecutionError>| {
+            context.add_function(name, f).expect("a free name");
+        };
+    unary(context, "isInteger", |ftx, This(this)| {
+        match operand(&this) {
+            Operand::Quantity(q) => Ok(Value::Bool(q.as_i64().is_some())),
+            _ => Err(no_overload(ftx, "isInteger")),
+        }
+    });
+    unary(context, "asInteger", |ftx, This(this)| {
+        match operand(&this) {
+            Operand::Quantity(q) => q
+                .as_i64()
+                .map(Value::Int)
+                .ok_or_else(|| ftx.error("cannot convert value to integer")),
+            _ => Err(no_overload(ftx, "asInteger")),
+        }
+    });
+    unary(
+        context,
+        "asApproximateFloat",
+        |ftx, This(this)| match operand(&this) {
+            Operand::Quantity(q) => Ok(Value::Float(q.as_approximate_f64())),
+            _ => Err(no_overload(ftx, "asApproximateFloat")),
+        },
+    );
+    unary(context, "major", |ftx, This(this)| match operand(&this) {
+        Operand::Semver(v) => Ok(Value::Int(v.major as i64)),
+        _ => Err(no_overload(ftx, "major")),
+    });
+    unary(context, "minor", |ftx, This(this)| match operand(&this) {
+        Operand::Semver(v) => Ok(Value::Int(v.minor as i64)),
+        _ => Err(no_overload(ftx, "minor")),
+    });
+    unary(context, "patch", |ftx, This(this)| match operand(&this) {
+        Operand::Semver(v) => Ok(Value::Int(v.patch as i64)),
+        _ => Err(no_overload(ftx, "patch")),
+    });
+}

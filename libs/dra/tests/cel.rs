@@ -1,0 +1,374 @@
+//! DRA selectors against Kubernetes' own evaluation
+//! (`tools/cel-oracle`: k8s.io/dynamic-resource-allocation/cel v0.36.3, the
+//! compiler the scheduler uses) on generated expressions and devices, plus the
+//! cases that matter spelled out.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+use switchyard_dra::Quantity;
+use switchyard_dra::cel::{Attribute, CompileError, Compiler, Device, SelectorError};
+
+fn a100() -> Device {
+    Device {
+        driver: "gpu.deckhouse.io".into(),
+        allow_multiple_allocations: false,
+        attributes: BTreeMap::from([
+            ("model".into(), Attribute::String("a100-sxm4-40gb".into())),
+            ("index".into(), Attribute::Int(3)),
+            ("mig".into(), Attribute::Bool(true)),
+            (
+                "driverVersion".into(),
+                Attribute::Version("550.54.15".into()),
+            ),
+            (
+                "gpu.deckhouse.io/uuid".into(),
+                Attribute::String("GPU-0a1b".into()),
+            ),
+            ("other.io/rack".into(), Attribute::Int(7)),
+        ]),
+        capacity: BTreeMap::from([
+            ("memory".into(), Quantity::parse("40Gi").unwrap()),
+            ("multiprocessors".into(), Quantity::parse("108").unwrap()),
+        ]),
+    }
+}
+
+fn h100() -> Device {
+    Device {
+        driver: "gpu.deckhouse.io".into(),
+        allow_multiple_allocations: true,
+        attributes: BTreeMap::from([
+            ("model".into(), Attribute::String("h100-sxm5-80gb".into())),
+            ("index".into(), Attribute::Int(0)),
+            ("mig".into(), Attribute::Bool(false)),
+            (
+                "driverVersion".into(),
+                Attribute::Version("1.10.0-rc.1".into()),
+            ),
+        ]),
+        capacity: BTreeMap::from([
+            ("memory".into(), Quantity::parse("80Gi").unwrap()),
+            (
+                "gpu.deckhouse.io/cores".into(),
+                Quantity::parse("1500m").unwrap(),
+            ),
+        ]),
+    }
+}
+
+fn bare() -> Device {
+    Device {
+        driver: "example.com".into(),
+        ..Device::default()
+    }
+}
+
+#[test]
+fn the_device_variable_as_kubernetes_defines_it() {
+    let c = Compiler::default();
+    let eval = |e: &str, d: &Device| c.eval(e, d);
+    assert_eq!(
+        eval("device.driver == 'gpu.deckhouse.io'", &a100()),
+        Ok(true)
+    );
+    // A bare name lives under the driver's domain.
+    assert_eq!(
+        eval(
+            "device.attributes['gpu.deckhouse.io'].model == 'a100-sxm4-40gb'",
+            &a100()
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        eval("device.attributes['other.io'].rack == 7", &a100()),
+        Ok(true)
+    );
+    // A domain the device lacks is an empty map; a missing attribute an error.
+    assert_eq!(
+        eval("device.attributes['nvidia.com'].size() == 0", &a100()),
+        Ok(true)
+    );
+    let missing = eval("device.attributes['gpu.deckhouse.io'].memory == 1", &a100());
+    assert_eq!(missing.unwrap_err().to_string(), "no such key: memory");
+    assert_eq!(
+        eval(
+            "device.capacity['gpu.deckhouse.io'].memory.isGreaterThan(quantity('40G'))",
+            &a100()
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        eval(
+            "device.capacity['gpu.deckhouse.io'].memory == quantity('42949672960')",
+            &a100()
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        eval(
+            "device.attributes['gpu.deckhouse.io'].driverVersion.isGreaterThan(semver('1.10.0'))",
+            &h100()
+        ),
+        Ok(false)
+    );
+    assert_eq!(eval("device.allowMultipleAllocations", &h100()), Ok(true));
+    assert!(matches!(
+        eval("1", &bare()),
+        Err(SelectorError::Compile(CompileError::NotBool("int")))
+    ));
+    assert!(matches!(
+        eval("foo(1)", &bare()),
+        Err(SelectorError::Compile(CompileError::Undeclared(_)))
+    ));
+    assert!(matches!(
+        eval("cel.bind(a, 1, a > 0)", &bare()),
+        Err(SelectorError::Compile(_))
+    ));
+    let long = format!("device.driver == '{}'", "x".repeat(10 * 1024));
+    assert!(matches!(
+        eval(&long, &bare()),
+        Err(SelectorError::Compile(CompileError::TooLong { .. }))
+    ));
+}
+
+fn device_json(d: &Device) -> Value {
+    let attributes: serde_json::Map<String, Value> = d
+        .attributes
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Attribute::Int(i) => json!({"int": i}),
+                Attribute::Bool(b) => json!({"bool": b}),
+                Attribute::String(s) => json!({"string": s}),
+                Attribute::Version(s) => json!({"version": s}),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let capacity: serde_json::Map<String, Value> = d
+        .capacity
+        .iter()
+        .map(|(k, q)| (k.clone(), json!(q.to_string())))
+        .collect();
+    json!({
+        "driver": d.driver,
+        "allowMultipleAllocations": d.allow_multiple_allocations,
+        "attributes": attributes,
+        "capacity": capacity,
+    })
+}
+
+fn oracle(requests: &[Value]) -> Vec<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
+    let built = Command::new(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(
+        built.status.success(),
+        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let stdout = String::from_utf8(built.stdout).unwrap();
+    let binary = stdout
+        .lines()
+        .find(|l| l.ends_with("/cel-oracle"))
+        .expect("the CEL oracle's path");
+    let mut child = Command::new(binary)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the CEL oracle");
+    let mut input = child.stdin.take().unwrap();
+    let text: String = requests.iter().map(|r| format!("{r}\n")).collect();
+    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
+    let output = child.wait_with_output().expect("the oracle's answers");
+    writer.join().unwrap().unwrap();
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// What happened: the result, a compile error or a runtime error. (Which of
+/// several failing sub-expressions an error names differs — see the
+/// module's notes; the wording of one is checked in the test above.)
+fn class_of_theirs(v: &Value) -> String {
+    if let Some(b) = v.get("result") {
+        return format!("result {b}");
+    }
+    if v.get("compileError").is_some() {
+        return "compile error".into();
+    }
+    "error".into()
+}
+
+fn class_of_ours(r: &Result<bool, SelectorError>) -> String {
+    match r {
+        Ok(b) => format!("result {b}"),
+        Err(SelectorError::Compile(_)) => "compile error".into(),
+        Err(SelectorError::Eval(_)) => "error".into(),
+    }
+}
+
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+    fn atom(&mut self) -> String {
+        let domain = self.pick(&[
+            "gpu.deckhouse.io",
+            "gpu.deckhouse.io",
+            "other.io",
+            "nvidia.com",
+            "example.com",
+        ]);
+        let q = self.pick(&[
+            "40Gi",
+            "40G",
+            "42949672960",
+            "80Gi",
+            "100",
+            "1500m",
+            "1.5",
+            "0",
+            "1Ki",
+        ]);
+        let v = self.pick(&[
+            "1.10.0",
+            "550.54.15",
+            "1.10.0-rc.1",
+            "2.0.0",
+            "1.2.3-alpha.1",
+        ]);
+        match self.next() % 23 {
+            0 => format!(
+                "device.driver == '{}'",
+                self.pick(&["gpu.deckhouse.io", "example.com"])
+            ),
+            1 => format!(
+                "device.attributes['{domain}'].model == '{}'",
+                self.pick(&["a100-sxm4-40gb", "h100-sxm5-80gb"])
+            ),
+            2 => format!(
+                "device.attributes['{domain}'].index {} {}",
+                self.pick(&["<", ">", "==", ">="]),
+                self.next() % 5
+            ),
+            3 => format!("device.attributes['{domain}'].mig"),
+            4 => format!("device.capacity['{domain}'].memory.isGreaterThan(quantity('{q}'))"),
+            5 => format!(
+                "device.capacity['{domain}'].memory.compareTo(quantity('{q}')) == {}",
+                self.pick(&["-1", "0", "1"])
+            ),
+            6 => format!(
+                "device.capacity['{domain}'].memory.add(quantity('{q}')).isLessThan(quantity('100Gi'))"
+            ),
+            7 => format!(
+                "device.capacity['{domain}'].multiprocessors.sub({}).isGreaterThan(quantity('{q}'))",
+                self.next() % 200
+            ),
+            8 => format!("quantity('{q}').isInteger()"),
+            9 => format!("quantity('{q}').asInteger() > 0"),
+            10 => format!("isQuantity('{}')", self.pick(&["40Gi", "4x", "1e3", ""])),
+            11 => {
+                format!("device.attributes['{domain}'].driverVersion.isGreaterThan(semver('{v}'))")
+            }
+            12 => format!("semver('{v}').major() {} 1", self.pick(&["==", ">"])),
+            13 => format!(
+                "isSemver('{}')",
+                self.pick(&["1.2.3", "1.2", "01.2.3", "1.2.3-rc.1+build"])
+            ),
+            14 => format!(
+                "device.attributes['{domain}'].model.startsWith('{}')",
+                self.pick(&["a100", "h"])
+            ),
+            15 => format!(
+                "device.attributes['{domain}'].model.matches('{}')",
+                self.pick(&["^a1", "80gb$", "[0-9]+g"])
+            ),
+            16 => format!("device.attributes['{domain}'].model.upperAscii() == 'A100-SXM4-40GB'"),
+            17 => format!("size(device.attributes['{domain}']) > {}", self.next() % 5),
+            18 => format!(
+                "'{}' in device.attributes['{domain}']",
+                self.pick(&["model", "rack", "uuid"])
+            ),
+            19 => "device.allowMultipleAllocations".to_string(),
+            20 => format!("device.capacity['{domain}'].memory.asApproximateFloat() > 4.0e10"),
+            21 => format!("quantity('{q}').sign() == 1"),
+            _ => format!(
+                "quantity('{q}').compareTo(quantity('{}')) == 0",
+                self.pick(&["40Gi", "1Ki", "1024"])
+            ),
+        }
+    }
+    fn expression(&mut self, depth: u32) -> String {
+        if depth == 0 || self.next().is_multiple_of(3) {
+            return self.atom();
+        }
+        match self.next() % 3 {
+            0 => format!(
+                "({}) && ({})",
+                self.expression(depth - 1),
+                self.expression(depth - 1)
+            ),
+            1 => format!(
+                "({}) || ({})",
+                self.expression(depth - 1),
+                self.expression(depth - 1)
+            ),
+            _ => format!("!({})", self.expression(depth - 1)),
+        }
+    }
+}
+
+#[test]
+fn kubernetes_agrees_on_every_generated_selector() {
+    let devices = [a100(), h100(), bare()];
+    let mut g = Gen(0x4345_4c5f_4452_4121);
+    let cases: Vec<(String, usize)> = (0..3000)
+        .map(|_| (g.expression(2), (g.next() % devices.len() as u64) as usize))
+        .collect();
+    let requests: Vec<Value> = cases
+        .iter()
+        .map(|(e, d)| json!({"expr": e, "device": device_json(&devices[*d])}))
+        .collect();
+    let theirs = oracle(&requests);
+    assert_eq!(theirs.len(), cases.len());
+    let compiler = Compiler::default();
+    let mut differ = Vec::new();
+    for ((expr, d), theirs) in cases.iter().zip(&theirs) {
+        let ours = compiler.eval(expr, &devices[*d]);
+        let (a, b) = (class_of_theirs(theirs), class_of_ours(&ours));
+        if a != b {
+            differ.push(format!(
+                "{expr}  [device {d}]\n  kubernetes: {theirs}\n  ours:       {ours:?}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} selectors differ:\n{}",
+        differ.len(),
+        cases.len(),
+        differ
+            .iter()
+            .take(15)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
