@@ -90,5 +90,47 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         let theirs = go[parses.len() + j];
         rows.push(json!({"op": format!("cmp {a} {b}"), "ours_ns": ours, "kubernetes_ns": theirs, "kubernetes_over_ours": theirs / ours}));
     }
-    Ok(json!({"iterations": n, "results": rows}))
+    // Selector evaluation per device, compiled once (the common shapes).
+    let compiler = switchyard_dra::cel::Compiler::default();
+    let device = switchyard_dra::cel::Device {
+        driver: "gpu.deckhouse.io".into(),
+        allow_multiple_allocations: false,
+        attributes: [
+            (
+                "model".to_string(),
+                switchyard_dra::cel::Attribute::String("a100-sxm4-40gb".into()),
+            ),
+            ("index".to_string(), switchyard_dra::cel::Attribute::Int(3)),
+        ]
+        .into(),
+        capacity: [("memory".to_string(), Quantity::parse("40Gi")?)].into(),
+    };
+    let selectors = [
+        "device.attributes['gpu.deckhouse.io'].model == 'a100-sxm4-40gb'",
+        "device.capacity['gpu.deckhouse.io'].memory.isGreaterThan(quantity('32Gi'))",
+        "device.attributes['gpu.deckhouse.io'].model.matches('^a100')",
+    ];
+    let mut selector_rows = Vec::new();
+    for expr in selectors {
+        let compiled = compiler.compile(expr);
+        let selector = compiled
+            .as_ref()
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{expr}: {e}"))?;
+        let per = ns_per(n / 20, || {
+            black_box(compiler.matches(selector, black_box(&device)).ok());
+        });
+        let prepared = compiler
+            .prepare(&device)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let per_prepared = ns_per(n / 20, || {
+            black_box(
+                compiler
+                    .matches_prepared(selector, black_box(&prepared))
+                    .ok(),
+            );
+        });
+        selector_rows.push(json!({"selector": expr, "ours_ns": per, "ours_prepared_ns": per_prepared, "target_ns": 1000}));
+    }
+    Ok(json!({"iterations": n, "results": rows, "selectors": selector_rows}))
 }

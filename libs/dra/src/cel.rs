@@ -191,6 +191,9 @@ pub struct Selector {
 /// Compiles selectors once and evaluates them against devices.
 pub struct Compiler {
     env: Arc<Env>,
+    /// The functions of the libraries, registered once; each evaluation runs
+    /// in a child scope that only adds `device`.
+    root: Context<'static, 'static>,
     cache: Mutex<HashMap<String, Arc<Result<Selector, CompileError>>>>,
 }
 
@@ -199,8 +202,12 @@ impl Default for Compiler {
         let mut env = Env::stdlib();
         env.add_extension(extensions::strings)
             .expect("the string extensions load");
+        let env = Arc::new(env);
+        let mut root = Context::with_env(env.clone());
+        register(&mut root);
         Compiler {
-            env: Arc::new(env),
+            env,
+            root,
             cache: Mutex::default(),
         }
     }
@@ -320,9 +327,40 @@ impl Compiler {
 
     /// Evaluates `selector` against `device`.
     pub fn matches(&self, selector: &Selector, device: &Device) -> Result<bool, EvalError> {
-        let mut context = Context::with_env(self.env.clone());
-        register(&mut context);
-        context.add_variable_from_value("device", device_value(device, &selector.domains)?);
+        self.matches_prepared(selector, &self.prepare(device)?)
+    }
+
+    /// A device's CEL value, built once for many selectors.
+    pub fn prepare(&self, device: &Device) -> Result<PreparedDevice, EvalError> {
+        Ok(PreparedDevice {
+            value: device_value(device, &BTreeSet::new())?,
+            domains: device
+                .attributes
+                .keys()
+                .chain(device.capacity.keys())
+                .map(|name| split_name(name, &device.driver).0.to_string())
+                .collect(),
+            device: device.clone(),
+        })
+    }
+
+    /// Evaluates `selector` against a prepared device.
+    pub fn matches_prepared(
+        &self,
+        selector: &Selector,
+        device: &PreparedDevice,
+    ) -> Result<bool, EvalError> {
+        let mut context = self.root.new_inner_scope();
+        // A domain the selector names that the device lacks must read as an
+        // empty map: only then is the value built again with it.
+        if selector.domains.is_subset(&device.domains) {
+            context.add_variable_from_value("device", device.value.clone());
+        } else {
+            context.add_variable_from_value(
+                "device",
+                device_value(&device.device, &selector.domains)?,
+            );
+        }
         match selector.program.execute(&context) {
             Ok(Value::Bool(b)) => Ok(b),
             Ok(other) => Err(EvalError(format!(
@@ -341,6 +379,15 @@ impl Compiler {
             Ok(selector) => self.matches(selector, device).map_err(SelectorError::Eval),
         }
     }
+}
+
+/// A device with its CEL value built (see [`Compiler::prepare`]).
+#[derive(Clone, Debug)]
+pub struct PreparedDevice {
+    value: Value,
+    /// Domains the device has attributes or capacities in.
+    domains: BTreeSet<String>,
+    device: Device,
 }
 
 /// Either kind of failure of a selector.

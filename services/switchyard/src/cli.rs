@@ -40,6 +40,9 @@ enum Command {
     /// the running stack-assigner).
     #[command(subcommand)]
     Rollback(RollbackCommand),
+    /// Dynamic Resource Allocation: evaluate device selectors as Kubernetes does.
+    #[command(subcommand)]
+    Dra(crate::dra_cmd::DraCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,6 +177,7 @@ impl Cli {
             Command::Crdgen(args) => crdgen(args),
             Command::Serve(args) => crate::serve::serve(args).await,
             Command::Handover(args) => crate::serve::handover(args).await,
+            Command::Dra(command) => crate::dra_cmd::run(command),
             Command::Rollback(RollbackCommand::Node(args)) => {
                 crate::serve::rollback_node(args).await
             }

@@ -9,6 +9,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cli;
 mod demo;
+mod dra_cmd;
 mod log_cmd;
 mod serve;
 mod state;

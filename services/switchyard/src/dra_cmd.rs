@@ -1,0 +1,159 @@
+//! `switchyard dra eval`: a DRA device selector evaluated as Kubernetes does,
+//! against a device of a ResourceSlice in a file.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde::Deserialize;
+use switchyard_dra::Quantity;
+use switchyard_dra::cel::{Attribute, Compiler, Device, SelectorError};
+
+use crate::cli::Output;
+
+#[derive(Subcommand, Debug)]
+pub enum DraCommand {
+    /// Evaluate a device selector (CEL) against a device of a ResourceSlice;
+    /// prints true, false or the error (exit 0, 1 or 2).
+    Eval(EvalArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// The CEL expression, e.g. "device.attributes['gpu.deckhouse.io'].model == 'a100-sxm4-40gb'".
+    #[arg(long)]
+    pub expr: String,
+    /// A file with ResourceSlices (YAML or JSON; several YAML documents allowed).
+    #[arg(short = 'f', long)]
+    pub file: PathBuf,
+    /// The device's name; default: the first device of the first slice.
+    #[arg(long)]
+    pub device: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+fn slices(path: &PathBuf) -> anyhow::Result<Vec<ResourceSlice>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
+        let value = serde_yaml_ng::Value::deserialize(document).with_context(|| {
+            format!("{}: document {} is not YAML or JSON", path.display(), i + 1)
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        let kind = value
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        if kind != "ResourceSlice" {
+            continue;
+        }
+        let slice: ResourceSlice = serde_yaml_ng::from_value(value).with_context(|| {
+            format!(
+                "{}: document {} is not a valid ResourceSlice",
+                path.display(),
+                i + 1
+            )
+        })?;
+        out.push(slice);
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        "{}: no ResourceSlice in the file",
+        path.display()
+    );
+    Ok(out)
+}
+
+/// A device of a ResourceSlice as selectors see it.
+pub fn device_of(
+    slice: &ResourceSlice,
+    device: &k8s_openapi::api::resource::v1::Device,
+) -> anyhow::Result<Device> {
+    let mut attributes = std::collections::BTreeMap::new();
+    for (name, a) in device.attributes.iter().flatten() {
+        let value = match (a.int, a.bool, &a.string, &a.version) {
+            (Some(i), None, None, None) => Attribute::Int(i),
+            (None, Some(b), None, None) => Attribute::Bool(b),
+            (None, None, Some(s), None) => Attribute::String(s.clone()),
+            (None, None, None, Some(v)) => Attribute::Version(v.clone()),
+            _ => anyhow::bail!(
+                "device {}: attribute {name}: expected exactly one of int, bool, string, version",
+                device.name
+            ),
+        };
+        attributes.insert(name.clone(), value);
+    }
+    let mut capacity = std::collections::BTreeMap::new();
+    for (name, c) in device.capacity.iter().flatten() {
+        let q = Quantity::parse(&c.value.0).map_err(|e| {
+            anyhow::anyhow!(
+                "device {}: capacity {name}: {:?}: {e}",
+                device.name,
+                c.value.0
+            )
+        })?;
+        capacity.insert(name.clone(), q);
+    }
+    Ok(Device {
+        driver: slice.spec.driver.clone(),
+        allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
+        attributes,
+        capacity,
+    })
+}
+
+pub fn run(command: DraCommand) -> anyhow::Result<ExitCode> {
+    let DraCommand::Eval(args) = command;
+    let slices = slices(&args.file)?;
+    let found = slices.iter().find_map(|slice| {
+        slice
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .find(|d| args.device.as_deref().is_none_or(|name| d.name == name))
+            .map(|d| (slice, d))
+    });
+    let Some((slice, device)) = found else {
+        anyhow::bail!(
+            "{}: no device {}",
+            args.file.display(),
+            args.device
+                .as_deref()
+                .map_or("at all".to_string(), |d| format!("named {d:?}"))
+        );
+    };
+    let result = Compiler::default().eval(&args.expr, &device_of(slice, device)?);
+    let (text, code) = match &result {
+        Ok(true) => ("true".to_string(), 0),
+        Ok(false) => ("false".to_string(), 1),
+        Err(e) => (e.to_string(), 2),
+    };
+    match args.output {
+        Output::Table => {
+            if code == 2 {
+                eprintln!("error: {text}");
+            } else {
+                println!("{text}");
+            }
+        }
+        Output::Json => {
+            let value = match &result {
+                Ok(b) => serde_json::json!({"device": device.name, "result": b}),
+                Err(SelectorError::Compile(e)) => {
+                    serde_json::json!({"device": device.name, "compileError": e.to_string()})
+                }
+                Err(SelectorError::Eval(e)) => {
+                    serde_json::json!({"device": device.name, "error": e.to_string()})
+                }
+            };
+            println!("{value}");
+        }
+    }
+    Ok(ExitCode::from(code))
+}
