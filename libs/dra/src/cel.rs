@@ -17,7 +17,7 @@
 //!   does not offer (or this build does not implement yet — said so), a result
 //!   that is visibly not a bool. Compiled selectors are cached by their text.
 //!
-//! Not yet: `cel.bind`, optional types, the cost limit, the list and regex
+//! `cel.bind` is the bindings macro. Not yet: optional types, the cost limit, the list and regex
 //! extension libraries. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
 //! side's (the result — an error — is the same).
@@ -25,8 +25,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use cel::common::ast::{Expr, IdedExpr, LiteralValue};
+use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
 use cel::objects::Opaque;
+use cel::parser::Macro;
 use cel::{Context, Env, ExecutionError, FunctionContext, Program, Value, extensions};
 
 use crate::quantity::Quantity;
@@ -145,8 +146,6 @@ const SUPPORTED: &[&str] = &[
 
 /// Functions Kubernetes offers to selectors that this build does not implement yet.
 const NOT_YET: &[&str] = &[
-    "cel.bind",
-    "bind",
     "optional.of",
     "optional.none",
     "optional.ofNonZeroValue",
@@ -202,6 +201,7 @@ impl Default for Compiler {
         let mut env = Env::stdlib();
         env.add_extension(extensions::strings)
             .expect("the string extensions load");
+        env.add_macro(bind_macro()).expect("cel.bind is not taken");
         let env = Arc::new(env);
         let mut root = Context::with_env(env.clone());
         register(&mut root);
@@ -211,6 +211,41 @@ impl Default for Compiler {
             cache: Mutex::default(),
         }
     }
+}
+
+/// `cel.bind(name, init, body)`: `body` with `name` bound to `init`, as
+/// cel-go's bindings extension expands it — a comprehension over an empty list
+/// whose accumulator is the binding.
+fn bind_macro() -> Macro {
+    Macro::receiver("bind", 3, |helper, target, args| {
+        if !matches!(target.as_ref().map(|t| &t.expr), Some(Expr::Ident(n)) if n == "cel") {
+            return Ok(None);
+        }
+        let body = args.pop().expect("three arguments");
+        let init = args.pop().expect("three arguments");
+        let name = args.pop().expect("three arguments");
+        let Expr::Ident(var) = name.expr else {
+            return Err(helper.new_error(
+                name.id,
+                "cel.bind() variable names must be simple identifiers",
+            ));
+        };
+        let empty = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
+        let never = helper.next_expr(Expr::Literal(LiteralValue::Boolean(false.into())));
+        let step = helper.next_expr(Expr::Ident(var.clone()));
+        Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(
+            ComprehensionExpr {
+                iter_range: empty,
+                iter_var: "#unused".into(),
+                iter_var2: None,
+                accu_var: var,
+                accu_init: init,
+                loop_cond: never,
+                loop_step: step,
+                result: body,
+            },
+        )))))
+    })
 }
 
 fn walk<'a>(e: &'a IdedExpr, visit: &mut impl FnMut(&'a IdedExpr)) {
@@ -291,8 +326,19 @@ impl Compiler {
             .compile(expression)
             .map_err(|e| CompileError::Syntax(e.to_string()))?;
         let references = program.references();
+        // Names bound by macros (comprehension variables, cel.bind) are not free.
+        let mut bound = BTreeSet::new();
+        walk(program.expression(), &mut |e| {
+            if let Expr::Comprehension(c) = &e.expr {
+                bound.insert(c.iter_var.as_str());
+                bound.insert(c.accu_var.as_str());
+                if let Some(v) = &c.iter_var2 {
+                    bound.insert(v.as_str());
+                }
+            }
+        });
         for variable in references.variables() {
-            if variable != "device" {
+            if variable != "device" && !bound.contains(variable) {
                 return Err(CompileError::Undeclared(variable.to_string()));
             }
         }

@@ -124,8 +124,22 @@ fn the_device_variable_as_kubernetes_defines_it() {
         eval("foo(1)", &bare()),
         Err(SelectorError::Compile(CompileError::Undeclared(_)))
     ));
+    assert_eq!(
+        eval(
+            "cel.bind(gpu, device.attributes['gpu.deckhouse.io'], gpu.mig && gpu.index > 2)",
+            &a100()
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        eval(
+            "device.attributes['gpu.deckhouse.io'].model.split('-').exists(p, p == 'sxm4')",
+            &a100()
+        ),
+        Ok(true)
+    );
     assert!(matches!(
-        eval("cel.bind(a, 1, a > 0)", &bare()),
+        eval("cel.bind(a.b, 1, true)", &bare()),
         Err(SelectorError::Compile(_))
     ));
     let long = format!("device.driver == '{}'", "x".repeat(10 * 1024));
@@ -254,7 +268,7 @@ impl Gen {
             "2.0.0",
             "1.2.3-alpha.1",
         ]);
-        match self.next() % 23 {
+        match self.next() % 25 {
             0 => format!(
                 "device.driver == '{}'",
                 self.pick(&["gpu.deckhouse.io", "example.com"])
@@ -309,6 +323,8 @@ impl Gen {
             19 => "device.allowMultipleAllocations".to_string(),
             20 => format!("device.capacity['{domain}'].memory.asApproximateFloat() > 4.0e10"),
             21 => format!("quantity('{q}').sign() == 1"),
+            22 => format!("cel.bind(d, device.attributes['{domain}'], d.mig || d.index > 1)"),
+            23 => format!("device.attributes['{domain}'].model.split('-').exists(p, p == 'sxm4')"),
             _ => format!(
                 "quantity('{q}').compareTo(quantity('{}')) == 0",
                 self.pick(&["40Gi", "1Ki", "1024"])
