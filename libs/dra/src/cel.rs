@@ -185,6 +185,270 @@ pub struct Selector {
     program: Program,
     /// Domains the selector indexes `device.attributes` / `device.capacity` with.
     domains: BTreeSet<String>,
+    /// The common shapes, evaluated natively (see [`Fast`]).
+    fast: Option<Fast>,
+}
+
+impl Selector {
+    /// Whether the selector is evaluated by the native fast path.
+    pub fn is_fast(&self) -> bool {
+        self.fast.is_some()
+    }
+}
+
+/// A literal a fast selector compares with.
+#[derive(Clone, Debug, PartialEq)]
+enum Literal {
+    Int(i64),
+    Bool(bool),
+    String(String),
+}
+
+/// The shapes most selectors have — attribute equality, integer comparison,
+/// capacity against a quantity, the driver, and `&&` / `||` / `!` of them —
+/// evaluated on the device directly, with CEL's semantics: a missing
+/// attribute is `no such key`, values of different types are not equal, an
+/// ordering across types has no overload, and `&&` / `||` absorb an error
+/// when the other side decides (naming the left error when both fail, as
+/// Kubernetes does).
+#[derive(Clone, Debug)]
+enum Fast {
+    Driver(String),
+    AttrEq {
+        domain: String,
+        name: String,
+        value: Literal,
+    },
+    AttrOrder {
+        domain: String,
+        name: String,
+        op: &'static str,
+        value: i64,
+    },
+    Capacity {
+        domain: String,
+        name: String,
+        greater: bool,
+        value: Quantity,
+    },
+    /// `….matches('pattern')` on a string attribute, the pattern compiled once.
+    AttrMatches {
+        domain: String,
+        name: String,
+        pattern: regex::Regex,
+    },
+    Not(Box<Fast>),
+    And(Box<Fast>, Box<Fast>),
+    Or(Box<Fast>, Box<Fast>),
+}
+
+/// `device.attributes['d'].n` or `device.capacity['d'].n`: (capacity?, domain, name).
+fn device_ref(e: &IdedExpr) -> Option<(bool, String, String)> {
+    let Expr::Select(sel) = &e.expr else {
+        return None;
+    };
+    let Expr::Call(index) = &sel.operand.expr else {
+        return None;
+    };
+    let [map, key] = index.args.as_slice() else {
+        return None;
+    };
+    if index.func_name != "_[_]" || sel.test {
+        return None;
+    }
+    let Expr::Select(field) = &map.expr else {
+        return None;
+    };
+    if !matches!(&field.operand.expr, Expr::Ident(v) if v == "device") {
+        return None;
+    }
+    let capacity = match field.field.as_str() {
+        "attributes" => false,
+        "capacity" => true,
+        _ => return None,
+    };
+    let Expr::Literal(LiteralValue::String(domain)) = &key.expr else {
+        return None;
+    };
+    Some((capacity, domain.inner().to_string(), sel.field.clone()))
+}
+
+fn literal(e: &IdedExpr) -> Option<Literal> {
+    match &e.expr {
+        Expr::Literal(LiteralValue::Int(i)) => Some(Literal::Int(*i.inner())),
+        Expr::Literal(LiteralValue::Boolean(b)) => Some(Literal::Bool(*b.inner())),
+        Expr::Literal(LiteralValue::String(s)) => Some(Literal::String(s.inner().to_string())),
+        _ => None,
+    }
+}
+
+fn fast(e: &IdedExpr) -> Option<Fast> {
+    let Expr::Call(c) = &e.expr else {
+        return None;
+    };
+    let args = c.args.as_slice();
+    match (c.func_name.as_str(), &c.target, args) {
+        ("!_", None, [x]) => Some(Fast::Not(Box::new(fast(x)?))),
+        ("_&&_", None, [a, b]) => Some(Fast::And(Box::new(fast(a)?), Box::new(fast(b)?))),
+        ("_||_", None, [a, b]) => Some(Fast::Or(Box::new(fast(a)?), Box::new(fast(b)?))),
+        ("_==_" | "_!=_", None, [a, b]) => {
+            let eq = if let Expr::Select(sel) = &a.expr
+                && sel.field == "driver"
+                && !sel.test
+                && matches!(&sel.operand.expr, Expr::Ident(v) if v == "device")
+            {
+                match literal(b)? {
+                    Literal::String(s) => Fast::Driver(s),
+                    _ => return None,
+                }
+            } else {
+                let (false, domain, name) = device_ref(a)? else {
+                    return None;
+                };
+                Fast::AttrEq {
+                    domain,
+                    name,
+                    value: literal(b)?,
+                }
+            };
+            Some(if c.func_name == "_!=_" {
+                Fast::Not(Box::new(eq))
+            } else {
+                eq
+            })
+        }
+        (op @ ("_<_" | "_<=_" | "_>_" | "_>=_"), None, [a, b]) => {
+            let (false, domain, name) = device_ref(a)? else {
+                return None;
+            };
+            let Literal::Int(value) = literal(b)? else {
+                return None;
+            };
+            Some(Fast::AttrOrder {
+                domain,
+                name,
+                op: match op {
+                    "_<_" => "<",
+                    "_<=_" => "<=",
+                    "_>_" => ">",
+                    _ => ">=",
+                },
+                value,
+            })
+        }
+        ("matches", Some(target), [arg]) => {
+            let (false, domain, name) = device_ref(target)? else {
+                return None;
+            };
+            let Literal::String(pattern) = literal(arg)? else {
+                return None;
+            };
+            Some(Fast::AttrMatches {
+                domain,
+                name,
+                // A pattern the regex engine refuses is left to the interpreter.
+                pattern: regex::Regex::new(&pattern).ok()?,
+            })
+        }
+        (method @ ("isGreaterThan" | "isLessThan"), Some(target), [arg]) => {
+            let (true, domain, name) = device_ref(target)? else {
+                return None;
+            };
+            let Expr::Call(q) = &arg.expr else {
+                return None;
+            };
+            let [text] = q.args.as_slice() else {
+                return None;
+            };
+            if q.func_name != "quantity" || q.target.is_some() {
+                return None;
+            }
+            let Literal::String(text) = literal(text)? else {
+                return None;
+            };
+            Some(Fast::Capacity {
+                domain,
+                name,
+                greater: method == "isGreaterThan",
+                value: Quantity::parse(&text).ok()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+fn lookup<'a, T>(
+    map: &'a BTreeMap<String, T>,
+    driver: &str,
+    domain: &str,
+    name: &str,
+) -> Result<&'a T, String> {
+    let qualified = format!("{domain}/{name}");
+    map.get(&qualified)
+        .or_else(|| (domain == driver).then(|| map.get(name)).flatten())
+        .ok_or_else(|| format!("no such key: {name}"))
+}
+
+impl Fast {
+    fn eval(&self, d: &Device) -> Result<bool, String> {
+        match self {
+            Fast::Driver(s) => Ok(d.driver == *s),
+            Fast::AttrEq {
+                domain,
+                name,
+                value,
+            } => Ok(
+                match (lookup(&d.attributes, &d.driver, domain, name)?, value) {
+                    (Attribute::Int(a), Literal::Int(b)) => a == b,
+                    (Attribute::Bool(a), Literal::Bool(b)) => a == b,
+                    (Attribute::String(a), Literal::String(b)) => a == b,
+                    _ => false,
+                },
+            ),
+            Fast::AttrOrder {
+                domain,
+                name,
+                op,
+                value,
+            } => match lookup(&d.attributes, &d.driver, domain, name)? {
+                Attribute::Int(a) => Ok(match *op {
+                    "<" => a < value,
+                    "<=" => a <= value,
+                    ">" => a > value,
+                    _ => a >= value,
+                }),
+                _ => Err(format!("no such overload: {op}")),
+            },
+            Fast::Capacity {
+                domain,
+                name,
+                greater,
+                value,
+            } => {
+                let have = lookup(&d.capacity, &d.driver, domain, name)?;
+                Ok(if *greater { have > value } else { have < value })
+            }
+            Fast::AttrMatches {
+                domain,
+                name,
+                pattern,
+            } => match lookup(&d.attributes, &d.driver, domain, name)? {
+                Attribute::String(s) => Ok(pattern.is_match(s)),
+                _ => Err("no such overload: matches".to_string()),
+            },
+            Fast::Not(x) => x.eval(d).map(|b| !b),
+            Fast::And(a, b) => match (a.eval(d), b.eval(d)) {
+                (Ok(false), _) | (_, Ok(false)) => Ok(false),
+                (Ok(true), Ok(true)) => Ok(true),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            },
+            Fast::Or(a, b) => match (a.eval(d), b.eval(d)) {
+                (Ok(true), _) | (_, Ok(true)) => Ok(true),
+                (Ok(false), Ok(false)) => Ok(false),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            },
+        }
+    }
 }
 
 /// Compiles selectors once and evaluates them against devices.
@@ -368,12 +632,29 @@ impl Compiler {
                 domains.insert(domain.inner().to_string());
             }
         });
-        Ok(Selector { program, domains })
+        let fast = fast(program.expression());
+        Ok(Selector {
+            program,
+            domains,
+            fast,
+        })
     }
 
     /// Evaluates `selector` against `device`.
     pub fn matches(&self, selector: &Selector, device: &Device) -> Result<bool, EvalError> {
+        if let Some(fast) = &selector.fast {
+            return fast.eval(device).map_err(EvalError);
+        }
         self.matches_prepared(selector, &self.prepare(device)?)
+    }
+
+    /// [`Self::matches`] through the interpreter only (for tests comparing the two).
+    pub fn matches_interpreted(
+        &self,
+        selector: &Selector,
+        device: &Device,
+    ) -> Result<bool, EvalError> {
+        self.interpret(selector, &self.prepare(device)?)
     }
 
     /// A device's CEL value, built once for many selectors.
@@ -396,6 +677,13 @@ impl Compiler {
         selector: &Selector,
         device: &PreparedDevice,
     ) -> Result<bool, EvalError> {
+        if let Some(fast) = &selector.fast {
+            return fast.eval(&device.device).map_err(EvalError);
+        }
+        self.interpret(selector, device)
+    }
+
+    fn interpret(&self, selector: &Selector, device: &PreparedDevice) -> Result<bool, EvalError> {
         let mut context = self.root.new_inner_scope();
         // A domain the selector names that the device lacks must read as an
         // empty map: only then is the value built again with it.

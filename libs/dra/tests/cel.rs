@@ -366,6 +366,7 @@ fn kubernetes_agrees_on_every_generated_selector() {
     assert_eq!(theirs.len(), cases.len());
     let compiler = Compiler::default();
     let mut differ = Vec::new();
+    let mut fast = 0;
     for ((expr, d), theirs) in cases.iter().zip(&theirs) {
         let ours = compiler.eval(expr, &devices[*d]);
         let (a, b) = (class_of_theirs(theirs), class_of_ours(&ours));
@@ -374,7 +375,23 @@ fn kubernetes_agrees_on_every_generated_selector() {
                 "{expr}  [device {d}]\n  kubernetes: {theirs}\n  ours:       {ours:?}"
             ));
         }
+        // Where the native fast path answered, the interpreter must agree too.
+        if let Ok(selector) = compiler.compile(expr).as_ref()
+            && selector.is_fast()
+        {
+            fast += 1;
+            let interpreted = compiler
+                .matches_interpreted(selector, &devices[*d])
+                .map_err(SelectorError::Eval);
+            if class_of_ours(&interpreted) != b {
+                differ.push(format!(
+                    "{expr}  [device {d}]\n  fast path:   {ours:?}\n  interpreter: {interpreted:?}"
+                ));
+            }
+        }
     }
+    // About one generated selector in twelve has only fast-path shapes.
+    assert!(fast >= 200, "the fast path answered only {fast} selectors");
     assert!(
         differ.is_empty(),
         "{} of {} selectors differ:\n{}",
