@@ -2,68 +2,231 @@
 //! allocation variant, each published as an extended resource applications
 //! request (reference, "Step 2. Create a GPU class").
 //!
-//! This build compiles the whole-card variant; MIG partitions and shares, and
-//! the translation of the class's device selector into CEL, come with the DRA
-//! engine.
+//! Devices are published by the GPU driver `gpu.deckhouse.io` with the
+//! attributes `type` (`gpu` for a whole card, `mig` for a MIG partition),
+//! `profile` (a MIG partition's profile, e.g. `1g.5gb`) and the PhysicalGPU
+//! labels of the card (`gpu.deckhouse.io/device` becomes the attribute
+//! `device`). A class's label selector becomes CEL over those attributes.
+//!
+//! Variants and their names (deterministic; `<p>` is a MIG profile):
+//!
+//! | variant | DeviceClass | extended resource | devices |
+//! |---|---|---|---|
+//! | whole card | `<class>.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>` | `type == "gpu"` |
+//! | MIG profile | `<class>-mig-<p>.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>-mig-<p>` | `type == "mig" && profile == "<p>"` |
+//! | share | `<class>-shared.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>-shared` | `type == "gpu"`, shareable (`allowMultipleAllocations`) |
+//!
+//! A class whose spec cannot be compiled — a selector key no PhysicalGPU
+//! label has, an unknown MIG profile, nothing offered — is refused with the
+//! reason; its DeviceClasses stay as they were.
 
 use std::collections::BTreeMap;
 
-use switchyard_proto::v1::{CompiledVariant, DomainEvent, GpuClassCompiled, domain_event::Kind};
+use switchyard_proto::v1::{
+    CompiledVariant, DomainEvent, GpuClassCompiled, GpuClassObserved, LabelSelector,
+    domain_event::Kind,
+};
 
 use crate::effects::Effect;
 use crate::names::CLASS_RESOURCE_PREFIX;
 
-/// The NVIDIA DRA driver's name and its whole-GPU device type.
-pub const NVIDIA_DRIVER: &str = "gpu.nvidia.com";
+/// The GPU driver that publishes the cards and their partitions.
+pub const GPU_DRIVER: &str = "gpu.deckhouse.io";
+
+/// PhysicalGPU labels a class may select on; each is a device attribute of
+/// the same name in the driver's domain.
+pub const SELECTABLE_LABELS: [&str; 3] = [
+    "gpu.deckhouse.io/device",
+    "gpu.deckhouse.io/product",
+    "gpu.deckhouse.io/architecture",
+];
+
+/// The MIG profiles NVIDIA data-centre cards offer (A100 40/80 GB, A30,
+/// H100/H200), with and without media extensions.
+pub const MIG_PROFILES: [&str; 19] = [
+    "1g.5gb", "1g.6gb", "1g.10gb", "1g.12gb", "1g.18gb", "1g.20gb", "1g.24gb", "2g.10gb",
+    "2g.12gb", "2g.20gb", "2g.24gb", "2g.35gb", "3g.20gb", "3g.40gb", "4g.20gb", "4g.24gb",
+    "4g.40gb", "7g.40gb", "7g.80gb",
+];
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClassCompiler {
-    pub compiled: BTreeMap<String, Vec<CompiledVariant>>,
+    /// GPUClass -> its last compilation (or refusal).
+    pub compiled: BTreeMap<String, GpuClassCompiled>,
     /// GPUClass -> the DeviceClass names its status lists, as observed.
     pub published: BTreeMap<String, Vec<String>>,
+    /// GPUClass -> the refusal its status shows, as observed (empty: none).
+    pub refusal_shown: BTreeMap<String, String>,
 }
 
-/// The variants of a class: today, the whole card.
-pub fn compile(class: &str) -> Vec<CompiledVariant> {
-    vec![CompiledVariant {
-        variant: "whole".into(),
-        device_class: format!("{class}.gpu.deckhouse.io"),
-        extended_resource_name: format!("{CLASS_RESOURCE_PREFIX}{class}"),
-        cel_selector: format!(
-            "device.driver == \"{NVIDIA_DRIVER}\" && device.attributes[\"{NVIDIA_DRIVER}\"].type == \"gpu\""
-        ),
-    }]
+fn quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// CEL for one selector key (a PhysicalGPU label) as a device attribute.
+fn attribute(key: &str) -> Result<String, String> {
+    if !SELECTABLE_LABELS.contains(&key) {
+        return Err(format!(
+            "spec.selector: label {key:?} is not a label of PhysicalGPU objects; expected one of {}",
+            SELECTABLE_LABELS.join(", ")
+        ));
+    }
+    let name = key.rsplit('/').next().unwrap_or(key);
+    Ok(format!("device.attributes[{}].{name}", quote(GPU_DRIVER)))
+}
+
+/// A label selector as CEL over the devices' attributes.
+pub fn selector_cel(selector: &LabelSelector) -> Result<Vec<String>, String> {
+    let mut terms = Vec::new();
+    for (key, value) in &selector.match_labels {
+        terms.push(format!("{} == {}", attribute(key)?, quote(value)));
+    }
+    for (i, r) in selector.match_expressions.iter().enumerate() {
+        let attr = attribute(&r.key)?;
+        let name = r.key.rsplit('/').next().unwrap_or(&r.key);
+        let list = || {
+            format!(
+                "[{}]",
+                r.values
+                    .iter()
+                    .map(|v| quote(v))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let needs_values = matches!(r.operator.as_str(), "In" | "NotIn");
+        if needs_values == r.values.is_empty() {
+            return Err(format!(
+                "spec.selector.matchExpressions[{i}]: operator {} {} values",
+                r.operator,
+                if needs_values { "needs" } else { "takes no" }
+            ));
+        }
+        terms.push(match r.operator.as_str() {
+            "In" => format!("{attr} in {}", list()),
+            "NotIn" => format!(
+                "!({} in device.attributes[{}]) || !({attr} in {})",
+                quote(name),
+                quote(GPU_DRIVER),
+                list()
+            ),
+            "Exists" => format!("{} in device.attributes[{}]", quote(name), quote(GPU_DRIVER)),
+            "DoesNotExist" => format!(
+                "!({} in device.attributes[{}])",
+                quote(name),
+                quote(GPU_DRIVER)
+            ),
+            other => {
+                return Err(format!(
+                    "spec.selector.matchExpressions[{i}].operator: {other:?}; expected In, NotIn, Exists or DoesNotExist"
+                ));
+            }
+        });
+    }
+    Ok(terms)
+}
+
+/// The variants of a class, or why its spec cannot be compiled.
+pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String> {
+    let name = &class.name;
+    let selector = selector_cel(&class.selector.clone().unwrap_or_default())?;
+    let variant = |variant: String, suffix: &str, terms: &[String]| {
+        let mut all = vec![format!("device.driver == {}", quote(GPU_DRIVER))];
+        all.extend(terms.iter().cloned());
+        all.extend(selector.iter().map(|t| format!("({t})")));
+        CompiledVariant {
+            variant,
+            device_class: format!("{name}{suffix}.gpu.deckhouse.io"),
+            extended_resource_name: format!("{CLASS_RESOURCE_PREFIX}{name}{suffix}"),
+            cel_selector: all.join(" && "),
+        }
+    };
+    let attr = |a: &str| format!("device.attributes[{}].{a}", quote(GPU_DRIVER));
+    let mut variants = Vec::new();
+    if class.whole.unwrap_or(true) {
+        variants.push(variant(
+            "whole".into(),
+            "",
+            &[format!("{} == \"gpu\"", attr("type"))],
+        ));
+    }
+    for (i, profile) in class.mig_profiles.iter().enumerate() {
+        if !MIG_PROFILES.contains(&profile.as_str()) {
+            return Err(format!(
+                "spec.partitions.migProfiles[{i}]: {profile:?} is not a MIG profile of a supported card; expected one of {}",
+                MIG_PROFILES.join(", ")
+            ));
+        }
+        variants.push(variant(
+            profile.clone(),
+            &format!("-mig-{profile}"),
+            &[
+                format!("{} == \"mig\"", attr("type")),
+                format!("{} == {}", attr("profile"), quote(profile)),
+            ],
+        ));
+    }
+    if class.time_slicing_replicas >= 2 {
+        variants.push(variant(
+            "shared".into(),
+            "-shared",
+            &[
+                format!("{} == \"gpu\"", attr("type")),
+                "device.allowMultipleAllocations".into(),
+            ],
+        ));
+    }
+    if variants.is_empty() {
+        return Err(
+            "spec.partitions: the class offers nothing (whole: false, no MIG profiles, no sharing)"
+                .into(),
+        );
+    }
+    Ok(variants)
 }
 
 impl ClassCompiler {
     pub fn apply(&mut self, event: &DomainEvent) {
         match &event.kind {
             Some(Kind::GpuClassCompiled(c)) => {
-                self.compiled
-                    .insert(c.gpu_class.clone(), c.variants.clone());
+                self.compiled.insert(c.gpu_class.clone(), c.clone());
             }
             Some(Kind::GpuClassObserved(c)) => {
                 self.published
                     .insert(c.name.clone(), c.device_class_names.clone());
+                self.refusal_shown
+                    .insert(c.name.clone(), c.refused_condition.clone());
             }
             _ => {}
         }
     }
 
-    /// Compiles a class the first time it is seen.
+    /// Compiles a class when it is first seen and whenever its spec changes.
     pub fn handle(&mut self, event: &DomainEvent) -> Vec<DomainEvent> {
         self.apply(event);
         let Some(Kind::GpuClassObserved(class)) = &event.kind else {
             return Vec::new();
         };
-        if self.compiled.contains_key(&class.name) {
+        let previous = self.compiled.get(&class.name);
+        if previous.is_some_and(|p| p.generation == class.generation) {
             return Vec::new();
         }
-        let decision = DomainEvent {
-            kind: Some(Kind::GpuClassCompiled(GpuClassCompiled {
+        let compiled = match compile(class) {
+            Ok(variants) => GpuClassCompiled {
                 gpu_class: class.name.clone(),
-                variants: compile(&class.name),
-            })),
+                variants,
+                refused: String::new(),
+                generation: class.generation,
+            },
+            Err(reason) => GpuClassCompiled {
+                gpu_class: class.name.clone(),
+                variants: previous.map(|p| p.variants.clone()).unwrap_or_default(),
+                refused: reason,
+                generation: class.generation,
+            },
+        };
+        let decision = DomainEvent {
+            kind: Some(Kind::GpuClassCompiled(compiled)),
         };
         self.apply(&decision);
         vec![decision]
@@ -73,16 +236,23 @@ impl ClassCompiler {
     pub fn effects(&self) -> Vec<Effect> {
         self.compiled
             .iter()
-            .filter(|(class, variants)| {
-                let names: Vec<&str> = variants.iter().map(|v| v.device_class.as_str()).collect();
-                self.published
-                    .get(*class)
-                    .map(|d| d.iter().map(String::as_str).collect::<Vec<_>>())
-                    != Some(names)
+            .filter(|(class, compiled)| {
+                let names: Vec<&str> = compiled
+                    .variants
+                    .iter()
+                    .map(|v| v.device_class.as_str())
+                    .collect();
+                self.refusal_shown.get(*class).map_or("", String::as_str) != compiled.refused
+                    || self
+                        .published
+                        .get(*class)
+                        .map(|d| d.iter().map(String::as_str).collect::<Vec<_>>())
+                        != Some(names)
             })
-            .map(|(class, variants)| Effect::PublishDeviceClasses {
+            .map(|(class, compiled)| Effect::PublishDeviceClasses {
                 gpu_class: class.clone(),
-                variants: variants.clone(),
+                variants: compiled.variants.clone(),
+                refused: (!compiled.refused.is_empty()).then(|| compiled.refused.clone()),
             })
             .collect()
     }

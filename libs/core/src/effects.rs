@@ -60,10 +60,13 @@ pub enum Effect {
     RemoveSpecGpu {
         group: String,
     },
-    /// Apply a GPUClass's DeviceClasses and write them to its status.deviceClassNames.
+    /// Apply a GPUClass's DeviceClasses and write them to its status
+    /// (deviceClassNames, variants, and the condition Ready: False with the
+    /// reason when the current spec was refused).
     PublishDeviceClasses {
         gpu_class: String,
         variants: Vec<switchyard_proto::v1::CompiledVariant>,
+        refused: Option<String>,
     },
     /// Set a ResourceQuota's spec.hard.
     SetQuota {

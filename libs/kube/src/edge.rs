@@ -163,7 +163,11 @@ impl Edge {
             Effect::PublishDeviceClasses {
                 gpu_class,
                 variants,
-            } => self.publish_device_classes(gpu_class, variants).await,
+                refused,
+            } => {
+                self.publish_device_classes(gpu_class, variants, refused.as_deref())
+                    .await
+            }
         }
     }
 
@@ -585,10 +589,17 @@ impl Edge {
         &self,
         gpu_class: &str,
         variants: &[switchyard_proto::v1::CompiledVariant],
+        refused: Option<&str>,
     ) -> Result<Outcome, EdgeError> {
         let classes: Api<DeviceClass> = Api::all(self.client.clone());
         let params = PatchParams::apply(&self.manager);
-        for v in variants {
+        let gpu_classes: Api<GPUClass> = Api::all(self.client.clone());
+        let current = gpu_classes
+            .get(gpu_class)
+            .await
+            .map_err(EdgeError::api(format!("read GPUClass {gpu_class}")))?;
+        // A refused spec changes no DeviceClass: only the condition says why.
+        for v in variants.iter().filter(|_| refused.is_none()) {
             let object = json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": {"name": v.device_class, "labels": {"gpu.deckhouse.io/class": gpu_class}},
@@ -605,6 +616,24 @@ impl Edge {
                     v.device_class
                 )))?;
         }
+        let (ready, reason, message) = match refused {
+            Some(why) => ("False", "InvalidSpec", why.to_string()),
+            None => (
+                "True",
+                "Compiled",
+                format!("compiled into {} DeviceClasses", variants.len()),
+            ),
+        };
+        // The transition time moves only when the condition's status does.
+        let since = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .filter(|c| c.status == ready)
+            .map(|c| serde_json::to_value(&c.last_transition_time).unwrap_or_default())
+            .unwrap_or_else(|| {
+                json!(humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string())
+            });
         let status = json!({
             "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
             "metadata": {"name": gpu_class},
@@ -615,9 +644,17 @@ impl Edge {
                     "deviceClass": v.device_class,
                     "extendedResourceName": v.extended_resource_name,
                 })).collect::<Vec<_>>(),
+                "conditions": [{
+                    "type": "Ready",
+                    "status": ready,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": since,
+                    "observedGeneration": current.metadata.generation.unwrap_or(0),
+                }],
             },
         });
-        Api::<GPUClass>::all(self.client.clone())
+        gpu_classes
             .patch_status(gpu_class, &params, &Patch::Apply(&status))
             .await
             .map_err(EdgeError::api(format!(

@@ -14,10 +14,11 @@ use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
 use switchyard_proto::v1::{
     DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuPhase, GpuSharing,
-    GpuSpec, ModuleSettingsObserved, NodeGroupObserved, NodeGroupRemoved, NodeObserved,
-    NodeProvisioning, NodeRemoved, PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase,
-    PodRemoved, ResourceList, ResourceQuotaObserved, ResourceSliceObserved, ResourceSliceRemoved,
-    Taint, WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
+    GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved, NodeGroupObserved,
+    NodeGroupRemoved, NodeObserved, NodeProvisioning, NodeRemoved, PhysicalGpuObserved,
+    PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved, ResourceList, ResourceQuotaObserved,
+    ResourceSliceObserved, ResourceSliceRemoved, Taint, WorkloadObserved, WorkloadPlacement,
+    WorkloadRef, domain_event::Kind,
 };
 
 /// The ModuleConfig of the GPU module.
@@ -174,12 +175,39 @@ pub fn physical_gpu_removed(gpu: &PhysicalGPU) -> DomainEvent {
 }
 
 pub fn gpu_class(class: &GPUClass) -> DomainEvent {
+    let spec = &class.spec;
+    let selector = LabelSelector {
+        match_labels: spec.selector.match_labels.clone().unwrap_or_default(),
+        match_expressions: spec
+            .selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| LabelSelectorRequirement {
+                key: r.key.clone(),
+                operator: r.operator.clone(),
+                values: r.values.clone().unwrap_or_default(),
+            })
+            .collect(),
+    };
+    let status = class.status.clone().unwrap_or_default();
     event(Kind::GpuClassObserved(GpuClassObserved {
         name: class.name_any(),
-        device_class_names: class
-            .status
+        device_class_names: status.device_class_names.clone(),
+        selector: Some(selector),
+        whole: spec.partitions.as_ref().and_then(|p| p.whole),
+        mig_profiles: spec
+            .partitions
             .as_ref()
-            .map(|s| s.device_class_names.clone())
+            .map(|p| p.mig_profiles.clone())
+            .unwrap_or_default(),
+        time_slicing_replicas: spec.sharing.as_ref().map_or(0, |s| s.time_slicing_replicas),
+        generation: class.metadata.generation.unwrap_or(0),
+        refused_condition: status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready" && c.status == "False")
+            .map(|c| c.message.clone())
             .unwrap_or_default(),
     }))
 }

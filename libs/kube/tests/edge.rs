@@ -205,6 +205,7 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
     let effect = Effect::PublishDeviceClasses {
         gpu_class: "a100".into(),
         variants: vec![variant.clone()],
+        refused: None,
     };
     edge.execute(&effect).await.unwrap();
     edge.execute(&effect).await.unwrap();
@@ -229,4 +230,37 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
         unreachable!()
     };
     assert_eq!(fact.device_class_names, ["a100.gpu.deckhouse.io"]);
+    assert!(fact.refused_condition.is_empty());
+    let status = classes.get("a100").await.unwrap().status.unwrap();
+    assert_eq!(status.conditions[0].type_, "Ready");
+    assert_eq!(status.conditions[0].status, "True");
+
+    // A refused spec: the condition says why; the DeviceClass is left alone.
+    let why = "spec.partitions.migProfiles[0]: \"9g.99gb\" is not a MIG profile";
+    edge.execute(&Effect::PublishDeviceClasses {
+        gpu_class: "a100".into(),
+        variants: vec![variant.clone()],
+        refused: Some(why.into()),
+    })
+    .await
+    .unwrap();
+    let class = classes.get("a100").await.unwrap();
+    let ready = &class.status.as_ref().unwrap().conditions[0];
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert_eq!(ready.message, why);
+    let fact = switchyard_kube::facts::gpu_class(&class);
+    let Some(switchyard_proto::v1::domain_event::Kind::GpuClassObserved(fact)) = fact.kind else {
+        unreachable!()
+    };
+    assert_eq!(fact.refused_condition, why);
+    assert!(
+        Api::<DeviceClass>::all(client.clone())
+            .get_opt("a100.gpu.deckhouse.io")
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

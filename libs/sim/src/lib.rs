@@ -25,10 +25,10 @@ use switchyard_core::names::{
     VENDOR_ADAPTER_APP,
 };
 use switchyard_proto::v1::{
-    DomainEvent, GpuClassObserved, GpuPhase, GpuSharing, GpuSpec, ModuleSettingsObserved,
-    NodeGroupObserved, NodeObserved, NodeProvisioning, PhysicalGpuObserved, PodObserved, PodPhase,
-    PodRemoved, ResourceList, ResourceQuotaObserved, Taint, WorkloadObserved, WorkloadPlacement,
-    WorkloadRef, domain_event::Kind,
+    DomainEvent, GpuClassObserved, GpuPhase, GpuSharing, GpuSpec, LabelSelector,
+    ModuleSettingsObserved, NodeGroupObserved, NodeObserved, NodeProvisioning, PhysicalGpuObserved,
+    PodObserved, PodPhase, PodRemoved, ResourceList, ResourceQuotaObserved, Taint,
+    WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
 pub const SECOND: i64 = 1_000_000_000;
@@ -132,6 +132,8 @@ pub struct Simulator {
     quotas: BTreeMap<ObjectKey, BTreeMap<String, String>>,
     /// GPUClass -> the DeviceClasses in its status.
     classes: BTreeMap<String, Vec<String>>,
+    /// GPUClass -> its spec, as reported.
+    class_specs: BTreeMap<String, GpuClassObserved>,
     timers: BTreeMap<(i64, u64), Timer>,
     timer_seq: u64,
     pod_seq: u64,
@@ -228,6 +230,7 @@ impl Simulator {
             gpus: BTreeMap::new(),
             quotas: BTreeMap::new(),
             classes: BTreeMap::new(),
+            class_specs: BTreeMap::new(),
             timers: BTreeMap::new(),
             timer_seq: 0,
             pod_seq: 0,
@@ -441,10 +444,22 @@ impl Simulator {
     /// class-compiler publishes the DeviceClasses.
     pub fn create_gpu_class(&mut self, name: &str) {
         self.classes.insert(name.into(), Vec::new());
-        self.out.push(ev(Kind::GpuClassObserved(GpuClassObserved {
+        // The demo's classes select the card model they are named after.
+        let device = [GPU_DEVICE, LEGACY_GPU_DEVICE]
+            .into_iter()
+            .find(|d| class_selects(name, d))
+            .unwrap_or(name);
+        let class = GpuClassObserved {
             name: name.into(),
-            device_class_names: Vec::new(),
-        })));
+            selector: Some(LabelSelector {
+                match_labels: [(GPU_DEVICE_LABEL.to_string(), device.to_string())].into(),
+                match_expressions: Vec::new(),
+            }),
+            generation: 1,
+            ..GpuClassObserved::default()
+        };
+        self.class_specs.insert(name.to_string(), class.clone());
+        self.out.push(ev(Kind::GpuClassObserved(class)));
     }
 
     /// `kubectl apply` of a Deployment.
@@ -645,14 +660,15 @@ impl Simulator {
             Effect::PublishDeviceClasses {
                 gpu_class,
                 variants,
+                ..
             } => {
                 let names: Vec<String> = variants.iter().map(|v| v.device_class.clone()).collect();
                 if self.classes.get(gpu_class) != Some(&names) {
                     self.classes.insert(gpu_class.clone(), names.clone());
-                    self.out.push(ev(Kind::GpuClassObserved(GpuClassObserved {
-                        name: gpu_class.clone(),
-                        device_class_names: names,
-                    })));
+                    let mut class = self.class_specs.get(gpu_class).cloned().unwrap_or_default();
+                    class.name = gpu_class.clone();
+                    class.device_class_names = names;
+                    self.out.push(ev(Kind::GpuClassObserved(class)));
                 }
             }
             Effect::RemoveSpecGpu { group }

@@ -174,6 +174,7 @@ pub fn mk_class(name: &str) -> DomainEvent {
     ev(Kind::GpuClassObserved(GpuClassObserved {
         name: name.into(),
         device_class_names: vec![format!("{name}-whole")],
+        ..GpuClassObserved::default()
     }))
 }
 

@@ -1,0 +1,247 @@
+//! GPU classes into DeviceClasses: the variants and their names, the CEL each
+//! carries — compiled and evaluated by the DRA engine against devices shaped
+//! like the driver's — refusals that name the field, and recompilation.
+
+use std::collections::BTreeMap;
+
+use switchyard_core::class_compiler::{ClassCompiler, compile};
+use switchyard_core::effects::Effect;
+use switchyard_dra::Quantity;
+use switchyard_dra::cel::{Attribute, Compiler, Device};
+use switchyard_proto::v1::{
+    DomainEvent, GpuClassObserved, LabelSelector, LabelSelectorRequirement, domain_event::Kind,
+};
+
+fn class(name: &str, device: &str) -> GpuClassObserved {
+    GpuClassObserved {
+        name: name.into(),
+        selector: Some(LabelSelector {
+            match_labels: [("gpu.deckhouse.io/device".to_string(), device.to_string())].into(),
+            match_expressions: Vec::new(),
+        }),
+        generation: 1,
+        ..GpuClassObserved::default()
+    }
+}
+
+fn card(device: &str, kind: &str, profile: Option<&str>, shareable: bool) -> Device {
+    let mut attributes = BTreeMap::from([
+        ("device".to_string(), Attribute::String(device.into())),
+        ("type".to_string(), Attribute::String(kind.into())),
+        (
+            "architecture".to_string(),
+            Attribute::String("Ampere".into()),
+        ),
+    ]);
+    if let Some(p) = profile {
+        attributes.insert("profile".into(), Attribute::String(p.into()));
+    }
+    Device {
+        driver: "gpu.deckhouse.io".into(),
+        allow_multiple_allocations: shareable,
+        attributes,
+        capacity: BTreeMap::from([("memory".to_string(), Quantity::parse("40Gi").unwrap())]),
+    }
+}
+
+/// The variants of `class` whose selector picks `device`.
+fn picks(variants: &[switchyard_proto::v1::CompiledVariant], device: &Device) -> Vec<String> {
+    let cel = Compiler::default();
+    variants
+        .iter()
+        .filter(|v| {
+            cel.eval(&v.cel_selector, device)
+                .unwrap_or_else(|e| panic!("{}: {e}", v.cel_selector))
+        })
+        .map(|v| v.variant.clone())
+        .collect()
+}
+
+#[test]
+fn a_class_compiles_into_named_variants_whose_selectors_pick_the_right_devices() {
+    let mut a100 = class("a100", "a100-sxm4-40gb");
+    a100.mig_profiles = vec!["1g.5gb".into(), "3g.20gb".into()];
+    a100.time_slicing_replicas = 4;
+    let variants = compile(&a100).unwrap();
+    let names: Vec<(&str, &str, &str)> = variants
+        .iter()
+        .map(|v| {
+            (
+                v.variant.as_str(),
+                v.device_class.as_str(),
+                v.extended_resource_name.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("whole", "a100.gpu.deckhouse.io", "gpu.deckhouse.io/a100"),
+            (
+                "1g.5gb",
+                "a100-mig-1g.5gb.gpu.deckhouse.io",
+                "gpu.deckhouse.io/a100-mig-1g.5gb"
+            ),
+            (
+                "3g.20gb",
+                "a100-mig-3g.20gb.gpu.deckhouse.io",
+                "gpu.deckhouse.io/a100-mig-3g.20gb"
+            ),
+            (
+                "shared",
+                "a100-shared.gpu.deckhouse.io",
+                "gpu.deckhouse.io/a100-shared"
+            ),
+        ]
+    );
+    assert_eq!(
+        picks(&variants, &card("a100-sxm4-40gb", "gpu", None, false)),
+        ["whole"]
+    );
+    assert_eq!(
+        picks(
+            &variants,
+            &card("a100-sxm4-40gb", "mig", Some("1g.5gb"), false)
+        ),
+        ["1g.5gb"]
+    );
+    assert_eq!(
+        picks(&variants, &card("a100-sxm4-40gb", "gpu", None, true)),
+        ["whole", "shared"]
+    );
+    assert!(picks(&variants, &card("h100-sxm5-80gb", "gpu", None, false)).is_empty());
+    assert!(
+        picks(
+            &variants,
+            &card("a100-sxm4-40gb", "mig", Some("2g.10gb"), false)
+        )
+        .is_empty()
+    );
+    // The same class always compiles to the same bytes.
+    assert_eq!(compile(&a100).unwrap(), variants);
+}
+
+#[test]
+fn match_expressions_become_cel() {
+    let mut c = class("ampere", "unused");
+    c.selector = Some(LabelSelector {
+        match_labels: BTreeMap::new(),
+        match_expressions: vec![
+            LabelSelectorRequirement {
+                key: "gpu.deckhouse.io/device".into(),
+                operator: "In".into(),
+                values: vec!["a100-sxm4-40gb".into(), "a100-sxm4-80gb".into()],
+            },
+            LabelSelectorRequirement {
+                key: "gpu.deckhouse.io/architecture".into(),
+                operator: "Exists".into(),
+                values: Vec::new(),
+            },
+            LabelSelectorRequirement {
+                key: "gpu.deckhouse.io/product".into(),
+                operator: "NotIn".into(),
+                values: vec!["NVIDIA A100-PCIE-40GB".into()],
+            },
+        ],
+    });
+    let variants = compile(&c).unwrap();
+    assert_eq!(
+        picks(&variants, &card("a100-sxm4-40gb", "gpu", None, false)),
+        ["whole"]
+    );
+    assert!(picks(&variants, &card("h100-sxm5-80gb", "gpu", None, false)).is_empty());
+    let mut no_arch = card("a100-sxm4-40gb", "gpu", None, false);
+    no_arch.attributes.remove("architecture");
+    assert!(
+        picks(&variants, &no_arch).is_empty(),
+        "Exists needs the attribute"
+    );
+}
+
+#[test]
+fn bad_classes_are_refused_naming_the_field() {
+    let mut unknown_key = class("x", "a100-sxm4-40gb");
+    unknown_key
+        .selector
+        .as_mut()
+        .unwrap()
+        .match_labels
+        .insert("gpu.deckhouse.io/vendor".into(), "nvidia".into());
+    assert!(
+        compile(&unknown_key)
+            .unwrap_err()
+            .contains("label \"gpu.deckhouse.io/vendor\"")
+    );
+    let mut bad_profile = class("x", "a100-sxm4-40gb");
+    bad_profile.mig_profiles = vec!["1g.5gb".into(), "9g.99gb".into()];
+    assert!(
+        compile(&bad_profile)
+            .unwrap_err()
+            .starts_with("spec.partitions.migProfiles[1]: \"9g.99gb\"")
+    );
+    let mut nothing = class("x", "a100-sxm4-40gb");
+    nothing.whole = Some(false);
+    assert!(compile(&nothing).unwrap_err().contains("offers nothing"));
+    let mut no_values = class("x", "a100-sxm4-40gb");
+    no_values.selector.as_mut().unwrap().match_expressions = vec![LabelSelectorRequirement {
+        key: "gpu.deckhouse.io/device".into(),
+        operator: "In".into(),
+        values: Vec::new(),
+    }];
+    assert!(
+        compile(&no_values)
+            .unwrap_err()
+            .starts_with("spec.selector.matchExpressions[0]: operator In needs values")
+    );
+}
+
+fn observed(c: &GpuClassObserved) -> DomainEvent {
+    DomainEvent {
+        kind: Some(Kind::GpuClassObserved(c.clone())),
+    }
+}
+
+#[test]
+fn a_changed_spec_is_compiled_again_and_a_refusal_keeps_the_device_classes() {
+    let mut core = ClassCompiler::default();
+    let mut a100 = class("a100", "a100-sxm4-40gb");
+    let first = core.handle(&observed(&a100));
+    assert_eq!(first.len(), 1);
+    assert!(
+        core.handle(&observed(&a100)).is_empty(),
+        "same generation: nothing"
+    );
+    // Published: no effect left.
+    a100.device_class_names = vec!["a100.gpu.deckhouse.io".into()];
+    core.handle(&observed(&a100));
+    assert!(core.effects().is_empty());
+
+    // A bad new generation: refused, the DeviceClasses stay, the status says why.
+    a100.generation = 2;
+    a100.mig_profiles = vec!["9g.99gb".into()];
+    let refused = core.handle(&observed(&a100));
+    let Some(Kind::GpuClassCompiled(c)) = &refused[0].kind else {
+        panic!("{refused:?}")
+    };
+    assert!(c.refused.contains("9g.99gb"));
+    assert_eq!(c.variants.len(), 1, "the previous variants are kept");
+    let effects = core.effects();
+    assert!(
+        matches!(&effects[..], [Effect::PublishDeviceClasses { refused: Some(why), .. }] if why == &c.refused),
+        "{effects:?}"
+    );
+    // Once the status shows the refusal, nothing more to do.
+    a100.refused_condition = c.refused.clone();
+    core.handle(&observed(&a100));
+    assert!(core.effects().is_empty());
+
+    // Fixed: compiled again with the MIG variant.
+    a100.generation = 3;
+    a100.mig_profiles = vec!["1g.5gb".into()];
+    core.handle(&observed(&a100));
+    let Some(compiled) = core.compiled.get("a100") else {
+        panic!()
+    };
+    assert!(compiled.refused.is_empty());
+    assert_eq!(compiled.variants.len(), 2);
+}
