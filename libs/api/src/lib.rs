@@ -36,6 +36,11 @@ pub struct GPUClassSpec {
     /// Sharing of a whole card between consumers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<Sharing>,
+    /// Also publish the whole card as `nvidia.com/gpu`, so that manifests
+    /// not yet moved to the class's resource are served by DRA (at most one
+    /// class in the cluster may do this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy_bridge: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

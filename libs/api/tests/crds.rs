@@ -86,6 +86,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
             mig_profiles: vec!["1g.5gb".into(), "3g.20gb".into()],
         }),
         sharing: None,
+        legacy_bridge: None,
     };
     classes
         .create(&PostParams::default(), &class("a100", good))
@@ -99,6 +100,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
             mig_profiles: vec!["2g.ten".into()],
         }),
         sharing: None,
+        legacy_bridge: None,
     };
     let err = classes
         .create(&PostParams::default(), &class("bad-profile", bad_profile))
@@ -115,6 +117,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
         sharing: Some(Sharing {
             time_slicing_replicas: 1,
         }),
+        legacy_bridge: None,
     };
     let err = classes
         .create(&PostParams::default(), &class("bad-sharing", bad_sharing))

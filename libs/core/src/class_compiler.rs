@@ -15,6 +15,13 @@
 //! | whole card | `<class>.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>` | `type == "gpu"` |
 //! | MIG profile | `<class>-mig-<p>.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>-mig-<p>` | `type == "mig" && profile == "<p>"` |
 //! | share | `<class>-shared.gpu.deckhouse.io` | `gpu.deckhouse.io/<class>-shared` | `type == "gpu"`, shareable (`allowMultipleAllocations`) |
+//! | legacy bridge | `<class>-legacy.gpu.deckhouse.io` | `nvidia.com/gpu` | as the whole card |
+//!
+//! The legacy bridge (`spec.legacyBridge`) serves manifests that still request
+//! `nvidia.com/gpu` from DRA; at most one class in the cluster may have it. A
+//! class whose DeviceClass or extended-resource name another class already
+//! publishes (class `a100-shared` against the shares of class `a100`) is
+//! refused too.
 //!
 //! A class whose spec cannot be compiled — a selector key no PhysicalGPU
 //! label has, an unknown MIG profile, nothing offered — is refused with the
@@ -166,6 +173,15 @@ pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String>
             ],
         ));
     }
+    if class.legacy_bridge {
+        let mut bridge = variant(
+            "legacy".into(),
+            "-legacy",
+            &[format!("{} == \"gpu\"", attr("type"))],
+        );
+        bridge.extended_resource_name = crate::names::NVIDIA_GPU.into();
+        variants.push(bridge);
+    }
     if class.time_slicing_replicas >= 2 {
         variants.push(variant(
             "shared".into(),
@@ -211,7 +227,7 @@ impl ClassCompiler {
         if previous.is_some_and(|p| p.generation == class.generation) {
             return Vec::new();
         }
-        let compiled = match compile(class) {
+        let compiled = match compile(class).and_then(|v| self.clash(&class.name, v)) {
             Ok(variants) => GpuClassCompiled {
                 gpu_class: class.name.clone(),
                 variants,
@@ -230,6 +246,41 @@ impl ClassCompiler {
         };
         self.apply(&decision);
         vec![decision]
+    }
+
+    /// Refuses variants whose DeviceClass or extended resource another class
+    /// already publishes (the legacy bridge's `nvidia.com/gpu` included).
+    fn clash(
+        &self,
+        class: &str,
+        variants: Vec<CompiledVariant>,
+    ) -> Result<Vec<CompiledVariant>, String> {
+        for v in &variants {
+            for (other, compiled) in self.compiled.iter().filter(|(name, _)| *name != class) {
+                for theirs in &compiled.variants {
+                    if theirs.extended_resource_name == v.extended_resource_name {
+                        return Err(if v.variant == "legacy" {
+                            format!(
+                                "spec.legacyBridge: class {other} already bridges {}; at most one class may",
+                                v.extended_resource_name
+                            )
+                        } else {
+                            format!(
+                                "variant {}: extended resource {} is already published by class {other}",
+                                v.variant, v.extended_resource_name
+                            )
+                        });
+                    }
+                    if theirs.device_class == v.device_class {
+                        return Err(format!(
+                            "variant {}: DeviceClass {} is already published by class {other}",
+                            v.variant, v.device_class
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(variants)
     }
 
     /// DeviceClasses and class status not yet as compiled.

@@ -245,3 +245,45 @@ fn a_changed_spec_is_compiled_again_and_a_refusal_keeps_the_device_classes() {
     assert!(compiled.refused.is_empty());
     assert_eq!(compiled.variants.len(), 2);
 }
+
+#[test]
+fn one_legacy_bridge_and_no_clashing_names() {
+    let mut core = ClassCompiler::default();
+    let mut a100 = class("a100", "a100-sxm4-40gb");
+    a100.legacy_bridge = true;
+    a100.time_slicing_replicas = 2;
+    core.handle(&observed(&a100));
+    let bridge = core.compiled["a100"]
+        .variants
+        .iter()
+        .find(|v| v.variant == "legacy")
+        .expect("a bridge")
+        .clone();
+    assert_eq!(bridge.extended_resource_name, "nvidia.com/gpu");
+    assert_eq!(bridge.device_class, "a100-legacy.gpu.deckhouse.io");
+    assert_eq!(
+        picks(&[bridge], &card("a100-sxm4-40gb", "gpu", None, false)),
+        ["legacy"]
+    );
+
+    // A second bridge is refused, naming the class that has it.
+    let mut h100 = class("h100", "h100-sxm5-80gb");
+    h100.legacy_bridge = true;
+    core.handle(&observed(&h100));
+    assert_eq!(
+        core.compiled["h100"].refused,
+        "spec.legacyBridge: class a100 already bridges nvidia.com/gpu; at most one class may"
+    );
+    assert!(core.compiled["h100"].variants.is_empty());
+
+    // A class named like another class's share clashes with it.
+    let shared = class("a100-shared", "a100-sxm4-40gb");
+    core.handle(&observed(&shared));
+    assert!(
+        core.compiled["a100-shared"].refused.contains(
+            "extended resource gpu.deckhouse.io/a100-shared is already published by class a100"
+        ),
+        "{}",
+        core.compiled["a100-shared"].refused
+    );
+}

@@ -203,6 +203,7 @@ pub fn gpu_class(class: &GPUClass) -> DomainEvent {
             .unwrap_or_default(),
         time_slicing_replicas: spec.sharing.as_ref().map_or(0, |s| s.time_slicing_replicas),
         generation: class.metadata.generation.unwrap_or(0),
+        legacy_bridge: spec.legacy_bridge.unwrap_or(false),
         refused_condition: status
             .conditions
             .iter()
