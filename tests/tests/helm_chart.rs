@@ -279,6 +279,8 @@ const PERMISSIONS: [(&str, &[&str]); 6] = [
             "gpu.deckhouse.io/physicalgpus get list watch",
             "gpu.deckhouse.io/gpuclasses/status patch update",
             "resource.k8s.io/deviceclasses get list watch create patch delete",
+            "admissionregistration.k8s.io/validatingadmissionpolicies get create patch delete",
+            "admissionregistration.k8s.io/validatingadmissionpolicybindings get create patch delete",
         ],
     ),
     (

@@ -41,6 +41,12 @@ pub struct GPUClassSpec {
     /// class in the cluster may do this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub legacy_bridge: Option<bool>,
+    /// Only these namespaces may use the class (empty: all). Enforced by a
+    /// ValidatingAdmissionPolicy the class-compiler writes: tenants request
+    /// the class by name and never write CEL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")))]
+    pub namespaces: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

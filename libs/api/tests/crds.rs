@@ -87,6 +87,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
         }),
         sharing: None,
         legacy_bridge: None,
+        namespaces: Vec::new(),
     };
     classes
         .create(&PostParams::default(), &class("a100", good))
@@ -101,6 +102,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
         }),
         sharing: None,
         legacy_bridge: None,
+        namespaces: Vec::new(),
     };
     let err = classes
         .create(&PostParams::default(), &class("bad-profile", bad_profile))
@@ -118,6 +120,7 @@ async fn the_api_server_accepts_good_objects_and_names_the_field_of_bad_ones() {
             time_slicing_replicas: 1,
         }),
         legacy_bridge: None,
+        namespaces: Vec::new(),
     };
     let err = classes
         .create(&PostParams::default(), &class("bad-sharing", bad_sharing))

@@ -201,6 +201,29 @@ pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String>
     Ok(variants)
 }
 
+/// The namespaces a class is restricted to, sorted, or why one is not a name.
+fn namespaces(class: &GpuClassObserved) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (i, ns) in class.namespaces.iter().enumerate() {
+        let valid = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !valid {
+            return Err(format!(
+                "spec.namespaces[{i}]: {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+            ));
+        }
+        out.push(ns.clone());
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 impl ClassCompiler {
     pub fn apply(&mut self, event: &DomainEvent) {
         match &event.kind {
@@ -227,18 +250,23 @@ impl ClassCompiler {
         if previous.is_some_and(|p| p.generation == class.generation) {
             return Vec::new();
         }
-        let compiled = match compile(class).and_then(|v| self.clash(&class.name, v)) {
-            Ok(variants) => GpuClassCompiled {
+        let compiled = match compile(class)
+            .and_then(|v| self.clash(&class.name, v))
+            .and_then(|v| Ok((v, namespaces(class)?)))
+        {
+            Ok((variants, namespaces)) => GpuClassCompiled {
                 gpu_class: class.name.clone(),
                 variants,
                 refused: String::new(),
                 generation: class.generation,
+                namespaces,
             },
             Err(reason) => GpuClassCompiled {
                 gpu_class: class.name.clone(),
                 variants: previous.map(|p| p.variants.clone()).unwrap_or_default(),
                 refused: reason,
                 generation: class.generation,
+                namespaces: previous.map(|p| p.namespaces.clone()).unwrap_or_default(),
             },
         };
         let decision = DomainEvent {
@@ -304,6 +332,7 @@ impl ClassCompiler {
                 gpu_class: class.clone(),
                 variants: compiled.variants.clone(),
                 refused: (!compiled.refused.is_empty()).then(|| compiled.refused.clone()),
+                namespaces: compiled.namespaces.clone(),
             })
             .collect()
     }

@@ -67,6 +67,9 @@ pub enum Effect {
         gpu_class: String,
         variants: Vec<switchyard_proto::v1::CompiledVariant>,
         refused: Option<String>,
+        /// Only these namespaces may use the class (empty: all): an admission
+        /// policy refuses claims, claim templates and pods elsewhere.
+        namespaces: Vec<String>,
     },
     /// Set a ResourceQuota's spec.hard.
     SetQuota {

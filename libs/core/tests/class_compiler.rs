@@ -287,3 +287,32 @@ fn one_legacy_bridge_and_no_clashing_names() {
         core.compiled["a100-shared"].refused
     );
 }
+
+#[test]
+fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
+    let mut core = ClassCompiler::default();
+    let mut a100 = class("a100", "a100-sxm4-40gb");
+    a100.namespaces = vec!["team-b".into(), "team-a".into(), "team-b".into()];
+    core.handle(&observed(&a100));
+    assert_eq!(core.compiled["a100"].namespaces, ["team-a", "team-b"]);
+    let effects = core.effects();
+    assert!(
+        matches!(&effects[..], [Effect::PublishDeviceClasses { namespaces, .. }] if namespaces == &["team-a", "team-b"]),
+        "{effects:?}"
+    );
+    a100.generation = 2;
+    a100.namespaces = vec!["Team_A".into()];
+    core.handle(&observed(&a100));
+    assert!(
+        core.compiled["a100"]
+            .refused
+            .starts_with("spec.namespaces[0]: \"Team_A\" is not a namespace name"),
+        "{}",
+        core.compiled["a100"].refused
+    );
+    assert_eq!(
+        core.compiled["a100"].namespaces,
+        ["team-a", "team-b"],
+        "the last good restriction stays"
+    );
+}

@@ -164,7 +164,10 @@ impl Edge {
                 gpu_class,
                 variants,
                 refused,
+                namespaces,
             } => {
+                self.restrict_namespaces(gpu_class, variants, namespaces)
+                    .await?;
                 self.publish_device_classes(gpu_class, variants, refused.as_deref())
                     .await
             }
@@ -581,6 +584,114 @@ impl Edge {
             .await
             .map_err(EdgeError::api(format!("write {what}")))?;
         Ok(Outcome::default())
+    }
+
+    /// The class's namespace restriction: a ValidatingAdmissionPolicy, bound
+    /// to every namespace but the allowed ones, that refuses ResourceClaims,
+    /// ResourceClaimTemplates and pods using the class's DeviceClasses or
+    /// extended resources. No restriction: the policy and binding are removed.
+    async fn restrict_namespaces(
+        &self,
+        gpu_class: &str,
+        variants: &[switchyard_proto::v1::CompiledVariant],
+        namespaces: &[String],
+    ) -> Result<(), EdgeError> {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let name = format!("switchyard-gpuclass-{gpu_class}");
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        if namespaces.is_empty() {
+            for result in [
+                bindings.delete(&name, &Default::default()).await.map(drop),
+                policies.delete(&name, &Default::default()).await.map(drop),
+            ] {
+                match result {
+                    Ok(()) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(err) => {
+                        return Err(EdgeError::api(format!(
+                            "remove the restriction of GPUClass {gpu_class}"
+                        ))(err));
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let list = |items: Vec<&str>| {
+            format!(
+                "[{}]",
+                items
+                    .iter()
+                    .map(|s| format!("{s:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let classes = list(variants.iter().map(|v| v.device_class.as_str()).collect());
+        let resources = list(
+            variants
+                .iter()
+                .map(|v| v.extended_resource_name.as_str())
+                .collect(),
+        );
+        let requests = |devices: &str| {
+            format!(
+                "!has({devices}) || !has({devices}.requests) || {devices}.requests.all(r,                  (!has(r.exactly) || !(r.exactly.deviceClassName in {classes})) &&                  (!has(r.firstAvailable) || r.firstAvailable.all(s, !(s.deviceClassName in {classes}))))"
+            )
+        };
+        let containers = |field: &str| {
+            format!(
+                "!has(object.spec.{field}) || object.spec.{field}.all(c, !has(c.resources) ||                  {resources}.all(x, (!has(c.resources.limits) || !(x in c.resources.limits)) &&                  (!has(c.resources.requests) || !(x in c.resources.requests))))"
+            )
+        };
+        let message = format!(
+            "GPU class {gpu_class} may only be used in the namespaces {}",
+            namespaces.join(", ")
+        );
+        let policy = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": {"gpu.deckhouse.io/class": gpu_class}},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [
+                    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["resourceclaims", "resourceclaimtemplates"]},
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+                ]},
+                "validations": [
+                    {"expression": format!("request.resource.resource != 'resourceclaims' || {}", requests("object.spec.devices")), "message": message},
+                    {"expression": format!("request.resource.resource != 'resourceclaimtemplates' || {}", requests("object.spec.spec.devices")), "message": message},
+                    {"expression": format!("request.resource.resource != 'pods' || (({}) && ({}))", containers("containers"), containers("initContainers")), "message": message},
+                ],
+            },
+        });
+        let binding = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": {"gpu.deckhouse.io/class": gpu_class}},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": namespaces},
+                ]}},
+            },
+        });
+        let params = PatchParams::apply(&self.manager);
+        policies
+            .patch(&name, &params, &Patch::Apply(&policy))
+            .await
+            .map_err(EdgeError::api(format!(
+                "apply ValidatingAdmissionPolicy {name}"
+            )))?;
+        bindings
+            .patch(&name, &params, &Patch::Apply(&binding))
+            .await
+            .map_err(EdgeError::api(format!(
+                "apply ValidatingAdmissionPolicyBinding {name}"
+            )))?;
+        Ok(())
     }
 
     /// The GPU class's DeviceClasses (Server-Side Apply, owned by this

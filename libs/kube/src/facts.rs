@@ -204,6 +204,7 @@ pub fn gpu_class(class: &GPUClass) -> DomainEvent {
         time_slicing_replicas: spec.sharing.as_ref().map_or(0, |s| s.time_slicing_replicas),
         generation: class.metadata.generation.unwrap_or(0),
         legacy_bridge: spec.legacy_bridge.unwrap_or(false),
+        namespaces: spec.namespaces.clone(),
         refused_condition: status
             .conditions
             .iter()

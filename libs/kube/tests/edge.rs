@@ -206,6 +206,7 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
         gpu_class: "a100".into(),
         variants: vec![variant.clone()],
         refused: None,
+        namespaces: Vec::new(),
     };
     edge.execute(&effect).await.unwrap();
     edge.execute(&effect).await.unwrap();
@@ -241,6 +242,7 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
         gpu_class: "a100".into(),
         variants: vec![variant.clone()],
         refused: Some(why.into()),
+        namespaces: Vec::new(),
     })
     .await
     .unwrap();
@@ -263,4 +265,117 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
             .unwrap()
             .is_some()
     );
+}
+
+/// A class restricted to namespaces: the admission policy the class-compiler
+/// writes refuses its claims and pods elsewhere; lifting the restriction
+/// removes the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restricted_class_is_refused_outside_its_namespaces() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use switchyard_proto::v1::CompiledVariant;
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    for ns in ["team-a", "team-b"] {
+        create_namespace(&client, ns).await;
+    }
+    let variant = CompiledVariant {
+        variant: "whole".into(),
+        device_class: "a100.gpu.deckhouse.io".into(),
+        extended_resource_name: "gpu.deckhouse.io/a100".into(),
+        cel_selector: "device.driver == 'gpu.deckhouse.io'".into(),
+    };
+    let edge = Edge::new(plane.config(), "class-compiler").unwrap();
+    // The class object must exist for its status; create it first.
+    switchyard_testkit::kube::install_crds(
+        &client,
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
+        "metadata": {"name": "a100"},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}}, "namespaces": ["team-a"]},
+    }))
+    .unwrap();
+    Api::<switchyard_api::GPUClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let publish = |namespaces: Vec<String>| Effect::PublishDeviceClasses {
+        gpu_class: "a100".into(),
+        variants: vec![variant.clone()],
+        refused: None,
+        namespaces,
+    };
+    edge.execute(&publish(vec!["team-a".into()])).await.unwrap();
+
+    let claim = |name: &str| -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
+        }))
+        .unwrap()
+    };
+    let claims = |ns: &str| Api::<ResourceClaim>::namespaced(client.clone(), ns);
+    // The policy takes a moment to be enforced: retry until refused.
+    let mut attempt = 0;
+    eventually("the restriction enforced", Duration::from_secs(30), || {
+        attempt += 1;
+        let name = format!("c{attempt}");
+        let api = claims("team-b");
+        async move {
+            match api.create(&PostParams::default(), &claim(&name)).await {
+                Err(kube::Error::Api(s)) => {
+                    assert!(
+                        s.message
+                            .contains("GPU class a100 may only be used in the namespaces team-a"),
+                        "{}",
+                        s.message
+                    );
+                    true
+                }
+                Err(other) => panic!("{other}"),
+                Ok(_) => false,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    claims("team-a")
+        .create(&PostParams::default(), &claim("allowed"))
+        .await
+        .expect("the allowed namespace may use the class");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train"},
+        "spec": {"containers": [{"name": "main", "image": "registry.example.com/train:1",
+            "resources": {"limits": {"gpu.deckhouse.io/a100": "1"}}}]},
+    }))
+    .unwrap();
+    let refused = Api::<Pod>::namespaced(client.clone(), "team-b")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("may only be used in the namespaces team-a"),
+        "{refused}"
+    );
+
+    // Lifted: the policy goes, team-b may claim the class.
+    edge.execute(&publish(Vec::new())).await.unwrap();
+    let mut attempt = 0;
+    eventually("the restriction lifted", Duration::from_secs(30), || {
+        attempt += 1;
+        let name = format!("d{attempt}");
+        let api = claims("team-b");
+        async move {
+            api.create(&PostParams::default(), &claim(&name))
+                .await
+                .is_ok()
+        }
+    })
+    .await
+    .unwrap();
 }
