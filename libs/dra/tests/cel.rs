@@ -3,10 +3,9 @@
 //! compiler the scheduler uses) on generated expressions and devices, plus the
 //! cases that matter spelled out.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 use switchyard_dra::Quantity;
@@ -177,32 +176,8 @@ fn device_json(d: &Device) -> Value {
 }
 
 fn oracle(requests: &[Value]) -> Vec<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
-    let built = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-    assert!(
-        built.status.success(),
-        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let stdout = String::from_utf8(built.stdout).unwrap();
-    let binary = stdout
-        .lines()
-        .find(|l| l.ends_with("/cel-oracle"))
-        .expect("the CEL oracle's path");
-    let mut child = Command::new(binary)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the CEL oracle");
-    let mut input = child.stdin.take().unwrap();
-    let text: String = requests.iter().map(|r| format!("{r}\n")).collect();
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let output = child.wait_with_output().expect("the oracle's answers");
-    writer.join().unwrap().unwrap();
-    String::from_utf8(output.stdout)
-        .unwrap()
+    let input: String = requests.iter().map(|r| format!("{r}\n")).collect();
+    support::run_oracle("cel-oracle", input)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()

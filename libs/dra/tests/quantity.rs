@@ -2,9 +2,7 @@
 //! differential run against Kubernetes' own implementation
 //! (`tools/quantity-oracle`, built from k8s.io/apimachinery v0.36.3).
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
+mod support;
 
 use proptest::prelude::*;
 use switchyard_dra::{Format, ParseError, Quantity};
@@ -152,32 +150,7 @@ proptest! {
 
 /// Runs Kubernetes' implementation over `requests` (see tools/quantity-oracle).
 fn oracle(requests: &[String]) -> Vec<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
-    let built = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-    assert!(
-        built.status.success(),
-        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let stdout = String::from_utf8(built.stdout).unwrap();
-    let binary = stdout
-        .lines()
-        .find(|l| l.ends_with("/quantity-oracle"))
-        .expect("the quantity oracle's path");
-    let mut child = Command::new(binary)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the quantity oracle");
-    let mut input = child.stdin.take().unwrap();
-    let text = requests.join("\n") + "\n";
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let output = child.wait_with_output().expect("the oracle's answers");
-    writer.join().unwrap().unwrap();
-    String::from_utf8(output.stdout)
-        .unwrap()
+    support::run_oracle("quantity-oracle", requests.join("\n") + "\n")
         .lines()
         .map(str::to_string)
         .collect()

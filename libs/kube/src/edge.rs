@@ -297,11 +297,8 @@ impl Edge {
             "resourceVersion": current.resource_version(),
             "labels": label_diff(&before, &after),
         }});
-        nodes
-            .patch(node, &self.merge_params(), &Patch::Merge(&patch))
+        self.merge_patch(&nodes, node, &patch, format!("label node {node}"))
             .await
-            .map_err(EdgeError::api(format!("label node {node}")))?;
-        Ok(Outcome::default())
     }
 
     /// A rollback: the node's labels become `labels` (the preparation labels
@@ -356,10 +353,24 @@ impl Edge {
             },
             "spec": {"taints": if taints.is_empty() { Value::Null } else { json!(taints) }},
         });
-        nodes
-            .patch(node, &self.merge_params(), &Patch::Merge(&patch))
+        self.merge_patch(&nodes, node, &patch, format!("restore node {node}"))
             .await
-            .map_err(EdgeError::api(format!("restore node {node}")))?;
+    }
+
+    /// A merge patch as this service (guarded when it carries a resourceVersion).
+    async fn merge_patch<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        patch: &serde_json::Value,
+        what: String,
+    ) -> Result<Outcome, EdgeError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.patch(name, &self.merge_params(), &Patch::Merge(patch))
+            .await
+            .map_err(EdgeError::api(what))?;
         Ok(Outcome::default())
     }
 
@@ -500,10 +511,9 @@ impl Edge {
             "metadata": {"resourceVersion": object.resource_version()},
             "spec": {"template": {"spec": {"containers": after.containers, "nodeSelector": selector}}},
         });
-        api.patch(name, &self.merge_params(), &Patch::Merge(&patch))
+        self.merge_patch(api, name, &patch, format!("write {what}"))
             .await
-            .map_err(EdgeError::api(format!("write {what}")))?;
-        Ok(())
+            .map(drop)
     }
 
     async fn restart(&self, workload: &WorkloadRef, at: &str) -> Result<Outcome, EdgeError> {
@@ -545,12 +555,13 @@ impl Edge {
             "metadata": {"resourceVersion": current.resource_version()},
             "spec": {"gpu": null},
         });
-        api.patch(group, &self.merge_params(), &Patch::Merge(&patch))
-            .await
-            .map_err(EdgeError::api(format!(
-                "remove spec.gpu of NodeGroup {group}"
-            )))?;
-        Ok(Outcome::default())
+        self.merge_patch(
+            &api,
+            group,
+            &patch,
+            format!("remove spec.gpu of NodeGroup {group}"),
+        )
+        .await
     }
 
     async fn set_quota(
@@ -580,10 +591,8 @@ impl Edge {
             "metadata": {"resourceVersion": quota.resource_version()},
             "spec": {"hard": label_diff(&have, hard)},
         });
-        api.patch(name, &self.merge_params(), &Patch::Merge(&patch))
+        self.merge_patch(&api, name, &patch, format!("write {what}"))
             .await
-            .map_err(EdgeError::api(format!("write {what}")))?;
-        Ok(Outcome::default())
     }
 
     /// The class's namespace restriction: a ValidatingAdmissionPolicy, bound

@@ -909,15 +909,8 @@ impl Simulator {
     // ------------------------------------------------------------ reports
 
     fn report_node(&mut self, name: &str) {
-        let n = &self.nodes[name];
-        self.out.push(ev(Kind::NodeObserved(NodeObserved {
-            node: name.into(),
-            labels: n.labels.clone(),
-            taints: n.taints.clone(),
-            unschedulable: n.unschedulable,
-            provisioning: NodeProvisioning::Manual as i32,
-            gpu_count: n.gpus,
-        })));
+        let fact = self.node_fact(name).expect("a known node");
+        self.out.push(ev(Kind::NodeObserved(fact)));
     }
 
     fn report_pod(&mut self, key: &ObjectKey) {

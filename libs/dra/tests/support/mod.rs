@@ -1,0 +1,33 @@
+//! Running the reference programs of tools/ (built by scripts/build-oracles.sh).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Feeds `input` to the oracle `name` and returns what it printed.
+pub fn run_oracle(name: &str, input: String) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
+    let built = Command::new(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(
+        built.status.success(),
+        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let stdout = String::from_utf8(built.stdout).unwrap();
+    let binary = stdout
+        .lines()
+        .find(|l| l.ends_with(&format!("/{name}")))
+        .unwrap_or_else(|| panic!("scripts/build-oracles.sh built no {name}"));
+    let mut child = Command::new(binary)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let output = child.wait_with_output().expect("the oracle's answers");
+    writer.join().unwrap().unwrap();
+    String::from_utf8(output.stdout).unwrap()
+}
