@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::Random;
+
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
@@ -206,17 +208,13 @@ fn class_of_ours(r: &Result<bool, SelectorError>) -> String {
 
 struct Gen(u64);
 
+impl support::Random for Gen {
+    fn state(&mut self) -> &mut u64 {
+        &mut self.0
+    }
+}
+
 impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[(self.next() % items.len() as u64) as usize]
-    }
     fn atom(&mut self) -> String {
         let domain = self.pick(&[
             "gpu.deckhouse.io",

@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::Random;
+
 use proptest::prelude::*;
 use switchyard_dra::{Format, ParseError, Quantity};
 
@@ -192,18 +194,13 @@ fn ours(request: &str) -> String {
 /// A deterministic generator of quantity-like strings, valid and not.
 struct Gen(u64);
 
+impl support::Random for Gen {
+    fn state(&mut self) -> &mut u64 {
+        &mut self.0
+    }
+}
+
 impl Gen {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[(self.next() % items.len() as u64) as usize]
-    }
     fn digits(&mut self, max: u64) -> String {
         let n = self.next() % (max + 1);
         (0..n)

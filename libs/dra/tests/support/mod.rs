@@ -31,3 +31,21 @@ pub fn run_oracle(name: &str, input: String) -> String {
     writer.join().unwrap().unwrap();
     String::from_utf8(output.stdout).unwrap()
 }
+
+/// A seeded generator of test cases (splitmix64): the same seed, the same cases.
+pub trait Random {
+    fn state(&mut self) -> &mut u64;
+
+    fn next(&mut self) -> u64 {
+        let state = self.state();
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
