@@ -178,6 +178,13 @@ impl Edge {
         Api::all(self.client.clone())
     }
 
+    async fn read_node(&self, node: &str) -> Result<Node, EdgeError> {
+        self.nodes()
+            .get(node)
+            .await
+            .map_err(EdgeError::api(format!("read node {node}")))
+    }
+
     /// Server-Side Apply of the node fields this service owns. An apply
     /// states everything its manager owns — a field left out is given up — so
     /// the apply carries the fields the service owns now (read from the
@@ -191,10 +198,7 @@ impl Edge {
         holds: impl Fn(&Node) -> bool,
     ) -> Result<Outcome, EdgeError> {
         let nodes = self.nodes();
-        let current = nodes
-            .get(node)
-            .await
-            .map_err(EdgeError::api(format!("read node {node}")))?;
+        let current = self.read_node(node).await?;
         if holds(&current) {
             return Ok(Outcome::default());
         }
@@ -205,10 +209,7 @@ impl Edge {
         match nodes.patch(node, &params, &Patch::Apply(&patch)).await {
             Ok(_) => Ok(Outcome::default()),
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                let current = nodes
-                    .get(node)
-                    .await
-                    .map_err(EdgeError::api(format!("read node {node}")))?;
+                let current = self.read_node(node).await?;
                 if holds(&current) {
                     return Ok(Outcome::default());
                 }
@@ -283,10 +284,7 @@ impl Edge {
         edit: impl Fn(&mut BTreeMap<String, String>),
     ) -> Result<Outcome, EdgeError> {
         let nodes = self.nodes();
-        let current = nodes
-            .get(node)
-            .await
-            .map_err(EdgeError::api(format!("read node {node}")))?;
+        let current = self.read_node(node).await?;
         let before = current.labels().clone();
         let mut after = before.clone();
         edit(&mut after);
@@ -310,10 +308,7 @@ impl Edge {
         taints: &[Taint],
     ) -> Result<Outcome, EdgeError> {
         let nodes = self.nodes();
-        let current = nodes
-            .get(node)
-            .await
-            .map_err(EdgeError::api(format!("read node {node}")))?;
+        let current = self.read_node(node).await?;
         let before = current.labels().clone();
         let mut after: BTreeMap<String, String> = labels
             .iter()
