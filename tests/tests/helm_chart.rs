@@ -259,6 +259,7 @@ const PERMISSIONS: [(&str, &[&str]); 6] = [
             "gpu.deckhouse.io/physicalgpus get list watch",
             "resource.k8s.io/resourceslices get list watch",
             "resource.k8s.io/deviceclasses get list watch",
+            "resource.k8s.io/resourceclaims get list watch",
         ],
     ),
     (

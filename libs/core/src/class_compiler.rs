@@ -23,6 +23,10 @@
 //! publishes (class `a100-shared` against the shares of class `a100`) is
 //! refused too.
 //!
+//! A deleted class keeps its DeviceClasses while a ResourceClaim names one of
+//! them; once none does, the class is retired and its DeviceClasses and
+//! namespace restriction are deleted.
+//!
 //! A class whose spec cannot be compiled — a selector key no PhysicalGPU
 //! label has, an unknown MIG profile, nothing offered — is refused with the
 //! reason; its DeviceClasses stay as they were.
@@ -30,8 +34,8 @@
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
-    CompiledVariant, DomainEvent, GpuClassCompiled, GpuClassObserved, LabelSelector,
-    domain_event::Kind,
+    CompiledVariant, DomainEvent, GpuClassCompiled, GpuClassObserved, GpuClassRetired,
+    LabelSelector, domain_event::Kind,
 };
 
 use crate::effects::Effect;
@@ -64,6 +68,14 @@ pub struct ClassCompiler {
     pub published: BTreeMap<String, Vec<String>>,
     /// GPUClass -> the refusal its status shows, as observed (empty: none).
     pub refusal_shown: BTreeMap<String, String>,
+    /// Deleted GPUClasses whose DeviceClasses claims still use.
+    pub deleted: std::collections::BTreeSet<String>,
+    /// ResourceClaim (namespace, name) -> the DeviceClasses it names.
+    pub claims: BTreeMap<(String, String), Vec<String>>,
+    /// DeviceClasses that exist, as observed.
+    pub device_classes: std::collections::BTreeSet<String>,
+    /// Retired classes -> their DeviceClasses, until those are gone.
+    pub retired: BTreeMap<String, Vec<String>>,
 }
 
 fn quote(s: &str) -> String {
@@ -235,14 +247,95 @@ impl ClassCompiler {
                     .insert(c.name.clone(), c.device_class_names.clone());
                 self.refusal_shown
                     .insert(c.name.clone(), c.refused_condition.clone());
+                // Created again before it was retired: not deleted after all.
+                self.deleted.remove(&c.name);
+            }
+            Some(Kind::GpuClassRemoved(c)) if self.compiled.contains_key(&c.name) => {
+                self.deleted.insert(c.name.clone());
+            }
+            Some(Kind::GpuClassRetired(r)) => {
+                self.deleted.remove(&r.gpu_class);
+                self.compiled.remove(&r.gpu_class);
+                self.published.remove(&r.gpu_class);
+                self.refusal_shown.remove(&r.gpu_class);
+                self.retired
+                    .insert(r.gpu_class.clone(), r.device_classes.clone());
+            }
+            Some(Kind::ResourceClaimObserved(c)) => {
+                self.claims.insert(
+                    (c.namespace.clone(), c.name.clone()),
+                    c.device_classes.clone(),
+                );
+            }
+            Some(Kind::ResourceClaimRemoved(c)) => {
+                self.claims.remove(&(c.namespace.clone(), c.name.clone()));
+            }
+            Some(Kind::DeviceClassObserved(d)) => {
+                self.device_classes.insert(d.name.clone());
+            }
+            Some(Kind::DeviceClassRemoved(d)) => {
+                self.device_classes.remove(&d.name);
+                let gone = |classes: &Vec<String>| {
+                    !classes.iter().any(|c| self.device_classes.contains(c))
+                };
+                let done: Vec<String> = self
+                    .retired
+                    .iter()
+                    .filter(|(_, classes)| gone(classes))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in done {
+                    self.retired.remove(&name);
+                }
             }
             _ => {}
         }
     }
 
-    /// Compiles a class when it is first seen and whenever its spec changes.
+    /// Deleted classes whose DeviceClasses no claim names any more.
+    fn retirements(&self) -> Vec<DomainEvent> {
+        self.deleted
+            .iter()
+            .filter_map(|name| {
+                let classes: Vec<String> = self
+                    .compiled
+                    .get(name)?
+                    .variants
+                    .iter()
+                    .map(|v| v.device_class.clone())
+                    .collect();
+                let in_use = self
+                    .claims
+                    .values()
+                    .any(|used| used.iter().any(|c| classes.contains(c)));
+                (!in_use).then(|| DomainEvent {
+                    kind: Some(Kind::GpuClassRetired(GpuClassRetired {
+                        gpu_class: name.clone(),
+                        device_classes: classes,
+                    })),
+                })
+            })
+            .collect()
+    }
+
+    /// Compiles a class when it is first seen and whenever its spec changes;
+    /// retires a deleted class once no claim uses its DeviceClasses.
     pub fn handle(&mut self, event: &DomainEvent) -> Vec<DomainEvent> {
         self.apply(event);
+        if matches!(
+            event.kind,
+            Some(
+                Kind::GpuClassRemoved(_)
+                    | Kind::ResourceClaimObserved(_)
+                    | Kind::ResourceClaimRemoved(_)
+            )
+        ) {
+            let decisions = self.retirements();
+            for d in &decisions {
+                self.apply(d);
+            }
+            return decisions;
+        }
         let Some(Kind::GpuClassObserved(class)) = &event.kind else {
             return Vec::new();
         };
@@ -311,10 +404,20 @@ impl ClassCompiler {
         Ok(variants)
     }
 
-    /// DeviceClasses and class status not yet as compiled.
+    /// DeviceClasses and class status not yet as compiled; the DeviceClasses
+    /// of retired classes that still exist.
     pub fn effects(&self) -> Vec<Effect> {
+        let retire = self
+            .retired
+            .iter()
+            .filter(|(_, classes)| classes.iter().any(|c| self.device_classes.contains(c)))
+            .map(|(name, classes)| Effect::RetireDeviceClasses {
+                gpu_class: name.clone(),
+                device_classes: classes.clone(),
+            });
         self.compiled
             .iter()
+            .filter(|(class, _)| !self.deleted.contains(*class))
             .filter(|(class, compiled)| {
                 let names: Vec<&str> = compiled
                     .variants
@@ -334,6 +437,7 @@ impl ClassCompiler {
                 refused: (!compiled.refused.is_empty()).then(|| compiled.refused.clone()),
                 namespaces: compiled.namespaces.clone(),
             })
+            .chain(retire)
             .collect()
     }
 }

@@ -416,6 +416,9 @@ impl Cluster {
                 self.gpu_classes
                     .insert(fact.name.clone(), fact.device_class_names.clone());
             }
+            Kind::GpuClassRemoved(fact) => {
+                self.gpu_classes.remove(&fact.name);
+            }
             Kind::ResourceQuotaObserved(fact) => {
                 self.quotas.insert(
                     (fact.namespace.clone(), fact.name.clone()),

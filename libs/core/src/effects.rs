@@ -71,6 +71,12 @@ pub enum Effect {
         /// policy refuses claims, claim templates and pods elsewhere.
         namespaces: Vec<String>,
     },
+    /// A deleted GPU class no claim uses any more: delete its DeviceClasses
+    /// and its namespace restriction.
+    RetireDeviceClasses {
+        gpu_class: String,
+        device_classes: Vec<String>,
+    },
     /// Set a ResourceQuota's spec.hard.
     SetQuota {
         namespace: String,
@@ -95,7 +101,8 @@ impl Effect {
                 format!("{}/{}/{}", workload.kind, workload.namespace, workload.name)
             }
             Effect::RemoveSpecGpu { group } => format!("nodegroup/{group}"),
-            Effect::PublishDeviceClasses { gpu_class, .. } => format!("gpuclass/{gpu_class}"),
+            Effect::PublishDeviceClasses { gpu_class, .. }
+            | Effect::RetireDeviceClasses { gpu_class, .. } => format!("gpuclass/{gpu_class}"),
             Effect::SetQuota {
                 namespace, name, ..
             } => format!("resourcequota/{namespace}/{name}"),

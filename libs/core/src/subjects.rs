@@ -61,6 +61,14 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::DeviceClassObserved(e) => format!("deviceclass.{}", token(&e.name)),
         Kind::DeviceClassRemoved(e) => format!("deviceclass.{}", token(&e.name)),
         Kind::EvictionBlocked(e) => format!("node.{}", token(&e.node)),
+        Kind::GpuClassRemoved(e) => format!("gpuclass.{}", token(&e.name)),
+        Kind::GpuClassRetired(e) => format!("gpuclass.{}", token(&e.gpu_class)),
+        Kind::ResourceClaimObserved(e) => {
+            format!("claim.{}.{}", token(&e.namespace), token(&e.name))
+        }
+        Kind::ResourceClaimRemoved(e) => {
+            format!("claim.{}.{}", token(&e.namespace), token(&e.name))
+        }
         Kind::GpuClassCompiled(e) => format!("gpuclass.{}", token(&e.gpu_class)),
         Kind::ResourceQuotaObserved(e) => {
             format!("quota.{}.{}", token(&e.namespace), token(&e.name))
@@ -111,6 +119,8 @@ impl Observer {
                     | Kind::NodeGroupRemoved(_)
                     | Kind::ResourceSliceRemoved(_)
                     | Kind::DeviceClassRemoved(_)
+                    | Kind::GpuClassRemoved(_)
+                    | Kind::ResourceClaimRemoved(_)
             )
         );
         if removal {

@@ -316,3 +316,56 @@ fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
         "the last good restriction stays"
     );
 }
+
+#[test]
+fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
+    use switchyard_proto::v1::{
+        DeviceClassObserved, DeviceClassRemoved, GpuClassRemoved, ResourceClaimObserved,
+        ResourceClaimRemoved,
+    };
+    let ev = |kind| DomainEvent { kind: Some(kind) };
+    let mut core = ClassCompiler::default();
+    let mut a100 = class("a100", "a100-sxm4-40gb");
+    core.handle(&observed(&a100));
+    a100.device_class_names = vec!["a100.gpu.deckhouse.io".into()];
+    core.handle(&observed(&a100));
+    core.handle(&ev(Kind::DeviceClassObserved(DeviceClassObserved {
+        name: "a100.gpu.deckhouse.io".into(),
+        selectors: Vec::new(),
+    })));
+    let claim = ResourceClaimObserved {
+        namespace: "ml".into(),
+        name: "train-gpu".into(),
+        device_classes: vec!["a100.gpu.deckhouse.io".into()],
+    };
+    core.handle(&ev(Kind::ResourceClaimObserved(claim.clone())));
+
+    // Deleted while a claim names its DeviceClass: nothing goes yet.
+    let removed = core.handle(&ev(Kind::GpuClassRemoved(GpuClassRemoved {
+        name: "a100".into(),
+    })));
+    assert!(removed.is_empty(), "{removed:?}");
+    assert!(core.effects().is_empty(), "{:?}", core.effects());
+
+    // The claim goes: the class is retired, its DeviceClass deleted.
+    let retired = core.handle(&ev(Kind::ResourceClaimRemoved(ResourceClaimRemoved {
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+    })));
+    assert!(
+        matches!(&retired[..], [d] if matches!(&d.kind, Some(Kind::GpuClassRetired(r)) if r.device_classes == ["a100.gpu.deckhouse.io"])),
+        "{retired:?}"
+    );
+    assert_eq!(
+        core.effects(),
+        [Effect::RetireDeviceClasses {
+            gpu_class: "a100".into(),
+            device_classes: vec!["a100.gpu.deckhouse.io".into()],
+        }]
+    );
+    core.handle(&ev(Kind::DeviceClassRemoved(DeviceClassRemoved {
+        name: "a100.gpu.deckhouse.io".into(),
+    })));
+    assert!(core.effects().is_empty());
+    assert!(!core.compiled.contains_key("a100"));
+}

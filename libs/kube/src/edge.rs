@@ -171,6 +171,10 @@ impl Edge {
                 self.publish_device_classes(gpu_class, variants, refused.as_deref())
                     .await
             }
+            Effect::RetireDeviceClasses {
+                gpu_class,
+                device_classes,
+            } => self.retire_device_classes(gpu_class, device_classes).await,
         }
     }
 
@@ -696,6 +700,24 @@ impl Edge {
                 "apply ValidatingAdmissionPolicyBinding {name}"
             )))?;
         Ok(())
+    }
+
+    /// A deleted class's DeviceClasses and namespace restriction go.
+    async fn retire_device_classes(
+        &self,
+        gpu_class: &str,
+        device_classes: &[String],
+    ) -> Result<Outcome, EdgeError> {
+        let classes: Api<DeviceClass> = Api::all(self.client.clone());
+        for name in device_classes {
+            match classes.delete(name, &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(err) => return Err(EdgeError::api(format!("delete DeviceClass {name}"))(err)),
+            }
+        }
+        self.restrict_namespaces(gpu_class, &[], &[]).await?;
+        Ok(Outcome::default())
     }
 
     /// The GPU class's DeviceClasses (Server-Side Apply, owned by this

@@ -7,16 +7,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceQuota};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
 use switchyard_proto::v1::{
-    DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuPhase, GpuSharing,
-    GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved, NodeGroupObserved,
-    NodeGroupRemoved, NodeObserved, NodeProvisioning, NodeRemoved, PhysicalGpuObserved,
-    PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved, ResourceList, ResourceQuotaObserved,
+    DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuClassRemoved,
+    GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved,
+    NodeGroupObserved, NodeGroupRemoved, NodeObserved, NodeProvisioning, NodeRemoved,
+    PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved,
+    ResourceClaimObserved, ResourceClaimRemoved, ResourceList, ResourceQuotaObserved,
     ResourceSliceObserved, ResourceSliceRemoved, Taint, WorkloadObserved, WorkloadPlacement,
     WorkloadRef, domain_event::Kind,
 };
@@ -211,6 +212,46 @@ pub fn gpu_class(class: &GPUClass) -> DomainEvent {
             .find(|c| c.type_ == "Ready" && c.status == "False")
             .map(|c| c.message.clone())
             .unwrap_or_default(),
+    }))
+}
+
+pub fn gpu_class_removed(class: &GPUClass) -> DomainEvent {
+    event(Kind::GpuClassRemoved(GpuClassRemoved {
+        name: class.name_any(),
+    }))
+}
+
+/// A ResourceClaim: the DeviceClasses its requests (and their alternatives) name.
+pub fn resource_claim(claim: &ResourceClaim) -> DomainEvent {
+    let mut classes: Vec<String> = claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            r.exactly.iter().map(|e| e.device_class_name.clone()).chain(
+                r.first_available
+                    .iter()
+                    .flatten()
+                    .map(|s| s.device_class_name.clone()),
+            )
+        })
+        .collect();
+    classes.sort();
+    classes.dedup();
+    event(Kind::ResourceClaimObserved(ResourceClaimObserved {
+        namespace: claim.namespace().unwrap_or_default(),
+        name: claim.name_any(),
+        device_classes: classes,
+    }))
+}
+
+pub fn resource_claim_removed(claim: &ResourceClaim) -> DomainEvent {
+    event(Kind::ResourceClaimRemoved(ResourceClaimRemoved {
+        namespace: claim.namespace().unwrap_or_default(),
+        name: claim.name_any(),
     }))
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -24,8 +24,8 @@ use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::subjects::{Observer, subject_of};
 use switchyard_eventlog::{EventLog, LogError};
 use switchyard_proto::v1::{
-    DeviceClassRemoved, DomainEvent, NodeGroupRemoved, NodeRemoved, PhysicalGpuRemoved, PodRemoved,
-    ResourceSliceRemoved, domain_event::Kind,
+    DeviceClassRemoved, DomainEvent, GpuClassRemoved, NodeGroupRemoved, NodeRemoved,
+    PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, domain_event::Kind,
 };
 use switchyard_runtime::INVENTORY;
 
@@ -83,6 +83,13 @@ fn removal_of(fact: &DomainEvent) -> Option<DomainEvent> {
         Kind::DeviceClassObserved(f) => Kind::DeviceClassRemoved(DeviceClassRemoved {
             name: f.name.clone(),
         }),
+        Kind::GpuClassObserved(f) => Kind::GpuClassRemoved(GpuClassRemoved {
+            name: f.name.clone(),
+        }),
+        Kind::ResourceClaimObserved(f) => Kind::ResourceClaimRemoved(ResourceClaimRemoved {
+            namespace: f.namespace.clone(),
+            name: f.name.clone(),
+        }),
         _ => return None,
     };
     Some(DomainEvent { kind: Some(kind) })
@@ -97,6 +104,8 @@ fn watch_kind(fact: &DomainEvent) -> Option<&'static str> {
         Kind::PodObserved(_) | Kind::PodRemoved(_) => "Pod",
         Kind::ResourceSliceObserved(_) | Kind::ResourceSliceRemoved(_) => "ResourceSlice",
         Kind::DeviceClassObserved(_) | Kind::DeviceClassRemoved(_) => "DeviceClass",
+        Kind::GpuClassObserved(_) | Kind::GpuClassRemoved(_) => "GPUClass",
+        Kind::ResourceClaimObserved(_) | Kind::ResourceClaimRemoved(_) => "ResourceClaim",
         _ => return None,
     })
 }
@@ -246,7 +255,7 @@ fn watchers(
             Api::<GPUClass>::all(c()),
             "GPUClass",
             |o| Some(facts::gpu_class(o)),
-            |_| None,
+            |o| Some(facts::gpu_class_removed(o)),
         ),
         watch(
             Api::<PhysicalGPU>::all(c()),
@@ -291,6 +300,12 @@ fn watchers(
             "DeviceClass",
             |o| Some(facts::device_class(o)),
             |o| Some(facts::device_class_removed(o)),
+        ));
+        streams.push(watch(
+            Api::<ResourceClaim>::all(c()),
+            "ResourceClaim",
+            |o| Some(facts::resource_claim(o)),
+            |o| Some(facts::resource_claim_removed(o)),
         ));
     }
     futures::stream::select_all(streams)

@@ -378,4 +378,31 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
     })
     .await
     .unwrap();
+
+    // Retired (deleted, no claim left): its DeviceClass goes, and a restriction with it.
+    edge.execute(&publish(vec!["team-a".into()])).await.unwrap();
+    let retire = Effect::RetireDeviceClasses {
+        gpu_class: "a100".into(),
+        device_classes: vec!["a100.gpu.deckhouse.io".into()],
+    };
+    edge.execute(&retire).await.unwrap();
+    let device_classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
+    assert!(
+        device_classes
+            .get_opt("a100.gpu.deckhouse.io")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+        Api::all(client.clone());
+    assert!(
+        policies
+            .get_opt("switchyard-gpuclass-a100")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Retiring again finds nothing to delete, and is fine.
+    edge.execute(&retire).await.unwrap();
 }
