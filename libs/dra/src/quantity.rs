@@ -96,6 +96,19 @@ impl Mantissa {
     }
 }
 
+/// The most decimal places two operands are aligned by when they are added:
+/// beyond it, the smaller one is dropped (Kubernetes would build a number of
+/// that many digits; a quantity like `1e2000000000` must not exhaust memory).
+const MAX_ALIGNMENT: u32 = 4096;
+
+/// Decimal digits of a mantissa's magnitude.
+fn digits(m: &Mantissa) -> i64 {
+    match m {
+        Mantissa::Small(v) => v.unsigned_abs().checked_ilog10().map_or(1, |d| d + 1) as i64,
+        Mantissa::Big(b) => b.magnitude().to_string().len() as i64,
+    }
+}
+
 /// 10^n as an `i128`, for n ≤ 38.
 fn pow10_i128(n: u32) -> Option<i128> {
     10i128.checked_pow(n)
@@ -256,6 +269,13 @@ fn pow10(n: u32) -> BigInt {
 
 /// Divides by 10^n rounding away from zero.
 fn div_pow10_round_up(value: &BigInt, n: u32) -> BigInt {
+    // |value| < 10^n: a non-zero value rounds to ±1 without computing 10^n.
+    if value.is_zero() {
+        return BigInt::zero();
+    }
+    if u64::from(n) > value.magnitude().bits() {
+        return value.signum();
+    }
     let (q, r) = value.div_rem(&pow10(n));
     if r.is_zero() {
         q
@@ -462,7 +482,8 @@ impl Quantity {
 
     /// The value as an exact `i64`, if it is an integer in range.
     pub fn as_i64(&self) -> Option<i64> {
-        if self.exponent < 0 {
+        // A non-zero mantissa times 10^19 is beyond i64 (and 10^huge is not computed).
+        if self.exponent < 0 || (self.exponent > 18 && !self.is_zero()) {
             return None;
         }
         if let (Mantissa::Small(m), Some(p)) = (&self.mantissa, pow10_i128(self.exponent as u32)) {
@@ -512,6 +533,21 @@ impl Quantity {
             let sum = if negate_other { a - b } else { a + b };
             return Quantity::from_i128(sum, exponent, format);
         }
+        if da.max(db) > MAX_ALIGNMENT {
+            // The exact sum would need more than MAX_ALIGNMENT digits: the
+            // smaller operand is below 10^-4096 of the larger, and is dropped.
+            let larger_is_self = da > db;
+            let mut result = if larger_is_self {
+                self.clone()
+            } else if negate_other {
+                Quantity::from_parts(-other.mantissa.big(), other.exponent, format)
+            } else {
+                other.clone()
+            };
+            result.format = format;
+            result.kept = None;
+            return result;
+        }
         let a = self.mantissa.big() * pow10(da);
         let b = other.mantissa.big() * pow10(db);
         Quantity::new(if negate_other { a - b } else { a + b }, exponent, format)
@@ -528,8 +564,10 @@ impl Quantity {
             let small = *self > Quantity::from_i64(-1024) && *self < Quantity::from_i64(1024);
             if small {
                 format = Format::DecimalSI;
-            } else if self.exponent < 0 {
-                // Not a whole number: Kubernetes shows it as DecimalSI rather than round.
+            } else if self.exponent < 0 || self.exponent > 60 {
+                // Not a whole number: Kubernetes shows it as DecimalSI rather
+                // than round. (Beyond 10^60 — out of reach of parsing, which
+                // caps BinarySI at 2^63-1 — it is shown as DecimalSI too.)
                 format = Format::DecimalSI;
             } else {
                 rounded = Some(self.mantissa.big() * pow10(self.exponent as u32));
@@ -634,6 +672,24 @@ impl Ord for Quantity {
         if sa != sb {
             return sa.cmp(&sb);
         }
+        if sa == 0 {
+            return Ordering::Equal;
+        }
+        // Different magnitudes (position of the leading digit) decide without
+        // scaling, whatever the exponents.
+        let (ka, kb) = (
+            digits(a) + i64::from(self.exponent),
+            digits(b) + i64::from(other.exponent),
+        );
+        if ka != kb {
+            let by_magnitude = ka.cmp(&kb);
+            return if sa > 0 {
+                by_magnitude
+            } else {
+                by_magnitude.reverse()
+            };
+        }
+        // Same magnitude: the exponents differ by at most the mantissas' digits.
         let d = self.exponent - other.exponent;
         if let (Mantissa::Small(x), Mantissa::Small(y)) = (a, b) {
             if d == 0 {

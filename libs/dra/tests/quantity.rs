@@ -88,6 +88,25 @@ fn bad_quantities_are_refused_in_kubernetes_words() {
     assert!(q(".").is_zero());
 }
 
+/// Found by the fuzz target: huge exponents are compared, printed and
+/// converted without building 10^exponent.
+#[test]
+fn huge_exponents_cost_nothing() {
+    let huge = q("7E1402002004");
+    assert!(huge > q("1e18"));
+    assert!(q("-7E1402002004") < q("-1"));
+    assert!(q("1e-2000000000") > q("0"), "rounded up to a nano");
+    assert_eq!(huge.as_i64(), None);
+    assert_eq!(huge.canonical(), "70e1402002003");
+    assert_eq!(
+        q("1e2000000000").cmp(&q("10e1999999999")),
+        std::cmp::Ordering::Equal
+    );
+    // A sum that would need billions of digits keeps the larger operand.
+    assert_eq!(huge.add(&q("1")), huge);
+    assert_eq!(q("1").sub(&huge), q("-7E1402002004"));
+}
+
 #[test]
 fn arithmetic_keeps_the_receivers_format() {
     let sum = q("1Gi").add(&q("512Mi"));
