@@ -22,6 +22,7 @@ use switchyard_kube::edge::Edge;
 use switchyard_kube::host::{self, HostOptions};
 use switchyard_kube::inventory::{self, InventoryOptions};
 use switchyard_runtime::{STACK_ASSIGNER, service_cores};
+use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node, install_crds};
 use switchyard_testkit::nats::NatsServer;
 
@@ -70,26 +71,21 @@ async fn wait_labelled(
     stack: &str,
     deadline: Duration,
 ) -> anyhow::Result<()> {
-    let until = Instant::now() + deadline;
-    loop {
-        let done = {
-            let seen = seen.lock().unwrap();
-            names
-                .iter()
-                .filter(|n| seen.contains_key(&((*n).clone(), stack.to_string())))
-                .count()
-        };
-        if done == names.len() {
-            return Ok(());
-        }
-        if Instant::now() > until {
-            anyhow::bail!(
-                "{done} of {} nodes labelled {stack} after {deadline:?}",
-                names.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    // The latencies come from the watcher's timestamps; this only waits.
+    let labelled = || {
+        let seen = seen.lock().unwrap();
+        names
+            .iter()
+            .filter(|n| seen.contains_key(&((*n).clone(), stack.to_string())))
+            .count()
+    };
+    eventually(
+        &format!("{} nodes labelled {stack}", names.len()),
+        deadline,
+        || std::future::ready(labelled() == names.len()),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e} ({} labelled)", labelled()))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -228,25 +224,27 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             .await?;
     }
     // Every wave node known to the stack-assigner (decided: no stack) first.
-    let until = Instant::now() + Duration::from_secs(120);
-    loop {
-        let decided = log
-            .read(Default::default())
-            .await?
-            .iter()
-            .filter(|s| {
-                s.envelope.event_type == "StackAssigned" && s.envelope.subject.contains("wave-")
+    let decided = || async {
+        log.read(Default::default())
+            .await
+            .map(|records| {
+                records
+                    .iter()
+                    .filter(|r| {
+                        r.envelope.event_type == "StackAssigned"
+                            && r.envelope.subject.contains("wave-")
+                    })
+                    .count()
             })
-            .count();
-        if decided >= wave.len() {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < until,
-            "the wave nodes were not decided: {decided}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .unwrap_or(0)
+    };
+    eventually(
+        "the wave nodes decided",
+        Duration::from_secs(120),
+        || async { decided().await >= wave.len() },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
     let turned_on = Instant::now();
     module(&client, true).await?;
     wait_labelled(&seen, &wave, "dra", Duration::from_secs(600)).await?;

@@ -215,26 +215,22 @@ enum Literal {
 enum Fast {
     Driver(String),
     AttrEq {
-        domain: String,
-        name: String,
+        key: Key,
         value: Literal,
     },
     AttrOrder {
-        domain: String,
-        name: String,
+        key: Key,
         op: &'static str,
         value: i64,
     },
     Capacity {
-        domain: String,
-        name: String,
+        key: Key,
         greater: bool,
         value: Quantity,
     },
     /// `….matches('pattern')` on a string attribute, the pattern compiled once.
     AttrMatches {
-        domain: String,
-        name: String,
+        key: Key,
         pattern: regex::Regex,
     },
     Not(Box<Fast>),
@@ -242,18 +238,26 @@ enum Fast {
     Or(Box<Fast>, Box<Fast>),
 }
 
-/// `device.attributes['d'].n` or `device.capacity['d'].n`: (capacity?, domain, name).
-fn device_ref(e: &IdedExpr) -> Option<(bool, String, String)> {
-    let Expr::Select(sel) = &e.expr else {
-        return None;
-    };
-    let Expr::Call(index) = &sel.operand.expr else {
+/// An attribute or capacity a fast selector reads: `domain/name`, or the bare
+/// `name` when the domain is the device's driver.
+#[derive(Clone, Debug)]
+struct Key {
+    domain: String,
+    name: String,
+    /// `domain/name`, built once rather than on every evaluation.
+    qualified: String,
+}
+
+/// `device.attributes['d']` or `device.capacity['d']` with a literal domain:
+/// (capacity?, domain).
+fn device_domain(e: &IdedExpr) -> Option<(bool, &str)> {
+    let Expr::Call(index) = &e.expr else {
         return None;
     };
     let [map, key] = index.args.as_slice() else {
         return None;
     };
-    if index.func_name != "_[_]" || sel.test {
+    if index.func_name != "_[_]" {
         return None;
     }
     let Expr::Select(field) = &map.expr else {
@@ -270,7 +274,28 @@ fn device_ref(e: &IdedExpr) -> Option<(bool, String, String)> {
     let Expr::Literal(LiteralValue::String(domain)) = &key.expr else {
         return None;
     };
-    Some((capacity, domain.inner().to_string(), sel.field.clone()))
+    Some((capacity, domain.inner()))
+}
+
+/// `device.attributes['d'].n` or `device.capacity['d'].n`: (capacity?, key).
+fn device_ref(e: &IdedExpr) -> Option<(bool, Key)> {
+    let Expr::Select(sel) = &e.expr else {
+        return None;
+    };
+    if sel.test {
+        return None;
+    }
+    let (capacity, domain) = device_domain(&sel.operand)?;
+    let (domain, name) = (domain.to_string(), sel.field.clone());
+    let qualified = format!("{domain}/{name}");
+    Some((
+        capacity,
+        Key {
+            domain,
+            name,
+            qualified,
+        },
+    ))
 }
 
 fn literal(e: &IdedExpr) -> Option<Literal> {
@@ -302,12 +327,11 @@ fn fast(e: &IdedExpr) -> Option<Fast> {
                     _ => return None,
                 }
             } else {
-                let (false, domain, name) = device_ref(a)? else {
+                let (false, key) = device_ref(a)? else {
                     return None;
                 };
                 Fast::AttrEq {
-                    domain,
-                    name,
+                    key,
                     value: literal(b)?,
                 }
             };
@@ -318,15 +342,14 @@ fn fast(e: &IdedExpr) -> Option<Fast> {
             })
         }
         (op @ ("_<_" | "_<=_" | "_>_" | "_>=_"), None, [a, b]) => {
-            let (false, domain, name) = device_ref(a)? else {
+            let (false, key) = device_ref(a)? else {
                 return None;
             };
             let Literal::Int(value) = literal(b)? else {
                 return None;
             };
             Some(Fast::AttrOrder {
-                domain,
-                name,
+                key,
                 op: match op {
                     "_<_" => "<",
                     "_<=_" => "<=",
@@ -337,21 +360,20 @@ fn fast(e: &IdedExpr) -> Option<Fast> {
             })
         }
         ("matches", Some(target), [arg]) => {
-            let (false, domain, name) = device_ref(target)? else {
+            let (false, key) = device_ref(target)? else {
                 return None;
             };
             let Literal::String(pattern) = literal(arg)? else {
                 return None;
             };
             Some(Fast::AttrMatches {
-                domain,
-                name,
+                key,
                 // A pattern the regex engine refuses is left to the interpreter.
                 pattern: regex::Regex::new(&pattern).ok()?,
             })
         }
         (method @ ("isGreaterThan" | "isLessThan"), Some(target), [arg]) => {
-            let (true, domain, name) = device_ref(target)? else {
+            let (true, key) = device_ref(target)? else {
                 return None;
             };
             let Expr::Call(q) = &arg.expr else {
@@ -367,8 +389,7 @@ fn fast(e: &IdedExpr) -> Option<Fast> {
                 return None;
             };
             Some(Fast::Capacity {
-                domain,
-                name,
+                key,
                 greater: method == "isGreaterThan",
                 value: Quantity::parse(&text).ok()?,
             })
@@ -377,40 +398,25 @@ fn fast(e: &IdedExpr) -> Option<Fast> {
     }
 }
 
-fn lookup<'a, T>(
-    map: &'a BTreeMap<String, T>,
-    driver: &str,
-    domain: &str,
-    name: &str,
-) -> Result<&'a T, String> {
-    let qualified = format!("{domain}/{name}");
-    map.get(&qualified)
-        .or_else(|| (domain == driver).then(|| map.get(name)).flatten())
-        .ok_or_else(|| format!("no such key: {name}"))
+fn lookup<'a, T>(map: &'a BTreeMap<String, T>, driver: &str, key: &Key) -> Result<&'a T, String> {
+    map.get(&key.qualified)
+        .or_else(|| (key.domain == driver).then(|| map.get(&key.name)).flatten())
+        .ok_or_else(|| format!("no such key: {}", key.name))
 }
 
 impl Fast {
     fn eval(&self, d: &Device) -> Result<bool, String> {
         match self {
             Fast::Driver(s) => Ok(d.driver == *s),
-            Fast::AttrEq {
-                domain,
-                name,
-                value,
-            } => Ok(
-                match (lookup(&d.attributes, &d.driver, domain, name)?, value) {
+            Fast::AttrEq { key, value } => {
+                Ok(match (lookup(&d.attributes, &d.driver, key)?, value) {
                     (Attribute::Int(a), Literal::Int(b)) => a == b,
                     (Attribute::Bool(a), Literal::Bool(b)) => a == b,
                     (Attribute::String(a), Literal::String(b)) => a == b,
                     _ => false,
-                },
-            ),
-            Fast::AttrOrder {
-                domain,
-                name,
-                op,
-                value,
-            } => match lookup(&d.attributes, &d.driver, domain, name)? {
+                })
+            }
+            Fast::AttrOrder { key, op, value } => match lookup(&d.attributes, &d.driver, key)? {
                 Attribute::Int(a) => Ok(match *op {
                     "<" => a < value,
                     "<=" => a <= value,
@@ -420,19 +426,14 @@ impl Fast {
                 _ => Err(format!("no such overload: {op}")),
             },
             Fast::Capacity {
-                domain,
-                name,
+                key,
                 greater,
                 value,
             } => {
-                let have = lookup(&d.capacity, &d.driver, domain, name)?;
+                let have = lookup(&d.capacity, &d.driver, key)?;
                 Ok(if *greater { have > value } else { have < value })
             }
-            Fast::AttrMatches {
-                domain,
-                name,
-                pattern,
-            } => match lookup(&d.attributes, &d.driver, domain, name)? {
+            Fast::AttrMatches { key, pattern } => match lookup(&d.attributes, &d.driver, key)? {
                 Attribute::String(s) => Ok(pattern.is_match(s)),
                 _ => Err("no such overload: matches".to_string()),
             },
@@ -621,15 +622,8 @@ impl Compiler {
         }
         let mut domains = BTreeSet::new();
         walk(program.expression(), &mut |e| {
-            if let Expr::Call(c) = &e.expr
-                && c.func_name == "_[_]"
-                && let [map, key] = c.args.as_slice()
-                && let Expr::Select(s) = &map.expr
-                && matches!(s.field.as_str(), "attributes" | "capacity")
-                && matches!(&s.operand.expr, Expr::Ident(v) if v == "device")
-                && let Expr::Literal(LiteralValue::String(domain)) = &key.expr
-            {
-                domains.insert(domain.inner().to_string());
+            if let Some((_, domain)) = device_domain(e) {
+                domains.insert(domain.to_string());
             }
         });
         let fast = fast(program.expression());

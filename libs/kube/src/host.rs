@@ -162,12 +162,16 @@ impl Host {
         let Some(edge) = self.edge.clone() else {
             return Ok(());
         };
-        let effects = self.core.effects();
-        let wanted: BTreeSet<String> = effects.iter().map(|e| format!("{e:?}")).collect();
+        let effects: Vec<(String, Effect)> = self
+            .core
+            .effects()
+            .into_iter()
+            .map(|e| (format!("{e:?}"), e))
+            .collect();
+        let wanted: BTreeSet<&String> = effects.iter().map(|(key, _)| key).collect();
         self.issued.retain(|key, _| wanted.contains(key));
         let mut by_object: BTreeMap<String, Vec<(String, Effect)>> = BTreeMap::new();
-        for effect in effects {
-            let key = format!("{effect:?}");
+        for (key, effect) in effects {
             if let Some((at, failures)) = self.issued.get(&key) {
                 let pause = self.options.reissue * 2u32.pow((*failures).min(5));
                 if at.elapsed() < pause {
