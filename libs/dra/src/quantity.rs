@@ -492,6 +492,30 @@ impl Quantity {
         (self.mantissa.big() * pow10(self.exponent as u32)).to_i64()
     }
 
+    /// The value rounded to an integer away from zero and clamped to `i64`,
+    /// as Kubernetes' `Quantity.Value()` gives it.
+    pub fn value_rounded_up(&self) -> i64 {
+        if self.exponent >= 0 {
+            return self
+                .as_i64()
+                .unwrap_or(if self.sign() < 0 { i64::MIN } else { i64::MAX });
+        }
+        let mantissa = self.mantissa.big();
+        if self.exponent.unsigned_abs() as usize > mantissa.magnitude().to_string().len() {
+            // |value| < 1: away from zero is the sign itself.
+            return i64::from(self.sign());
+        }
+        let divisor = pow10(self.exponent.unsigned_abs());
+        let (q, r) = mantissa.div_rem(&divisor);
+        let q = if r.is_zero() {
+            q
+        } else {
+            q + BigInt::from(self.sign())
+        };
+        q.to_i64()
+            .unwrap_or(if self.sign() < 0 { i64::MIN } else { i64::MAX })
+    }
+
     /// The nearest `f64` (for display and CEL's `asApproximateFloat`, never for
     /// comparisons).
     pub fn as_approximate_f64(&self) -> f64 {

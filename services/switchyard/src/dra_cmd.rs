@@ -1,14 +1,19 @@
-//! `switchyard dra eval`: a DRA device selector evaluated as Kubernetes does,
-//! against a device of a ResourceSlice in a file.
+//! `switchyard dra`: the DRA engine on files.
+//! - `eval`: a device selector evaluated as Kubernetes does, against a device
+//!   of a ResourceSlice;
+//! - `allocate`: what the scheduler's allocator decides for claims on a node;
+//! - `explain`: why each candidate device was passed over.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Deserialize;
 use switchyard_dra::Quantity;
+use switchyard_dra::alloc::Objects;
 use switchyard_dra::cel::{Attribute, Compiler, Device, SelectorError};
 
 use crate::cli::Output;
@@ -18,6 +23,140 @@ pub enum DraCommand {
     /// Evaluate a device selector (CEL) against a device of a ResourceSlice;
     /// prints true, false or the error (exit 0, 1 or 2).
     Eval(EvalArgs),
+    /// Allocate claims on a node as the Kubernetes scheduler would. FILEs hold
+    /// any mix of ResourceSlices, DeviceClasses, ResourceClaims and Nodes;
+    /// claims with status.allocation count as allocated, the others are
+    /// allocated together in file order. Exit 0 allocated, 1 unschedulable,
+    /// 2 error.
+    Allocate(AllocateArgs),
+    /// For each request of the pending claims, every candidate device on the
+    /// node with the first reason it was passed over.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AllocateArgs {
+    /// Files of objects (YAML or JSON; several documents and Lists allowed).
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    #[arg(long)]
+    pub node: String,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Json)]
+    pub output: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    /// Files of objects, as for `dra allocate`.
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    #[arg(long)]
+    pub node: String,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Yaml,
+}
+
+/// Every document of the files, as JSON values.
+fn documents(paths: &[PathBuf]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
+    for path in paths {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        if text.trim_start().starts_with(['{', '[']) {
+            // JSON: one value or a stream of them.
+            for (i, value) in serde_json::Deserializer::from_str(&text)
+                .into_iter::<serde_json::Value>()
+                .enumerate()
+            {
+                let value = value.with_context(|| {
+                    format!("{}: JSON value {} is invalid", path.display(), i + 1)
+                })?;
+                match value {
+                    serde_json::Value::Array(items) => out.extend(items),
+                    value => out.push(value),
+                }
+            }
+            continue;
+        }
+        for (i, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
+            let value = serde_json::Value::deserialize(document).with_context(|| {
+                format!("{}: document {} is not YAML or JSON", path.display(), i + 1)
+            })?;
+            if !value.is_null() {
+                out.push(value);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn allocate(args: AllocateArgs) -> anyhow::Result<ExitCode> {
+    let objects = Objects::from_values(documents(&args.files)?)?;
+    let outcome = objects.allocate(&args.node, Arc::new(Compiler::default()));
+    match args.output {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&outcome)?),
+        Format::Yaml => print!("{}", serde_yaml_ng::to_string(&outcome)?),
+    }
+    Ok(ExitCode::from(match outcome.result.as_str() {
+        "allocated" => 0,
+        "unschedulable" => 1,
+        _ => 2,
+    }))
+}
+
+fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let objects = Objects::from_values(documents(&args.files)?)?;
+    let compiler = Arc::new(Compiler::default());
+    let outcome = objects.allocate(&args.node, compiler.clone());
+    let allocator = objects.allocator(compiler)?;
+    let pending = objects.pending();
+    let explanation = allocator
+        .explain(&objects.node(&args.node), &pending)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "node": args.node,
+                "result": outcome.result,
+                "error": outcome.error,
+                "requests": explanation.requests,
+            }))?
+        ),
+        Output::Table => {
+            let verdict = match &outcome.error {
+                Some(e) => format!("{} ({e})", outcome.result),
+                None => outcome.result.clone(),
+            };
+            println!("node {}: {verdict}", args.node);
+            for r in &explanation.requests {
+                println!(
+                    "claim {} request {} (class {}, wants {}):",
+                    r.claim, r.request, r.class, r.wants
+                );
+                if r.candidates.is_empty() {
+                    println!("  no devices on this node");
+                }
+                for c in &r.candidates {
+                    match &c.reason {
+                        Some(reason) => println!("  {}: {reason}", c.device),
+                        None => println!("  {}: fits on its own", c.device),
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::from(if outcome.result == "allocated" {
+        0
+    } else {
+        1
+    }))
 }
 
 #[derive(Args, Debug)]
@@ -108,7 +247,11 @@ pub fn device_of(
 }
 
 pub fn run(command: DraCommand) -> anyhow::Result<ExitCode> {
-    let DraCommand::Eval(args) = command;
+    let args = match command {
+        DraCommand::Eval(args) => args,
+        DraCommand::Allocate(args) => return allocate(args),
+        DraCommand::Explain(args) => return explain(args),
+    };
     let slices = slices(&args.file)?;
     let found = slices.iter().find_map(|slice| {
         slice

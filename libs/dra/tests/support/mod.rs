@@ -5,7 +5,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// Feeds `input` to the oracle `name` and returns what it printed.
+#[allow(dead_code)]
 pub fn run_oracle(name: &str, input: String) -> String {
+    run_oracle_with(name, &[], input)
+}
+
+/// [`run_oracle`] with arguments.
+pub fn run_oracle_with(name: &str, args: &[&str], input: String) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
     let built = Command::new(&script)
         .output()
@@ -21,6 +27,7 @@ pub fn run_oracle(name: &str, input: String) -> String {
         .find(|l| l.ends_with(&format!("/{name}")))
         .unwrap_or_else(|| panic!("scripts/build-oracles.sh built no {name}"));
     let mut child = Command::new(binary)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
