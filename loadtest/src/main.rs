@@ -53,6 +53,7 @@ pub fn live_bytes() -> isize {
     LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+mod allocate;
 mod cores;
 mod eventlog;
 mod kube;
@@ -82,6 +83,9 @@ enum Command {
     Kube(kube::Args),
     /// Kubernetes quantities: ours against k8s.io/apimachinery's, same run.
     Quantity(quantity::Args),
+    /// DRA allocation throughput: ours against the Kubernetes structured
+    /// allocator on identical inputs (N nodes x 8 A100 with MIG).
+    Allocate(allocate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -97,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cores(args) => Box::pin(cores::run(args)),
         Command::Kube(args) => Box::pin(kube::run(args)),
         Command::Quantity(args) => Box::pin(quantity::run(args)),
+        Command::Allocate(args) => Box::pin(allocate::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

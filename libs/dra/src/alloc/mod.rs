@@ -136,6 +136,37 @@ impl AllocatedState {
         Ok(state)
     }
 
+    /// Adds one allocation (as the scheduler's tracker does when a claim's
+    /// allocation is written).
+    pub fn add(&mut self, allocation: &AllocationResult) {
+        let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
+        for result in results.into_iter().flatten() {
+            if result.admin_access == Some(true) {
+                continue;
+            }
+            let id = DeviceId {
+                driver: result.driver.as_str().into(),
+                pool: result.pool.as_str().into(),
+                device: result.device.as_str().into(),
+            };
+            let Some(share) = &result.share_id else {
+                self.devices.insert(id);
+                continue;
+            };
+            self.shared.insert((id.clone(), share.clone()));
+            let Some(consumed) = &result.consumed_capacity else {
+                continue;
+            };
+            let entry = self.capacity.entry(id).or_default();
+            for (name, q) in consumed {
+                if let Ok(q) = Quantity::parse(&q.0) {
+                    let sum = entry.get(name).map_or(q.clone(), |s| s.add(&q));
+                    entry.insert(name.clone(), sum);
+                }
+            }
+        }
+    }
+
     fn is_allocated(&self, id: &DeviceId) -> bool {
         self.devices.contains(id)
             || self.capacity.contains_key(id)
@@ -226,24 +257,85 @@ impl Slice {
     }
 }
 
-/// Allocates claims on nodes against one snapshot of slices, classes and
-/// existing allocations. Thread-safe; reuse it across nodes.
-pub struct Allocator {
-    state: AllocatedState,
+/// ResourceSlices and DeviceClasses read once; shared by the allocators of
+/// many attempts (each with its own [`AllocatedState`]).
+pub struct Inventory {
     classes: BTreeMap<String, DeviceClass>,
     slices: Vec<Slice>,
     /// Slices naming a node, by node; the others (and counter slices) apply
     /// to every node.
     slices_on_node: HashMap<String, Vec<usize>>,
     slices_shared: Vec<usize>,
+    /// Pools gathered per node, with the labels they were gathered for
+    /// (the inventory does not change; a node's labels may).
+    gathered: std::sync::Mutex<HashMap<String, GatheredPools>>,
+    /// Each pool's slices (any generation), in input order.
+    by_pool: HashMap<(Arc<str>, Arc<str>), Vec<usize>>,
+    /// Pools built from a set of slices (and whether slices for other nodes
+    /// completed them).
+    built: std::sync::Mutex<HashMap<(Vec<usize>, bool), BuiltPool>>,
+}
+
+type BuiltPool = Arc<pools::Pool>;
+type GatheredPools = (BTreeMap<String, String>, Arc<Vec<Arc<pools::Pool>>>);
+
+impl Inventory {
+    pub fn new(classes: &[DeviceClass], slices: &[ResourceSlice]) -> Result<Inventory, InputError> {
+        let mut read = Vec::with_capacity(slices.len());
+        for s in slices {
+            read.push(read_slice(s)?);
+        }
+        let mut slices_on_node: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut slices_shared = Vec::new();
+        let mut by_pool: HashMap<(Arc<str>, Arc<str>), Vec<usize>> = HashMap::new();
+        for (i, s) in read.iter().enumerate() {
+            by_pool
+                .entry((s.driver.clone(), s.pool.clone()))
+                .or_default()
+                .push(i);
+            match s.node_name.as_deref() {
+                Some(node) if !node.is_empty() && s.shared_counters.is_empty() => {
+                    slices_on_node.entry(node.to_string()).or_default().push(i)
+                }
+                _ => slices_shared.push(i),
+            }
+        }
+        Ok(Inventory {
+            classes: classes
+                .iter()
+                .map(|c| (c.metadata.name.clone().unwrap_or_default(), c.clone()))
+                .collect(),
+            slices: read,
+            slices_on_node,
+            slices_shared,
+            gathered: Default::default(),
+            by_pool,
+            built: Default::default(),
+        })
+    }
+}
+
+/// Allocates claims on nodes against one snapshot of slices, classes and
+/// existing allocations. Thread-safe; reuse it across nodes.
+pub struct Allocator {
+    state: AllocatedState,
+    inventory: Arc<Inventory>,
     compiler: Arc<Compiler>,
     /// Counters left by existing allocations, per pool name (Kubernetes keys
     /// this cache by pool name alone, and so does this).
-    available_counters: std::sync::Mutex<HashMap<Arc<str>, Counters>>,
+    available_counters: std::sync::Mutex<HashMap<Arc<str>, Arc<Counters>>>,
 }
 
 /// Counter sets: set name → counter name → value.
 pub(crate) type Counters = BTreeMap<String, BTreeMap<String, Quantity>>;
+
+impl std::ops::Deref for Allocator {
+    type Target = Inventory;
+
+    fn deref(&self) -> &Inventory {
+        &self.inventory
+    }
+}
 
 impl Allocator {
     pub fn new(
@@ -252,32 +344,35 @@ impl Allocator {
         slices: &[ResourceSlice],
         compiler: Arc<Compiler>,
     ) -> Result<Allocator, InputError> {
-        let mut read = Vec::with_capacity(slices.len());
-        for s in slices {
-            read.push(read_slice(s)?);
-        }
-        let mut slices_on_node: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut slices_shared = Vec::new();
-        for (i, s) in read.iter().enumerate() {
-            match s.node_name.as_deref() {
-                Some(node) if !node.is_empty() && s.shared_counters.is_empty() => {
-                    slices_on_node.entry(node.to_string()).or_default().push(i)
-                }
-                _ => slices_shared.push(i),
-            }
-        }
-        Ok(Allocator {
+        Ok(Allocator::with_inventory(
+            Arc::new(Inventory::new(classes, slices)?),
             state,
-            classes: classes
-                .iter()
-                .map(|c| (c.metadata.name.clone().unwrap_or_default(), c.clone()))
-                .collect(),
-            slices: read,
-            slices_on_node,
-            slices_shared,
+            compiler,
+        ))
+    }
+
+    /// An allocator over an inventory read before.
+    pub fn with_inventory(
+        inventory: Arc<Inventory>,
+        state: AllocatedState,
+        compiler: Arc<Compiler>,
+    ) -> Allocator {
+        Allocator {
+            state,
+            inventory,
             compiler,
             available_counters: Default::default(),
-        })
+        }
+    }
+
+    /// Gives back the existing allocations (to extend them for the next attempt).
+    pub fn into_state(self) -> AllocatedState {
+        self.state
+    }
+
+    /// The existing allocations this allocator works on top of.
+    pub fn state(&self) -> &AllocatedState {
+        &self.state
     }
 
     /// Allocates `claims` together on `node`, in order, as the scheduler does
@@ -301,7 +396,18 @@ impl Allocator {
     }
 
     fn matches(&self, selector: &str, device: &Device) -> Result<bool, SelectorFailure> {
-        let compiled = self.compiler.compile(selector);
+        self.matches_compiled(&self.compiler.compile(selector), device)
+    }
+
+    pub(crate) fn compile(&self, selector: &str) -> Compiled {
+        self.compiler.compile(selector)
+    }
+
+    pub(crate) fn matches_compiled(
+        &self,
+        compiled: &Compiled,
+        device: &Device,
+    ) -> Result<bool, SelectorFailure> {
         let selector = match compiled.as_ref() {
             Ok(s) => s,
             Err(e) => return Err(SelectorFailure::Compile(e.to_string())),
@@ -322,6 +428,9 @@ impl Allocator {
         .map_err(|e| SelectorFailure::Runtime(e.to_string()))
     }
 }
+
+/// A selector compiled once (or its compile error).
+pub(crate) type Compiled = Arc<Result<cel::Selector, cel::CompileError>>;
 
 pub(crate) enum SelectorFailure {
     Compile(String),

@@ -48,7 +48,24 @@ impl Pool {
     }
 }
 
-pub(crate) fn gather(a: &Allocator, node: &Node) -> Result<Vec<Pool>, String> {
+/// [`gather`], remembered per node and its labels.
+pub(crate) fn gathered(a: &Allocator, node: &Node) -> Result<Arc<Vec<Arc<Pool>>>, String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    if let Some((seen, pools)) = a.gathered.lock().expect("pools cache").get(&name)
+        && *seen == labels
+    {
+        return Ok(pools.clone());
+    }
+    let pools = Arc::new(gather(a, node)?);
+    a.gathered
+        .lock()
+        .expect("pools cache")
+        .insert(name, (labels, pools.clone()));
+    Ok(pools)
+}
+
+fn gather(a: &Allocator, node: &Node) -> Result<Vec<Arc<Pool>>, String> {
     let node_name = node.metadata.name.as_deref().unwrap_or_default();
     let for_node = a
         .slices_on_node
@@ -112,16 +129,19 @@ pub(crate) fn gather(a: &Allocator, node: &Node) -> Result<Vec<Pool>, String> {
     for ((driver, pool), members) in pools {
         let first = &a.slices[members[0]];
         let built = if members.len() as i64 == first.slice_count {
-            build(a, &driver, &pool, members, None)
+            built(a, &driver, &pool, members, false)
         } else {
             // Slices for other nodes may complete the pool, unless a newer
             // generation exists somewhere.
             let mut all = Vec::new();
             let mut obsolete = false;
-            for (i, s) in a.slices.iter().enumerate() {
-                if s.driver != driver || s.pool != pool {
-                    continue;
-                }
+            for &i in a
+                .by_pool
+                .get(&(driver.clone(), pool.clone()))
+                .into_iter()
+                .flatten()
+            {
+                let s = &a.slices[i];
                 if s.generation == first.generation {
                     all.push(i);
                 } else if s.generation > first.generation {
@@ -133,10 +153,11 @@ pub(crate) fn gather(a: &Allocator, node: &Node) -> Result<Vec<Pool>, String> {
                 continue;
             }
             if all.len() as i64 != first.slice_count {
-                result.push(Pool::marked(&driver, &pool, true, None));
+                result.push(Arc::new(Pool::marked(&driver, &pool, true, None)));
                 continue;
             }
-            build(a, &driver, &pool, members, Some(all))
+            let _ = all;
+            built(a, &driver, &pool, members, true)
         };
         if built.slices.iter().any(|&i| {
             a.slices[i]
@@ -149,11 +170,47 @@ pub(crate) fn gather(a: &Allocator, node: &Node) -> Result<Vec<Pool>, String> {
             result.push(built);
         }
     }
-    let by_id = |p: &Pool, q: &Pool| (&p.driver, &p.pool).cmp(&(&q.driver, &q.pool));
+    let by_id = |p: &Arc<Pool>, q: &Arc<Pool>| (&p.driver, &p.pool).cmp(&(&q.driver, &q.pool));
     result.sort_by(by_id);
     with_binding_conditions.sort_by(by_id);
     result.extend(with_binding_conditions);
     Ok(result)
+}
+
+/// [`build`], remembered: a pool made of the same slices is the same pool
+/// for every node (most pools a node sees are other nodes' counter pools).
+fn built(
+    a: &Allocator,
+    driver: &Arc<str>,
+    pool: &Arc<str>,
+    mut members: Vec<usize>,
+    completed_elsewhere: bool,
+) -> Arc<Pool> {
+    members.sort_unstable();
+    let key = (members.clone(), completed_elsewhere);
+    if let Some(hit) = a.built.lock().expect("pools cache").get(&key) {
+        return hit.clone();
+    }
+    let all = completed_elsewhere.then(|| {
+        let generation = members
+            .iter()
+            .map(|&i| a.slices[i].generation)
+            .max()
+            .unwrap_or_default();
+        a.by_pool
+            .get(&(driver.clone(), pool.clone()))
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| a.slices[i].generation == generation)
+            .collect()
+    });
+    let made = Arc::new(build(a, driver, pool, members, all));
+    a.built
+        .lock()
+        .expect("pools cache")
+        .insert(key, made.clone());
+    made
 }
 
 fn build(

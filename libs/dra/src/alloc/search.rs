@@ -18,7 +18,7 @@ use super::capacity::{self, Amounts};
 use super::nodes::node_matches;
 use super::pools::{self, Pool};
 use super::{
-    ALLOCATION_RESULTS_MAX_SIZE, AllocateError, Allocator, Counters, Device, DeviceId,
+    ALLOCATION_RESULTS_MAX_SIZE, AllocateError, Allocator, Compiled, Counters, Device, DeviceId,
     SelectorFailure, claim_name, parse_quantity,
 };
 
@@ -32,6 +32,8 @@ pub(crate) struct RequestData<'a> {
     pub num_devices: usize,
     pub admin: bool,
     pub selectors: Vec<&'a str>,
+    compiled: Vec<Compiled>,
+    class_compiled: Vec<(usize, Compiled)>,
     pub tolerations: &'a [DeviceToleration],
     pub capacity: Option<Amounts>,
     /// For `All`: the devices, found up front.
@@ -187,7 +189,7 @@ pub(crate) struct Run<'a> {
     pub a: &'a Allocator,
     pub node: &'a Node,
     pub claims: &'a [&'a ResourceClaim],
-    pub pools: Vec<Pool>,
+    pub pools: Arc<Vec<Arc<Pool>>>,
     pub requests: Vec<Vec<Entry<'a>>>,
     constraints: Vec<Vec<Constraint>>,
     matches: RefCell<HashMap<(Loc, usize, usize, usize), bool>>,
@@ -210,7 +212,7 @@ impl<'a> Run<'a> {
         claims: &'a [&'a ResourceClaim],
     ) -> Result<Run<'a>, AllocateError> {
         let pools =
-            pools::gather(a, node).map_err(|e| fatal(format!("gather pool information: {e}")))?;
+            pools::gathered(a, node).map_err(|e| fatal(format!("gather pool information: {e}")))?;
         let mut run = Run {
             a,
             node,
@@ -381,6 +383,15 @@ impl<'a> Run<'a> {
             all: false,
             num_devices: 0,
             admin: admin == Some(true),
+            compiled: cel.iter().map(|e| self.a.compile(e)).collect(),
+            class_compiled: class
+                .spec
+                .selectors
+                .iter()
+                .flatten()
+                .enumerate()
+                .filter_map(|(i, s)| s.cel.as_ref().map(|c| (i, self.a.compile(&c.expression))))
+                .collect(),
             selectors: cel,
             tolerations,
             capacity,
@@ -469,10 +480,8 @@ impl<'a> Run<'a> {
     ) -> Result<bool, AllocateError> {
         let device = self.device(loc);
         let class_name = data.class.metadata.name.as_deref().unwrap_or_default();
-        let class_selectors = data.class.spec.selectors.as_deref().unwrap_or_default();
-        for (i, selector) in class_selectors.iter().enumerate() {
-            let Some(expr) = &selector.cel else { continue };
-            match self.a.matches(&expr.expression, device) {
+        for (i, compiled) in &data.class_compiled {
+            match self.a.matches_compiled(compiled, device) {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
                 Err(SelectorFailure::Compile(e)) => {
@@ -487,19 +496,21 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        let claim = claim_name(self.claims[c]);
-        for (i, expr) in data.selectors.iter().enumerate() {
-            match self.a.matches(expr, device) {
+        let claim = || claim_name(self.claims[c]);
+        for (i, compiled) in data.compiled.iter().enumerate() {
+            match self.a.matches_compiled(compiled, device) {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
                 Err(SelectorFailure::Compile(e)) => {
                     return Err(fatal(format!(
-                        "claim {claim}: selector #{i}: CEL compile error: {e}"
+                        "claim {}: selector #{i}: CEL compile error: {e}",
+                        claim()
                     )));
                 }
                 Err(SelectorFailure::Runtime(e)) => {
                     return Err(fatal(format!(
-                        "claim {claim}: selector #{i}: CEL runtime error: {e}"
+                        "claim {}: selector #{i}: CEL runtime error: {e}",
+                        claim()
                     )));
                 }
             }
@@ -824,7 +835,7 @@ impl<'a> Run<'a> {
     }
 
     /// Counters left in the device's pool after existing allocations.
-    pub fn available_counters(&self, pool: &Pool) -> Counters {
+    pub fn available_counters(&self, pool: &Pool) -> Arc<Counters> {
         let mut cache = self.a.available_counters.lock().expect("counters cache");
         cache
             .entry(pool.pool.clone())
@@ -833,7 +844,9 @@ impl<'a> Run<'a> {
                 for &s in pool.slices.iter().chain(&pool.other_slices) {
                     let slice = &self.a.slices[s];
                     for (d, device) in slice.devices.iter().enumerate() {
-                        if !self.a.state.is_allocated(&slice.device_id(d)) {
+                        if device.consumes.is_empty()
+                            || !self.a.state.is_allocated(&slice.device_id(d))
+                        {
                             continue;
                         }
                         for (set, counters) in &device.consumes {
@@ -848,7 +861,7 @@ impl<'a> Run<'a> {
                         }
                     }
                 }
-                available
+                Arc::new(available)
             })
             .clone()
     }
