@@ -17,8 +17,10 @@
 //!   does not offer (or this build does not implement yet — said so), a result
 //!   that is visibly not a bool. Compiled selectors are cached by their text.
 //!
-//! `cel.bind` is the bindings macro. Not yet: optional types, the cost limit, the list and regex
-//! extension libraries. One known difference: when both sides of `&&` or `||`
+//! `cel.bind` is the bindings macro; optional types (`a.?b`, `m[?k]`,
+//! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)
+//! are the crate's. Not yet, and refused as such: the cost limit, and the
+//! list, set, regex `find`, URL, IP and format libraries. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
 //! side's (the result — an error — is the same).
 
@@ -126,6 +128,17 @@ const SUPPORTED: &[&str] = &[
     "substring",
     "trim",
     "join",
+    // optional types (`a.?b`, `m[?k]`, `optional.*`)
+    "_?._",
+    "_[?_]",
+    // (`optional.of(x)` is the call `of` on the namespace `optional`)
+    "of",
+    "none",
+    "ofNonZeroValue",
+    "orValue",
+    "hasValue",
+    "value",
+    "or",
     // quantity and semver libraries
     "quantity",
     "isQuantity",
@@ -146,13 +159,6 @@ const SUPPORTED: &[&str] = &[
 
 /// Functions Kubernetes offers to selectors that this build does not implement yet.
 const NOT_YET: &[&str] = &[
-    "optional.of",
-    "optional.none",
-    "optional.ofNonZeroValue",
-    "orValue",
-    "hasValue",
-    "value",
-    "or",
     "find",
     "findAll",
     "isSorted",
@@ -603,7 +609,8 @@ impl Compiler {
             }
         });
         for variable in references.variables() {
-            if variable != "device" && !bound.contains(variable) {
+            // `optional` is the namespace of `optional.of()` and friends.
+            if variable != "device" && variable != "optional" && !bound.contains(variable) {
                 return Err(CompileError::Undeclared(variable.to_string()));
             }
         }
@@ -653,14 +660,17 @@ impl Compiler {
 
     /// A device's CEL value, built once for many selectors.
     pub fn prepare(&self, device: &Device) -> Result<PreparedDevice, EvalError> {
+        // Every domain the device has is in both maps (empty where it has
+        // nothing), so a selector naming only those needs no other value.
+        let domains: BTreeSet<String> = device
+            .attributes
+            .keys()
+            .chain(device.capacity.keys())
+            .map(|name| split_name(name, &device.driver).0.to_string())
+            .collect();
         Ok(PreparedDevice {
-            value: device_value(device, &BTreeSet::new())?,
-            domains: device
-                .attributes
-                .keys()
-                .chain(device.capacity.keys())
-                .map(|name| split_name(name, &device.driver).0.to_string())
-                .collect(),
+            value: device_value(device, &domains)?,
+            domains,
             device: device.clone(),
         })
     }

@@ -241,7 +241,27 @@ impl Gen {
             "2.0.0",
             "1.2.3-alpha.1",
         ]);
-        match self.next() % 25 {
+        match self.next() % 31 {
+            25 => format!(
+                "device.attributes['{domain}'].?model.orValue('none') == '{}'",
+                self.pick(&["a100-sxm4-40gb", "none"])
+            ),
+            26 => format!(
+                "device.attributes[?'{domain}'].hasValue() && device.attributes['{domain}'].?{}.hasValue()",
+                self.pick(&["index", "rack", "mig"])
+            ),
+            27 => format!(
+                "device.capacity['{domain}'].?memory.orValue(quantity('0')).isGreaterThan(quantity('{q}'))"
+            ),
+            28 => format!(
+                "optional.ofNonZeroValue({}).or(optional.of(7)).value() == 7",
+                self.pick(&["0", "7"])
+            ),
+            29 => format!(
+                "device.attributes['{domain}'].?index.value() {} 1",
+                self.pick(&[">", "=="])
+            ),
+            30 => "optional.none().hasValue()".to_string(),
             0 => format!(
                 "device.driver == '{}'",
                 self.pick(&["gpu.deckhouse.io", "example.com"])

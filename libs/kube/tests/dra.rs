@@ -132,6 +132,23 @@ fn pod(name: &str, resource: &str) -> Pod {
 /// What our allocator says, per node, of a claim for one device of `class`
 /// on top of the claims allocated so far: the device, or None.
 async fn predict(client: &Client, class: &str) -> Vec<(String, Option<String>)> {
+    let (objects, compiler) = snapshot(client, class).await;
+    let mut out = Vec::new();
+    for node in ["gpu-a", "gpu-h"] {
+        let outcome = objects.allocate(node, compiler.clone());
+        assert_ne!(outcome.result, "error", "{outcome:?}");
+        let device = outcome.allocations.first().and_then(|a| {
+            let results = a.allocation.devices.as_ref()?.results.as_ref()?;
+            Some(results[0].device.clone())
+        });
+        out.push((node.to_string(), device));
+    }
+    out
+}
+
+/// The cluster's slices, classes and claims, and a pending claim for one
+/// device of `class` (what the scheduler makes of an extended-resource request).
+async fn snapshot(client: &Client, class: &str) -> (Objects, Arc<Compiler>) {
     let mut values: Vec<Value> = Vec::new();
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     for s in slices.list(&ListParams::default()).await.unwrap() {
@@ -149,18 +166,7 @@ async fn predict(client: &Client, class: &str) -> Vec<(String, Option<String>)> 
         "metadata": {"name": "prediction", "namespace": "ml"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}}));
     let objects = Objects::from_values(values).expect("API objects read");
-    let compiler = Arc::new(Compiler::default());
-    let mut out = Vec::new();
-    for node in ["gpu-a", "gpu-h"] {
-        let outcome = objects.allocate(node, compiler.clone());
-        assert_ne!(outcome.result, "error", "{outcome:?}");
-        let device = outcome.allocations.first().and_then(|a| {
-            let results = a.allocation.devices.as_ref()?.results.as_ref()?;
-            Some(results[0].device.clone())
-        });
-        out.push((node.to_string(), device));
-    }
-    out
+    (objects, Arc::new(Compiler::default()))
 }
 
 fn with_kind(mut v: Value, kind: &str) -> Value {
@@ -330,6 +336,32 @@ async fn the_scheduler_decides_what_our_allocator_predicts() {
     // A class that matches no device: every node infeasible, for both.
     let predicted = predict(&client, "v100.gpu.deckhouse.io").await;
     assert!(predicted.iter().all(|(_, d)| d.is_none()), "{predicted:?}");
+    // And explain says why: on each node, every free device's class selector
+    // is false (the devices the pods above hold are in use first).
+    let (objects, compiler) = snapshot(&client, "v100.gpu.deckhouse.io").await;
+    for node in ["gpu-a", "gpu-h"] {
+        let explanation = objects
+            .allocator(compiler.clone())
+            .unwrap()
+            .explain(&objects.node(node), &objects.pending())
+            .unwrap();
+        let candidates = &explanation.requests[0].candidates;
+        assert!(!candidates.is_empty(), "{node}: {explanation:?}");
+        let mut selector_false = 0;
+        for c in candidates {
+            let reason = c.reason.as_deref().unwrap_or("fits on its own");
+            if reason.starts_with("selector false: class v100.gpu.deckhouse.io selector #0") {
+                selector_false += 1;
+            } else {
+                assert!(
+                    reason.starts_with("in use"),
+                    "{node} {}: {reason}",
+                    c.device
+                );
+            }
+        }
+        assert!(selector_false > 0, "{node}: {explanation:?}");
+    }
     pods.create(
         &PostParams::default(),
         &pod("v100", "gpu.deckhouse.io/v100"),
