@@ -20,7 +20,7 @@
 //! `cel.bind` is the bindings macro; optional types (`a.?b`, `m[?k]`,
 //! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)
 //! are the crate's. Not yet, and refused as such: the cost limit, and the
-//! list, set, regex `find`, URL, IP and format libraries. One known difference: when both sides of `&&` or `||`
+//! URL, IP, CIDR and format libraries and list `indexOf`. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
 //! side's (the result — an error — is the same).
 
@@ -139,6 +139,16 @@ const SUPPORTED: &[&str] = &[
     "hasValue",
     "value",
     "or",
+    // Kubernetes' lists library, the sets extension, the regex library
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    // (`sets.contains(a, b)` is the call `contains` on the namespace `sets`)
+    "equivalent",
+    "intersects",
+    "find",
+    "findAll",
     // quantity and semver libraries
     "quantity",
     "isQuantity",
@@ -159,12 +169,6 @@ const SUPPORTED: &[&str] = &[
 
 /// Functions Kubernetes offers to selectors that this build does not implement yet.
 const NOT_YET: &[&str] = &[
-    "find",
-    "findAll",
-    "isSorted",
-    "sum",
-    "min",
-    "max",
     "format",
     "quote",
     "reverse",
@@ -174,9 +178,6 @@ const NOT_YET: &[&str] = &[
     "isIP",
     "cidr",
     "isCIDR",
-    "sets.contains",
-    "sets.equivalent",
-    "sets.intersects",
     "base64.encode",
     "base64.decode",
     "duration",
@@ -610,7 +611,11 @@ impl Compiler {
         });
         for variable in references.variables() {
             // `optional` is the namespace of `optional.of()` and friends.
-            if variable != "device" && variable != "optional" && !bound.contains(variable) {
+            if variable != "device"
+                && variable != "optional"
+                && variable != "sets"
+                && !bound.contains(variable)
+            {
                 return Err(CompileError::Undeclared(variable.to_string()));
             }
         }
@@ -623,6 +628,29 @@ impl Compiler {
             if !SUPPORTED.contains(&f) {
                 return Err(CompileError::Undeclared(f.to_string()));
             }
+        }
+        // A regex literal must compile, as Kubernetes validates them when
+        // compiling (`ValidateRegexLiterals`).
+        let mut bad_regex = None;
+        walk(program.expression(), &mut |e| {
+            let Expr::Call(call) = &e.expr else { return };
+            if !matches!(call.func_name.as_str(), "matches" | "find" | "findAll") {
+                return;
+            }
+            let pattern = if call.target.is_some() {
+                call.args.first()
+            } else {
+                call.args.get(1)
+            };
+            if let Some(Expr::Literal(LiteralValue::String(p))) = pattern.map(|p| &p.expr)
+                && let Err(err) = regex::Regex::new(p.inner())
+                && bad_regex.is_none()
+            {
+                bad_regex = Some(format!("invalid regex {:?}: {err}", p.inner()));
+            }
+        });
+        if let Some(message) = bad_regex {
+            return Err(CompileError::Syntax(message));
         }
         if let Some(t) = visibly_not_bool(program.expression()) {
             return Err(CompileError::NotBool(t));
@@ -1073,4 +1101,153 @@ fn register(context: &mut Context) {
         Operand::Semver(v) => Ok(Value::Int(v.patch as i64)),
         _ => Err(no_overload(ftx, "patch")),
     });
+    register_lists_sets_regex(context);
+}
+
+/// Kubernetes' lists library (`isSorted`, `sum`, `min`, `max`), the sets
+/// extension (`sets.contains`, `sets.equivalent`, `sets.intersects`) and the
+/// regex library (`find`, `findAll`), with Kubernetes' semantics and wording.
+fn register_lists_sets_regex(context: &mut Context) {
+    use cel::extractors::{Arguments, This};
+    let list = |ftx: &FunctionContext, v: &Value, name: &str| match v {
+        Value::List(items) => Ok(items.clone()),
+        _ => Err(no_overload(ftx, name)),
+    };
+    context
+        .add_function(
+            "isSorted",
+            move |ftx: &FunctionContext, This(this): This<Value>| {
+                let items = list(ftx, &this, "isSorted")?;
+                for pair in items.windows(2) {
+                    match pair[0].partial_cmp(&pair[1]) {
+                        Some(std::cmp::Ordering::Greater) => return Ok(Value::Bool(false)),
+                        Some(_) => {}
+                        None => return Err(no_overload(ftx, "isSorted")),
+                    }
+                }
+                Ok(Value::Bool(true))
+            },
+        )
+        .expect("a free name");
+    context
+        .add_function(
+            "sum",
+            move |ftx: &FunctionContext, This(this): This<Value>| {
+                let items = list(ftx, &this, "sum")?;
+                let mut total: Option<Value> = None;
+                for item in items.iter() {
+                    total = Some(match (total, item) {
+                        (None, v @ (Value::Int(_) | Value::UInt(_) | Value::Float(_))) => v.clone(),
+                        (Some(Value::Int(a)), Value::Int(b)) => Value::Int(
+                            a.checked_add(*b)
+                                .ok_or_else(|| ftx.error("integer overflow"))?,
+                        ),
+                        (Some(Value::UInt(a)), Value::UInt(b)) => Value::UInt(
+                            a.checked_add(*b)
+                                .ok_or_else(|| ftx.error("unsigned integer overflow"))?,
+                        ),
+                        (Some(Value::Float(a)), Value::Float(b)) => Value::Float(a + b),
+                        _ => return Err(no_overload(ftx, "sum")),
+                    });
+                }
+                // The zero of an empty list: an int (a typed empty list would
+                // give its type's zero, and compares equal to it).
+                Ok(total.unwrap_or(Value::Int(0)))
+            },
+        )
+        .expect("a free name");
+    for (name, prefer) in [
+        ("min", std::cmp::Ordering::Greater),
+        ("max", std::cmp::Ordering::Less),
+    ] {
+        let f = move |ftx: &FunctionContext, This(this): This<Value>| {
+            let items = list(ftx, &this, name)?;
+            let mut best: Option<&Value> = None;
+            for item in items.iter() {
+                best = match best {
+                    None => Some(item),
+                    Some(b) => match b.partial_cmp(item) {
+                        Some(o) if o == prefer => Some(item),
+                        Some(_) => Some(b),
+                        None => return Err(no_overload(ftx, name)),
+                    },
+                };
+            }
+            best.cloned()
+                .ok_or_else(|| ftx.error(format!("{name} called on empty list")))
+        };
+        context.add_function(name, f).expect("a free name");
+    }
+    let pair = |ftx: &FunctionContext, args: &[Value], name: &str| match args {
+        [Value::List(a), Value::List(b)] => Ok((a.clone(), b.clone())),
+        _ => Err(no_overload(ftx, name)),
+    };
+    let contains = |all: &[Value], some: &[Value]| some.iter().all(|x| all.iter().any(|y| x == y));
+    context
+        .add_function(
+            "sets.contains",
+            move |ftx: &FunctionContext, Arguments(args): Arguments| {
+                let (a, b) = pair(ftx, &args, "sets.contains")?;
+                Ok(Value::Bool(contains(&a, &b)))
+            },
+        )
+        .expect("a free name");
+    context
+        .add_function(
+            "sets.equivalent",
+            move |ftx: &FunctionContext, Arguments(args): Arguments| {
+                let (a, b) = pair(ftx, &args, "sets.equivalent")?;
+                Ok(Value::Bool(contains(&a, &b) && contains(&b, &a)))
+            },
+        )
+        .expect("a free name");
+    context
+        .add_function(
+            "sets.intersects",
+            move |ftx: &FunctionContext, Arguments(args): Arguments| {
+                let (a, b) = pair(ftx, &args, "sets.intersects")?;
+                Ok(Value::Bool(a.iter().any(|x| b.iter().any(|y| x == y))))
+            },
+        )
+        .expect("a free name");
+    let regex = |ftx: &FunctionContext, pattern: &str| {
+        regex::Regex::new(pattern).map_err(|e| ftx.error(format!("Illegal regex: {e}")))
+    };
+    context
+        .add_function(
+            "find",
+            move |ftx: &FunctionContext, This(this): This<Arc<String>>, pattern: Arc<String>| {
+                let re = regex(ftx, &pattern)?;
+                Ok::<Value, ExecutionError>(Value::from(
+                    re.find(&this)
+                        .map(|m| m.as_str().to_string())
+                        .unwrap_or_default(),
+                ))
+            },
+        )
+        .expect("a free name");
+    context
+        .add_function(
+            "findAll",
+            move |ftx: &FunctionContext,
+                  This(this): This<Arc<String>>,
+                  Arguments(args): Arguments| {
+                let (pattern, limit) = match args.as_slice() {
+                    [Value::String(p)] => (p.clone(), -1),
+                    [Value::String(p), Value::Int(n)] => (p.clone(), *n),
+                    _ => return Err(no_overload(ftx, "findAll")),
+                };
+                let re = regex(ftx, &pattern)?;
+                let found = re
+                    .find_iter(&this)
+                    .map(|m| Value::from(m.as_str().to_string()));
+                let found: Vec<Value> = if limit < 0 {
+                    found.collect()
+                } else {
+                    found.take(limit as usize).collect()
+                };
+                Ok(Value::List(Arc::new(found)))
+            },
+        )
+        .expect("a free name");
 }
