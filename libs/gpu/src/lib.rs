@@ -1,0 +1,207 @@
+//! GPUs as the node agent sees them.
+//!
+//! - [`Machine`]: what a node has — cards with their identity, capabilities,
+//!   MIG mode and MIG devices, and the driver versions.
+//! - [`GpuSource`]: where a machine comes from — [`nvml::Nvml`] on a node with
+//!   NVIDIA's driver (through `nvml-wrapper`; NVML calls are blocking, callers
+//!   on an async runtime run them with `spawn_blocking`), or [`Fixture`], a YAML
+//!   description of a machine for everywhere else (`deploy/fixtures/`).
+//! - [`publish`]: the ResourceSlices and PhysicalGPU reports a node publishes.
+
+#![forbid(unsafe_code)]
+
+pub mod nvml;
+pub mod publish;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A node's GPUs and driver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    /// The kernel driver's version, e.g. `550.54.15`.
+    pub driver_version: String,
+    /// The CUDA version the driver supports, e.g. `12.4`.
+    pub cuda_driver_version: String,
+    pub gpus: Vec<Gpu>,
+}
+
+/// One card.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gpu {
+    /// NVML's index on the node.
+    pub index: u32,
+    /// `GPU-` and a UUID.
+    pub uuid: String,
+    /// e.g. `NVIDIA A100-SXM4-40GB`.
+    pub product_name: String,
+    /// e.g. `Tesla`, `NVIDIA`.
+    pub brand: String,
+    /// e.g. `Ampere`, `Hopper`.
+    pub architecture: String,
+    /// e.g. `8.0`.
+    pub compute_capability: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// e.g. `00000000:07:00.0`.
+    pub pci_bus_id: String,
+    /// Whether the card can be partitioned (MIG capable).
+    #[serde(default)]
+    pub mig_capable: bool,
+    /// Whether MIG mode is on; then the card is used through `mig_devices`.
+    #[serde(default)]
+    pub mig_enabled: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+    /// False once NVML reported the card lost or a critical XID.
+    #[serde(default = "healthy")]
+    pub healthy: bool,
+}
+
+fn healthy() -> bool {
+    true
+}
+
+/// A MIG device (a GPU instance with its compute instance).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigDevice {
+    /// Its index among the card's MIG devices.
+    pub index: u32,
+    /// `MIG-` and a UUID.
+    pub uuid: String,
+    /// e.g. `1g.5gb`, `3g.20gb`.
+    pub profile: String,
+    pub multiprocessors: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpeg_engines: u32,
+    pub ofa_engines: u32,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+}
+
+/// Why a machine could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(
+        "NVML is not available on this machine ({0}); is NVIDIA's driver installed (libnvidia-ml.so.1)? To run without a GPU, use --gpu-source fixture:FILE (examples in deploy/fixtures/)"
+    )]
+    NvmlMissing(String),
+    #[error("NVML: {call}: {message}")]
+    Nvml { call: String, message: String },
+    #[error("fixture {path}: {message}")]
+    Fixture { path: PathBuf, message: String },
+}
+
+/// Where the node's GPUs are read from.
+pub trait GpuSource: Send + Sync {
+    /// The machine as it is now.
+    fn machine(&self) -> Result<Machine, SourceError>;
+}
+
+/// A machine described in a YAML file.
+#[derive(Clone, Debug)]
+pub struct Fixture {
+    machine: Machine,
+}
+
+impl Fixture {
+    /// Reads and checks a fixture: indexes unique, UUIDs shaped as NVML
+    /// gives them, MIG devices only on MIG-enabled cards.
+    pub fn load(path: &Path) -> Result<Fixture, SourceError> {
+        let bad = |message: String| SourceError::Fixture {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let machine: Machine = serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        check(&machine).map_err(bad)?;
+        Ok(Fixture { machine })
+    }
+
+    pub fn new(machine: Machine) -> Result<Fixture, String> {
+        check(&machine)?;
+        Ok(Fixture { machine })
+    }
+}
+
+impl GpuSource for Fixture {
+    fn machine(&self) -> Result<Machine, SourceError> {
+        Ok(self.machine.clone())
+    }
+}
+
+fn check(machine: &Machine) -> Result<(), String> {
+    let mut indexes = std::collections::BTreeSet::new();
+    for (i, gpu) in machine.gpus.iter().enumerate() {
+        if !indexes.insert(gpu.index) {
+            return Err(format!("gpus[{i}].index: {} appears twice", gpu.index));
+        }
+        if !gpu.uuid.starts_with("GPU-") {
+            return Err(format!(
+                "gpus[{i}].uuid: {:?} does not start with GPU-",
+                gpu.uuid
+            ));
+        }
+        if !gpu.mig_enabled && !gpu.mig_devices.is_empty() {
+            return Err(format!(
+                "gpus[{i}].migDevices: MIG devices on a card whose migEnabled is false"
+            ));
+        }
+        if gpu.mig_enabled && !gpu.mig_capable {
+            return Err(format!("gpus[{i}].migEnabled: the card is not migCapable"));
+        }
+        for (j, mig) in gpu.mig_devices.iter().enumerate() {
+            if !mig.uuid.starts_with("MIG-") {
+                return Err(format!(
+                    "gpus[{i}].migDevices[{j}].uuid: {:?} does not start with MIG-",
+                    mig.uuid
+                ));
+            }
+            if publish::profile_parts(&mig.profile).is_none() {
+                return Err(format!(
+                    "gpus[{i}].migDevices[{j}].profile: {:?} is not a MIG profile such as 1g.5gb",
+                    mig.profile
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A source named on the command line: `nvml` or `fixture:FILE`.
+pub fn source(spec: &str) -> Result<Box<dyn GpuSource>, SourceError> {
+    match spec.split_once(':') {
+        None if spec == "nvml" => Ok(Box::new(nvml::Nvml::init()?)),
+        Some(("fixture", path)) => Ok(Box::new(Fixture::load(Path::new(path))?)),
+        _ => Err(SourceError::Fixture {
+            path: PathBuf::from(spec),
+            message: "expected --gpu-source nvml or fixture:FILE".into(),
+        }),
+    }
+}
+
+/// The PhysicalGPU `gpu.deckhouse.io/device` label of a product:
+/// `NVIDIA A100-SXM4-40GB` → `a100-sxm4-40gb`.
+pub fn device_label(product_name: &str) -> String {
+    let name = product_name.strip_prefix("NVIDIA ").unwrap_or(product_name);
+    name.to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
