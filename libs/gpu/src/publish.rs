@@ -181,7 +181,8 @@ fn whole(machine: &Machine, gpu: &Gpu) -> Device {
     }
 }
 
-fn mig_name(card: u32, profile: &str, index: u32) -> String {
+/// A MIG device's name in the slices: `gpu-1-mig-3g-20gb-0`.
+pub fn mig_name(card: u32, profile: &str, index: u32) -> String {
     format!(
         "gpu-{card}-mig-{}-{index}",
         profile.replace(['.', '+'], "-")

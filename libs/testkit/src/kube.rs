@@ -42,8 +42,8 @@ pub fn binaries_dir() -> Result<PathBuf, String> {
 }
 
 fn free_port() -> u16 {
-    // The port is free when asked; a test's own processes are the only ones
-    // binding loopback ports here, so the window is harmless.
+    // The port is free when asked; if it is taken before its server binds
+    // it, `start_with` starts again.
     TcpListener::bind("127.0.0.1:0")
         .expect("bind loopback")
         .local_addr()
@@ -97,6 +97,20 @@ impl ControlPlane {
 
     /// Starts etcd, kube-apiserver and `components`; waits until the API answers.
     pub async fn start_with(components: Components) -> ControlPlane {
+        // A port picked free can be taken before etcd or the API server binds
+        // it (by another process's outgoing connection): then start again on
+        // new ports.
+        let mut attempt = 1;
+        loop {
+            match Self::try_start(components).await {
+                Ok(plane) => return plane,
+                Err(e) if attempt < 3 && e.contains("address already in use") => attempt += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    async fn try_start(components: Components) -> Result<ControlPlane, String> {
         let started = Instant::now();
         let bin = binaries_dir().unwrap_or_else(|err| panic!("{err}"));
         let dir = tempfile::Builder::new()
@@ -175,11 +189,11 @@ impl ControlPlane {
                 break;
             }
             if Instant::now() >= deadline || plane.exited() {
-                panic!(
+                return Err(format!(
                     "kube-apiserver exited or did not become ready within 90 s\n--- kube-apiserver.log\n{}\n--- etcd.log\n{}",
                     tail(&plane.dir.path().join("kube-apiserver.log")),
                     tail(&plane.dir.path().join("etcd.log"))
-                );
+                ));
             }
             // Polling a condition with a deadline: the API has no readiness event to wait on.
             tokio::time::sleep(pause).await;
@@ -187,7 +201,7 @@ impl ControlPlane {
         }
         plane.start_components(&bin, components);
         plane.startup = started.elapsed();
-        plane
+        Ok(plane)
     }
 
     /// A kubeconfig file with the admin token and the self-signed server, for

@@ -1,0 +1,23 @@
+//! The node agent's kubelet-facing side.
+//!
+//! - [`pluginregistration`] and [`dra`]: the kubelet's gRPC APIs, generated
+//!   from `proto/kubelet/` (package names and field numbers as kubelet speaks
+//!   them).
+//! - [`cdi`]: Container Device Interface specs, written atomically.
+//! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
+//!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
+//!   claim, and a checkpoint of prepared claims so that prepare and unprepare
+//!   are idempotent and survive a crash between steps.
+
+pub mod cdi;
+pub mod plugin;
+
+/// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// `k8s.io.kubelet.pkg.apis.dra.v1` (k8s.io/kubelet/pkg/apis/dra/v1).
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}

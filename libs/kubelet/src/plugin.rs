@@ -1,0 +1,389 @@
+//! The DRA kubelet plugin.
+//!
+//! Two unix sockets: the registration socket kubelet finds in its
+//! plugins_registry directory (`Registration`: GetInfo names the driver, the
+//! DRA socket and `v1.DRAPlugin`), and the DRA socket (`DRAPlugin`).
+//!
+//! NodePrepareResources, per claim: if the checkpoint already has it, the
+//! same answer again; otherwise the ResourceClaim is read (through a
+//! [`ClaimSource`], the API server in production), the results of its
+//! allocation for this driver and this node's pool become CDI devices named
+//! after the claim UID (`gpu.deckhouse.io/gpu=<uid>-<device>`), the claim's
+//! CDI spec is written atomically, and then the checkpoint records the claim
+//! (atomically, fsynced) before the answer goes back. NodeUnprepareResources
+//! removes the spec, then the checkpoint entry; an unknown claim is already
+//! unprepared. A crash between two steps leaves a state that the repeated
+//! call — kubelet repeats it — completes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde::{Deserialize, Serialize};
+use switchyard_gpu::Machine;
+use switchyard_gpu::publish::DRIVER;
+use tokio::sync::Mutex;
+use tonic::{Request, Response, Status};
+
+use crate::cdi;
+use crate::dra;
+use crate::pluginregistration as reg;
+
+/// Where prepare reads a claim from.
+#[async_trait::async_trait]
+pub trait ClaimSource: Send + Sync {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+}
+
+/// Claims from the API server.
+pub struct ApiClaims(pub kube::Client);
+
+#[async_trait::async_trait]
+impl ClaimSource for ApiClaims {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        kube::Api::<ResourceClaim>::namespaced(self.0.clone(), namespace)
+            .get(name)
+            .await
+            .map_err(|e| format!("read ResourceClaim {namespace}/{name}: {e}"))
+    }
+}
+
+/// One prepared device, as answered to kubelet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    pub requests: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    pub cdi_ids: Vec<String>,
+    pub share_id: Option<String>,
+}
+
+/// A prepared claim, as checkpointed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedClaim {
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// The checkpoint: claim UID → what was prepared.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+/// The plugin's configuration.
+pub struct Config {
+    pub node: String,
+    /// The machine the node publishes (device name → card).
+    pub machine: Machine,
+    /// Where CDI specs go (`/var/run/cdi` on a node).
+    pub cdi_dir: PathBuf,
+    /// The checkpoint file (under the plugin's directory on a node).
+    pub checkpoint: PathBuf,
+    /// The DRA socket kubelet connects to (`GetInfo`'s endpoint).
+    pub endpoint: PathBuf,
+}
+
+/// The DRA kubelet plugin.
+pub struct DraPlugin {
+    config: Config,
+    claims: Arc<dyn ClaimSource>,
+    /// Prepare and unprepare run one at a time: each reads and rewrites the
+    /// checkpoint.
+    state: Mutex<Checkpoint>,
+    registered: std::sync::Mutex<Option<reg::RegistrationStatus>>,
+}
+
+impl DraPlugin {
+    /// Loads the checkpoint (an absent one is empty).
+    pub fn new(config: Config, claims: Arc<dyn ClaimSource>) -> std::io::Result<DraPlugin> {
+        let state = match std::fs::read(&config.checkpoint) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                std::io::Error::other(format!("checkpoint {}: {e}", config.checkpoint.display()))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(DraPlugin {
+            config,
+            claims,
+            state: Mutex::new(state),
+            registered: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// What kubelet last said about the registration.
+    pub fn registration(&self) -> Option<reg::RegistrationStatus> {
+        self.registered.lock().expect("registration").clone()
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.config.cdi_dir.join(format!("{DRIVER}-{uid}.json"))
+    }
+
+    fn save(&self, checkpoint: &Checkpoint) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(checkpoint).map_err(std::io::Error::other)?;
+        cdi::write_atomically(&self.config.checkpoint, &bytes)
+    }
+
+    /// The CDI edits of a published device: the card's (or MIG device's)
+    /// UUID for NVIDIA's container runtime, and the card's device node.
+    fn edits(&self, device: &str) -> Option<cdi::ContainerEdits> {
+        for gpu in &self.config.machine.gpus {
+            let node = cdi::DeviceNode {
+                path: format!("/dev/nvidia{}", gpu.index),
+            };
+            let uuid = if device == format!("gpu-{}", gpu.index) {
+                Some(gpu.uuid.clone())
+            } else {
+                gpu.mig_devices
+                    .iter()
+                    .find(|m| {
+                        device == switchyard_gpu::publish::mig_name(gpu.index, &m.profile, m.index)
+                    })
+                    .map(|m| m.uuid.clone())
+            };
+            if let Some(uuid) = uuid {
+                return Some(cdi::ContainerEdits {
+                    env: vec![format!("NVIDIA_VISIBLE_DEVICES={uuid}")],
+                    device_nodes: vec![node],
+                });
+            }
+        }
+        None
+    }
+
+    async fn prepare(
+        &self,
+        claim: &dra::Claim,
+        checkpoint: &mut Checkpoint,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        if let Some(done) = checkpoint.claims.get(&claim.uid) {
+            return Ok(done.devices.clone());
+        }
+        let object = self.claims.claim(&claim.namespace, &claim.name).await?;
+        if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Err(format!(
+                "ResourceClaim {}/{} has UID {:?}, kubelet asked for {}",
+                claim.namespace, claim.name, object.metadata.uid, claim.uid
+            ));
+        }
+        let results = object
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .ok_or_else(|| {
+                format!(
+                    "ResourceClaim {}/{} is not allocated",
+                    claim.namespace, claim.name
+                )
+            })?;
+        let mut devices = Vec::new();
+        let mut spec = cdi::Spec {
+            cdi_version: cdi::VERSION.into(),
+            kind: cdi::KIND.into(),
+            devices: Vec::new(),
+            container_edits: cdi::ContainerEdits::default(),
+        };
+        for r in results.iter().filter(|r| r.driver == DRIVER) {
+            if r.pool != self.config.node {
+                return Err(format!(
+                    "ResourceClaim {}/{}: device {}/{} is not in this node's pool {}",
+                    claim.namespace, claim.name, r.pool, r.device, self.config.node
+                ));
+            }
+            let edits = self.edits(&r.device).ok_or_else(|| {
+                format!(
+                    "ResourceClaim {}/{}: device {} is not published by this node",
+                    claim.namespace, claim.name, r.device
+                )
+            })?;
+            let name = format!("{}-{}", claim.uid, r.device);
+            spec.devices.push(cdi::Device {
+                name: name.clone(),
+                container_edits: edits,
+            });
+            devices.push(PreparedDevice {
+                requests: vec![r.request.clone()],
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                cdi_ids: vec![cdi::qualified(&name)],
+                share_id: r.share_id.clone(),
+            });
+        }
+        spec.container_edits.device_nodes =
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+                .iter()
+                .map(|p| cdi::DeviceNode {
+                    path: p.to_string(),
+                })
+                .collect();
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        cdi::write_atomically(&self.spec_path(&claim.uid), &bytes)
+            .map_err(|e| format!("write the CDI spec: {e}"))?;
+        checkpoint.claims.insert(
+            claim.uid.clone(),
+            PreparedClaim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                devices: devices.clone(),
+            },
+        );
+        self.save(checkpoint)
+            .map_err(|e| format!("write the checkpoint: {e}"))?;
+        Ok(devices)
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &dra::Claim,
+        checkpoint: &mut Checkpoint,
+    ) -> Result<(), String> {
+        cdi::remove(&self.spec_path(&claim.uid))
+            .map_err(|e| format!("remove the CDI spec: {e}"))?;
+        if checkpoint.claims.remove(&claim.uid).is_some() {
+            self.save(checkpoint)
+                .map_err(|e| format!("write the checkpoint: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The registration service, on the registration socket.
+pub struct RegistrationService(pub Arc<DraPlugin>);
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
+        Ok(Response::new(reg::PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: DRIVER.into(),
+            endpoint: self.0.config.endpoint.display().to_string(),
+            supported_versions: vec!["v1.DRAPlugin".into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<reg::RegistrationStatus>,
+    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if !status.plugin_registered {
+            tracing::warn!(error = %status.error, "kubelet refused the plugin's registration");
+        }
+        *self.0.registered.lock().expect("registration") = Some(status);
+        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+/// The DRA service, on the DRA socket.
+pub struct DraService(pub Arc<DraPlugin>);
+
+#[tonic::async_trait]
+impl dra::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
+        let mut state = self.0.state.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in request.into_inner().claims {
+            let answer = match self.0.prepare(&claim, &mut state).await {
+                Ok(devices) => dra::NodePrepareResourceResponse {
+                    devices: devices
+                        .into_iter()
+                        .map(|d| dra::Device {
+                            request_names: d.requests,
+                            pool_name: d.pool,
+                            device_name: d.device,
+                            cdi_device_ids: d.cdi_ids,
+                            share_id: d.share_id,
+                        })
+                        .collect(),
+                    error: String::new(),
+                },
+                Err(error) => dra::NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                },
+            };
+            out.insert(claim.uid, answer);
+        }
+        Ok(Response::new(dra::NodePrepareResourcesResponse {
+            claims: out.into_iter().collect(),
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
+        let mut state = self.0.state.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in request.into_inner().claims {
+            let error = self
+                .0
+                .unprepare(&claim, &mut state)
+                .await
+                .err()
+                .unwrap_or_default();
+            out.insert(claim.uid, dra::NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(dra::NodeUnprepareResourcesResponse {
+            claims: out.into_iter().collect(),
+        }))
+    }
+}
+
+/// Serves both sockets until `shutdown` resolves; removes the sockets after.
+pub async fn serve(
+    plugin: Arc<DraPlugin>,
+    registration_socket: &Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let dra_socket = plugin.config.endpoint.clone();
+    for socket in [registration_socket, dra_socket.as_path()] {
+        let _ = std::fs::remove_file(socket);
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    let dra_listener = tokio::net::UnixListener::bind(&dra_socket)?;
+    let reg_listener = tokio::net::UnixListener::bind(registration_socket)?;
+    let (stop_dra, stopped_dra) = tokio::sync::oneshot::channel::<()>();
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(
+            plugin.clone(),
+        )))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(dra_listener),
+            async {
+                let _ = stopped_dra.await;
+            },
+        );
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(reg::registration_server::RegistrationServer::new(
+            RegistrationService(plugin),
+        ))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(reg_listener),
+            async move {
+                shutdown.await;
+                let _ = stop_dra.send(());
+            },
+        );
+    let (a, b) = tokio::join!(dra_server, reg_server);
+    for socket in [registration_socket, dra_socket.as_path()] {
+        let _ = std::fs::remove_file(socket);
+    }
+    a?;
+    b?;
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! The DRA kubelet plugin played by a fake kubelet: real tonic clients over
+//! the plugin's unix sockets, claims from a real API server.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use switchyard_gpu::{Fixture, GpuSource};
+use switchyard_kubelet::cdi;
+use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
+use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use switchyard_kubelet::plugin::{ApiClaims, Checkpoint, Config, DraPlugin, serve};
+use switchyard_kubelet::pluginregistration::registration_client::RegistrationClient;
+use switchyard_kubelet::pluginregistration::{InfoRequest, RegistrationStatus};
+use switchyard_testkit::eventually;
+use switchyard_testkit::kube::{ControlPlane, create_namespace};
+use tonic::transport::{Channel, Endpoint};
+
+async fn channel(socket: PathBuf) -> Channel {
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect over the unix socket")
+}
+
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(dir: &Path, client: kube::Client) -> (Arc<DraPlugin>, Running) {
+    let machine = Fixture::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/a100-8x-mig.yaml"),
+    )
+    .unwrap()
+    .machine()
+    .unwrap();
+    let plugin = Arc::new(
+        DraPlugin::new(
+            Config {
+                node: "gpu-1".into(),
+                machine,
+                cdi_dir: dir.join("cdi"),
+                checkpoint: dir.join("plugin/checkpoint.json"),
+                endpoint: dir.join("plugin/dra.sock"),
+            },
+            Arc::new(ApiClaims(client)),
+        )
+        .unwrap(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let registration = dir.join("plugins_registry/gpu.deckhouse.io-reg.sock");
+    let p = plugin.clone();
+    let task = tokio::spawn(async move {
+        serve(p, &registration, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serve");
+    });
+    let sockets = [
+        dir.join("plugin/dra.sock"),
+        dir.join("plugins_registry/gpu.deckhouse.io-reg.sock"),
+    ];
+    eventually("the sockets bound", Duration::from_secs(10), || {
+        let ready = sockets.iter().all(|s| s.exists());
+        async move { ready }
+    })
+    .await
+    .unwrap();
+    (plugin, Running { stop, task })
+}
+
+async fn allocated_claim(client: &kube::Client, name: &str, device: &str) -> String {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "ml");
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
+    }))
+    .unwrap();
+    let created = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("claim");
+    let status = json!({"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": device}
+    ]}}}});
+    claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("allocation");
+    created.metadata.uid.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_registers_prepares_and_unprepares_idempotently() {
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    create_namespace(&client, "ml").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (plugin, running) = start(dir.path(), client.clone()).await;
+
+    // Registration, as kubelet's plugin watcher does it.
+    let mut registration = RegistrationClient::new(
+        channel(
+            dir.path()
+                .join("plugins_registry/gpu.deckhouse.io-reg.sock"),
+        )
+        .await,
+    );
+    let info = registration
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.deckhouse.io");
+    assert_eq!(
+        info.endpoint,
+        dir.path().join("plugin/dra.sock").display().to_string()
+    );
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    registration
+        .notify_registration_status(RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+    assert!(plugin.registration().unwrap().plugin_registered);
+
+    // Prepare a whole card and a MIG device, twice: the same answer.
+    let whole = allocated_claim(&client, "train", "gpu-4").await;
+    let mig = allocated_claim(&client, "notebook", "gpu-1-mig-3g-20gb-0").await;
+    let claims = vec![
+        Claim {
+            namespace: "ml".into(),
+            uid: whole.clone(),
+            name: "train".into(),
+        },
+        Claim {
+            namespace: "ml".into(),
+            uid: mig.clone(),
+            name: "notebook".into(),
+        },
+    ];
+    let mut dra = DraPluginClient::new(channel(dir.path().join("plugin/dra.sock")).await);
+    let first = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: claims.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = &first.claims[&whole];
+    assert_eq!(answer.error, "");
+    assert_eq!(answer.devices.len(), 1);
+    assert_eq!(answer.devices[0].device_name, "gpu-4");
+    assert_eq!(answer.devices[0].pool_name, "gpu-1");
+    assert_eq!(answer.devices[0].request_names, ["gpu"]);
+    assert_eq!(
+        answer.devices[0].cdi_device_ids,
+        [format!("gpu.deckhouse.io/gpu={whole}-gpu-4")]
+    );
+    let second = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: claims.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first, second);
+
+    // The CDI spec of each claim: the device named after the claim UID, the
+    // card's (or MIG device's) UUID for the runtime.
+    let spec: cdi::Spec = serde_json::from_slice(
+        &std::fs::read(dir.path().join(format!("cdi/gpu.deckhouse.io-{mig}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(spec.cdi_version, "0.6.0");
+    assert_eq!(spec.kind, "gpu.deckhouse.io/gpu");
+    assert_eq!(spec.devices[0].name, format!("{mig}-gpu-1-mig-3g-20gb-0"));
+    assert!(spec.devices[0].container_edits.env[0].starts_with("NVIDIA_VISIBLE_DEVICES=MIG-"));
+    assert_eq!(
+        spec.devices[0].container_edits.device_nodes[0].path,
+        "/dev/nvidia1"
+    );
+
+    // A restart: the checkpoint answers, even with the claim gone from the API.
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap();
+    Api::<ResourceClaim>::namespaced(client.clone(), "ml")
+        .delete("train", &Default::default())
+        .await
+        .unwrap();
+    let (_plugin, running) = start(dir.path(), client.clone()).await;
+    let mut dra = DraPluginClient::new(channel(dir.path().join("plugin/dra.sock")).await);
+    let third = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: claims.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first, third);
+
+    // A claim that does not exist: an error for that claim only.
+    let missing = Claim {
+        namespace: "ml".into(),
+        uid: "0000".into(),
+        name: "nope".into(),
+    };
+    let answer = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![missing],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims["0000"]
+            .error
+            .contains("read ResourceClaim ml/nope"),
+        "{answer:?}"
+    );
+
+    // Unprepare, twice: the specs and the checkpoint entries go.
+    for _ in 0..2 {
+        let answer = dra
+            .node_unprepare_resources(NodeUnprepareResourcesRequest {
+                claims: claims.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            answer.claims.values().all(|a| a.error.is_empty()),
+            "{answer:?}"
+        );
+    }
+    assert!(
+        !dir.path()
+            .join(format!("cdi/gpu.deckhouse.io-{whole}.json"))
+            .exists()
+    );
+    let checkpoint: Checkpoint =
+        serde_json::from_slice(&std::fs::read(dir.path().join("plugin/checkpoint.json")).unwrap())
+            .unwrap();
+    assert!(checkpoint.claims.is_empty());
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap();
+    assert!(
+        !dir.path().join("plugin/dra.sock").exists(),
+        "the sockets are removed on shutdown"
+    );
+}
