@@ -3,7 +3,11 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &["pluginregistration/v1/api.proto", "dra/v1/api.proto"];
+const PROTOS: &[&str] = &[
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "deviceplugin/v1beta1/api.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto/kubelet");

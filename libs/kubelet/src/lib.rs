@@ -4,12 +4,16 @@
 //!   from `proto/kubelet/` (package names and field numbers as kubelet speaks
 //!   them).
 //! - [`cdi`]: Container Device Interface specs, written atomically.
+//! - [`deviceplugin`]: the device-plugin API (`deviceplugin.v1beta1`) for the
+//!   NodeGroup sharing modes: exclusive cards, time-slicing replicas, MIG
+//!   profiles as resources.
 //! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
 //!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
 //!   claim, and a checkpoint of prepared claims so that prepare and unprepare
 //!   are idempotent and survive a crash between steps.
 
 pub mod cdi;
+pub mod deviceplugin;
 pub mod plugin;
 
 /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).

@@ -1,0 +1,336 @@
+//! The device-plugin API (`deviceplugin.v1beta1`): the NodeGroup's
+//! `spec.gpu` sharing modes as kubelet resources.
+//!
+//! - Exclusive: `nvidia.com/gpu`, one device per card (its UUID).
+//! - TimeSlicing with `partitionCount` N: `nvidia.com/gpu`, N devices per card
+//!   (`<uuid>::<replica>`); containers given replicas of one card share it.
+//! - MIG: one resource per profile (`nvidia.com/mig-1g.5gb`), one device per
+//!   MIG device (its UUID).
+//!
+//! One [`DevicePlugin`] serves one resource on its own socket in kubelet's
+//! device-plugins directory and registers it with kubelet's `Registration`
+//! service. ListAndWatch streams the device list again whenever the machine
+//! changes (a card turning unhealthy); Allocate answers with
+//! `NVIDIA_VISIBLE_DEVICES` and the CDI device names
+//! (`gpu.deckhouse.io/gpu=<uuid>`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use switchyard_gpu::Machine;
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::cdi;
+
+/// `v1beta1`, generated from `proto/kubelet/deviceplugin/v1beta1`.
+pub mod api {
+    tonic::include_proto!("v1beta1");
+}
+
+/// The API version sent to kubelet on registration.
+pub const VERSION: &str = "v1beta1";
+
+/// How a node group shares its cards (`spec.gpu.sharing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    Exclusive,
+    TimeSlicing { replicas: u32 },
+    Mig,
+}
+
+/// The resources a machine offers under `sharing`, with each device ID and
+/// the card or MIG device UUID it stands for.
+pub fn resources(
+    machine: &Machine,
+    sharing: Sharing,
+) -> BTreeMap<String, Vec<(String, String, bool)>> {
+    let mut out: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
+    for gpu in &machine.gpus {
+        match sharing {
+            Sharing::Mig if gpu.mig_enabled => {
+                for m in &gpu.mig_devices {
+                    out.entry(format!("nvidia.com/mig-{}", m.profile))
+                        .or_default()
+                        .push((m.uuid.clone(), m.uuid.clone(), gpu.healthy));
+                }
+            }
+            Sharing::Mig | Sharing::Exclusive => out
+                .entry("nvidia.com/gpu".into())
+                .or_default()
+                .push((gpu.uuid.clone(), gpu.uuid.clone(), gpu.healthy)),
+            Sharing::TimeSlicing { replicas } => {
+                for r in 0..replicas.max(1) {
+                    out.entry("nvidia.com/gpu".into()).or_default().push((
+                        format!("{}::{r}", gpu.uuid),
+                        gpu.uuid.clone(),
+                        gpu.healthy,
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One resource served to kubelet.
+pub struct DevicePlugin {
+    resource: String,
+    sharing: Sharing,
+    machine: watch::Receiver<Machine>,
+}
+
+impl DevicePlugin {
+    pub fn new(
+        resource: &str,
+        sharing: Sharing,
+        machine: watch::Receiver<Machine>,
+    ) -> DevicePlugin {
+        DevicePlugin {
+            resource: resource.to_string(),
+            sharing,
+            machine,
+        }
+    }
+
+    fn devices(&self, machine: &Machine) -> Vec<(String, String, bool)> {
+        resources(machine, self.sharing)
+            .remove(&self.resource)
+            .unwrap_or_default()
+    }
+
+    fn list(&self, machine: &Machine) -> api::ListAndWatchResponse {
+        api::ListAndWatchResponse {
+            devices: self
+                .devices(machine)
+                .into_iter()
+                .map(|(id, _, healthy)| api::Device {
+                    id,
+                    health: if healthy { "Healthy" } else { "Unhealthy" }.into(),
+                    topology: None,
+                })
+                .collect(),
+        }
+    }
+}
+
+type Watch = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(api::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }))
+    }
+
+    type ListAndWatchStream = Watch;
+
+    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Watch>, Status> {
+        let plugin = self.clone();
+        let mut machine = self.machine.clone();
+        let stream = async_stream(move |tx| async move {
+            let mut last = None;
+            loop {
+                let list = plugin.list(&machine.borrow_and_update());
+                if last.as_ref() != Some(&list) {
+                    if tx.send(Ok(list.clone())).await.is_err() {
+                        return;
+                    }
+                    last = Some(list);
+                }
+                if machine.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let devices = self.devices(&self.machine.borrow());
+        let card_of: BTreeMap<&str, &str> = devices
+            .iter()
+            .map(|(id, card, _)| (id.as_str(), card.as_str()))
+            .collect();
+        let mut responses = Vec::new();
+        for c in request.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size).unwrap_or(0);
+            let mut chosen: Vec<String> = c.must_include_device_i_ds.clone();
+            // Replicas of as few cards as possible: cards already chosen
+            // first, then the available ones in order.
+            let mut cards: BTreeSet<&str> = chosen
+                .iter()
+                .filter_map(|id| card_of.get(id.as_str()).copied())
+                .collect();
+            let mut available: Vec<&String> = c
+                .available_device_i_ds
+                .iter()
+                .filter(|id| !chosen.contains(id))
+                .collect();
+            available.sort_by_key(|id| {
+                !cards.contains(card_of.get(id.as_str()).copied().unwrap_or_default())
+            });
+            for id in available {
+                if chosen.len() >= size {
+                    break;
+                }
+                if let Some(card) = card_of.get(id.as_str()) {
+                    cards.insert(card);
+                }
+                chosen.push(id.clone());
+            }
+            responses.push(api::ContainerPreferredAllocationResponse {
+                device_i_ds: chosen,
+            });
+        }
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses: responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let devices = self.devices(&self.machine.borrow());
+        let card_of: BTreeMap<&str, &str> = devices
+            .iter()
+            .map(|(id, card, _)| (id.as_str(), card.as_str()))
+            .collect();
+        let mut responses = Vec::new();
+        for c in request.into_inner().container_requests {
+            let mut uuids: Vec<&str> = Vec::new();
+            for id in &c.devices_ids {
+                let uuid = card_of.get(id.as_str()).ok_or_else(|| {
+                    Status::invalid_argument(format!("{}: unknown device {id}", self.resource))
+                })?;
+                if !uuids.contains(uuid) {
+                    uuids.push(uuid);
+                }
+            }
+            responses.push(api::ContainerAllocateResponse {
+                envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), uuids.join(","))]
+                    .into_iter()
+                    .collect(),
+                cdi_devices: uuids
+                    .iter()
+                    .map(|u| api::CdiDevice {
+                        name: cdi::qualified(u),
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        Ok(Response::new(api::AllocateResponse {
+            container_responses: responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+/// A stream fed by a task.
+fn async_stream<F, Fut>(f: F) -> Watch
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<api::ListAndWatchResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Serves `plugin` on `socket` (in kubelet's device-plugins directory),
+/// registers it with kubelet at `kubelet_socket`, and serves until
+/// `shutdown`; the socket is removed after.
+pub async fn serve(
+    plugin: Arc<DevicePlugin>,
+    socket: &Path,
+    kubelet_socket: &Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket)?;
+    let resource = plugin.resource.clone();
+    let server = tonic::transport::Server::builder()
+        .add_service(api::device_plugin_server::DevicePluginServer::new(plugin))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            shutdown,
+        );
+    let served = tokio::spawn(server);
+    let registered = register(kubelet_socket, socket, &resource).await;
+    if let Err(e) = registered {
+        served.abort();
+        let _ = std::fs::remove_file(socket);
+        return Err(e);
+    }
+    let result = served.await?;
+    let _ = std::fs::remove_file(socket);
+    result?;
+    Ok(())
+}
+
+async fn register(
+    kubelet_socket: &Path,
+    socket: &Path,
+    resource: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let kubelet: PathBuf = kubelet_socket.to_path_buf();
+    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower_service(kubelet))
+        .await?;
+    let mut client = api::registration_client::RegistrationClient::new(channel);
+    client
+        .register(api::RegisterRequest {
+            version: VERSION.into(),
+            // Relative to kubelet's device-plugins directory.
+            endpoint: socket
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string(),
+            resource_name: resource.to_string(),
+            options: Some(api::DevicePluginOptions {
+                pre_start_required: false,
+                get_preferred_allocation_available: true,
+            }),
+        })
+        .await?;
+    Ok(())
+}
+
+/// A connector to a unix socket, for tonic's client.
+pub fn tower_service(
+    path: PathBuf,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |_| {
+        let path = path.clone();
+        async move {
+            Ok(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(path).await?,
+            ))
+        }
+    })
+}
