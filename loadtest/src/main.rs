@@ -57,6 +57,7 @@ mod allocate;
 mod cores;
 mod eventlog;
 mod kube;
+mod kubelet;
 mod quantity;
 
 use clap::{Parser, Subcommand};
@@ -86,6 +87,9 @@ enum Command {
     /// DRA allocation throughput: ours against the Kubernetes structured
     /// allocator on identical inputs (N nodes x 8 A100 with MIG).
     Allocate(allocate::Args),
+    /// The DRA kubelet plugin: NodePrepareResources / NodeUnprepareResources
+    /// latency over its socket (CDI write and fsynced checkpoint), and memory.
+    Kubelet(kubelet::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -102,9 +106,17 @@ fn main() -> anyhow::Result<()> {
         Command::Kube(args) => Box::pin(kube::run(args)),
         Command::Quantity(args) => Box::pin(quantity::run(args)),
         Command::Allocate(args) => Box::pin(allocate::run(args)),
+        Command::Kubelet(args) => Box::pin(kubelet::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// Resident set size of this process now (VmRSS), in KiB.
+pub fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Peak resident set size of this process (VmHWM), in KiB.
