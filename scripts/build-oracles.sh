@@ -10,7 +10,8 @@ command -v go >/dev/null || { echo "build-oracles.sh: Go is needed (apt-get inst
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 for dir in tools/*/; do
   name="$(basename "$dir")"
-  hash="$(cat "$dir"go.mod "$dir"go.sum "$dir"*.go | sha256sum | cut -c1-16)"
+  # Sources, and files they embed (a JSON schema).
+  hash="$(cat "$dir"go.mod "$dir"go.sum "$dir"*.go $(find "$dir" -mindepth 2 -type f -name '*.json' | sort) | sha256sum | cut -c1-16)"
   out="$CACHE/oracles/$name-$hash/$name"
   if [ ! -x "$out" ]; then
     started=$(date +%s)

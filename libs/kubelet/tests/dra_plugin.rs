@@ -20,6 +20,25 @@ use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, create_namespace};
 use tonic::transport::{Channel, Endpoint};
 
+/// A reference program of tools/, built (and cached) by scripts/build-oracles.sh.
+fn oracle(name: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
+    let built = std::process::Command::new(&script)
+        .output()
+        .expect("run build-oracles.sh");
+    assert!(
+        built.status.success(),
+        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    String::from_utf8(built.stdout)
+        .unwrap()
+        .lines()
+        .find(|l| l.ends_with(&format!("/{name}")))
+        .unwrap_or_else(|| panic!("build-oracles.sh built no {name}"))
+        .to_string()
+}
+
 async fn channel(socket: PathBuf) -> Channel {
     Endpoint::try_from("http://[::]:50051")
         .unwrap()
@@ -196,6 +215,21 @@ async fn kubelet_registers_prepares_and_unprepares_idempotently() {
     assert_eq!(
         spec.devices[0].container_edits.device_nodes[0].path,
         "/dev/nvidia1"
+    );
+    // Both specs are valid CDI: the specification's JSON schema and the loader
+    // container runtimes use (tools/cdi-check).
+    let specs: Vec<PathBuf> = [&whole, &mig]
+        .iter()
+        .map(|uid| dir.path().join(format!("cdi/gpu.deckhouse.io-{uid}.json")))
+        .collect();
+    let checked = std::process::Command::new(oracle("cdi-check"))
+        .args(&specs)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
     );
 
     // A restart: the checkpoint answers, even with the claim gone from the API.
