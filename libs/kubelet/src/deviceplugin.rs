@@ -265,6 +265,18 @@ pub async fn serve(
     kubelet_socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (ready, _) = tokio::sync::oneshot::channel();
+    serve_notifying(plugin, socket, kubelet_socket, ready, shutdown).await
+}
+
+/// [`serve`], saying on `ready` once kubelet accepted the registration.
+pub async fn serve_notifying(
+    plugin: Arc<DevicePlugin>,
+    socket: &Path,
+    kubelet_socket: &Path,
+    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let _ = std::fs::remove_file(socket);
     let listener = tokio::net::UnixListener::bind(socket)?;
     let resource = plugin.resource.clone();
@@ -279,8 +291,10 @@ pub async fn serve(
     if let Err(e) = registered {
         served.abort();
         let _ = std::fs::remove_file(socket);
+        let _ = ready.send(Err(e.to_string()));
         return Err(e);
     }
+    let _ = ready.send(Ok(()));
     let result = served.await?;
     let _ = std::fs::remove_file(socket);
     result?;

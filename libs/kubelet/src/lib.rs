@@ -3,6 +3,8 @@
 //! - [`pluginregistration`] and [`dra`]: the kubelet's gRPC APIs, generated
 //!   from `proto/kubelet/` (package names and field numbers as kubelet speaks
 //!   them).
+//! - [`agent`]: serving exactly one stack, switching only when the old one
+//!   is unused and stopped.
 //! - [`cdi`]: Container Device Interface specs, written atomically.
 //! - [`deviceplugin`]: the device-plugin API (`deviceplugin.v1beta1`) for the
 //!   NodeGroup sharing modes: exclusive cards, time-slicing replicas, MIG
@@ -12,6 +14,7 @@
 //!   claim, and a checkpoint of prepared claims so that prepare and unprepare
 //!   are idempotent and survive a crash between steps.
 
+pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
 pub mod plugin;

@@ -114,6 +114,17 @@ impl DraPlugin {
         })
     }
 
+    /// The claims prepared and not unprepared yet (namespace/name).
+    pub async fn prepared(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .await
+            .claims
+            .values()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect()
+    }
+
     /// What kubelet last said about the registration.
     pub fn registration(&self) -> Option<reg::RegistrationStatus> {
         self.registered.lock().expect("registration").clone()
@@ -348,6 +359,17 @@ pub async fn serve(
     registration_socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (ready, _) = tokio::sync::oneshot::channel();
+    serve_notifying(plugin, registration_socket, ready, shutdown).await
+}
+
+/// [`serve`], saying on `ready` once both sockets are bound.
+pub async fn serve_notifying(
+    plugin: Arc<DraPlugin>,
+    registration_socket: &Path,
+    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let dra_socket = plugin.config.endpoint.clone();
     for socket in [registration_socket, dra_socket.as_path()] {
         let _ = std::fs::remove_file(socket);
@@ -355,8 +377,18 @@ pub async fn serve(
             std::fs::create_dir_all(dir)?;
         }
     }
-    let dra_listener = tokio::net::UnixListener::bind(&dra_socket)?;
-    let reg_listener = tokio::net::UnixListener::bind(registration_socket)?;
+    let bound = tokio::net::UnixListener::bind(&dra_socket)
+        .and_then(|dra| Ok((dra, tokio::net::UnixListener::bind(registration_socket)?)));
+    let (dra_listener, reg_listener) = match bound {
+        Ok(listeners) => {
+            let _ = ready.send(Ok(()));
+            listeners
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return Err(e.into());
+        }
+    };
     let (stop_dra, stopped_dra) = tokio::sync::oneshot::channel::<()>();
     let dra_server = tonic::transport::Server::builder()
         .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(

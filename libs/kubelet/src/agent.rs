@@ -1,0 +1,265 @@
+//! Serving exactly one stack: the node's assigned stack (the `gpu-stack`
+//! label stack-assigner writes) decides whether the agent serves the DRA
+//! kubelet plugin (and publishes the node's ResourceSlices) or the
+//! device-plugin API.
+//!
+//! A switch stops the old API completely before the new one starts:
+//! - the device plugins first tell kubelet they have no devices, then stop
+//!   and remove their sockets;
+//! - the DRA plugin withdraws the node's ResourceSlices, then stops and
+//!   removes its sockets.
+//!
+//! A switch is refused while the old stack is in use — claims prepared by the
+//! DRA plugin, or devices the device plugins handed to containers — with the
+//! list of what is in use, for a `HandoverBlocked` report.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use switchyard_gpu::Machine;
+use switchyard_gpu::publish::{self, Layout};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::deviceplugin::{self, DevicePlugin, Sharing};
+use crate::plugin::{self, ClaimSource, DraPlugin};
+
+/// The stack a node is assigned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stack {
+    Dra,
+    DevicePlugin,
+}
+
+/// Where the node's ResourceSlices go (the API server in production).
+#[async_trait::async_trait]
+pub trait SlicePublisher: Send + Sync {
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String>;
+    async fn withdraw(&self) -> Result<(), String>;
+}
+
+/// Which device-plugin devices containers hold (kubelet's pod-resources API
+/// in production).
+#[async_trait::async_trait]
+pub trait DeviceUsage: Send + Sync {
+    async fn in_use(&self) -> Result<Vec<String>, String>;
+}
+
+/// A switch refused: the old stack is still in use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the node's {from:?} stack is in use: {}", in_use.join(", "))]
+pub struct HandoverBlocked {
+    pub from: Stack,
+    /// Prepared claims (namespace/name) or allocated device IDs.
+    pub in_use: Vec<String>,
+}
+
+/// Paths and settings of the agent.
+pub struct AgentConfig {
+    pub node: String,
+    /// Kubelet's plugins_registry directory (the DRA registration socket).
+    pub plugins_registry: PathBuf,
+    /// The DRA plugin's directory (its socket and checkpoint).
+    pub plugin_dir: PathBuf,
+    /// Kubelet's device-plugins directory (kubelet.sock, the plugins' sockets).
+    pub device_plugins: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub layout: Layout,
+    pub sharing: Sharing,
+}
+
+struct Server {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+enum Running {
+    Dra {
+        plugin: Arc<DraPlugin>,
+        server: Server,
+    },
+    DevicePlugins {
+        machine: watch::Sender<Machine>,
+        servers: Vec<Server>,
+    },
+}
+
+/// The node agent's serving half.
+pub struct Agent {
+    config: AgentConfig,
+    machine: Machine,
+    claims: Arc<dyn ClaimSource>,
+    slices: Arc<dyn SlicePublisher>,
+    usage: Arc<dyn DeviceUsage>,
+    running: Option<Running>,
+    generation: i64,
+}
+
+impl Agent {
+    pub fn new(
+        config: AgentConfig,
+        machine: Machine,
+        claims: Arc<dyn ClaimSource>,
+        slices: Arc<dyn SlicePublisher>,
+        usage: Arc<dyn DeviceUsage>,
+    ) -> Agent {
+        Agent {
+            config,
+            machine,
+            claims,
+            slices,
+            usage,
+            running: None,
+            generation: 0,
+        }
+    }
+
+    /// The stack served now.
+    pub fn serving(&self) -> Option<Stack> {
+        match &self.running {
+            None => None,
+            Some(Running::Dra { .. }) => Some(Stack::Dra),
+            Some(Running::DevicePlugins { .. }) => Some(Stack::DevicePlugin),
+        }
+    }
+
+    /// Serves `stack` (or nothing): stops the other one first, and refuses
+    /// while it is in use.
+    pub async fn serve(
+        &mut self,
+        stack: Option<Stack>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        if self.serving() == stack {
+            return Ok(());
+        }
+        match self.running.take() {
+            None => {}
+            Some(Running::Dra { plugin, server }) => {
+                let prepared = plugin.prepared().await;
+                if !prepared.is_empty() {
+                    self.running = Some(Running::Dra { plugin, server });
+                    return Err(Box::new(HandoverBlocked {
+                        from: Stack::Dra,
+                        in_use: prepared,
+                    }));
+                }
+                self.slices.withdraw().await?;
+                server.stop().await;
+            }
+            Some(Running::DevicePlugins { machine, servers }) => {
+                let in_use = self.usage.in_use().await?;
+                if !in_use.is_empty() {
+                    self.running = Some(Running::DevicePlugins { machine, servers });
+                    return Err(Box::new(HandoverBlocked {
+                        from: Stack::DevicePlugin,
+                        in_use,
+                    }));
+                }
+                // Kubelet hears there is nothing left before the sockets go.
+                let mut empty = self.machine.clone();
+                empty.gpus.clear();
+                let _ = machine.send(empty);
+                // No more changes: each ListAndWatch stream sends the empty
+                // list, then ends, and its server can stop.
+                drop(machine);
+                for server in servers {
+                    server.stop().await;
+                }
+            }
+        }
+        match stack {
+            None => {}
+            Some(Stack::Dra) => self.start_dra().await?,
+            Some(Stack::DevicePlugin) => self.start_device_plugins().await?,
+        }
+        Ok(())
+    }
+
+    async fn start_dra(&mut self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let c = &self.config;
+        let plugin = Arc::new(DraPlugin::new(
+            plugin::Config {
+                node: c.node.clone(),
+                machine: self.machine.clone(),
+                cdi_dir: c.cdi_dir.clone(),
+                checkpoint: c.plugin_dir.join("checkpoint.json"),
+                endpoint: c.plugin_dir.join("dra.sock"),
+            },
+            self.claims.clone(),
+        )?);
+        self.generation += 1;
+        self.slices
+            .publish(publish::resource_slices(
+                &c.node,
+                &self.machine,
+                c.layout,
+                self.generation,
+            ))
+            .await?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let registration = c
+            .plugins_registry
+            .join(format!("{}-reg.sock", publish::DRIVER));
+        let p = plugin.clone();
+        let (ready_tx, ready) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let served = plugin::serve_notifying(p, &registration, ready_tx, async {
+                let _ = stopped.await;
+            })
+            .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the DRA plugin stopped");
+            }
+        });
+        ready.await.map_err(|_| "the DRA plugin did not start")??;
+        self.running = Some(Running::Dra {
+            plugin,
+            server: Server { stop, task },
+        });
+        Ok(())
+    }
+
+    async fn start_device_plugins(
+        &mut self,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let (machine, watch) = watch::channel(self.machine.clone());
+        let mut servers = Vec::new();
+        let kubelet = self.config.device_plugins.join("kubelet.sock");
+        for resource in deviceplugin::resources(&self.machine, self.config.sharing).into_keys() {
+            let socket = self.config.device_plugins.join(format!(
+                "switchyard-{}.sock",
+                resource.replace(['/', '.'], "-")
+            ));
+            let plugin = Arc::new(DevicePlugin::new(
+                &resource,
+                self.config.sharing,
+                watch.clone(),
+            ));
+            let (stop, stopped) = oneshot::channel::<()>();
+            let (ready_tx, ready) = oneshot::channel();
+            let kubelet = kubelet.clone();
+            let task = tokio::spawn(async move {
+                let served =
+                    deviceplugin::serve_notifying(plugin, &socket, &kubelet, ready_tx, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "a device plugin stopped");
+                }
+            });
+            ready.await.map_err(|_| "a device plugin did not start")??;
+            servers.push(Server { stop, task });
+        }
+        self.running = Some(Running::DevicePlugins { machine, servers });
+        Ok(())
+    }
+}

@@ -1,0 +1,360 @@
+//! One stack at a time, observed from a fake kubelet: every device-plugin
+//! registration and every ListAndWatch message it receives is recorded with
+//! what the DRA side looked like at that moment (its registration socket, the
+//! node's published slices), and every slice publication with what the
+//! device-plugin side looked like. Switching both ways, and the refusals while
+//! the old stack is in use.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
+use switchyard_gpu::publish::Layout;
+use switchyard_gpu::{Fixture, GpuSource, Machine};
+use switchyard_kubelet::agent::{
+    Agent, AgentConfig, DeviceUsage, HandoverBlocked, SlicePublisher, Stack,
+};
+use switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient;
+use switchyard_kubelet::deviceplugin::api::registration_server::{
+    Registration, RegistrationServer,
+};
+use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
+use switchyard_kubelet::deviceplugin::{Sharing, tower_service};
+use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
+use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use switchyard_kubelet::plugin::ClaimSource;
+use switchyard_testkit::eventually;
+use tonic::transport::Endpoint;
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, Debug, PartialEq)]
+enum Event {
+    /// A device plugin registered / listed devices / closed its stream, and
+    /// whether the DRA side was live then (registration socket or slices).
+    DevicePlugin {
+        what: String,
+        devices: Option<usize>,
+        dra_live: bool,
+    },
+    /// Slices published / withdrawn, and whether a device-plugin socket existed then.
+    Slices {
+        published: bool,
+        device_plugin_live: bool,
+    },
+}
+
+struct Observed {
+    events: Mutex<Vec<Event>>,
+    slices: Mutex<Vec<ResourceSlice>>,
+    dirs: (PathBuf, PathBuf),
+}
+
+impl Observed {
+    fn dra_live(&self) -> bool {
+        self.dirs.0.join("gpu.deckhouse.io-reg.sock").exists()
+            || !self.slices.lock().unwrap().is_empty()
+    }
+
+    fn device_plugin_live(&self) -> bool {
+        std::fs::read_dir(&self.dirs.1).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("switchyard-")
+        })
+    }
+
+    fn record(&self, e: Event) {
+        self.events.lock().unwrap().push(e);
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+struct Publisher(Arc<Observed>);
+
+#[async_trait::async_trait]
+impl SlicePublisher for Publisher {
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String> {
+        self.0.record(Event::Slices {
+            published: true,
+            device_plugin_live: self.0.device_plugin_live(),
+        });
+        *self.0.slices.lock().unwrap() = slices;
+        Ok(())
+    }
+    async fn withdraw(&self) -> Result<(), String> {
+        self.0.slices.lock().unwrap().clear();
+        self.0.record(Event::Slices {
+            published: false,
+            device_plugin_live: self.0.device_plugin_live(),
+        });
+        Ok(())
+    }
+}
+
+struct Usage(Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl DeviceUsage for Usage {
+    async fn in_use(&self) -> Result<Vec<String>, String> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+struct Claims;
+
+#[async_trait::async_trait]
+impl ClaimSource for Claims {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace, "uid": "uid-1"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "h100.gpu.deckhouse.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": "gpu-2"}
+            ]}}},
+        }))
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Kubelet's device-plugin side: it records each registration, then opens
+/// ListAndWatch and records every list and the stream's end.
+struct FakeKubelet(Arc<Observed>);
+
+#[tonic::async_trait]
+impl Registration for FakeKubelet {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let r = request.into_inner();
+        let observed = self.0.clone();
+        observed.record(Event::DevicePlugin {
+            what: format!("registered {}", r.resource_name),
+            devices: None,
+            dra_live: observed.dra_live(),
+        });
+        let socket = observed.dirs.1.join(&r.endpoint);
+        tokio::spawn(async move {
+            let channel = Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower_service(socket))
+                .await
+                .unwrap();
+            let mut stream = DevicePluginClient::new(channel)
+                .list_and_watch(Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            while let Ok(Some(list)) = stream.message().await {
+                observed.record(Event::DevicePlugin {
+                    what: "list".into(),
+                    devices: Some(list.devices.len()),
+                    dra_live: observed.dra_live(),
+                });
+            }
+            observed.record(Event::DevicePlugin {
+                what: "closed".into(),
+                devices: None,
+                dra_live: observed.dra_live(),
+            });
+        });
+        Ok(Response::new(Empty {}))
+    }
+}
+
+fn machine() -> Machine {
+    Fixture::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/h100-8x.yaml"))
+        .unwrap()
+        .machine()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, device_plugins) = (
+        dir.path().join("plugins_registry"),
+        dir.path().join("device-plugins"),
+    );
+    std::fs::create_dir_all(&registry).unwrap();
+    std::fs::create_dir_all(&device_plugins).unwrap();
+    let observed = Arc::new(Observed {
+        events: Mutex::default(),
+        slices: Mutex::default(),
+        dirs: (registry.clone(), device_plugins.clone()),
+    });
+    let listener = tokio::net::UnixListener::bind(device_plugins.join("kubelet.sock")).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(FakeKubelet(observed.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let usage = Arc::new(Usage(Mutex::default()));
+    let mut agent = Agent::new(
+        AgentConfig {
+            node: "gpu-1".into(),
+            plugins_registry: registry.clone(),
+            plugin_dir: dir.path().join("plugin"),
+            device_plugins: device_plugins.clone(),
+            cdi_dir: dir.path().join("cdi"),
+            layout: Layout::Static,
+            sharing: Sharing::Exclusive,
+        },
+        machine(),
+        Arc::new(Claims),
+        Arc::new(Publisher(observed.clone())),
+        usage.clone(),
+    );
+    let lists = |observed: &Observed| -> Vec<usize> {
+        observed
+            .events()
+            .iter()
+            .filter_map(|e| match e {
+                Event::DevicePlugin {
+                    devices: Some(n), ..
+                } => Some(*n),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // The device plugin: kubelet sees the 8 cards.
+    agent.serve(Some(Stack::DevicePlugin)).await.unwrap();
+    eventually("kubelet lists the cards", Duration::from_secs(10), || {
+        let l = lists(&observed);
+        async move { l == [8] }
+    })
+    .await
+    .unwrap();
+
+    // A container holds a card: the switch is refused, the device plugin stays.
+    *usage.0.lock().unwrap() = vec!["GPU-held".into()];
+    let refused = agent.serve(Some(Stack::Dra)).await.unwrap_err();
+    let refused = refused
+        .downcast_ref::<HandoverBlocked>()
+        .expect("HandoverBlocked");
+    assert_eq!(
+        (refused.from, refused.in_use.clone()),
+        (Stack::DevicePlugin, vec!["GPU-held".to_string()])
+    );
+    assert_eq!(agent.serving(), Some(Stack::DevicePlugin));
+    assert!(!observed.dra_live());
+
+    // Released: kubelet hears zero devices, the stream ends, then DRA starts.
+    usage.0.lock().unwrap().clear();
+    agent.serve(Some(Stack::Dra)).await.unwrap();
+    assert_eq!(agent.serving(), Some(Stack::Dra));
+    eventually(
+        "the device plugin's stream ends",
+        Duration::from_secs(10),
+        || {
+            let closed = observed
+                .events()
+                .iter()
+                .any(|e| matches!(e, Event::DevicePlugin { what, .. } if what == "closed"));
+            async move { closed }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(lists(&observed), [8, 0]);
+    assert!(registry.join("gpu.deckhouse.io-reg.sock").exists());
+    assert_eq!(
+        observed.slices.lock().unwrap()[0]
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .len(),
+        8
+    );
+    assert!(
+        !observed.device_plugin_live(),
+        "the device plugin's socket is gone"
+    );
+
+    // A prepared claim blocks the way back.
+    let claim = Claim {
+        namespace: "ml".into(),
+        uid: "uid-1".into(),
+        name: "train".into(),
+    };
+    let channel = Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower_service(dir.path().join("plugin/dra.sock")))
+        .await
+        .unwrap();
+    let mut dra = DraPluginClient::new(channel);
+    let prepared = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![claim.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(prepared.claims["uid-1"].error, "");
+    let refused = agent.serve(Some(Stack::DevicePlugin)).await.unwrap_err();
+    let refused = refused
+        .downcast_ref::<HandoverBlocked>()
+        .expect("HandoverBlocked");
+    assert_eq!(
+        (refused.from, refused.in_use.clone()),
+        (Stack::Dra, vec!["ml/train".to_string()])
+    );
+    assert!(
+        registry.join("gpu.deckhouse.io-reg.sock").exists(),
+        "DRA still served"
+    );
+
+    // Unprepared: the slices are withdrawn and the sockets gone before the
+    // device plugin registers again.
+    dra.node_unprepare_resources(NodeUnprepareResourcesRequest {
+        claims: vec![claim],
+    })
+    .await
+    .unwrap();
+    agent.serve(Some(Stack::DevicePlugin)).await.unwrap();
+    eventually(
+        "kubelet lists the cards again",
+        Duration::from_secs(10),
+        || {
+            let l = lists(&observed);
+            async move { l == [8, 0, 8] }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!registry.join("gpu.deckhouse.io-reg.sock").exists());
+    assert!(!dir.path().join("plugin/dra.sock").exists());
+    assert!(observed.slices.lock().unwrap().is_empty());
+
+    // At no instant both: every device-plugin event saw no DRA, and every
+    // slice publication saw no device plugin.
+    for event in observed.events() {
+        match event {
+            Event::DevicePlugin {
+                dra_live,
+                devices,
+                what,
+            } => {
+                assert!(
+                    !dra_live || devices == Some(0) || what == "closed",
+                    "{what} {devices:?} while DRA was live"
+                );
+            }
+            Event::Slices {
+                published: true,
+                device_plugin_live,
+            } => assert!(
+                !device_plugin_live,
+                "slices published while a device plugin served"
+            ),
+            Event::Slices { .. } => {}
+        }
+    }
+    agent.serve(None).await.unwrap();
+    assert!(!observed.device_plugin_live());
+}
