@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "pluginregistration/v1/api.proto",
     "dra/v1/api.proto",
     "deviceplugin/v1beta1/api.proto",
+    "podresources/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

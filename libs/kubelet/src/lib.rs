@@ -9,6 +9,9 @@
 //! - [`deviceplugin`]: the device-plugin API (`deviceplugin.v1beta1`) for the
 //!   NodeGroup sharing modes: exclusive cards, time-slicing replicas, MIG
 //!   profiles as resources.
+//! - [`podresources`]: the devices containers hold, from kubelet's pod
+//!   resources API.
+//! - [`slices`]: the node's ResourceSlices on the API server.
 //! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
 //!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
 //!   claim, and a checkpoint of prepared claims so that prepare and unprepare
@@ -18,6 +21,8 @@ pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
 pub mod plugin;
+pub mod podresources;
+pub mod slices;
 
 /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).
 pub mod pluginregistration {

@@ -7,8 +7,20 @@
 
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::runtime::{WatchStreamExt, watcher};
 use switchyard_gpu::publish::{self, Layout};
+use switchyard_kubelet::agent::{Agent, AgentConfig, Stack};
+use switchyard_kubelet::deviceplugin::Sharing;
+use switchyard_kubelet::plugin::ApiClaims;
+use switchyard_kubelet::podresources::PodResourcesUsage;
+use switchyard_kubelet::slices::ApiSlices;
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(name = "switchyard-node-agent", about = "Switchyard's node agent")]
@@ -21,6 +33,108 @@ struct Cli {
 enum Command {
     /// Print the node's PhysicalGPU reports and ResourceSlices.
     Discover(DiscoverArgs),
+    /// Serve the node's assigned stack (its node.deckhouse.io/gpu-stack
+    /// label): the DRA kubelet plugin and the node's ResourceSlices, or the
+    /// device-plugin API; switch when the label changes and the old stack is
+    /// unused.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long, env = "SWITCHYARD_GPU_SOURCE", default_value = "nvml")]
+    gpu_source: String,
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// How the DRA stack publishes cards: static, partitionable or shared:N.
+    #[arg(long, default_value = "static", value_parser = parse_layout)]
+    layout: Layout,
+    /// How the device-plugin stack shares cards: exclusive, time-slicing:N or mig.
+    #[arg(long, default_value = "exclusive", value_parser = parse_sharing)]
+    sharing: Sharing,
+    /// Kubelet's root directory (plugins_registry, plugins, device-plugins, pod-resources).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_dir: std::path::PathBuf,
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: std::path::PathBuf,
+}
+
+fn parse_sharing(s: &str) -> Result<Sharing, String> {
+    match s.split_once(':') {
+        None if s == "exclusive" => Ok(Sharing::Exclusive),
+        None if s == "mig" => Ok(Sharing::Mig),
+        Some(("time-slicing", n)) => match n.parse::<u32>() {
+            Ok(replicas) if replicas >= 2 => Ok(Sharing::TimeSlicing { replicas }),
+            _ => Err(format!(
+                "time-slicing:{n}: expected time-slicing:N with N >= 2"
+            )),
+        },
+        _ => Err(format!("{s:?}: expected exclusive, time-slicing:N or mig")),
+    }
+}
+
+/// The stack a node's label assigns.
+fn assigned(node: &Node) -> Option<Stack> {
+    match node
+        .labels()
+        .get("node.deckhouse.io/gpu-stack")
+        .map(String::as_str)
+    {
+        Some("dra") => Some(Stack::Dra),
+        Some("device-plugin") => Some(Stack::DevicePlugin),
+        _ => None,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let source = switchyard_gpu::source(&args.gpu_source)?;
+    // NVML blocks: off the async runtime.
+    let machine = tokio::task::spawn_blocking(move || source.machine()).await??;
+    let client = kube::Client::try_default().await?;
+    let k = &args.kubelet_dir;
+    let mut agent = Agent::new(
+        AgentConfig {
+            node: args.node.clone(),
+            plugins_registry: k.join("plugins_registry"),
+            plugin_dir: k.join("plugins").join(publish::DRIVER),
+            device_plugins: k.join("device-plugins"),
+            cdi_dir: args.cdi_dir.clone(),
+            layout: args.layout,
+            sharing: args.sharing,
+        },
+        machine,
+        Arc::new(ApiClaims(client.clone())),
+        Arc::new(ApiSlices::new(client.clone(), &args.node)),
+        Arc::new(PodResourcesUsage {
+            socket: k.join("pod-resources/kubelet.sock"),
+            prefix: "nvidia.com/".into(),
+        }),
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", args.node));
+    let mut events = std::pin::pin!(watcher(nodes, config).applied_objects());
+    // A refused switch is tried again on the next change or retry tick.
+    let mut retry = tokio::time::interval(std::time::Duration::from_secs(30));
+    let mut wanted = None;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(node)) => wanted = Some(assigned(&node)),
+                Some(Err(e)) => tracing::warn!(error = %e, "watching the node"),
+                None => return Ok(ExitCode::SUCCESS),
+            },
+            _ = retry.tick() => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+        if let Some(stack) = wanted
+            && agent.serving() != stack
+        {
+            match agent.serve(stack).await {
+                Ok(()) => tracing::info!(?stack, "serving"),
+                Err(e) => tracing::warn!(error = %e, "HandoverBlocked: the switch waits"),
+            }
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -97,6 +211,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Discover(args) => discover(args),
+        Command::Serve(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::from_default_env())
+                .init();
+            match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime.block_on(serve(args)),
+                Err(e) => Err(e.into()),
+            }
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -1,0 +1,59 @@
+//! Which device-plugin devices containers hold, from kubelet's pod resources
+//! API (`/var/lib/kubelet/pod-resources/kubelet.sock`): what blocks a switch
+//! away from the device-plugin stack.
+
+use std::path::PathBuf;
+
+use crate::agent::DeviceUsage;
+use crate::deviceplugin::tower_service;
+
+/// `v1`, generated from `proto/kubelet/podresources/v1`.
+pub mod api {
+    tonic::include_proto!("v1");
+}
+
+/// Devices of resources starting with `prefix` (`nvidia.com/`) held by
+/// containers, as kubelet lists them.
+pub struct PodResourcesUsage {
+    pub socket: PathBuf,
+    pub prefix: String,
+}
+
+#[async_trait::async_trait]
+impl DeviceUsage for PodResourcesUsage {
+    async fn in_use(&self) -> Result<Vec<String>, String> {
+        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
+            .map_err(|e| e.to_string())?
+            .connect_with_connector(tower_service(self.socket.clone()))
+            .await
+            .map_err(|e| {
+                format!(
+                    "connect to kubelet's pod resources API at {}: {e}",
+                    self.socket.display()
+                )
+            })?;
+        let list = api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+            .list(api::ListPodResourcesRequest {})
+            .await
+            .map_err(|e| format!("list pod resources: {e}"))?
+            .into_inner();
+        let mut held = Vec::new();
+        for pod in list.pod_resources {
+            for container in &pod.containers {
+                for devices in container
+                    .devices
+                    .iter()
+                    .filter(|d| d.resource_name.starts_with(&self.prefix))
+                {
+                    for id in &devices.device_ids {
+                        held.push(format!(
+                            "{} {id} ({}/{}, container {})",
+                            devices.resource_name, pod.namespace, pod.name, container.name
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(held)
+    }
+}

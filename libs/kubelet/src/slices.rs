@@ -1,0 +1,86 @@
+//! The node's ResourceSlices on the API server: published by Server-Side
+//! Apply under the agent's field manager, the slices of an older publication
+//! that the new one no longer has deleted, and all of them withdrawn when
+//! the node stops serving DRA.
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use switchyard_gpu::publish::DRIVER;
+
+use crate::agent::SlicePublisher;
+
+/// The field manager of the node agent's writes.
+pub const FIELD_MANAGER: &str = "switchyard-node-agent";
+
+/// Slices of one node, through the API server.
+pub struct ApiSlices {
+    api: Api<ResourceSlice>,
+    node: String,
+}
+
+impl ApiSlices {
+    pub fn new(client: kube::Client, node: &str) -> ApiSlices {
+        ApiSlices {
+            api: Api::all(client),
+            node: node.to_string(),
+        }
+    }
+
+    /// The names of this node's slices of this driver.
+    async fn existing(&self) -> Result<Vec<String>, String> {
+        let selector = format!("spec.nodeName={},spec.driver={DRIVER}", self.node);
+        let list = self
+            .api
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(|e| format!("list the node's ResourceSlices: {e}"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), String> {
+        match self.api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(format!("delete ResourceSlice {name}: {e}")),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SlicePublisher for ApiSlices {
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut names = Vec::new();
+        for slice in slices {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let mut object = serde_json::to_value(&slice).map_err(|e| e.to_string())?;
+            object["apiVersion"] = "resource.k8s.io/v1".into();
+            object["kind"] = "ResourceSlice".into();
+            self.api
+                .patch(&name, &params, &Patch::Apply(object))
+                .await
+                .map_err(|e| format!("apply ResourceSlice {name}: {e}"))?;
+            names.push(name);
+        }
+        for stale in self
+            .existing()
+            .await?
+            .into_iter()
+            .filter(|n| !names.contains(n))
+        {
+            self.delete(&stale).await?;
+        }
+        Ok(())
+    }
+
+    async fn withdraw(&self) -> Result<(), String> {
+        for name in self.existing().await? {
+            self.delete(&name).await?;
+        }
+        Ok(())
+    }
+}
