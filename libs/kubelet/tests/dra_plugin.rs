@@ -300,3 +300,62 @@ async fn kubelet_registers_prepares_and_unprepares_idempotently() {
         "the sockets are removed on shutdown"
     );
 }
+
+/// The states a SIGKILL can leave between the steps of prepare (the CDI spec
+/// written, the checkpoint not yet) and of unprepare (the spec removed, the
+/// checkpoint entry not yet): the call kubelet repeats completes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_steps_is_completed_by_the_repeated_call() {
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    create_namespace(&client, "ml").await;
+    let dir = tempfile::tempdir().unwrap();
+    let uid = allocated_claim(&client, "train", "gpu-5").await;
+    let spec = dir.path().join(format!("cdi/gpu.deckhouse.io-{uid}.json"));
+    let checkpoint = dir.path().join("plugin/checkpoint.json");
+
+    // Killed after writing the spec (here: a stale, half-written one), before the checkpoint.
+    std::fs::create_dir_all(spec.parent().unwrap()).unwrap();
+    std::fs::write(&spec, b"{\"cdiVersion\": \"0.6.0\", \"ki").unwrap();
+    let (_plugin, running) = start(dir.path(), client.clone()).await;
+    let mut dra = DraPluginClient::new(channel(dir.path().join("plugin/dra.sock")).await);
+    let claim = Claim {
+        namespace: "ml".into(),
+        uid: uid.clone(),
+        name: "train".into(),
+    };
+    let answer = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![claim.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims[&uid].error, "");
+    let written: cdi::Spec =
+        serde_json::from_slice(&std::fs::read(&spec).unwrap()).expect("a whole spec again");
+    assert_eq!(written.devices[0].name, format!("{uid}-gpu-5"));
+    let saved: Checkpoint = serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
+    assert!(saved.claims.contains_key(&uid));
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap();
+
+    // Killed during unprepare after the spec was removed: the entry remains.
+    std::fs::remove_file(&spec).unwrap();
+    let (plugin, running) = start(dir.path(), client.clone()).await;
+    assert_eq!(plugin.prepared().await, ["ml/train"]);
+    let mut dra = DraPluginClient::new(channel(dir.path().join("plugin/dra.sock")).await);
+    let answer = dra
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claim],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims[&uid].error, "");
+    assert!(plugin.prepared().await.is_empty());
+    let saved: Checkpoint = serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
+    assert!(saved.claims.is_empty());
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap();
+}
