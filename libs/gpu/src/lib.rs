@@ -98,10 +98,42 @@ pub enum SourceError {
     Fixture { path: PathBuf, message: String },
 }
 
+/// A card turning unhealthy (NVML: a critical XID error, the GPU lost).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthChange {
+    /// The card's UUID (a MIG device's event names its parent card).
+    pub uuid: String,
+    pub healthy: bool,
+    /// e.g. `XID 79`.
+    pub reason: String,
+}
+
 /// Where the node's GPUs are read from.
 pub trait GpuSource: Send + Sync {
     /// The machine as it is now.
     fn machine(&self) -> Result<Machine, SourceError>;
+
+    /// Blocks, passing health changes to `sink` until it returns false or the
+    /// source has nothing more to say (a fixture never changes). Run it off
+    /// the async runtime.
+    fn watch_health(&self, sink: &mut dyn FnMut(HealthChange) -> bool) -> Result<(), SourceError> {
+        let _ = sink;
+        Ok(())
+    }
+}
+
+impl Machine {
+    /// Applies a health change to the card it names (or whose MIG device it
+    /// names); false if no card matches.
+    pub fn apply(&mut self, change: &HealthChange) -> bool {
+        for gpu in &mut self.gpus {
+            if gpu.uuid == change.uuid || gpu.mig_devices.iter().any(|m| m.uuid == change.uuid) {
+                gpu.healthy = change.healthy;
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// A machine described in a YAML file.

@@ -71,6 +71,13 @@ fn mig_device(
 }
 
 impl GpuSource for Nvml {
+    fn watch_health(
+        &self,
+        sink: &mut dyn FnMut(crate::HealthChange) -> bool,
+    ) -> Result<(), SourceError> {
+        self.watch_critical_xids(sink)
+    }
+
     fn machine(&self) -> Result<Machine, SourceError> {
         let nvml = &self.nvml;
         let cuda = nvml
@@ -141,6 +148,84 @@ impl GpuSource for Nvml {
             cuda_driver_version: format!("{}.{}", cuda / 1000, (cuda % 1000) / 10),
             gpus,
         })
+    }
+}
+
+/// XIDs NVIDIA's own device plugin treats as the application's fault, not
+/// the card's: they do not make a card unhealthy.
+const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+impl Nvml {
+    /// The health loop: critical XID errors on any card, waited for in
+    /// 5-second slices so that `sink` can stop it.
+    pub fn watch_critical_xids(
+        &self,
+        sink: &mut dyn FnMut(crate::HealthChange) -> bool,
+    ) -> Result<(), SourceError> {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        use nvml_wrapper::enums::event::XidError;
+        let mut set = self
+            .nvml
+            .create_event_set()
+            .map_err(failed("nvmlEventSetCreate"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(failed("nvmlDeviceGetCount"))?;
+        for i in 0..count {
+            let device = self
+                .nvml
+                .device_by_index(i)
+                .map_err(failed("nvmlDeviceGetHandleByIndex"))?;
+            set = device
+                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                .map_err(|e| SourceError::Nvml {
+                    call: "nvmlDeviceRegisterEvents".into(),
+                    message: e.to_string(),
+                })?;
+        }
+        loop {
+            match set.wait(5000) {
+                Ok(event) => {
+                    let xid = match event.event_data {
+                        Some(XidError::Value(x)) => x,
+                        _ => 0,
+                    };
+                    if APPLICATION_XIDS.contains(&xid) {
+                        continue;
+                    }
+                    let uuid = event.device.uuid().map_err(failed("nvmlDeviceGetUUID"))?;
+                    let change = crate::HealthChange {
+                        uuid,
+                        healthy: false,
+                        reason: format!("XID {xid}"),
+                    };
+                    if !sink(change) {
+                        return Ok(());
+                    }
+                }
+                Err(NvmlError::Timeout) => {
+                    // A no-op change asks whether the watch is still wanted.
+                    if !sink(crate::HealthChange {
+                        uuid: String::new(),
+                        healthy: true,
+                        reason: String::new(),
+                    }) {
+                        return Ok(());
+                    }
+                }
+                Err(NvmlError::GpuLost) => {
+                    if !sink(crate::HealthChange {
+                        uuid: String::new(),
+                        healthy: false,
+                        reason: "GPU lost".into(),
+                    }) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(failed("nvmlEventSetWait")(e)),
+            }
+        }
     }
 }
 

@@ -122,6 +122,35 @@ impl Agent {
         }
     }
 
+    /// The machine as it changed (a card's health): the served stack tells
+    /// kubelet or the scheduler — the device plugins' lists, or the node's
+    /// slices again at the next generation with the taint.
+    pub async fn update(
+        &mut self,
+        machine: Machine,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.machine = machine;
+        match &self.running {
+            None => {}
+            Some(Running::DevicePlugins { machine, .. }) => {
+                let _ = machine.send(self.machine.clone());
+            }
+            Some(Running::Dra { .. }) => {
+                self.generation += 1;
+                let c = &self.config;
+                self.slices
+                    .publish(publish::resource_slices(
+                        &c.node,
+                        &self.machine,
+                        c.layout,
+                        self.generation,
+                    ))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// The stack served now.
     pub fn serving(&self) -> Option<Stack> {
         match &self.running {

@@ -358,3 +358,60 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
     agent.serve(None).await.unwrap();
     assert!(!observed.device_plugin_live());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_turning_unhealthy_is_republished_tainted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, device_plugins) = (
+        dir.path().join("plugins_registry"),
+        dir.path().join("device-plugins"),
+    );
+    std::fs::create_dir_all(&device_plugins).unwrap();
+    let observed = Arc::new(Observed {
+        events: Mutex::default(),
+        slices: Mutex::default(),
+        dirs: (registry.clone(), device_plugins.clone()),
+    });
+    let mut machine = machine();
+    let mut agent = Agent::new(
+        AgentConfig {
+            node: "gpu-1".into(),
+            plugins_registry: registry,
+            plugin_dir: dir.path().join("plugin"),
+            device_plugins,
+            cdi_dir: dir.path().join("cdi"),
+            layout: Layout::Static,
+            sharing: Sharing::Exclusive,
+        },
+        machine.clone(),
+        Arc::new(Claims),
+        Arc::new(Publisher(observed.clone())),
+        Arc::new(Usage(Mutex::default())),
+    );
+    agent.serve(Some(Stack::Dra)).await.unwrap();
+    let generation = |o: &Observed| o.slices.lock().unwrap()[0].spec.pool.generation;
+    assert_eq!(generation(&observed), 1);
+    // NVML reports a critical XID on card 5 (through one of its handles).
+    let change = switchyard_gpu::HealthChange {
+        uuid: machine.gpus[5].uuid.clone(),
+        healthy: false,
+        reason: "XID 79".into(),
+    };
+    assert!(machine.apply(&change));
+    agent.update(machine.clone()).await.unwrap();
+    assert_eq!(generation(&observed), 2, "a new generation of the pool");
+    let slices = observed.slices.lock().unwrap().clone();
+    let devices = slices[0].spec.devices.clone().unwrap();
+    let tainted: Vec<&str> = devices
+        .iter()
+        .filter(|d| d.taints.is_some())
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(tainted, ["gpu-5"]);
+    assert_eq!(
+        devices[5].taints.as_ref().unwrap()[0].key,
+        "gpu.deckhouse.io/unhealthy"
+    );
+    assert_eq!(devices[5].taints.as_ref().unwrap()[0].effect, "NoSchedule");
+    agent.serve(None).await.unwrap();
+}

@@ -87,10 +87,30 @@ fn assigned(node: &Node) -> Option<Stack> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let source = switchyard_gpu::source(&args.gpu_source)?;
+    let source: Arc<dyn switchyard_gpu::GpuSource> =
+        Arc::from(switchyard_gpu::source(&args.gpu_source)?);
     // NVML blocks: off the async runtime.
-    let machine = tokio::task::spawn_blocking(move || source.machine()).await??;
+    let read = source.clone();
+    let mut machine = tokio::task::spawn_blocking(move || read.machine()).await??;
     let client = kube::Client::try_default().await?;
+    // The reports are inventory's; serving the stack does not wait for them.
+    if let Err(e) = report(&client, &args.node, &machine).await {
+        tracing::warn!(error = %e, "reporting PhysicalGPUs");
+    }
+    let (health_tx, mut health) = tokio::sync::mpsc::channel::<switchyard_gpu::HealthChange>(16);
+    let watch = source.clone();
+    tokio::task::spawn_blocking(move || {
+        let result = watch.watch_health(&mut |change| {
+            if change.uuid.is_empty() && change.healthy {
+                // A liveness probe from the source: is the watch still wanted?
+                return !health_tx.is_closed();
+            }
+            health_tx.blocking_send(change).is_ok()
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "watching GPU health");
+        }
+    });
     let k = &args.kubelet_dir;
     let mut agent = Agent::new(
         AgentConfig {
@@ -102,7 +122,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             layout: args.layout,
             sharing: args.sharing,
         },
-        machine,
+        machine.clone(),
         Arc::new(ApiClaims(client.clone())),
         Arc::new(ApiSlices::new(client.clone(), &args.node)),
         Arc::new(PodResourcesUsage {
@@ -110,7 +130,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             prefix: "nvidia.com/".into(),
         }),
     );
-    let nodes: kube::Api<Node> = kube::Api::all(client);
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("metadata.name={}", args.node));
     let mut events = std::pin::pin!(watcher(nodes, config).applied_objects());
     // A refused switch is tried again on the next change or retry tick.
@@ -124,6 +144,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 None => return Ok(ExitCode::SUCCESS),
             },
             _ = retry.tick() => {}
+            Some(change) = health.recv() => {
+                if change.uuid.is_empty() {
+                    // NVML cannot say which card was lost: all are suspect.
+                    for gpu in &mut machine.gpus {
+                        gpu.healthy = false;
+                    }
+                } else {
+                    machine.apply(&change);
+                }
+                tracing::warn!(uuid = %change.uuid, healthy = change.healthy, reason = %change.reason, "GpuHealthChanged");
+                if let Err(e) = agent.update(machine.clone()).await {
+                    tracing::warn!(error = %e, "publishing the health change");
+                }
+                if let Err(e) = report(&client, &args.node, &machine).await {
+                    tracing::warn!(error = %e, "reporting PhysicalGPUs");
+                }
+            }
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
         if let Some(stack) = wanted
@@ -173,6 +210,32 @@ fn parse_layout(s: &str) -> Result<Layout, String> {
         },
         _ => Err(format!("{s:?}: expected static, partitionable or shared:N")),
     }
+}
+
+/// Applies the node's PhysicalGPU reports (spec and labels, then status) by
+/// Server-Side Apply under the agent's field manager.
+async fn report(
+    client: &kube::Client,
+    node: &str,
+    machine: &switchyard_gpu::Machine,
+) -> anyhow::Result<()> {
+    let api: kube::Api<switchyard_api::PhysicalGPU> = kube::Api::all(client.clone());
+    let params = kube::api::PatchParams::apply(switchyard_kubelet::slices::FIELD_MANAGER).force();
+    for gpu in publish::physical_gpus(node, machine) {
+        let name = gpu.name_any();
+        let mut object = serde_json::to_value(&gpu)?;
+        object["apiVersion"] = "gpu.deckhouse.io/v1alpha1".into();
+        object["kind"] = "PhysicalGPU".into();
+        let status = object.as_object_mut().and_then(|o| o.remove("status"));
+        api.patch(&name, &params, &kube::api::Patch::Apply(&object))
+            .await?;
+        if let Some(status) = status {
+            let patch = serde_json::json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "status": status});
+            api.patch_status(&name, &params, &kube::api::Patch::Apply(&patch))
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 fn discover(args: DiscoverArgs) -> anyhow::Result<ExitCode> {

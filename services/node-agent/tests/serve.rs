@@ -70,6 +70,11 @@ impl Drop for Killed {
 async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
     let plane = ControlPlane::start().await;
     let client = plane.client();
+    switchyard_testkit::kube::install_crds(
+        &client,
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(
@@ -155,6 +160,18 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
     assert!(
         registered.lock().unwrap().is_empty(),
         "no device plugin while DRA is served"
+    );
+    // The cards are reported, Ready, labelled for class selectors.
+    let reports: Api<switchyard_api::PhysicalGPU> = Api::all(client.clone());
+    let listed = reports.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 8);
+    assert_eq!(
+        listed[0].metadata.labels.as_ref().unwrap()["gpu.deckhouse.io/device"],
+        "h100-80gb-hbm3"
+    );
+    assert_eq!(
+        listed[0].status.as_ref().unwrap().phase,
+        Some(switchyard_api::GpuPhase::Ready)
     );
 
     nodes
