@@ -131,20 +131,6 @@ fn objects(nodes: usize, claims: usize) -> Vec<Value> {
     out
 }
 
-fn oracle_binary() -> anyhow::Result<String> {
-    let out = Command::new("scripts/build-oracles.sh").output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "scripts/build-oracles.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)?
-        .lines()
-        .find(|l| l.ends_with("/alloc-oracle"))
-        .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("no alloc-oracle built"))
-}
-
 /// The bench loop of `alloc-oracle bench`, on our allocator.
 fn ours(objects: &Objects) -> anyhow::Result<Value> {
     let compiler = Arc::new(Compiler::default());
@@ -169,7 +155,7 @@ fn ours(objects: &Objects) -> anyhow::Result<Value> {
             let Some(results) = result.map_err(|e| anyhow::anyhow!("{e}"))? else {
                 continue;
             };
-            state.add(&results[0]);
+            state.add(&results[0])?;
             allocated += 1;
             let node_name = node.metadata.name.as_deref().unwrap_or_default();
             for r in results[0]
@@ -203,7 +189,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         std::io::BufWriter::new(file.as_file()),
         &json!({"kind": "List", "items": values}),
     )?;
-    let oracle = oracle_binary()?;
+    let oracle = crate::oracle("alloc-oracle")?;
     let go = Command::new(&oracle)
         .arg("bench")
         .arg(file.path())

@@ -112,6 +112,22 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The path of a reference program of tools/, built (and cached) by
+/// scripts/build-oracles.sh.
+pub fn oracle(name: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("scripts/build-oracles.sh").output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "scripts/build-oracles.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)?
+        .lines()
+        .find(|l| l.ends_with(&format!("/{name}")))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no {name} built"))
+}
+
 /// Resident set size of this process now (VmRSS), in KiB.
 pub fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

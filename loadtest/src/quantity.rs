@@ -16,20 +16,6 @@ pub struct Args {
     iterations: u32,
 }
 
-fn oracle_binary() -> anyhow::Result<String> {
-    let out = Command::new("scripts/build-oracles.sh").output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "scripts/build-oracles.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)?
-        .lines()
-        .find(|l| l.ends_with("/quantity-oracle"))
-        .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("no quantity-oracle built"))
-}
-
 fn go_bench(binary: &str, requests: &[String]) -> anyhow::Result<Vec<f64>> {
     let mut child = Command::new(binary)
         .stdin(Stdio::piped())
@@ -62,7 +48,7 @@ fn ns_per(iterations: u32, mut op: impl FnMut()) -> f64 {
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
     let n = args.iterations;
-    let oracle = oracle_binary()?;
+    let oracle = crate::oracle("quantity-oracle")?;
     let parses = ["40Gi", "1500m", "8", "42949672961", "1.5Gi"];
     let compares = [("40Gi", "42949672961"), ("1500m", "2"), ("80Gi", "80Gi")];
     let mut requests: Vec<String> = parses

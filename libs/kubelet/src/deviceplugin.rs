@@ -102,6 +102,14 @@ impl DevicePlugin {
             .unwrap_or_default()
     }
 
+    /// Device ID → the card or MIG device UUID it stands for.
+    fn card_of(&self) -> BTreeMap<String, String> {
+        self.devices(&self.machine.borrow())
+            .into_iter()
+            .map(|(id, card, _)| (id, card))
+            .collect()
+    }
+
     fn list(&self, machine: &Machine) -> api::ListAndWatchResponse {
         api::ListAndWatchResponse {
             devices: self
@@ -158,10 +166,10 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let devices = self.devices(&self.machine.borrow());
-        let card_of: BTreeMap<&str, &str> = devices
+        let card_of = self.card_of();
+        let card_of: BTreeMap<&str, &str> = card_of
             .iter()
-            .map(|(id, card, _)| (id.as_str(), card.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let mut responses = Vec::new();
         for c in request.into_inner().container_requests {
@@ -203,10 +211,10 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
-        let devices = self.devices(&self.machine.borrow());
-        let card_of: BTreeMap<&str, &str> = devices
+        let card_of = self.card_of();
+        let card_of: BTreeMap<&str, &str> = card_of
             .iter()
-            .map(|(id, card, _)| (id.as_str(), card.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let mut responses = Vec::new();
         for c in request.into_inner().container_requests {

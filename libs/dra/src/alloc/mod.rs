@@ -100,47 +100,29 @@ impl AllocatedState {
     ) -> Result<AllocatedState, InputError> {
         let mut state = AllocatedState::default();
         for claim in claims {
-            let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-                continue;
-            };
-            let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
-            for (i, result) in results.into_iter().flatten().enumerate() {
-                if result.admin_access == Some(true) {
-                    continue;
-                }
-                let id = DeviceId {
-                    driver: result.driver.as_str().into(),
-                    pool: result.pool.as_str().into(),
-                    device: result.device.as_str().into(),
-                };
-                let Some(share) = &result.share_id else {
-                    state.devices.insert(id);
-                    continue;
-                };
-                state.shared.insert((id.clone(), share.clone()));
-                let Some(consumed) = &result.consumed_capacity else {
-                    continue;
-                };
-                let entry = state.capacity.entry(id).or_default();
-                for (name, q) in consumed {
-                    let q = parse_quantity(
-                        &claim_name(claim),
-                        &format!("status.allocation.devices.results[{i}].consumedCapacity[{name}]"),
-                        &q.0,
-                    )?;
-                    let sum = entry.get(name).map_or(q.clone(), |s| s.add(&q));
-                    entry.insert(name.clone(), sum);
-                }
+            if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                state.add_checked(allocation, &claim_name(claim))?;
             }
         }
         Ok(state)
     }
 
     /// Adds one allocation (as the scheduler's tracker does when a claim's
-    /// allocation is written).
-    pub fn add(&mut self, allocation: &AllocationResult) {
+    /// allocation is written); a consumed capacity that is not a quantity
+    /// refuses the whole allocation, nothing of it added.
+    pub fn add(&mut self, allocation: &AllocationResult) -> Result<(), InputError> {
+        self.add_checked(allocation, "allocation")
+    }
+
+    fn add_checked(
+        &mut self,
+        allocation: &AllocationResult,
+        object: &str,
+    ) -> Result<(), InputError> {
         let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
-        for result in results.into_iter().flatten() {
+        // Read everything first: a bad quantity leaves the state as it was.
+        let mut read = Vec::new();
+        for (i, result) in results.into_iter().flatten().enumerate() {
             if result.admin_access == Some(true) {
                 continue;
             }
@@ -149,22 +131,35 @@ impl AllocatedState {
                 pool: result.pool.as_str().into(),
                 device: result.device.as_str().into(),
             };
-            let Some(share) = &result.share_id else {
+            let mut consumed = Vec::new();
+            for (name, q) in result.consumed_capacity.iter().flatten() {
+                let field =
+                    format!("status.allocation.devices.results[{i}].consumedCapacity[{name}]");
+                consumed.push((name.clone(), parse_quantity(object, &field, &q.0)?));
+            }
+            read.push((
+                id,
+                result.share_id.clone(),
+                result.consumed_capacity.is_some(),
+                consumed,
+            ));
+        }
+        for (id, share, has_consumed, consumed) in read {
+            let Some(share) = share else {
                 self.devices.insert(id);
                 continue;
             };
-            self.shared.insert((id.clone(), share.clone()));
-            let Some(consumed) = &result.consumed_capacity else {
+            self.shared.insert((id.clone(), share));
+            if !has_consumed {
                 continue;
-            };
+            }
             let entry = self.capacity.entry(id).or_default();
             for (name, q) in consumed {
-                if let Ok(q) = Quantity::parse(&q.0) {
-                    let sum = entry.get(name).map_or(q.clone(), |s| s.add(&q));
-                    entry.insert(name.clone(), sum);
-                }
+                let sum = entry.get(&name).map_or(q.clone(), |s| s.add(&q));
+                entry.insert(name, sum);
             }
         }
+        Ok(())
     }
 
     fn is_allocated(&self, id: &DeviceId) -> bool {
