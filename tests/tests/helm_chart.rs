@@ -305,6 +305,7 @@ const PERMISSIONS: [(&str, &[&str]); 6] = [
             "gpu.deckhouse.io/physicalgpus get list watch create patch update delete",
             "gpu.deckhouse.io/physicalgpus/status get list watch create patch update delete",
             "resource.k8s.io/resourceslices get list watch create patch update delete",
+            "resource.k8s.io/resourceclaims get list watch",
         ],
     ),
     ("alerter", &["/events create patch"]),
@@ -547,7 +548,8 @@ async fn chart_renders_and_passes_server_side_dry_run() {
             "/var/lib/kubelet/plugins_registry",
             "/var/lib/kubelet/plugins/gpu.deckhouse.io",
             "/var/lib/kubelet/device-plugins",
-            "/var/run/cdi"
+            "/var/run/cdi",
+            "/var/lib/kubelet/pod-resources"
         ]
     );
     let term = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

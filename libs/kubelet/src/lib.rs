@@ -11,6 +11,7 @@
 //!   profiles as resources.
 //! - [`podresources`]: the devices containers hold, from kubelet's pod
 //!   resources API.
+//! - [`run`]: the node agent as a process.
 //! - [`slices`]: the node's ResourceSlices on the API server.
 //! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
 //!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
@@ -22,6 +23,7 @@ pub mod cdi;
 pub mod deviceplugin;
 pub mod plugin;
 pub mod podresources;
+pub mod run;
 pub mod slices;
 
 /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).

@@ -109,6 +109,21 @@ pub struct ServeArgs {
     /// The node this process runs on (node-agent; from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// node-agent: `nvml`, or `fixture:FILE` (a YAML machine).
+    #[arg(long, env = "SWITCHYARD_GPU_SOURCE", default_value = "nvml")]
+    pub gpu_source: String,
+    /// node-agent: how DRA publishes cards (static, partitionable, shared:N).
+    #[arg(long, default_value = "static", value_parser = switchyard_kubelet::run::parse_layout)]
+    pub layout: switchyard_gpu::publish::Layout,
+    /// node-agent: how the device plugins share cards (exclusive, time-slicing:N, mig).
+    #[arg(long, default_value = "exclusive", value_parser = switchyard_kubelet::run::parse_sharing)]
+    pub sharing: switchyard_kubelet::deviceplugin::Sharing,
+    /// node-agent: kubelet's root directory.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: std::path::PathBuf,
+    /// node-agent: where CDI specs go.
+    #[arg(long, default_value = "/var/run/cdi")]
+    pub cdi_dir: std::path::PathBuf,
 }
 
 async fn health(
@@ -144,15 +159,39 @@ async fn health(
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let name = args.service.name();
-    if args.service == Service::NodeAgent {
-        anyhow::bail!(
-            "node-agent does not run on its own yet: the kubelet plugin and the GPU discovery it needs are not part of this build"
-        );
-    }
     let config = kube::Config::infer()
         .await
         .context("find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let kube = kube::Client::try_from(config.clone()).context("connect to the Kubernetes API")?;
+    if args.service == Service::NodeAgent {
+        // The node agent talks to kubelet and the API server, not the log.
+        let node = args
+            .node_name
+            .clone()
+            .context("node-agent needs --node-name (NODE_NAME from the downward API)")?;
+        let (progress, watching) = watch::channel(Progress::default());
+        if let Some(listen) = args.health_listen {
+            tokio::spawn(health(listen, name, watching));
+        }
+        tracing::info!(service = name, %node, "starting");
+        let options = switchyard_kubelet::run::NodeOptions {
+            node,
+            gpu_source: args.gpu_source,
+            layout: args.layout,
+            sharing: args.sharing,
+            kubelet_dir: args.kubelet_dir,
+            cdi_dir: args.cdi_dir,
+        };
+        switchyard_kubelet::run::serve_node(kube, options, move || {
+            let _ = progress.send(Progress {
+                ready: true,
+                sequence: 0,
+            });
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let nats = args.connection.client(name).await?;
     let log = args.connection.log(nats.clone()).await?;
     let (progress, watching) = watch::channel(Progress::default());

@@ -112,6 +112,12 @@ containers:
       {{- if $nodeAgent }}
       - --node-name
       - $(NODE_NAME)
+      - --gpu-source
+      - {{ $root.Values.nodeAgent.gpuSource | quote }}
+      - --layout
+      - {{ $root.Values.nodeAgent.layout | quote }}
+      - --sharing
+      - {{ $root.Values.nodeAgent.sharing | quote }}
       {{- end }}
     env:
       - name: SWITCHYARD_NATS_URL
@@ -171,6 +177,9 @@ containers:
         mountPath: /var/lib/kubelet/device-plugins
       - name: cdi
         mountPath: /var/run/cdi
+      - name: pod-resources
+        mountPath: /var/lib/kubelet/pod-resources
+        readOnly: true
       {{- end }}
 volumes:
   - name: tmp
@@ -203,6 +212,10 @@ volumes:
     hostPath:
       path: /var/run/cdi
       type: DirectoryOrCreate
+  - name: pod-resources
+    hostPath:
+      path: /var/lib/kubelet/pod-resources
+      type: Directory
   {{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:

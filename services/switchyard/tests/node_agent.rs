@@ -1,0 +1,112 @@
+//! `switchyard serve node-agent`, as the chart's DaemonSet runs it, on a real
+//! control plane: it serves its node's stack (DRA here: the node's slices on
+//! the API server) and reports SERVING on gRPC health once it acts on its
+//! node's assignment.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, ListParams, PostParams};
+use switchyard_testkit::eventually;
+use switchyard_testkit::kube::{ControlPlane, fake_node};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemonset_command_serves_the_node_and_reports_health() {
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    switchyard_testkit::kube::install_crds(
+        &client,
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &fake_node(
+                "gpu-1",
+                &[("node.deckhouse.io/gpu-stack", "dra")],
+                Vec::new(),
+            ),
+        )
+        .await
+        .unwrap();
+    let kubelet = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args([
+                "serve",
+                "node-agent",
+                "--node-name",
+                "gpu-1",
+                "--gpu-source",
+                "fixture:deploy/fixtures/a100-8x-mig.yaml",
+            ])
+            .arg("--kubelet-dir")
+            .arg(kubelet.path())
+            .arg("--cdi-dir")
+            .arg(kubelet.path().join("cdi"))
+            .args(["--health-listen", &format!("127.0.0.1:{port}")])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .env("KUBECONFIG", plane.kubeconfig())
+            // The chart passes the log's address to every service; the agent does not use it.
+            .env("SWITCHYARD_NATS_URL", "nats://127.0.0.1:4222")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start switchyard serve node-agent"),
+    );
+    eventually(
+        "SERVING on gRPC health",
+        Duration::from_secs(30),
+        || async move {
+            let Ok(channel) =
+                tonic::transport::Endpoint::try_from(format!("http://127.0.0.1:{port}"))
+                    .unwrap()
+                    .connect()
+                    .await
+            else {
+                return false;
+            };
+            let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await;
+            answer.is_ok_and(|a| {
+                a.into_inner().status
+                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let slices: Vec<ResourceSlice> = Api::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.node_name.as_deref(), Some("gpu-1"));
+    assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 20);
+    assert!(
+        kubelet
+            .path()
+            .join("plugins_registry/gpu.deckhouse.io-reg.sock")
+            .exists()
+    );
+}
