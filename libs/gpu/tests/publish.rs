@@ -241,6 +241,16 @@ fn the_usual_class_selectors_find_what_the_node_publishes() {
     }
     // An unhealthy card is tainted: the L4 class finds only the healthy one.
     let mixed = fixture("mixed.yaml");
+    let phases: Vec<_> = publish::physical_gpus("node-1", &mixed)
+        .into_iter()
+        .map(|r| r.status.unwrap().phase.unwrap())
+        .collect();
+    use switchyard_api::GpuPhase::{Failed, Ready};
+    assert_eq!(
+        phases,
+        [Ready, Ready, Ready, Failed],
+        "its PhysicalGPU is Failed"
+    );
     let l4 = objects(
         &mixed,
         Layout::Static,
