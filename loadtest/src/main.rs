@@ -58,6 +58,7 @@ mod cores;
 mod eventlog;
 mod kube;
 mod kubelet;
+mod node_agent;
 mod quantity;
 
 use clap::{Parser, Subcommand};
@@ -90,6 +91,9 @@ enum Command {
     /// The DRA kubelet plugin: NodePrepareResources / NodeUnprepareResources
     /// latency over its socket (CDI write and fsynced checkpoint), and memory.
     Kubelet(kubelet::Args),
+    /// The node agent as a process on a real control plane: memory with 8
+    /// GPUs, and the time to switch stacks.
+    NodeAgent(node_agent::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -107,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         Command::Quantity(args) => Box::pin(quantity::run(args)),
         Command::Allocate(args) => Box::pin(allocate::run(args)),
         Command::Kubelet(args) => Box::pin(kubelet::run(args)),
+        Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
