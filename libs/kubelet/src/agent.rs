@@ -89,6 +89,7 @@ enum Running {
     DevicePlugins {
         machine: watch::Sender<Machine>,
         servers: Vec<Server>,
+        closing: Arc<std::sync::atomic::AtomicBool>,
     },
 }
 
@@ -172,21 +173,47 @@ impl Agent {
         match self.running.take() {
             None => {}
             Some(Running::Dra { plugin, server }) => {
-                let prepared = plugin.prepared().await;
-                if !prepared.is_empty() {
+                // No prepare can slip in between the check and the stop.
+                if let Err(prepared) = plugin.close().await {
                     self.running = Some(Running::Dra { plugin, server });
                     return Err(Box::new(HandoverBlocked {
                         from: Stack::Dra,
                         in_use: prepared,
                     }));
                 }
-                self.slices.withdraw().await?;
+                if let Err(e) = self.slices.withdraw().await {
+                    plugin.reopen();
+                    self.running = Some(Running::Dra { plugin, server });
+                    return Err(e.into());
+                }
                 server.stop().await;
             }
-            Some(Running::DevicePlugins { machine, servers }) => {
-                let in_use = self.usage.in_use().await?;
+            Some(Running::DevicePlugins {
+                machine,
+                servers,
+                closing,
+            }) => {
+                // No Allocate is answered from here on: what is held now is all.
+                closing.store(true, std::sync::atomic::Ordering::SeqCst);
+                let in_use = match self.usage.in_use().await {
+                    Ok(in_use) => in_use,
+                    Err(e) => {
+                        closing.store(false, std::sync::atomic::Ordering::SeqCst);
+                        self.running = Some(Running::DevicePlugins {
+                            machine,
+                            servers,
+                            closing,
+                        });
+                        return Err(e.into());
+                    }
+                };
                 if !in_use.is_empty() {
-                    self.running = Some(Running::DevicePlugins { machine, servers });
+                    closing.store(false, std::sync::atomic::Ordering::SeqCst);
+                    self.running = Some(Running::DevicePlugins {
+                        machine,
+                        servers,
+                        closing,
+                    });
                     return Err(Box::new(HandoverBlocked {
                         from: Stack::DevicePlugin,
                         in_use,
@@ -260,6 +287,7 @@ impl Agent {
         &mut self,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let (machine, watch) = watch::channel(self.machine.clone());
+        let closing: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let mut servers = Vec::new();
         let kubelet = self.config.device_plugins.join("kubelet.sock");
         for resource in deviceplugin::resources(&self.machine, self.config.sharing).into_keys() {
@@ -267,10 +295,11 @@ impl Agent {
                 "switchyard-{}.sock",
                 resource.replace(['/', '.'], "-")
             ));
-            let plugin = Arc::new(DevicePlugin::new(
+            let plugin = Arc::new(DevicePlugin::closable(
                 &resource,
                 self.config.sharing,
                 watch.clone(),
+                closing.clone(),
             ));
             let (stop, stopped) = oneshot::channel::<()>();
             let (ready_tx, ready) = oneshot::channel();
@@ -288,7 +317,11 @@ impl Agent {
             ready.await.map_err(|_| "a device plugin did not start")??;
             servers.push(Server { stop, task });
         }
-        self.running = Some(Running::DevicePlugins { machine, servers });
+        self.running = Some(Running::DevicePlugins {
+            machine,
+            servers,
+            closing,
+        });
         Ok(())
     }
 }

@@ -81,6 +81,9 @@ pub struct DevicePlugin {
     resource: String,
     sharing: Sharing,
     machine: watch::Receiver<Machine>,
+    /// Set while the node switches away from the device plugins: no new
+    /// device is handed out.
+    closing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DevicePlugin {
@@ -89,13 +92,23 @@ impl DevicePlugin {
         sharing: Sharing,
         machine: watch::Receiver<Machine>,
     ) -> DevicePlugin {
+        DevicePlugin::closable(resource, sharing, machine, Arc::default())
+    }
+
+    /// A plugin that refuses Allocate while `closing` is set.
+    pub fn closable(
+        resource: &str,
+        sharing: Sharing,
+        machine: watch::Receiver<Machine>,
+        closing: Arc<std::sync::atomic::AtomicBool>,
+    ) -> DevicePlugin {
         DevicePlugin {
             resource: resource.to_string(),
             sharing,
             machine,
+            closing,
         }
     }
-
     fn devices(&self, machine: &Machine) -> Vec<(String, String, bool)> {
         resources(machine, self.sharing)
             .remove(&self.resource)
@@ -211,6 +224,12 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
+        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable(format!(
+                "{}: the node is switching away from the device plugins",
+                self.resource
+            )));
+        }
         let card_of = self.card_of();
         let card_of: BTreeMap<&str, &str> = card_of
             .iter()

@@ -94,6 +94,8 @@ pub struct DraPlugin {
     /// checkpoint.
     state: Mutex<Checkpoint>,
     registered: std::sync::Mutex<Option<reg::RegistrationStatus>>,
+    /// Set while the node switches away from DRA: no new claim is prepared.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl DraPlugin {
@@ -111,6 +113,7 @@ impl DraPlugin {
             claims,
             state: Mutex::new(state),
             registered: std::sync::Mutex::new(None),
+            closing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -123,6 +126,29 @@ impl DraPlugin {
             .values()
             .map(|c| format!("{}/{}", c.namespace, c.name))
             .collect()
+    }
+
+    /// Stops preparing new claims if none is prepared now (checked and set
+    /// under the checkpoint's lock, so no prepare slips in between);
+    /// otherwise the prepared claims.
+    pub async fn close(&self) -> Result<(), Vec<String>> {
+        let state = self.state.lock().await;
+        if !state.claims.is_empty() {
+            return Err(state
+                .claims
+                .values()
+                .map(|c| format!("{}/{}", c.namespace, c.name))
+                .collect());
+        }
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Prepares again after a [`Self::close`] that did not lead to a switch.
+    pub fn reopen(&self) {
+        self.closing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What kubelet last said about the registration.
@@ -173,6 +199,9 @@ impl DraPlugin {
     ) -> Result<Vec<PreparedDevice>, String> {
         if let Some(done) = checkpoint.claims.get(&claim.uid) {
             return Ok(done.devices.clone());
+        }
+        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the node is switching away from DRA: no new claim is prepared".into());
         }
         let object = self.claims.claim(&claim.namespace, &claim.name).await?;
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {

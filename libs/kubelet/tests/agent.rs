@@ -24,7 +24,7 @@ use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
 use switchyard_kubelet::deviceplugin::{Sharing, tower_service};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
-use switchyard_kubelet::plugin::ClaimSource;
+use switchyard_kubelet::plugin::{Checkpoint, ClaimSource};
 use switchyard_testkit::eventually;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
@@ -112,7 +112,7 @@ struct Claims;
 impl ClaimSource for Claims {
     async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
         serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": namespace, "uid": "uid-1"},
+            "metadata": {"name": name, "namespace": namespace, "uid": if name == "train" { "uid-1".to_string() } else { format!("uid-{name}") }},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "h100.gpu.deckhouse.io"}}]}},
             "status": {"allocation": {"devices": {"results": [
                 {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": "gpu-2"}
@@ -413,5 +413,222 @@ async fn a_card_turning_unhealthy_is_republished_tainted() {
         "gpu.deckhouse.io/unhealthy"
     );
     assert_eq!(devices[5].taints.as_ref().unwrap()[0].effect, "NoSchedule");
+    agent.serve(None).await.unwrap();
+}
+
+/// Switching both ways while kubelet keeps calling: prepares and unprepares
+/// on the DRA side, Allocate on the device-plugin side. A switch waits for a
+/// moment with nothing in use; once it starts, nothing new is handed out, so
+/// nothing is left prepared or allocated on the stack it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_under_load_leaves_nothing_behind() {
+    use switchyard_kubelet::deviceplugin::api::{AllocateRequest, ContainerAllocateRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, device_plugins) = (
+        dir.path().join("plugins_registry"),
+        dir.path().join("device-plugins"),
+    );
+    std::fs::create_dir_all(&registry).unwrap();
+    std::fs::create_dir_all(&device_plugins).unwrap();
+    let observed = Arc::new(Observed {
+        events: Mutex::default(),
+        slices: Mutex::default(),
+        dirs: (registry.clone(), device_plugins.clone()),
+    });
+    let listener = tokio::net::UnixListener::bind(device_plugins.join("kubelet.sock")).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(FakeKubelet(observed.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let machine = machine();
+    let mut agent = Agent::new(
+        AgentConfig {
+            node: "gpu-1".into(),
+            plugins_registry: registry.clone(),
+            plugin_dir: dir.path().join("plugin"),
+            device_plugins: device_plugins.clone(),
+            cdi_dir: dir.path().join("cdi"),
+            layout: Layout::Static,
+            sharing: Sharing::Exclusive,
+        },
+        machine.clone(),
+        Arc::new(Claims),
+        Arc::new(Publisher(observed.clone())),
+        Arc::new(Usage(Mutex::default())),
+    );
+
+    // DRA under a stream of prepare/unprepare pairs.
+    agent.serve(Some(Stack::Dra)).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let socket = dir.path().join("plugin/dra.sock");
+    let load = {
+        let (stop, socket, progress) = (stop.clone(), socket.clone(), progress.clone());
+        tokio::spawn(async move {
+            let channel = Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower_service(socket))
+                .await
+                .unwrap();
+            let mut dra = DraPluginClient::new(channel);
+            let (mut prepared, mut refused) = (0, 0);
+            for i in 0.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let claim = Claim {
+                    namespace: "ml".into(),
+                    uid: format!("uid-c{i}"),
+                    name: format!("c{i}"),
+                };
+                let Ok(answer) = dra
+                    .node_prepare_resources(NodePrepareResourcesRequest {
+                        claims: vec![claim.clone()],
+                    })
+                    .await
+                else {
+                    break;
+                };
+                if answer.into_inner().claims[&claim.uid].error.is_empty() {
+                    prepared += 1;
+                    progress.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    refused += 1;
+                }
+                if dra
+                    .node_unprepare_resources(NodeUnprepareResourcesRequest {
+                        claims: vec![claim],
+                    })
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            (prepared, refused)
+        })
+    };
+    eventually(
+        "kubelet's calls are coming",
+        Duration::from_secs(10),
+        || {
+            let n = progress.load(std::sync::atomic::Ordering::SeqCst);
+            async move { n > 0 }
+        },
+    )
+    .await
+    .unwrap();
+    let mut refusals = 0;
+    loop {
+        match agent.serve(Some(Stack::DevicePlugin)).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
+                refusals += 1;
+                // Kubelet's calls keep coming: try again on the next turn.
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (prepared, _refused) = load.await.unwrap();
+    assert!(prepared > 0, "the load ran ({refusals} refusals)");
+    let checkpoint: Checkpoint =
+        serde_json::from_slice(&std::fs::read(dir.path().join("plugin/checkpoint.json")).unwrap())
+            .unwrap();
+    assert!(
+        checkpoint.claims.is_empty(),
+        "nothing left prepared: {checkpoint:?}"
+    );
+    let specs = std::fs::read_dir(dir.path().join("cdi"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(specs, 0, "no CDI spec left");
+
+    // The device plugin under a stream of Allocate calls; DRA is served next.
+    eventually(
+        "kubelet has the device plugin",
+        Duration::from_secs(10),
+        || {
+            let registered = observed.events().iter().any(
+                |e| matches!(e, Event::DevicePlugin { what, .. } if what.starts_with("registered")),
+            );
+            async move { registered }
+        },
+    )
+    .await
+    .unwrap();
+    let plugin_socket = std::fs::read_dir(&device_plugins)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("switchyard-")
+        })
+        .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let allocated_while_dra = Arc::new(Mutex::new(0));
+    let progress = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let load = {
+        let (stop, observed, allocated_while_dra, progress) = (
+            stop.clone(),
+            observed.clone(),
+            allocated_while_dra.clone(),
+            progress.clone(),
+        );
+        let uuid = machine.gpus[0].uuid.clone();
+        tokio::spawn(async move {
+            let channel = Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower_service(plugin_socket))
+                .await
+                .unwrap();
+            let mut client = switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient::new(channel);
+            let mut allocated = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let request = AllocateRequest {
+                    container_requests: vec![ContainerAllocateRequest {
+                        devices_ids: vec![uuid.clone()],
+                    }],
+                };
+                // Sent after DRA went live, it must be refused (an answer in
+                // flight from before may still arrive: not counted).
+                let live_before = observed.dra_live();
+                match client.allocate(request).await {
+                    Ok(_) => {
+                        allocated += 1;
+                        progress.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if live_before {
+                            *allocated_while_dra.lock().unwrap() += 1;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            allocated
+        })
+    };
+    eventually(
+        "kubelet's Allocate calls are coming",
+        Duration::from_secs(10),
+        || {
+            let n = progress.load(std::sync::atomic::Ordering::SeqCst);
+            async move { n > 0 }
+        },
+    )
+    .await
+    .unwrap();
+    agent.serve(Some(Stack::Dra)).await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let allocated = load.await.unwrap();
+    assert!(allocated > 0, "the load ran");
+    assert_eq!(
+        *allocated_while_dra.lock().unwrap(),
+        0,
+        "no device handed out once DRA was live"
+    );
     agent.serve(None).await.unwrap();
 }
