@@ -20,7 +20,7 @@
 //! `cel.bind` is the bindings macro; optional types (`a.?b`, `m[?k]`,
 //! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)
 //! are the crate's. Not yet, and refused as such: the cost limit, and the
-//! URL, IP, CIDR and format libraries and list `indexOf`. One known difference: when both sides of `&&` or `||`
+//! URL, IP, CIDR and format libraries, list `indexOf`, `first` and `last`. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
 //! side's (the result — an error — is the same).
 
@@ -139,6 +139,15 @@ const SUPPORTED: &[&str] = &[
     "hasValue",
     "value",
     "or",
+    // the list extensions (cel-go's ext.Lists, version 3)
+    "slice",
+    "flatten",
+    "distinct",
+    "reverse",
+    "sort",
+    "@sortByAssociatedKeys",
+    // (`lists.range(n)` is the call `range` on the namespace `lists`)
+    "range",
     // Kubernetes' lists library, the sets extension, the regex library
     "isSorted",
     "sum",
@@ -169,9 +178,10 @@ const SUPPORTED: &[&str] = &[
 
 /// Functions Kubernetes offers to selectors that this build does not implement yet.
 const NOT_YET: &[&str] = &[
+    "first",
+    "last",
     "format",
     "quote",
-    "reverse",
     "url",
     "isURL",
     "ip",
@@ -473,6 +483,8 @@ impl Default for Compiler {
         let mut env = Env::stdlib();
         env.add_extension(extensions::strings)
             .expect("the string extensions load");
+        env.add_extension(extensions::lists)
+            .expect("the list extensions load");
         env.add_macro(bind_macro()).expect("cel.bind is not taken");
         let env = Arc::new(env);
         let mut root = Context::with_env(env.clone());
@@ -614,6 +626,7 @@ impl Compiler {
             if variable != "device"
                 && variable != "optional"
                 && variable != "sets"
+                && variable != "lists"
                 && !bound.contains(variable)
             {
                 return Err(CompileError::Undeclared(variable.to_string()));

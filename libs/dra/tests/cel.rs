@@ -241,7 +241,23 @@ impl Gen {
             "2.0.0",
             "1.2.3-alpha.1",
         ]);
-        match self.next() % 40 {
+        match self.next() % 42 {
+            40 => self
+                .pick(&[
+                    "lists.range(3) == [0, 1, 2]",
+                    "[1, 2, 3].slice(1, 2) == [2]",
+                    "[1, 2, 3].slice(2, 1) == []",
+                    "[1, 1, 2].distinct() == [1, 2]",
+                ])
+                .to_string(),
+            41 => self
+                .pick(&[
+                    "[3, 1, 2].sortBy(x, -x) == [3, 2, 1]",
+                    "[1, 2].reverse() == [2, 1]",
+                    "[3, 1].sort() == [1, 3]",
+                    "['b', 'a'].sort()[0] == 'a'",
+                ])
+                .to_string(),
             31 => format!(
                 "{}.isSorted()",
                 self.pick(&[
