@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{Value, json};
 use switchyard_gpu::{Fixture, GpuSource};
-use switchyard_kubelet::deviceplugin::tower_service;
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use switchyard_kubelet::plugin::{ClaimSource, Config, DraPlugin, serve};
@@ -80,9 +79,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         );
         tokio::task::yield_now().await;
     }
-    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower_service(socket))
-        .await?;
+    let channel = switchyard_kubelet::connect(socket).await?;
     let mut client = DraPluginClient::new(channel);
     let (mut prepare, mut unprepare) = (Vec::new(), Vec::new());
     for i in 0..args.cycles {

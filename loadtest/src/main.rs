@@ -117,20 +117,9 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The path of a reference program of tools/, built (and cached) by
-/// scripts/build-oracles.sh.
+/// The path of a reference program of tools/ (run from the repository root).
 pub fn oracle(name: &str) -> anyhow::Result<String> {
-    let out = std::process::Command::new("scripts/build-oracles.sh").output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "scripts/build-oracles.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)?
-        .lines()
-        .find(|l| l.ends_with(&format!("/{name}")))
-        .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("no {name} built"))
+    switchyard_testkit::oracle(std::path::Path::new("."), name).map_err(anyhow::Error::msg)
 }
 
 /// Resident set size of this process now (VmRSS), in KiB.

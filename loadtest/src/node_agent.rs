@@ -2,73 +2,21 @@
 //! stack, and the time a switch takes — from the relabel to the old stack
 //! gone and the new one served — on a real control plane with a fake kubelet.
 
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use switchyard_kubelet::deviceplugin::api::registration_server::{
-    Registration, RegistrationServer,
-};
-use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
-use switchyard_kubelet::podresources::api::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use switchyard_kubelet::podresources::api::*;
-use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node};
-use tonic::{Request, Response, Status};
+use switchyard_testkit::{KillOnDrop, eventually};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Switches measured (DRA → device plugin → DRA ...).
     #[arg(long, default_value_t = 10)]
     switches: usize,
-}
-
-#[derive(Clone)]
-struct Kubelet(Arc<Mutex<usize>>);
-
-#[tonic::async_trait]
-impl Registration for Kubelet {
-    async fn register(&self, _: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        *self.0.lock().unwrap() += 1;
-        Ok(Response::new(Empty {}))
-    }
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        Ok(Response::new(ListPodResourcesResponse::default()))
-    }
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn rss_kib(pid: u32, field: &str) -> Option<u64> {
@@ -97,36 +45,16 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         )
         .await?;
     let dir = tempfile::tempdir()?;
-    let registrations = Arc::new(Mutex::new(0));
-    let kubelet = Kubelet(registrations.clone());
-    for sub in ["device-plugins", "pod-resources"] {
-        std::fs::create_dir_all(dir.path().join(sub))?;
-        let listener = tokio::net::UnixListener::bind(dir.path().join(sub).join("kubelet.sock"))?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let server = tonic::transport::Server::builder();
-        if sub == "device-plugins" {
-            tokio::spawn(
-                server
-                    .clone()
-                    .add_service(RegistrationServer::new(kubelet.clone()))
-                    .serve_with_incoming(incoming),
-            );
-        } else {
-            tokio::spawn(
-                server
-                    .clone()
-                    .add_service(PodResourcesListerServer::new(kubelet.clone()))
-                    .serve_with_incoming(incoming),
-            );
-        }
-    }
+    let kubelet = switchyard_kubelet::fake::Kubelet::default();
+    kubelet.serve(dir.path())?;
+    let registrations = kubelet.registered.clone();
     let binary = std::env::current_exe()?.with_file_name("switchyard-node-agent");
     anyhow::ensure!(
         binary.exists(),
         "{} is missing: cargo build --release -p switchyard-node-agent",
         binary.display()
     );
-    let agent = Killed(
+    let agent = KillOnDrop(
         Command::new(&binary)
             .args([
                 "serve",
@@ -172,7 +100,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         } else {
             ("dra", &mut to_dra)
         };
-        let before = *registrations.lock().unwrap();
+        let before = registrations.lock().unwrap().len();
         let started = Instant::now();
         nodes
             .patch(
@@ -198,7 +126,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
                             .await
                             .map(|l| l.items.is_empty())
                             .unwrap_or(false);
-                        none && !registration.exists() && *registrations.lock().unwrap() > before
+                        none && !registration.exists()
+                            && registrations.lock().unwrap().len() > before
                     }
                 },
             )

@@ -334,9 +334,7 @@ async fn register(
     resource: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let kubelet: PathBuf = kubelet_socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower_service(kubelet))
-        .await?;
+    let channel = crate::connect(kubelet).await?;
     let mut client = api::registration_client::RegistrationClient::new(channel);
     client
         .register(api::RegisterRequest {

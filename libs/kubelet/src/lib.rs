@@ -13,6 +13,7 @@
 //!   resources API.
 //! - [`run`]: the node agent as a process.
 //! - [`slices`]: the node's ResourceSlices on the API server.
+//! - [`fake`]: a stand-in kubelet for tests and load runs.
 //! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
 //!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
 //!   claim, and a checkpoint of prepared claims so that prepare and unprepare
@@ -21,6 +22,7 @@
 pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
+pub mod fake;
 pub mod plugin;
 pub mod podresources;
 pub mod run;
@@ -34,4 +36,14 @@ pub mod pluginregistration {
 /// `k8s.io.kubelet.pkg.apis.dra.v1` (k8s.io/kubelet/pkg/apis/dra/v1).
 pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// A gRPC channel to a unix socket (kubelet's or a plugin's). The URI is a
+/// placeholder: the connection goes to `socket`.
+pub async fn connect(
+    socket: impl Into<std::path::PathBuf>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(deviceplugin::tower_service(socket.into()))
+        .await
 }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use crate::agent::DeviceUsage;
-use crate::deviceplugin::tower_service;
 
 /// `v1`, generated from `proto/kubelet/podresources/v1`.
 pub mod api {
@@ -22,16 +21,12 @@ pub struct PodResourcesUsage {
 #[async_trait::async_trait]
 impl DeviceUsage for PodResourcesUsage {
     async fn in_use(&self) -> Result<Vec<String>, String> {
-        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
-            .map_err(|e| e.to_string())?
-            .connect_with_connector(tower_service(self.socket.clone()))
-            .await
-            .map_err(|e| {
-                format!(
-                    "connect to kubelet's pod resources API at {}: {e}",
-                    self.socket.display()
-                )
-            })?;
+        let channel = crate::connect(self.socket.clone()).await.map_err(|e| {
+            format!(
+                "connect to kubelet's pod resources API at {}: {e}",
+                self.socket.display()
+            )
+        })?;
         let list = api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
             .list(api::ListPodResourcesRequest {})
             .await

@@ -16,17 +16,16 @@ use switchyard_gpu::{Fixture, GpuSource, Machine};
 use switchyard_kubelet::agent::{
     Agent, AgentConfig, DeviceUsage, HandoverBlocked, SlicePublisher, Stack,
 };
+use switchyard_kubelet::deviceplugin::Sharing;
 use switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use switchyard_kubelet::deviceplugin::api::registration_server::{
     Registration, RegistrationServer,
 };
 use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
-use switchyard_kubelet::deviceplugin::{Sharing, tower_service};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use switchyard_kubelet::plugin::{Checkpoint, ClaimSource};
 use switchyard_testkit::eventually;
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -138,11 +137,7 @@ impl Registration for FakeKubelet {
         });
         let socket = observed.dirs.1.join(&r.endpoint);
         tokio::spawn(async move {
-            let channel = Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower_service(socket))
-                .await
-                .unwrap();
+            let channel = switchyard_kubelet::connect(socket).await.unwrap();
             let mut stream = DevicePluginClient::new(channel)
                 .list_and_watch(Empty {})
                 .await
@@ -172,8 +167,17 @@ fn machine() -> Machine {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
+/// A kubelet directory with the fake kubelet on its device-plugin socket,
+/// and an agent for the H100 fixture publishing through the observer.
+struct Setup {
+    dir: tempfile::TempDir,
+    registry: PathBuf,
+    device_plugins: PathBuf,
+    observed: Arc<Observed>,
+    agent: Agent,
+}
+
+fn setup(usage: Arc<Usage>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let (registry, device_plugins) = (
         dir.path().join("plugins_registry"),
@@ -192,8 +196,7 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
             .add_service(RegistrationServer::new(FakeKubelet(observed.clone())))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
-    let usage = Arc::new(Usage(Mutex::default()));
-    let mut agent = Agent::new(
+    let agent = Agent::new(
         AgentConfig {
             node: "gpu-1".into(),
             plugins_registry: registry.clone(),
@@ -206,8 +209,27 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
         machine(),
         Arc::new(Claims),
         Arc::new(Publisher(observed.clone())),
-        usage.clone(),
+        usage,
     );
+    Setup {
+        dir,
+        registry,
+        device_plugins,
+        observed,
+        agent,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
+    let usage = Arc::new(Usage(Mutex::default()));
+    let Setup {
+        dir,
+        registry,
+        observed,
+        mut agent,
+        ..
+    } = setup(usage.clone());
     let lists = |observed: &Observed| -> Vec<usize> {
         observed
             .events()
@@ -282,9 +304,7 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
         uid: "uid-1".into(),
         name: "train".into(),
     };
-    let channel = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower_service(dir.path().join("plugin/dra.sock")))
+    let channel = switchyard_kubelet::connect(dir.path().join("plugin/dra.sock"))
         .await
         .unwrap();
     let mut dra = DraPluginClient::new(channel);
@@ -361,33 +381,13 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_turning_unhealthy_is_republished_tainted() {
-    let dir = tempfile::tempdir().unwrap();
-    let (registry, device_plugins) = (
-        dir.path().join("plugins_registry"),
-        dir.path().join("device-plugins"),
-    );
-    std::fs::create_dir_all(&device_plugins).unwrap();
-    let observed = Arc::new(Observed {
-        events: Mutex::default(),
-        slices: Mutex::default(),
-        dirs: (registry.clone(), device_plugins.clone()),
-    });
+    let Setup {
+        dir: _dir,
+        observed,
+        mut agent,
+        ..
+    } = setup(Arc::new(Usage(Mutex::default())));
     let mut machine = machine();
-    let mut agent = Agent::new(
-        AgentConfig {
-            node: "gpu-1".into(),
-            plugins_registry: registry,
-            plugin_dir: dir.path().join("plugin"),
-            device_plugins,
-            cdi_dir: dir.path().join("cdi"),
-            layout: Layout::Static,
-            sharing: Sharing::Exclusive,
-        },
-        machine.clone(),
-        Arc::new(Claims),
-        Arc::new(Publisher(observed.clone())),
-        Arc::new(Usage(Mutex::default())),
-    );
     agent.serve(Some(Stack::Dra)).await.unwrap();
     let generation = |o: &Observed| o.slices.lock().unwrap()[0].spec.pool.generation;
     assert_eq!(generation(&observed), 1);
@@ -423,40 +423,14 @@ async fn a_card_turning_unhealthy_is_republished_tainted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_under_load_leaves_nothing_behind() {
     use switchyard_kubelet::deviceplugin::api::{AllocateRequest, ContainerAllocateRequest};
-    let dir = tempfile::tempdir().unwrap();
-    let (registry, device_plugins) = (
-        dir.path().join("plugins_registry"),
-        dir.path().join("device-plugins"),
-    );
-    std::fs::create_dir_all(&registry).unwrap();
-    std::fs::create_dir_all(&device_plugins).unwrap();
-    let observed = Arc::new(Observed {
-        events: Mutex::default(),
-        slices: Mutex::default(),
-        dirs: (registry.clone(), device_plugins.clone()),
-    });
-    let listener = tokio::net::UnixListener::bind(device_plugins.join("kubelet.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet(observed.clone())))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    let Setup {
+        dir,
+        device_plugins,
+        observed,
+        mut agent,
+        ..
+    } = setup(Arc::new(Usage(Mutex::default())));
     let machine = machine();
-    let mut agent = Agent::new(
-        AgentConfig {
-            node: "gpu-1".into(),
-            plugins_registry: registry.clone(),
-            plugin_dir: dir.path().join("plugin"),
-            device_plugins: device_plugins.clone(),
-            cdi_dir: dir.path().join("cdi"),
-            layout: Layout::Static,
-            sharing: Sharing::Exclusive,
-        },
-        machine.clone(),
-        Arc::new(Claims),
-        Arc::new(Publisher(observed.clone())),
-        Arc::new(Usage(Mutex::default())),
-    );
 
     // DRA under a stream of prepare/unprepare pairs.
     agent.serve(Some(Stack::Dra)).await.unwrap();
@@ -466,11 +440,7 @@ async fn switching_under_load_leaves_nothing_behind() {
     let load = {
         let (stop, socket, progress) = (stop.clone(), socket.clone(), progress.clone());
         tokio::spawn(async move {
-            let channel = Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower_service(socket))
-                .await
-                .unwrap();
+            let channel = switchyard_kubelet::connect(socket).await.unwrap();
             let mut dra = DraPluginClient::new(channel);
             let (mut prepared, mut refused) = (0, 0);
             for i in 0.. {
@@ -581,11 +551,7 @@ async fn switching_under_load_leaves_nothing_behind() {
         );
         let uuid = machine.gpus[0].uuid.clone();
         tokio::spawn(async move {
-            let channel = Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower_service(plugin_socket))
-                .await
-                .unwrap();
+            let channel = switchyard_kubelet::connect(plugin_socket).await.unwrap();
             let mut client = switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient::new(channel);
             let mut allocated = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

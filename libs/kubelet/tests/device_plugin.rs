@@ -15,9 +15,8 @@ use switchyard_kubelet::deviceplugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest, RegisterRequest,
 };
-use switchyard_kubelet::deviceplugin::{DevicePlugin, Sharing, resources, serve, tower_service};
+use switchyard_kubelet::deviceplugin::{DevicePlugin, Sharing, resources, serve};
 use tokio::sync::{mpsc, watch};
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 fn fixture(name: &str) -> Machine {
@@ -90,9 +89,7 @@ async fn plugin(
             .unwrap()
             .get_preferred_allocation_available
     );
-    let channel = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower_service(setup.dir.path().join(socket)))
+    let channel = switchyard_kubelet::connect(setup.dir.path().join(socket))
         .await
         .unwrap();
     DevicePluginClient::new(channel)

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -18,38 +17,10 @@ use switchyard_kubelet::pluginregistration::registration_client::RegistrationCli
 use switchyard_kubelet::pluginregistration::{InfoRequest, RegistrationStatus};
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, create_namespace};
-use tonic::transport::{Channel, Endpoint};
-
-/// A reference program of tools/, built (and cached) by scripts/build-oracles.sh.
-fn oracle(name: &str) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
-    let built = std::process::Command::new(&script)
-        .output()
-        .expect("run build-oracles.sh");
-    assert!(
-        built.status.success(),
-        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    String::from_utf8(built.stdout)
-        .unwrap()
-        .lines()
-        .find(|l| l.ends_with(&format!("/{name}")))
-        .unwrap_or_else(|| panic!("build-oracles.sh built no {name}"))
-        .to_string()
-}
+use tonic::transport::Channel;
 
 async fn channel(socket: PathBuf) -> Channel {
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
+    switchyard_kubelet::connect(socket)
         .await
         .expect("connect over the unix socket")
 }
@@ -222,10 +193,16 @@ async fn kubelet_registers_prepares_and_unprepares_idempotently() {
         .iter()
         .map(|uid| dir.path().join(format!("cdi/gpu.deckhouse.io-{uid}.json")))
         .collect();
-    let checked = std::process::Command::new(oracle("cdi-check"))
-        .args(&specs)
-        .output()
-        .unwrap();
+    let checked = std::process::Command::new(
+        switchyard_testkit::oracle(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+            "cdi-check",
+        )
+        .unwrap(),
+    )
+    .args(&specs)
+    .output()
+    .unwrap();
     assert!(
         checked.status.success(),
         "{}",

@@ -89,6 +89,36 @@ pub fn helm_binary() -> Result<std::path::PathBuf, String> {
     }
 }
 
+/// The path of a reference program of `tools/` (`name`), built and cached by
+/// `scripts/build-oracles.sh` of the repository at `repo`.
+pub fn oracle(repo: &std::path::Path, name: &str) -> Result<String, String> {
+    let script = repo.join("scripts/build-oracles.sh");
+    let built = std::process::Command::new(&script)
+        .output()
+        .map_err(|e| format!("run {}: {e}", script.display()))?;
+    if !built.status.success() {
+        return Err(format!(
+            "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .find(|l| l.ends_with(&format!("/{name}")))
+        .map(str::to_string)
+        .ok_or_else(|| format!("scripts/build-oracles.sh built no {name}"))
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The cache directory scripts install pinned tools into (`scripts/install-*.sh`):
 /// `$SWITCHYARD_CACHE`, else `$HOME/.cache/switchyard`.
 pub fn cache_dir() -> std::path::PathBuf {

@@ -2,69 +2,15 @@
 //! fake kubelet (device-plugin registration and pod resources over unix
 //! sockets): the node's label picks the stack, and relabelling switches it.
 
-use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use switchyard_kubelet::deviceplugin::api::registration_server::{
-    Registration, RegistrationServer,
-};
-use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
-use switchyard_kubelet::podresources::api::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use switchyard_kubelet::podresources::api::*;
-use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node};
-use tonic::{Request, Response, Status};
-
-struct Kubelet(Arc<Mutex<Vec<String>>>);
-
-#[tonic::async_trait]
-impl Registration for Kubelet {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        self.0
-            .lock()
-            .unwrap()
-            .push(request.into_inner().resource_name);
-        Ok(Response::new(Empty {}))
-    }
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        Ok(Response::new(ListPodResourcesResponse::default()))
-    }
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use switchyard_testkit::{KillOnDrop, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
@@ -89,34 +35,10 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
         .unwrap();
 
     let kubelet_dir = tempfile::tempdir().unwrap();
-    let registered = Arc::new(Mutex::new(Vec::new()));
-    for (dir, socket) in [
-        ("device-plugins", "kubelet.sock"),
-        ("pod-resources", "kubelet.sock"),
-    ] {
-        std::fs::create_dir_all(kubelet_dir.path().join(dir)).unwrap();
-        let listener =
-            tokio::net::UnixListener::bind(kubelet_dir.path().join(dir).join(socket)).unwrap();
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let kubelet = Kubelet(registered.clone());
-        let server = tonic::transport::Server::builder();
-        if dir == "device-plugins" {
-            tokio::spawn(
-                server
-                    .clone()
-                    .add_service(RegistrationServer::new(kubelet))
-                    .serve_with_incoming(incoming),
-            );
-        } else {
-            tokio::spawn(
-                server
-                    .clone()
-                    .add_service(PodResourcesListerServer::new(kubelet))
-                    .serve_with_incoming(incoming),
-            );
-        }
-    }
-    let _agent = Killed(
+    let kubelet = switchyard_kubelet::fake::Kubelet::default();
+    kubelet.serve(kubelet_dir.path()).unwrap();
+    let registered = kubelet.registered.clone();
+    let _agent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
             .args([
                 "serve",

@@ -3,23 +3,14 @@
 //! the API server) and reports SERVING on gRPC health once it acts on its
 //! node's assignment.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams, PostParams};
-use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use switchyard_testkit::{KillOnDrop, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemonset_command_serves_the_node_and_reports_health() {
@@ -47,7 +38,7 @@ async fn the_daemonset_command_serves_the_node_and_reports_health() {
         .local_addr()
         .unwrap()
         .port();
-    let _agent = Killed(
+    let _agent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args([
                 "serve",

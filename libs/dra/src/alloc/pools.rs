@@ -129,7 +129,7 @@ fn gather(a: &Allocator, node: &Node) -> Result<Vec<Arc<Pool>>, String> {
     for ((driver, pool), members) in pools {
         let first = &a.slices[members[0]];
         let built = if members.len() as i64 == first.slice_count {
-            built(a, &driver, &pool, members, false)
+            built(a, &driver, &pool, members, None)
         } else {
             // Slices for other nodes may complete the pool, unless a newer
             // generation exists somewhere.
@@ -156,8 +156,7 @@ fn gather(a: &Allocator, node: &Node) -> Result<Vec<Arc<Pool>>, String> {
                 result.push(Arc::new(Pool::marked(&driver, &pool, true, None)));
                 continue;
             }
-            let _ = all;
-            built(a, &driver, &pool, members, true)
+            built(a, &driver, &pool, members, Some(all))
         };
         if built.slices.iter().any(|&i| {
             a.slices[i]
@@ -184,27 +183,13 @@ fn built(
     driver: &Arc<str>,
     pool: &Arc<str>,
     mut members: Vec<usize>,
-    completed_elsewhere: bool,
+    all: Option<Vec<usize>>,
 ) -> Arc<Pool> {
     members.sort_unstable();
-    let key = (members.clone(), completed_elsewhere);
+    let key = (members.clone(), all.is_some());
     if let Some(hit) = a.built.lock().expect("pools cache").get(&key) {
         return hit.clone();
     }
-    let all = completed_elsewhere.then(|| {
-        let generation = members
-            .iter()
-            .map(|&i| a.slices[i].generation)
-            .max()
-            .unwrap_or_default();
-        a.by_pool
-            .get(&(driver.clone(), pool.clone()))
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|&i| a.slices[i].generation == generation)
-            .collect()
-    });
     let made = Arc::new(build(a, driver, pool, members, all));
     a.built
         .lock()

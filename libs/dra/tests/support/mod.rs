@@ -12,21 +12,9 @@ pub fn run_oracle(name: &str, input: String) -> String {
 
 /// [`run_oracle`] with arguments.
 pub fn run_oracle_with(name: &str, args: &[&str], input: String) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-oracles.sh");
-    let built = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-    assert!(
-        built.status.success(),
-        "scripts/build-oracles.sh failed (it needs Go and the module proxy):\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let stdout = String::from_utf8(built.stdout).unwrap();
-    let binary = stdout
-        .lines()
-        .find(|l| l.ends_with(&format!("/{name}")))
-        .unwrap_or_else(|| panic!("scripts/build-oracles.sh built no {name}"));
-    let mut child = Command::new(binary)
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let binary = switchyard_testkit::oracle(&repo, name).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(&binary)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
