@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event as EventsV1Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -364,12 +365,35 @@ fn each_role_grants_exactly_the_documented_permissions() {
             json!([{"kind": "ServiceAccount", "name": role_name, "namespace": NAMESPACE}])
         );
     }
+    // The node agent's Events about cluster-scoped objects live in `default`.
+    let events_role = format!("{RELEASE}-node-agent-events");
+    let role = docs
+        .iter()
+        .find(|doc| kind(doc) == "Role" && name(doc) == events_role)
+        .unwrap_or_else(|| panic!("no Role {events_role}"));
+    assert_eq!(role["metadata"]["namespace"], "default");
+    assert_eq!(
+        granted(role),
+        BTreeSet::from([
+            ("events.k8s.io/events".to_string(), "create".to_string()),
+            ("events.k8s.io/events".to_string(), "patch".to_string()),
+        ])
+    );
+    let binding = docs
+        .iter()
+        .find(|doc| kind(doc) == "RoleBinding" && name(doc) == events_role)
+        .unwrap_or_else(|| panic!("no RoleBinding {events_role}"));
+    assert_eq!(binding["roleRef"]["name"], events_role.as_str());
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": format!("{RELEASE}-node-agent"), "namespace": NAMESPACE}])
+    );
     // No role or binding besides these.
     let roles = docs
         .iter()
         .filter(|doc| kind(doc).ends_with("Role") || kind(doc).ends_with("RoleBinding"))
         .count();
-    assert_eq!(roles, 2 * PERMISSIONS.len());
+    assert_eq!(roles, 2 * PERMISSIONS.len() + 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,8 +465,8 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         assert_eq!(count("ServiceAccount"), 6, "{variant}");
         assert_eq!(count("ClusterRole"), 5, "{variant}");
         assert_eq!(count("ClusterRoleBinding"), 5, "{variant}");
-        assert_eq!(count("Role"), 1, "{variant}");
-        assert_eq!(count("RoleBinding"), 1, "{variant}");
+        assert_eq!(count("Role"), 2, "{variant}");
+        assert_eq!(count("RoleBinding"), 2, "{variant}");
         assert_eq!(count("ValidatingAdmissionPolicy"), 1, "{variant}");
         assert_eq!(count("ValidatingAdmissionPolicyBinding"), 1, "{variant}");
         let bundled = *variant == "bundled NATS";
@@ -729,8 +753,8 @@ async fn least_privilege_per_service_account() {
         .collect();
     assert_eq!(
         access.len(),
-        20,
-        "6 ServiceAccounts, 5 + 5 cluster roles and bindings, a Role and its binding, the policy and its binding"
+        22,
+        "6 ServiceAccounts, 5 + 5 cluster roles and bindings, 2 Roles and their bindings, the policy and its binding"
     );
     let discovery = prepare_cluster(&admin, &access).await;
     for doc in &access {
@@ -1130,6 +1154,33 @@ async fn least_privilege_per_service_account() {
                 )
                 .await,
             "node-agent patches its node",
+        );
+
+        // Events about its PhysicalGPUs and its node, in `default` only.
+        let agent_event = |namespace: &str| -> EventsV1Event {
+            serde_json::from_value(json!({
+                "metadata": {"name": "gpu-node-1.gpuhealthchanged", "namespace": namespace},
+                "eventTime": "2026-11-30T00:00:00.000000Z",
+                "reportingController": "switchyard-node-agent",
+                "reportingInstance": "gpu-node-1",
+                "action": "Taint",
+                "reason": "GpuHealthChanged",
+                "type": "Warning",
+                "regarding": {"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "name": "gpu-node-1-0"},
+            }))
+            .unwrap()
+        };
+        allowed_once_propagated("node-agent to record an Event in default", || async {
+            Api::<EventsV1Event>::namespaced(on_node_1.clone(), "default")
+                .create(&PostParams::default(), &agent_event("default"))
+                .await
+        })
+        .await;
+        refused(
+            Api::<EventsV1Event>::namespaced(on_node_1.clone(), NAMESPACE)
+                .create(&PostParams::default(), &agent_event(NAMESPACE))
+                .await,
+            "node-agent records an Event outside default",
         );
 
         // A token bound to no node (not from a pod) writes nothing.

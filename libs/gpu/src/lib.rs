@@ -98,7 +98,8 @@ pub enum SourceError {
     Fixture { path: PathBuf, message: String },
 }
 
-/// A card turning unhealthy (NVML: a critical XID error, the GPU lost).
+/// A card turning unhealthy (NVML: a critical XID error, the GPU lost) or
+/// healthy again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthChange {
     /// The card's UUID (a MIG device's event names its parent card).
@@ -106,6 +107,22 @@ pub struct HealthChange {
     pub healthy: bool,
     /// e.g. `XID 79`.
     pub reason: String,
+}
+
+impl HealthChange {
+    /// The no-op change a watch sends now and then to ask whether it is
+    /// still wanted (the sink answers false to stop it).
+    pub fn probe() -> HealthChange {
+        HealthChange {
+            uuid: String::new(),
+            healthy: true,
+            reason: String::new(),
+        }
+    }
+
+    pub fn is_probe(&self) -> bool {
+        self.uuid.is_empty() && self.healthy
+    }
 }
 
 /// Where the node's GPUs are read from.
@@ -136,11 +153,18 @@ impl Machine {
     }
 }
 
-/// A machine described in a YAML file.
+/// A machine described in a YAML file. Loaded from a file, it is watched:
+/// a card whose `healthy` changes in the file is reported as a health change,
+/// as NVML reports an XID error — the way to exercise the health path with no
+/// GPU.
 #[derive(Clone, Debug)]
 pub struct Fixture {
     machine: Machine,
+    path: Option<PathBuf>,
 }
+
+/// How often a fixture file is read again for health changes.
+const FIXTURE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Fixture {
     /// Reads and checks a fixture: indexes unique, UUIDs shaped as NVML
@@ -153,18 +177,75 @@ impl Fixture {
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
         let machine: Machine = serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string()))?;
         check(&machine).map_err(bad)?;
-        Ok(Fixture { machine })
+        Ok(Fixture {
+            machine,
+            path: Some(path.to_path_buf()),
+        })
     }
 
     pub fn new(machine: Machine) -> Result<Fixture, String> {
         check(&machine)?;
-        Ok(Fixture { machine })
+        Ok(Fixture {
+            machine,
+            path: None,
+        })
     }
 }
 
 impl GpuSource for Fixture {
     fn machine(&self) -> Result<Machine, SourceError> {
         Ok(self.machine.clone())
+    }
+
+    /// Reads the file again every second; a card whose `healthy` differs from
+    /// the last reading is a change. A file that does not load (an edit in
+    /// progress, a mistake) is reported once and skipped; the last good
+    /// reading stands.
+    fn watch_health(&self, sink: &mut dyn FnMut(HealthChange) -> bool) -> Result<(), SourceError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut health: std::collections::BTreeMap<String, bool> = self
+            .machine
+            .gpus
+            .iter()
+            .map(|gpu| (gpu.uuid.clone(), gpu.healthy))
+            .collect();
+        let mut last_error = None;
+        loop {
+            std::thread::sleep(FIXTURE_POLL);
+            if !sink(HealthChange::probe()) {
+                return Ok(());
+            }
+            let fixture = match Fixture::load(path) {
+                Ok(fixture) => fixture,
+                Err(e) => {
+                    let message = e.to_string();
+                    if last_error.as_ref() != Some(&message) {
+                        tracing::warn!(error = %message, "the fixture does not load; its last reading stands");
+                        last_error = Some(message);
+                    }
+                    continue;
+                }
+            };
+            last_error = None;
+            for gpu in fixture.machine.gpus {
+                let Some(was) = health.get_mut(&gpu.uuid) else {
+                    continue;
+                };
+                if *was != gpu.healthy {
+                    *was = gpu.healthy;
+                    let change = HealthChange {
+                        reason: format!("{}: healthy: {}", path.display(), gpu.healthy),
+                        uuid: gpu.uuid,
+                        healthy: gpu.healthy,
+                    };
+                    if !sink(change) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
 }
 

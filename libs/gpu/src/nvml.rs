@@ -206,11 +206,7 @@ impl Nvml {
                 }
                 Err(NvmlError::Timeout) => {
                     // A no-op change asks whether the watch is still wanted.
-                    if !sink(crate::HealthChange {
-                        uuid: String::new(),
-                        healthy: true,
-                        reason: String::new(),
-                    }) {
+                    if !sink(crate::HealthChange::probe()) {
                         return Ok(());
                     }
                 }

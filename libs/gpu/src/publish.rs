@@ -378,13 +378,18 @@ pub fn resource_slices(
 
 /// The PhysicalGPU reports of `node`: one per card, named `<node>-gpu-<index>`,
 /// labelled with the card's device label.
+/// The name of a card's PhysicalGPU: `<node>-gpu-<index>`.
+pub fn physical_gpu_name(node: &str, index: u32) -> String {
+    format!("{node}-gpu-{index}")
+}
+
 pub fn physical_gpus(node: &str, machine: &Machine) -> Vec<PhysicalGPU> {
     machine
         .gpus
         .iter()
         .map(|gpu| {
             let mut report = PhysicalGPU::new(
-                &format!("{node}-gpu-{}", gpu.index),
+                &physical_gpu_name(node, gpu.index),
                 PhysicalGPUSpec {
                     node: node.to_string(),
                     index: gpu.index,

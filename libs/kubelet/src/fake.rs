@@ -1,7 +1,8 @@
 //! A stand-in kubelet for tests and load runs where no kubelet exists: it
 //! serves the device-plugin registration socket (recording each resource
-//! that registers) and the pod resources socket (no pod holds anything)
-//! under a kubelet root directory, as `serve` expects them.
+//! that registers) and the pod resources socket (listing the pods a test
+//! says hold devices) under a kubelet root directory, as `serve` expects
+//! them.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -15,10 +16,31 @@ use crate::podresources::api::pod_resources_lister_server::{
 };
 use crate::podresources::api::*;
 
-/// The fake kubelet: the resources registered so far, in order.
+/// The fake kubelet: the resources registered so far, in order, and the
+/// pods its pod resources API lists.
 #[derive(Clone, Default)]
 pub struct Kubelet {
     pub registered: Arc<Mutex<Vec<String>>>,
+    pub pods: Arc<Mutex<Vec<PodResources>>>,
+}
+
+/// A pod (`namespace/name`) whose one container holds `device_ids` of
+/// `resource`, as kubelet's pod resources API lists it.
+pub fn pod_holding(pod: &str, resource: &str, device_ids: &[&str]) -> PodResources {
+    let (namespace, name) = pod.split_once('/').unwrap_or(("default", pod));
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: device_ids.iter().map(|id| id.to_string()).collect(),
+                topology: None,
+            }],
+            ..ContainerResources::default()
+        }],
+    }
 }
 
 impl Kubelet {
@@ -67,7 +89,9 @@ impl PodResourcesLister for Kubelet {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        Ok(Response::new(ListPodResourcesResponse::default()))
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: self.pods.lock().expect("pods").clone(),
+        }))
     }
 
     async fn get_allocatable_resources(

@@ -1,19 +1,22 @@
 //! The node agent as a process: reads the machine, reports its PhysicalGPUs,
 //! watches its Node's `node.deckhouse.io/gpu-stack` label and serves that
 //! stack, switching when the label changes and the old stack is unused, and
-//! follows the cards' health. Used by `switchyard-node-agent serve` and by
+//! follows the cards' health. What people should see is recorded as Events:
+//! `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node. Used by `switchyard-node-agent serve` and by
 //! `switchyard serve node-agent` (the chart's DaemonSet).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 use switchyard_gpu::publish::{self, Layout};
 
-use crate::agent::{Agent, AgentConfig, Stack};
+use crate::agent::{Agent, AgentConfig, HandoverBlocked, Stack};
 use crate::deviceplugin::Sharing;
 use crate::plugin::ApiClaims;
 use crate::podresources::PodResourcesUsage;
@@ -75,29 +78,135 @@ fn assigned(node: &Node) -> Option<Stack> {
 }
 
 /// Applies the node's PhysicalGPU reports (spec and labels, then status) by
-/// Server-Side Apply under the agent's field manager.
+/// Server-Side Apply under the agent's field manager; returns references to
+/// them (with their UIDs, for events), keyed by card UUID.
 async fn report(
     client: &kube::Client,
     node: &str,
     machine: &switchyard_gpu::Machine,
-) -> Result<(), Error> {
+) -> Result<BTreeMap<String, ObjectReference>, Error> {
     let api: kube::Api<switchyard_api::PhysicalGPU> = kube::Api::all(client.clone());
     let params = kube::api::PatchParams::apply(crate::slices::FIELD_MANAGER).force();
+    let mut reported = BTreeMap::new();
     for gpu in publish::physical_gpus(node, machine) {
         let name = gpu.name_any();
         let mut object = serde_json::to_value(&gpu)?;
         object["apiVersion"] = "gpu.deckhouse.io/v1alpha1".into();
         object["kind"] = "PhysicalGPU".into();
         let status = object.as_object_mut().and_then(|o| o.remove("status"));
-        api.patch(&name, &params, &kube::api::Patch::Apply(&object))
+        let applied = api
+            .patch(&name, &params, &kube::api::Patch::Apply(&object))
             .await?;
         if let Some(status) = status {
             let patch = serde_json::json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "status": status});
             api.patch_status(&name, &params, &kube::api::Patch::Apply(&patch))
                 .await?;
         }
+        reported.insert(gpu.spec.uuid.clone(), applied.object_ref(&()));
     }
-    Ok(())
+    Ok(reported)
+}
+
+/// What the agent tells people through Kubernetes Events (events.k8s.io/v1,
+/// in `default`, where events about cluster-scoped objects live):
+/// `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node.
+struct Events {
+    recorder: Recorder,
+    node: String,
+}
+
+impl Events {
+    fn new(client: kube::Client, node: &str) -> Events {
+        Events {
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "switchyard-node-agent".into(),
+                    instance: Some(node.to_string()),
+                },
+            ),
+            node: node.to_string(),
+        }
+    }
+
+    async fn publish(&self, event: Event, regarding: &ObjectReference) {
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(error = %e, reason = %event.reason, "recording an event");
+        }
+    }
+
+    async fn gpu_health_changed(
+        &self,
+        gpu: &switchyard_gpu::Gpu,
+        reason: &str,
+        reported: &BTreeMap<String, ObjectReference>,
+    ) {
+        let regarding = reported
+            .get(&gpu.uuid)
+            .cloned()
+            .unwrap_or_else(|| ObjectReference {
+                api_version: Some("gpu.deckhouse.io/v1alpha1".into()),
+                kind: Some("PhysicalGPU".into()),
+                name: Some(publish::physical_gpu_name(&self.node, gpu.index)),
+                ..ObjectReference::default()
+            });
+        let (type_, action, note) = if gpu.healthy {
+            (
+                EventType::Normal,
+                "Untaint",
+                format!(
+                    "GPU {} ({}, index {}) is healthy again ({reason}); its devices no longer carry the {} taint",
+                    gpu.uuid,
+                    gpu.product_name,
+                    gpu.index,
+                    publish::UNHEALTHY_TAINT
+                ),
+            )
+        } else {
+            (
+                EventType::Warning,
+                "Taint",
+                format!(
+                    "GPU {} ({}, index {}) is unhealthy ({reason}); its devices carry the {}:NoSchedule taint and the device plugins list them Unhealthy",
+                    gpu.uuid,
+                    gpu.product_name,
+                    gpu.index,
+                    publish::UNHEALTHY_TAINT
+                ),
+            )
+        };
+        let event = Event {
+            type_,
+            reason: "GpuHealthChanged".into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        self.publish(event, &regarding).await;
+    }
+
+    async fn handover_blocked(
+        &self,
+        blocked: &HandoverBlocked,
+        to: Option<Stack>,
+        node: &ObjectReference,
+    ) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "HandoverBlocked".into(),
+            note: Some(format!(
+                "{blocked}; the switch to {} waits until they are released",
+                match to {
+                    Some(Stack::Dra) => "dra",
+                    Some(Stack::DevicePlugin) => "device-plugin",
+                    None => "no stack",
+                }
+            )),
+            action: "SwitchStack".into(),
+            secondary: None,
+        };
+        self.publish(event, node).await;
+    }
 }
 
 /// Runs the agent until the node watch ends or the process is interrupted;
@@ -113,14 +222,19 @@ pub async fn serve_node(
     let read = source.clone();
     let mut machine = tokio::task::spawn_blocking(move || read.machine()).await??;
     // The reports are inventory's; serving the stack does not wait for them.
-    if let Err(e) = report(&client, &args.node, &machine).await {
-        tracing::warn!(error = %e, "reporting PhysicalGPUs");
-    }
+    let mut reported = match report(&client, &args.node, &machine).await {
+        Ok(reported) => reported,
+        Err(e) => {
+            tracing::warn!(error = %e, "reporting PhysicalGPUs");
+            BTreeMap::new()
+        }
+    };
+    let events = Events::new(client.clone(), &args.node);
     let (health_tx, mut health) = tokio::sync::mpsc::channel::<switchyard_gpu::HealthChange>(16);
     let watch = source.clone();
     tokio::task::spawn_blocking(move || {
         let result = watch.watch_health(&mut |change| {
-            if change.uuid.is_empty() && change.healthy {
+            if change.is_probe() {
                 // A liveness probe from the source: is the watch still wanted?
                 return !health_tx.is_closed();
             }
@@ -151,20 +265,30 @@ pub async fn serve_node(
     );
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("metadata.name={}", args.node));
-    let mut events = std::pin::pin!(watcher(nodes, config).applied_objects());
+    let mut watch = std::pin::pin!(watcher(nodes, config).applied_objects());
+    let mut node_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(args.node.clone()),
+        ..ObjectReference::default()
+    };
     // A refused switch is tried again on the next change or retry tick.
     let mut retry = tokio::time::interval(std::time::Duration::from_secs(30));
     let mut wanted = None;
     let mut started = Some(started);
     loop {
         tokio::select! {
-            event = events.next() => match event {
-                Some(Ok(node)) => wanted = Some(assigned(&node)),
+            event = watch.next() => match event {
+                Some(Ok(node)) => {
+                    wanted = Some(assigned(&node));
+                    node_ref = node.object_ref(&());
+                }
                 Some(Err(e)) => tracing::warn!(error = %e, "watching the node"),
                 None => return Ok(()),
             },
             _ = retry.tick() => {}
             Some(change) = health.recv() => {
+                let before = machine.clone();
                 if change.uuid.is_empty() {
                     // NVML cannot say which card was lost: all are suspect.
                     for gpu in &mut machine.gpus {
@@ -173,12 +297,22 @@ pub async fn serve_node(
                 } else {
                     machine.apply(&change);
                 }
-                tracing::warn!(uuid = %change.uuid, healthy = change.healthy, reason = %change.reason, "GpuHealthChanged");
+                if machine == before {
+                    // Another error on a card already marked: nothing changes.
+                    continue;
+                }
                 if let Err(e) = agent.update(machine.clone()).await {
                     tracing::warn!(error = %e, "publishing the health change");
                 }
-                if let Err(e) = report(&client, &args.node, &machine).await {
-                    tracing::warn!(error = %e, "reporting PhysicalGPUs");
+                match report(&client, &args.node, &machine).await {
+                    Ok(now) => reported = now,
+                    Err(e) => tracing::warn!(error = %e, "reporting PhysicalGPUs"),
+                }
+                for (gpu, was) in machine.gpus.iter().zip(&before.gpus) {
+                    if gpu.healthy != was.healthy {
+                        tracing::warn!(uuid = %gpu.uuid, healthy = gpu.healthy, reason = %change.reason, "GpuHealthChanged");
+                        events.gpu_health_changed(gpu, &change.reason, &reported).await;
+                    }
                 }
             }
             _ = tokio::signal::ctrl_c() => return Ok(()),
@@ -188,7 +322,13 @@ pub async fn serve_node(
         {
             match agent.serve(stack).await {
                 Ok(()) => tracing::info!(?stack, "serving"),
-                Err(e) => tracing::warn!(error = %e, "HandoverBlocked: the switch waits"),
+                Err(e) => match e.downcast_ref::<HandoverBlocked>() {
+                    Some(blocked) => {
+                        tracing::warn!(error = %e, "HandoverBlocked: the switch waits");
+                        events.handover_blocked(blocked, stack, &node_ref).await;
+                    }
+                    None => tracing::warn!(error = %e, "switching stacks"),
+                },
             }
         }
         // Ready once the node's assignment has been acted on.
