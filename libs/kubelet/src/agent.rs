@@ -13,6 +13,7 @@
 //! DRA plugin, or devices the device plugins handed to containers — with the
 //! list of what is in use, for a `HandoverBlocked` report.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ use switchyard_gpu::publish::{self, Layout};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::deviceplugin::{self, DevicePlugin, Sharing};
+use crate::deviceplugin::{self, DevicePlugin, Gate, Sharing};
 use crate::plugin::{self, ClaimSource, DraPlugin};
 
 /// The stack a node is assigned.
@@ -89,7 +90,7 @@ enum Running {
     DevicePlugins {
         machine: watch::Sender<Machine>,
         servers: Vec<Server>,
-        closing: Arc<std::sync::atomic::AtomicBool>,
+        gate: Arc<Gate>,
     },
 }
 
@@ -191,28 +192,38 @@ impl Agent {
             Some(Running::DevicePlugins {
                 machine,
                 servers,
-                closing,
+                gate,
             }) => {
-                // No Allocate is answered from here on: what is held now is all.
-                closing.store(true, std::sync::atomic::Ordering::SeqCst);
-                let in_use = match self.usage.in_use().await {
+                // No Allocate is answered from here on: what kubelet holds,
+                // and what was handed out but may not have reached it yet,
+                // is all.
+                let answered = gate.close();
+                let mut in_use = match self.usage.in_use().await {
                     Ok(in_use) => in_use,
                     Err(e) => {
-                        closing.store(false, std::sync::atomic::Ordering::SeqCst);
+                        gate.reopen();
                         self.running = Some(Running::DevicePlugins {
                             machine,
                             servers,
-                            closing,
+                            gate,
                         });
                         return Err(e.into());
                     }
                 };
+                // Kubelet's entries read `<resource> <id> (<pod>...)`.
+                let listed: BTreeSet<String> = in_use
+                    .iter()
+                    .map(|held| held.split(" (").next().unwrap_or(held).to_string())
+                    .collect();
+                in_use.extend(answered.difference(&listed).map(|device| {
+                    format!("{device} (just handed out; kubelet does not list it yet)")
+                }));
                 if !in_use.is_empty() {
-                    closing.store(false, std::sync::atomic::Ordering::SeqCst);
+                    gate.reopen();
                     self.running = Some(Running::DevicePlugins {
                         machine,
                         servers,
-                        closing,
+                        gate,
                     });
                     return Err(Box::new(HandoverBlocked {
                         from: Stack::DevicePlugin,
@@ -287,7 +298,7 @@ impl Agent {
         &mut self,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let (machine, watch) = watch::channel(self.machine.clone());
-        let closing: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let gate: Arc<Gate> = Arc::default();
         let mut servers = Vec::new();
         let kubelet = self.config.device_plugins.join("kubelet.sock");
         for resource in deviceplugin::resources(&self.machine, self.config.sharing).into_keys() {
@@ -299,7 +310,7 @@ impl Agent {
                 &resource,
                 self.config.sharing,
                 watch.clone(),
-                closing.clone(),
+                gate.clone(),
             ));
             let (stop, stopped) = oneshot::channel::<()>();
             let (ready_tx, ready) = oneshot::channel();
@@ -320,8 +331,17 @@ impl Agent {
         self.running = Some(Running::DevicePlugins {
             machine,
             servers,
-            closing,
+            gate,
         });
         Ok(())
+    }
+
+    /// Called now and then (the agent's retry tick, every 30 s): devices the
+    /// device plugins handed out before the previous tick have long reached
+    /// kubelet, whose pod resources API answers for them from now on.
+    pub fn tick(&mut self) {
+        if let Some(Running::DevicePlugins { gate, .. }) = &self.running {
+            gate.age();
+        }
     }
 }

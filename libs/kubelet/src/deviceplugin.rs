@@ -76,14 +76,68 @@ pub fn resources(
     out
 }
 
+/// Shared by a node's device plugins while it may switch away from them.
+/// Closed, no Allocate is answered. Open, it remembers the devices answered
+/// since it was last drained: kubelet records an allocation (and its pod
+/// resources API lists it) only once the answer reaches it, so a switch
+/// counts those as in use too.
+#[derive(Debug, Default)]
+pub struct Gate {
+    state: std::sync::Mutex<GateState>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    closed: bool,
+    /// `<resource> <device ID>`, answered since the last age step.
+    answered: BTreeSet<String>,
+    /// Answered in the step before.
+    older: BTreeSet<String>,
+}
+
+impl Gate {
+    /// Closes the gate; returns the devices answered in the last two age
+    /// steps, and forgets them: the next look asks kubelet alone.
+    pub fn close(&self) -> BTreeSet<String> {
+        let mut state = self.state.lock().expect("gate");
+        state.closed = true;
+        let mut answered = std::mem::take(&mut state.older);
+        answered.append(&mut state.answered);
+        answered
+    }
+
+    pub fn reopen(&self) {
+        self.state.lock().expect("gate").closed = false;
+    }
+
+    /// One age step: what was answered two steps ago has surely reached
+    /// kubelet, and is forgotten.
+    pub fn age(&self) {
+        let mut state = self.state.lock().expect("gate");
+        state.older = std::mem::take(&mut state.answered);
+    }
+
+    /// Admits an Allocate of `ids` unless closed, remembering them.
+    fn admit<'a>(&self, resource: &str, ids: impl Iterator<Item = &'a String>) -> bool {
+        let mut state = self.state.lock().expect("gate");
+        if state.closed {
+            return false;
+        }
+        state
+            .answered
+            .extend(ids.map(|id| format!("{resource} {id}")));
+        true
+    }
+}
+
 /// One resource served to kubelet.
 pub struct DevicePlugin {
     resource: String,
     sharing: Sharing,
     machine: watch::Receiver<Machine>,
-    /// Set while the node switches away from the device plugins: no new
+    /// Closed while the node switches away from the device plugins: no new
     /// device is handed out.
-    closing: Arc<std::sync::atomic::AtomicBool>,
+    gate: Arc<Gate>,
 }
 
 impl DevicePlugin {
@@ -95,18 +149,18 @@ impl DevicePlugin {
         DevicePlugin::closable(resource, sharing, machine, Arc::default())
     }
 
-    /// A plugin that refuses Allocate while `closing` is set.
+    /// A plugin that refuses Allocate while `gate` is closed.
     pub fn closable(
         resource: &str,
         sharing: Sharing,
         machine: watch::Receiver<Machine>,
-        closing: Arc<std::sync::atomic::AtomicBool>,
+        gate: Arc<Gate>,
     ) -> DevicePlugin {
         DevicePlugin {
             resource: resource.to_string(),
             sharing,
             machine,
-            closing,
+            gate,
         }
     }
     fn devices(&self, machine: &Machine) -> Vec<(String, String, bool)> {
@@ -224,7 +278,12 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
-        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+        let request = request.into_inner();
+        let ids = request
+            .container_requests
+            .iter()
+            .flat_map(|c| c.devices_ids.iter());
+        if !self.gate.admit(&self.resource, ids) {
             return Err(Status::unavailable(format!(
                 "{}: the node is switching away from the device plugins",
                 self.resource
@@ -236,7 +295,7 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let mut responses = Vec::new();
-        for c in request.into_inner().container_requests {
+        for c in request.container_requests {
             let mut uuids: Vec<&str> = Vec::new();
             for id in &c.devices_ids {
                 let uuid = card_of.get(id.as_str()).ok_or_else(|| {

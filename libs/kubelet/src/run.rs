@@ -286,7 +286,7 @@ pub async fn serve_node(
                 Some(Err(e)) => tracing::warn!(error = %e, "watching the node"),
                 None => return Ok(()),
             },
-            _ = retry.tick() => {}
+            _ = retry.tick() => agent.tick(),
             Some(change) = health.recv() => {
                 let before = machine.clone();
                 if change.uuid.is_empty() {

@@ -21,6 +21,7 @@ use switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginCli
 use switchyard_kubelet::deviceplugin::api::registration_server::{
     Registration, RegistrationServer,
 };
+use switchyard_kubelet::deviceplugin::api::{AllocateRequest, ContainerAllocateRequest};
 use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
@@ -422,7 +423,6 @@ async fn a_card_turning_unhealthy_is_republished_tainted() {
 /// nothing is left prepared or allocated on the stack it leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_under_load_leaves_nothing_behind() {
-    use switchyard_kubelet::deviceplugin::api::{AllocateRequest, ContainerAllocateRequest};
     let Setup {
         dir,
         device_plugins,
@@ -587,7 +587,22 @@ async fn switching_under_load_leaves_nothing_behind() {
     )
     .await
     .unwrap();
-    agent.serve(Some(Stack::Dra)).await.unwrap();
+    let mut refusals = 0;
+    loop {
+        match agent.serve(Some(Stack::Dra)).await {
+            Ok(()) => break,
+            Err(e) => {
+                // Devices handed out since the last look block once each.
+                assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
+                refusals += 1;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    assert!(
+        refusals > 0,
+        "the devices just handed out blocked the first try"
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let allocated = load.await.unwrap();
     assert!(allocated > 0, "the load ran");
@@ -596,5 +611,89 @@ async fn switching_under_load_leaves_nothing_behind() {
         0,
         "no device handed out once DRA was live"
     );
+    agent.serve(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_just_handed_out_blocks_the_switch_until_kubelet_answers_for_it() {
+    let usage = Arc::new(Usage(Mutex::default()));
+    let Setup {
+        dir: _dir,
+        device_plugins,
+        observed,
+        mut agent,
+        ..
+    } = setup(usage.clone());
+    agent.serve(Some(Stack::DevicePlugin)).await.unwrap();
+    eventually(
+        "kubelet has the device plugin",
+        Duration::from_secs(10),
+        || {
+            let registered = observed.events().iter().any(
+                |e| matches!(e, Event::DevicePlugin { what, .. } if what.starts_with("registered")),
+            );
+            async move { registered }
+        },
+    )
+    .await
+    .unwrap();
+    let socket = std::fs::read_dir(&device_plugins)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("switchyard-")
+        })
+        .unwrap();
+    let channel = switchyard_kubelet::connect(socket).await.unwrap();
+    let mut kubelet = DevicePluginClient::new(channel);
+    let uuid = machine().gpus[0].uuid.clone();
+    let allocate = |kubelet: &mut DevicePluginClient<_>| {
+        let request = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid.clone()],
+            }],
+        };
+        let mut kubelet = kubelet.clone();
+        async move { kubelet.allocate(request).await.map(|_| ()) }
+    };
+    let in_use = |result: Result<(), Box<dyn std::error::Error + Send + Sync>>| {
+        let e = result.unwrap_err();
+        e.downcast_ref::<HandoverBlocked>()
+            .unwrap_or_else(|| panic!("HandoverBlocked, got {e}"))
+            .in_use
+            .clone()
+    };
+
+    // Answered, but kubelet's pod resources do not list it yet (its answer
+    // may still be on the way): it holds the node, even a tick later.
+    allocate(&mut kubelet).await.unwrap();
+    agent.tick();
+    assert_eq!(
+        in_use(agent.serve(Some(Stack::Dra)).await),
+        [format!(
+            "nvidia.com/gpu {uuid} (just handed out; kubelet does not list it yet)"
+        )]
+    );
+    assert_eq!(agent.serving(), Some(Stack::DevicePlugin));
+
+    // Once kubelet lists it, kubelet's entry stands alone.
+    let held = format!("nvidia.com/gpu {uuid} (ml/train-0, container main)");
+    *usage.0.lock().unwrap() = vec![held.clone()];
+    allocate(&mut kubelet).await.unwrap();
+    assert_eq!(in_use(agent.serve(Some(Stack::Dra)).await), [held]);
+
+    // Two ticks after its answer, a device kubelet does not list is not held
+    // (the container never started).
+    usage.0.lock().unwrap().clear();
+    allocate(&mut kubelet).await.unwrap();
+    agent.tick();
+    agent.tick();
+    agent.serve(Some(Stack::Dra)).await.unwrap();
+    assert_eq!(agent.serving(), Some(Stack::Dra));
+    // Closed: the device plugin hands out nothing more.
+    assert!(allocate(&mut kubelet).await.is_err());
     agent.serve(None).await.unwrap();
 }
