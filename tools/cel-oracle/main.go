@@ -6,7 +6,9 @@
 //	  "attributes": {"<name>": {"int": 1} | {"bool": true} | {"string": "s"} | {"version": "1.2.3"}},
 //	  "capacity": {"<name>": "40Gi"}}}
 //
-// and answers one JSON line: {"compileError": "..."}, {"error": "..."} or {"result": true|false}.
+// and answers one JSON line: {"compileError": "..."}, {"error": "..."} or {"result": true|false},
+// the latter two with "maxCost": the worst-case cost estimate the API server
+// compares with CELSelectorExpressionMaxCost.
 // The reference the Rust implementation in libs/dra is tested against.
 package main
 
@@ -43,6 +45,9 @@ type answer struct {
 	CompileError *string `json:"compileError,omitempty"`
 	Error        *string `json:"error,omitempty"`
 	Result       *bool   `json:"result,omitempty"`
+	// The worst-case cost the API server compares with
+	// CELSelectorExpressionMaxCost (set whenever the expression compiles).
+	MaxCost *uint64 `json:"maxCost,omitempty"`
 }
 
 func main() {
@@ -71,6 +76,13 @@ func evaluate(compiler interface {
 		msg := result.Error.Error()
 		return answer{CompileError: &msg}
 	}
+	a := evaluateDevice(result, req)
+	maxCost := result.MaxCost
+	a.MaxCost = &maxCost
+	return a
+}
+
+func evaluateDevice(result cel.CompilationResult, req request) answer {
 	device := cel.Device{
 		Driver:                   req.Device.Driver,
 		AllowMultipleAllocations: &req.Device.AllowMultipleAllocations,

@@ -15,12 +15,15 @@
 //!   extensions and macros.
 //! - Compile-time refusals: more than 10 Ki characters, a function Kubernetes
 //!   does not offer (or this build does not implement yet — said so), a result
-//!   that is visibly not a bool. Compiled selectors are cached by their text.
+//!   that is visibly not a bool, a worst-case cost over 1,000,000 as the API
+//!   server estimates it (`cel_cost`; selectors using the list and set
+//!   extensions, Kubernetes' list library or optional types are not
+//!   estimated yet, and pass). Compiled selectors are cached by their text.
 //!
 //! `cel.bind` is the bindings macro; optional types (`a.?b`, `m[?k]`,
 //! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)
-//! are the crate's. Not yet, and refused as such: the cost limit, and the
-//! URL, IP, CIDR and format libraries, list `indexOf`, `first` and `last`. One known difference: when both sides of `&&` or `||`
+//! are the crate's. Not yet, and refused as such: the URL, IP, CIDR and
+//! format libraries, list `indexOf`, `first` and `last`. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
 //! side's (the result — an error — is the same).
 
@@ -70,6 +73,11 @@ pub enum CompileError {
     Unsupported(String),
     #[error("must evaluate to bool or the unknown type, not {0}")]
     NotBool(&'static str),
+    #[error(
+        "too complex, exceeds cost limit: the worst-case cost is estimated at {cost}; at most {} is allowed",
+        crate::cel_cost::MAX_COST
+    )]
+    TooComplex { cost: u64 },
 }
 
 /// A runtime error, worded as Kubernetes words it where it matters.
@@ -204,9 +212,17 @@ pub struct Selector {
     domains: BTreeSet<String>,
     /// The common shapes, evaluated natively (see [`Fast`]).
     fast: Option<Fast>,
+    /// The worst-case cost, as the API server estimates it (`None` where
+    /// the selector uses a library not estimated here).
+    max_cost: Option<u64>,
 }
 
 impl Selector {
+    /// The worst-case cost the API server compares with 1,000,000.
+    pub fn max_cost(&self) -> Option<u64> {
+        self.max_cost
+    }
+
     /// Whether the selector is evaluated by the native fast path.
     pub fn is_fast(&self) -> bool {
         self.fast.is_some()
@@ -674,11 +690,18 @@ impl Compiler {
                 domains.insert(domain.to_string());
             }
         });
+        let max_cost = crate::cel_cost::max_cost(program.expression());
+        if let Some(cost) = max_cost
+            && cost > crate::cel_cost::MAX_COST
+        {
+            return Err(CompileError::TooComplex { cost });
+        }
         let fast = fast(program.expression());
         Ok(Selector {
             program,
             domains,
             fast,
+            max_cost,
         })
     }
 

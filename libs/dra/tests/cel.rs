@@ -435,6 +435,7 @@ fn kubernetes_agrees_on_every_generated_selector() {
     let compiler = Compiler::default();
     let mut differ = Vec::new();
     let mut fast = 0;
+    let mut estimated = 0;
     for ((expr, d), theirs) in cases.iter().zip(&theirs) {
         let ours = compiler.eval(expr, &devices[*d]);
         let (a, b) = (class_of_theirs(theirs), class_of_ours(&ours));
@@ -442,6 +443,18 @@ fn kubernetes_agrees_on_every_generated_selector() {
             differ.push(format!(
                 "{expr}  [device {d}]\n  kubernetes: {theirs}\n  ours:       {ours:?}"
             ));
+        }
+        // Where our estimate covers the selector, it is the API server's.
+        if let Ok(selector) = compiler.compile(expr).as_ref()
+            && let Some(cost) = selector.max_cost()
+        {
+            estimated += 1;
+            if theirs["maxCost"].as_u64() != Some(cost) {
+                differ.push(format!(
+                    "{expr}\n  kubernetes' worst-case cost: {}\n  ours:                        {cost}",
+                    theirs["maxCost"]
+                ));
+            }
         }
         // Where the native fast path answered, the interpreter must agree too.
         if let Ok(selector) = compiler.compile(expr).as_ref()
@@ -458,6 +471,7 @@ fn kubernetes_agrees_on_every_generated_selector() {
             }
         }
     }
+    eprintln!("{estimated} of {} selectors' costs estimated", cases.len());
     // About one generated selector in twenty has only fast-path shapes.
     assert!(fast >= 200, "the fast path answered only {fast} selectors");
     assert!(
@@ -472,4 +486,68 @@ fn kubernetes_agrees_on_every_generated_selector() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The cost limit: a selector whose worst-case cost Kubernetes estimates over
+/// 1,000,000 is refused, and every estimate made here is Kubernetes' own.
+#[test]
+fn selectors_over_the_cost_limit_are_refused_as_kubernetes_refuses_them() {
+    let domain = "gpu.deckhouse.io";
+    let heavy = [
+        // Four nested loops over a device's attributes: 10,788,131.
+        "device.attributes.exists(d, device.attributes[d].exists(n, device.attributes.exists(e, device.attributes[e].exists(m, m == n))))".to_string(),
+        format!(
+            "device.attributes.exists(d, device.attributes[d].exists(n, device.attributes.exists(e, string(device.attributes['{domain}'].model).matches('^(A100|H100|H200|B200|GB200)-(SXM4|SXM5|PCIE)-(40|80|141|192)GB$'))))"
+        ),
+        // The pieces of a split have no size bound: Kubernetes cannot bound the join.
+        "'a,b'.split(',').join('-') == 'a-b'".into(),
+        // Only `==` has a fixed cost for quantities; `!=` is costed as strings
+        // of unknown length.
+        "quantity('1') != quantity('2')".into(),
+    ];
+    let light = [
+        "device.attributes.exists(d, device.attributes[d].exists(n, device.attributes.exists(e, e == n)))".to_string(),
+        "device.attributes.all(d, device.attributes[d].all(n, device.attributes[d][n] == device.attributes[d][n]))".into(),
+        format!("device.attributes['{domain}'].model.matches('^A100.*') && device.capacity['{domain}'].memory.isGreaterThan(quantity('40Gi'))"),
+        "[1, 2, 3].map(x, x * 2).filter(y, y > 2).size() > 0".into(),
+        "{'a': 1}.exists(k, k == 'a')".into(),
+        "'abc' + 'def' == 'abcdef'".into(),
+        format!("cel.bind(d, device.attributes['{domain}'], d.exists(n, n.startsWith('m')))"),
+        format!("device.attributes['{domain}'].model.replace('A', 'BB').size() > 3"),
+        format!("device.attributes['{domain}'].model.findAll('[0-9]+').size() > 0"),
+        "device.driver in ['a', 'b']".into(),
+        format!("device.attributes['{domain}'].model < 'B'"),
+        format!("device.attributes['{domain}'].a < device.attributes['{domain}'].b"),
+        format!("has(device.attributes['{domain}'].model) && device.attributes['{domain}'].model.lowerAscii().contains('sxm')"),
+        format!("device.attributes['{domain}'].exists_one(n, n.endsWith('x'))"),
+        format!("device.attributes['{domain}'].model.indexOf('-') > 0 ? device.attributes['{domain}'].model.substring(0, 4) == 'A100' : false"),
+    ];
+    let requests: Vec<Value> = heavy
+        .iter()
+        .chain(&light)
+        .map(|e| json!({"expr": e, "device": device_json(&a100())}))
+        .collect();
+    let theirs = oracle(&requests);
+    let compiler = Compiler::default();
+    for (i, (expr, theirs)) in heavy.iter().chain(&light).zip(&theirs).enumerate() {
+        let theirs = theirs["maxCost"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{expr}: Kubernetes compiles it: {theirs}"));
+        assert_eq!(theirs > 1_000_000, i < heavy.len(), "{expr}: {theirs}");
+        match compiler.compile(expr).as_ref() {
+            Ok(selector) => {
+                assert!(i >= heavy.len(), "{expr}: accepted, Kubernetes refuses it");
+                assert_eq!(selector.max_cost(), Some(theirs), "{expr}");
+            }
+            Err(e) => {
+                assert!(i < heavy.len(), "{expr}: refused: {e}");
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "too complex, exceeds cost limit: the worst-case cost is estimated at {theirs}; at most 1000000 is allowed"
+                    )
+                );
+            }
+        }
+    }
 }

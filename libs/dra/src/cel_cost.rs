@@ -1,0 +1,856 @@
+//! The worst-case cost of a selector, as the API server estimates it before
+//! it stores one (`env.EstimateCost` with Kubernetes' cost estimator and the
+//! DRA size estimator) and compares it with `CELSelectorExpressionMaxCost`.
+//!
+//! The estimate follows cel-go's rules: constants cost 0, identifiers and
+//! selections on maps and objects 1, a call 1 plus its arguments unless the
+//! function has its own rule (string comparison and traversal at 0.1 a
+//! character, regexes at 0.25 a pattern character, Kubernetes' library
+//! functions), `&&` / `||` the sum of their sides, a comprehension its range's
+//! size times the cost of one step. Sizes come from literals, from the limits
+//! of a device (63-character domains, 32 attributes a domain, 64-character
+//! attribute values, 63-character driver names) and from what the functions
+//! return.
+//!
+//! The estimate covers the standard library, the string extensions,
+//! Kubernetes' quantity, semver and regex libraries, `cel.bind` and the
+//! comprehension macros. For the list and set extensions, Kubernetes' list
+//! library and optional types it answers `None`: not estimated here (such
+//! selectors are accepted, and Kubernetes' runtime limit still applies).
+
+use std::collections::HashMap;
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
+
+/// `resourceapi.CELSelectorExpressionMaxCost`.
+pub const MAX_COST: u64 = 1_000_000;
+
+const STRING_TRAVERSAL: f64 = 0.1;
+const REGEX_LENGTH: f64 = 0.25;
+const LIST_CREATE: u64 = 10;
+const MAP_CREATE: u64 = 30;
+/// Limits of the `device` variable's fields (k8s.io/api/resource/v1).
+const DOMAIN_LENGTH: u64 = 63;
+const ID_LENGTH: u64 = 32;
+const DRIVER_LENGTH: u64 = 63;
+const ATTRIBUTES_PER_DEVICE: u64 = 32;
+const ATTRIBUTE_VALUE_LENGTH: u64 = 64;
+
+/// A range, as cel-go keeps both ends of costs and sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Est {
+    min: u64,
+    max: u64,
+}
+
+const UNKNOWN: Est = Est {
+    min: 0,
+    max: u64::MAX,
+};
+
+impl Est {
+    fn fixed(n: u64) -> Est {
+        Est { min: n, max: n }
+    }
+    fn add(self, o: Est) -> Est {
+        Est {
+            min: self.min.saturating_add(o.min),
+            max: self.max.saturating_add(o.max),
+        }
+    }
+    fn mul(self, o: Est) -> Est {
+        Est {
+            min: self.min.saturating_mul(o.min),
+            max: self.max.saturating_mul(o.max),
+        }
+    }
+    fn factor(self, f: f64) -> Est {
+        Est {
+            min: by_factor(self.min, f),
+            max: by_factor(self.max, f),
+        }
+    }
+    fn union(self, o: Est) -> Est {
+        Est {
+            min: self.min.min(o.min),
+            max: self.max.max(o.max),
+        }
+    }
+}
+
+/// cel-go's `multiplyByCostFactor`: the ceiling, saturating.
+fn by_factor(x: u64, f: f64) -> u64 {
+    let x = x as f64;
+    if x > 0.0 && f > 0.0 && x > u64::MAX as f64 / f {
+        return u64::MAX;
+    }
+    let product = (x * f).ceil();
+    if product >= 18_446_744_073_709_551_616.0 {
+        u64::MAX
+    } else {
+        product as u64
+    }
+}
+
+/// The checker's types, as far as costs depend on them.
+#[derive(Clone, Debug, PartialEq)]
+enum Ty {
+    Bool,
+    Int,
+    Uint,
+    Double,
+    String,
+    Bytes,
+    Null,
+    /// `google.protobuf.Any`: a device attribute's value.
+    Any,
+    Dyn,
+    List(Box<Ty>),
+    Map(Box<Ty>, Box<Ty>),
+    Device,
+    Quantity,
+    Semver,
+}
+
+impl Ty {
+    fn is_dyn(&self) -> bool {
+        matches!(self, Ty::Dyn | Ty::Any)
+    }
+    /// Could be a string (or bytes): the string rules apply.
+    fn stringish(&self) -> bool {
+        matches!(self, Ty::String | Ty::Bytes) || self.is_dyn()
+    }
+    fn scalar(&self) -> bool {
+        matches!(self, Ty::Bool | Ty::Double | Ty::Int | Ty::Uint)
+    }
+}
+
+/// A container's key and value sizes, where an expression built it.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    list: bool,
+    key: Est,
+    val: Est,
+}
+
+impl Entry {
+    fn union(a: Option<Entry>, b: Option<Entry>) -> Option<Entry> {
+        let (a, b) = (a?, b?);
+        Some(Entry {
+            list: a.list,
+            key: a.key.union(b.key),
+            val: a.val.union(b.val),
+        })
+    }
+}
+
+struct Local {
+    path: Vec<String>,
+    size: Option<Est>,
+    entry: Option<Entry>,
+    ty: Ty,
+}
+
+/// The estimate's bookkeeping, by expression id.
+#[derive(Default)]
+struct Coster {
+    types: HashMap<u64, Ty>,
+    paths: HashMap<u64, Vec<String>>,
+    sizes: HashMap<u64, Est>,
+    entries: HashMap<u64, Entry>,
+    locals: HashMap<String, Vec<Local>>,
+    /// Set when the expression uses something not estimated here.
+    outside: bool,
+}
+
+/// The worst-case cost of a compiled selector, or `None` where it uses a
+/// library this estimate does not cover.
+pub(crate) fn max_cost(e: &IdedExpr) -> Option<u64> {
+    let mut c = Coster::default();
+    let cost = c.cost(e);
+    (!c.outside).then_some(cost.max)
+}
+
+fn is_accumulator(name: &str) -> bool {
+    name == "@result" || name == "@__result__"
+}
+
+impl Coster {
+    fn ty(&self, e: &IdedExpr) -> Ty {
+        self.types.get(&e.id).cloned().unwrap_or(Ty::Dyn)
+    }
+
+    fn set_ty(&mut self, e: &IdedExpr, t: Ty) {
+        self.types.insert(e.id, t);
+    }
+
+    fn local(&self, name: &str) -> Option<&Local> {
+        self.locals.get(name).and_then(|s| s.last())
+    }
+
+    fn push(&mut self, name: &str, local: Local) {
+        self.locals.entry(name.to_string()).or_default().push(local);
+    }
+
+    fn pop(&mut self, name: &str) {
+        if let Some(stack) = self.locals.get_mut(name) {
+            stack.pop();
+        }
+    }
+
+    fn path(&self, e: &IdedExpr) -> Vec<String> {
+        if let Expr::Ident(name) = &e.expr
+            && let Some(v) = self.local(name)
+        {
+            return v.path.clone();
+        }
+        self.paths.get(&e.id).cloned().unwrap_or_default()
+    }
+
+    /// The DRA size estimator: the limits of what `device` holds.
+    fn device_size(path: &[String]) -> Option<Est> {
+        let (root, rest) = path.split_first()?;
+        if root != "device" {
+            return None;
+        }
+        #[derive(Clone, Copy, PartialEq)]
+        enum Node {
+            Device,
+            Driver,
+            Multi,
+            Outer { capacity: bool },
+            Inner { capacity: bool },
+            Value,
+            Quantity,
+            Domain,
+            Id,
+        }
+        let mut node = Node::Device;
+        for name in rest {
+            node = match (node, name.as_str()) {
+                (Node::Outer { capacity }, "@values") => Node::Inner { capacity },
+                (Node::Outer { .. }, "@keys") => Node::Domain,
+                (Node::Inner { capacity: false }, "@keys") => Node::Id,
+                (Node::Inner { capacity: true }, "@keys") => Node::Id,
+                (Node::Inner { capacity: false }, _) => Node::Value,
+                (Node::Inner { capacity: true }, "@values") => Node::Quantity,
+                (Node::Device, "driver") => Node::Driver,
+                (Node::Device, "allowMultipleAllocations") => Node::Multi,
+                (Node::Device, "attributes") => Node::Outer { capacity: false },
+                (Node::Device, "capacity") => Node::Outer { capacity: true },
+                _ => return None,
+            };
+        }
+        let max = match node {
+            Node::Device | Node::Quantity => 0,
+            Node::Driver => DRIVER_LENGTH,
+            Node::Multi => 1,
+            Node::Outer { .. } | Node::Inner { .. } => ATTRIBUTES_PER_DEVICE,
+            Node::Value => ATTRIBUTE_VALUE_LENGTH,
+            Node::Domain => DOMAIN_LENGTH,
+            Node::Id => ID_LENGTH,
+        };
+        Some(Est { min: 0, max })
+    }
+
+    /// cel-go's `computeSize`.
+    fn size(&mut self, e: &IdedExpr) -> Option<Est> {
+        if let Some(s) = self.sizes.get(&e.id) {
+            return Some(*s);
+        }
+        let literal = match &e.expr {
+            Expr::Literal(LiteralValue::String(s)) => Some(s.inner().chars().count() as u64),
+            Expr::Literal(LiteralValue::Bytes(b)) => Some(b.len() as u64),
+            Expr::Literal(
+                LiteralValue::Boolean(_)
+                | LiteralValue::Int(_)
+                | LiteralValue::UInt(_)
+                | LiteralValue::Double(_)
+                | LiteralValue::Null,
+            ) => Some(1),
+            Expr::List(l) => Some(l.elements.len() as u64),
+            Expr::Map(m) => Some(m.entries.len() as u64),
+            _ => None,
+        };
+        if let Some(n) = literal {
+            return Some(Est::fixed(n));
+        }
+        if let Some(s) = Self::device_size(&self.path(e)) {
+            self.sizes.insert(e.id, s);
+            return Some(s);
+        }
+        if self.ty(e).scalar() {
+            return Some(Est::fixed(1));
+        }
+        if let Expr::Ident(name) = &e.expr {
+            return self.local(name).and_then(|v| v.size);
+        }
+        None
+    }
+
+    fn size_or_unknown(&mut self, e: &IdedExpr) -> Est {
+        self.size(e).unwrap_or(UNKNOWN)
+    }
+
+    fn entry(&self, e: &IdedExpr) -> Option<Entry> {
+        if let Some(s) = self.entries.get(&e.id) {
+            return Some(*s);
+        }
+        if let Expr::Ident(name) = &e.expr {
+            return self.local(name).and_then(|v| v.entry);
+        }
+        None
+    }
+
+    /// A node's size as an argument (an accumulator's path is not followed).
+    fn arg_size(&mut self, e: &IdedExpr) -> Est {
+        self.size_or_unknown(e)
+    }
+
+    fn cost(&mut self, e: &IdedExpr) -> Est {
+        match &e.expr {
+            Expr::Literal(l) => {
+                let t = match l {
+                    LiteralValue::Boolean(_) => Ty::Bool,
+                    LiteralValue::Int(_) => Ty::Int,
+                    LiteralValue::UInt(_) => Ty::Uint,
+                    LiteralValue::Double(_) => Ty::Double,
+                    LiteralValue::String(_) => Ty::String,
+                    LiteralValue::Bytes(_) => Ty::Bytes,
+                    LiteralValue::Null => Ty::Null,
+                };
+                self.set_ty(e, t);
+                Est::fixed(0)
+            }
+            Expr::Ident(name) => {
+                let (path, t) = match self.local(name) {
+                    Some(v) => (v.path.clone(), v.ty.clone()),
+                    None if name == "device" => (vec![name.clone()], Ty::Device),
+                    None => {
+                        self.outside = true;
+                        (vec![name.clone()], Ty::Dyn)
+                    }
+                };
+                self.paths.insert(e.id, path);
+                self.set_ty(e, t);
+                Est::fixed(1)
+            }
+            Expr::Select(sel) => {
+                let mut sum = self.cost(&sel.operand);
+                if sel.test {
+                    // Kubernetes keeps has() free (PresenceTestHasCost(false)).
+                    self.set_ty(e, Ty::Bool);
+                    return sum;
+                }
+                let operand = self.ty(&sel.operand);
+                let t = match (&operand, sel.field.as_str()) {
+                    (Ty::Device, "driver") => Ty::String,
+                    (Ty::Device, "allowMultipleAllocations") => Ty::Bool,
+                    (Ty::Device, "attributes") => Ty::Map(
+                        Box::new(Ty::String),
+                        Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Any))),
+                    ),
+                    (Ty::Device, "capacity") => Ty::Map(
+                        Box::new(Ty::String),
+                        Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Quantity))),
+                    ),
+                    (Ty::Map(_, v), _) => (**v).clone(),
+                    _ => Ty::Dyn,
+                };
+                if matches!(operand, Ty::Map(..) | Ty::Device) {
+                    sum = sum.add(Est::fixed(1));
+                }
+                let mut path = self.path(&sel.operand);
+                path.push(sel.field.clone());
+                self.paths.insert(e.id, path);
+                self.set_ty(e, t);
+                sum
+            }
+            Expr::List(l) => {
+                let mut sum = Est::fixed(0);
+                let mut item = Est {
+                    min: if l.elements.is_empty() { 0 } else { u64::MAX },
+                    max: 0,
+                };
+                let mut elem = None::<Ty>;
+                for x in &l.elements {
+                    sum = sum.add(self.cost(x));
+                    item = item.union(self.size_or_unknown(x));
+                    let t = self.ty(x);
+                    elem = Some(match elem {
+                        None => t,
+                        Some(prev) if prev == t => prev,
+                        Some(_) => Ty::Dyn,
+                    });
+                }
+                if !l.optional_indices.is_empty() {
+                    self.outside = true;
+                }
+                self.entries.insert(
+                    e.id,
+                    Entry {
+                        list: true,
+                        key: Est::fixed(1),
+                        val: item,
+                    },
+                );
+                self.set_ty(e, Ty::List(Box::new(elem.unwrap_or(Ty::Dyn))));
+                sum.add(Est::fixed(LIST_CREATE))
+            }
+            Expr::Map(m) => {
+                let mut sum = Est::fixed(0);
+                let empty = m.entries.is_empty();
+                let start = Est {
+                    min: if empty { 0 } else { u64::MAX },
+                    max: 0,
+                };
+                let (mut key, mut val) = (start, start);
+                for entry in &m.entries {
+                    let EntryExpr::MapEntry(entry) = &entry.expr else {
+                        self.outside = true;
+                        continue;
+                    };
+                    if entry.optional {
+                        self.outside = true;
+                    }
+                    sum = sum.add(self.cost(&entry.key)).add(self.cost(&entry.value));
+                    key = key.union(self.size_or_unknown(&entry.key));
+                    val = val.union(self.size_or_unknown(&entry.value));
+                }
+                self.entries.insert(
+                    e.id,
+                    Entry {
+                        list: false,
+                        key,
+                        val,
+                    },
+                );
+                self.set_ty(e, Ty::Map(Box::new(Ty::Dyn), Box::new(Ty::Dyn)));
+                sum.add(Est::fixed(MAP_CREATE))
+            }
+            Expr::Comprehension(c) => {
+                let is_bind = matches!(&c.iter_range.expr, Expr::List(l) if l.elements.is_empty())
+                    && matches!(&c.loop_cond.expr, Expr::Literal(LiteralValue::Boolean(b)) if !*b.inner())
+                    && !is_accumulator(&c.accu_var);
+                let mut sum = self.cost(&c.iter_range).add(self.cost(&c.accu_init));
+                let init_ty = self.ty(&c.accu_init);
+                let accu = Local {
+                    path: self.path(&c.accu_init),
+                    size: self.size(&c.accu_init),
+                    entry: self.entry(&c.accu_init),
+                    ty: init_ty.clone(),
+                };
+                self.push(&c.accu_var, accu);
+                if is_bind {
+                    sum = sum.add(self.cost(&c.result));
+                    self.pop(&c.accu_var);
+                    if let Some(s) = self.size(&c.result) {
+                        self.sizes.insert(e.id, s);
+                    }
+                    if let Some(s) = self.entry(&c.result) {
+                        self.entries.insert(e.id, s);
+                    }
+                    let t = self.ty(&c.result);
+                    self.set_ty(e, t);
+                    return sum;
+                }
+                if c.iter_var2.is_some() {
+                    self.outside = true;
+                }
+                let range_ty = self.ty(&c.iter_range);
+                let range_entry = self.entry(&c.iter_range);
+                let list = match range_entry {
+                    Some(entry) => entry.list,
+                    None => matches!(range_ty, Ty::List(_)),
+                };
+                let (subpath, size, var_ty) = if list {
+                    let elem = match &range_ty {
+                        Ty::List(t) => (**t).clone(),
+                        _ => Ty::Dyn,
+                    };
+                    ("@items", range_entry.map(|x| x.val), elem)
+                } else {
+                    let key = match &range_ty {
+                        Ty::Map(k, _) => (**k).clone(),
+                        _ => Ty::Dyn,
+                    };
+                    ("@keys", range_entry.map(|x| x.key), key)
+                };
+                let mut path = self.path(&c.iter_range);
+                path.push(subpath.into());
+                self.push(
+                    &c.iter_var,
+                    Local {
+                        path,
+                        size,
+                        entry: None,
+                        ty: var_ty,
+                    },
+                );
+                let loop_cost = self.cost(&c.loop_cond);
+                let step_cost = self.cost(&c.loop_step);
+                self.pop(&c.iter_var);
+                sum = sum.add(self.cost(&c.result));
+                self.pop(&c.accu_var);
+                let range = self.size_or_unknown(&c.iter_range);
+                sum = sum.add(range.mul(step_cost.add(loop_cost)));
+                match &c.accu_init.expr {
+                    Expr::Literal(_) => {
+                        if let Some(s) = self.size(&c.accu_init) {
+                            self.sizes.insert(e.id, s);
+                        }
+                    }
+                    Expr::List(_) | Expr::Map(_) => {
+                        self.sizes.insert(e.id, range);
+                        if let Some(s) = self.entry(&c.loop_step) {
+                            self.entries.insert(e.id, s);
+                        }
+                    }
+                    _ => {}
+                }
+                let t = match (&c.accu_init.expr, init_ty) {
+                    (Expr::List(_), _) => {
+                        let elem = match self.ty(&c.loop_step) {
+                            Ty::List(t) => *t,
+                            _ => Ty::Dyn,
+                        };
+                        Ty::List(Box::new(elem))
+                    }
+                    _ => self.ty(&c.result),
+                };
+                self.set_ty(e, t);
+                sum
+            }
+            Expr::Call(_) => self.call(e),
+            Expr::Struct(_) | Expr::Unspecified => {
+                self.outside = true;
+                Est::fixed(0)
+            }
+        }
+    }
+
+    fn call(&mut self, e: &IdedExpr) -> Est {
+        let Expr::Call(call) = &e.expr else {
+            unreachable!("a call")
+        };
+        let name = call.func_name.as_str();
+        let arg_costs: Vec<Est> = call.args.iter().map(|a| self.cost(a)).collect();
+        let arg_sum = arg_costs.iter().fold(Est::fixed(0), |s, c| s.add(*c));
+        let mut sum = Est::fixed(0);
+        if let Some(target) = &call.target {
+            sum = sum.add(self.cost(target));
+        }
+        let target = call.target.as_deref();
+        let args = &call.args;
+        let types: Vec<Ty> = args.iter().map(|a| self.ty(a)).collect();
+        let target_ty = target.map(|t| self.ty(t));
+        let one = Est::fixed(1);
+        let default = one.add(arg_sum);
+        let mut result_size = None;
+        let (fn_cost, t) = match (name, target, args.as_slice()) {
+            ("_&&_" | "_||_", None, [_, _]) => (
+                Est {
+                    min: arg_costs[0].min,
+                    max: arg_costs[0].add(arg_costs[1]).max,
+                },
+                Ty::Bool,
+            ),
+            ("!_" | "@not_strictly_false", None, [_]) => (default, Ty::Bool),
+            ("-_", None, [_]) => (default, types[0].clone()),
+            ("_?_:_", None, [_, a, b]) => {
+                let size = self.size_or_unknown(a).union(self.size_or_unknown(b));
+                if let Some(entry) = Entry::union(self.entry(a), self.entry(b)) {
+                    self.entries.insert(e.id, entry);
+                }
+                result_size = Some(size);
+                let t = if types[1] == types[2] {
+                    types[1].clone()
+                } else {
+                    Ty::Dyn
+                };
+                (arg_costs[0].add(arg_costs[1].union(arg_costs[2])), t)
+            }
+            ("_==_", None, [_, _])
+                if types[0] == types[1] && matches!(types[0], Ty::Quantity | Ty::Semver) =>
+            {
+                (default, Ty::Bool)
+            }
+            ("_==_" | "_!=_", None, [a, b]) => (self.compare_strings(a, b).add(arg_sum), Ty::Bool),
+            ("_<_" | "_<=_" | "_>_" | "_>=_", None, [a, b]) => {
+                // Every overload the argument types allow: strings and
+                // bytes by length, the others 1.
+                let strings = types[0].stringish() && types[1].stringish();
+                let others = !(matches!(types[0], Ty::String | Ty::Bytes)
+                    || matches!(types[1], Ty::String | Ty::Bytes));
+                let mut cost = None::<Est>;
+                if strings {
+                    cost = Some(self.compare_strings(a, b).add(arg_sum));
+                }
+                if others {
+                    cost = Some(cost.map_or(default, |c| c.union(default)));
+                }
+                (cost.unwrap_or(default), Ty::Bool)
+            }
+            ("_+_", None, [a, b]) => {
+                let (lhs, rhs) = (&types[0], &types[1]);
+                let both = |f: fn(&Ty) -> bool| f(lhs) && f(rhs);
+                let mut cost = None::<Est>;
+                let mut unite = |c: Est| cost = Some(cost.map_or(c, |x: Est| x.union(c)));
+                let sized = self.size_or_unknown(a).add(self.size_or_unknown(b));
+                if both(|t| matches!(t, Ty::String | Ty::Bytes) || t.is_dyn()) {
+                    unite(sized.factor(STRING_TRAVERSAL).add(arg_sum));
+                    result_size = Some(sized);
+                }
+                if both(|t| matches!(t, Ty::List(_)) || t.is_dyn()) {
+                    unite(default);
+                    result_size = Some(sized);
+                    if let Some(entry) = Entry::union(self.entry(a), self.entry(b)) {
+                        self.entries.insert(e.id, entry);
+                    }
+                }
+                if both(|t| matches!(t, Ty::Int | Ty::Uint | Ty::Double) || t.is_dyn()) {
+                    unite(default);
+                }
+                let t = if lhs == rhs {
+                    lhs.clone()
+                } else if let (Ty::List(_), Ty::List(_)) = (lhs, rhs) {
+                    match (lhs, rhs) {
+                        (Ty::List(x), _) if **x != Ty::Dyn => lhs.clone(),
+                        _ => rhs.clone(),
+                    }
+                } else {
+                    Ty::Dyn
+                };
+                (cost.unwrap_or(default), t)
+            }
+            ("_-_" | "_*_" | "_/_" | "_%_", None, [_, _]) => {
+                let t = if types[0] == types[1] {
+                    types[0].clone()
+                } else {
+                    Ty::Dyn
+                };
+                (default, t)
+            }
+            ("@in", None, [_, b]) => {
+                let list = self.size_or_unknown(b).factor(1.0).add(arg_sum);
+                let cost = match &types[1] {
+                    Ty::List(_) => list,
+                    Ty::Map(..) => default,
+                    _ => list.union(default),
+                };
+                (cost, Ty::Bool)
+            }
+            ("_[_]", None, [m, _]) => {
+                let container = &types[0];
+                let (list, map) = match container {
+                    Ty::List(_) => (true, false),
+                    Ty::Map(..) => (false, true),
+                    _ => (true, true),
+                };
+                let mut path = self.path(m);
+                if list {
+                    result_size = self.entry(m).map(|x| x.val);
+                    path = self.path(m);
+                    path.push("@items".into());
+                }
+                if map {
+                    result_size = self.entry(m).map(|x| x.val);
+                    path = self.path(m);
+                    path.push("@values".into());
+                }
+                self.paths.insert(e.id, path);
+                let t = match container {
+                    Ty::List(t) => (**t).clone(),
+                    Ty::Map(_, v) => (**v).clone(),
+                    _ => Ty::Dyn,
+                };
+                (default, t)
+            }
+            ("size", _, _) => (default, Ty::Int),
+            ("int", None, [_]) => (default, Ty::Int),
+            ("uint", None, [_]) => (default, Ty::Uint),
+            ("double", None, [_]) => (default, Ty::Double),
+            ("string", None, [x]) => {
+                // Of the conversions, bytes to string has a cost and a size.
+                let t = &types[0];
+                if matches!(t, Ty::Bytes) || t.is_dyn() {
+                    let size = self.arg_size(x);
+                    result_size = Some(Est {
+                        min: size.min / 4,
+                        max: size.max,
+                    });
+                    let bytes = size.factor(STRING_TRAVERSAL).add(arg_sum);
+                    let cost = if t.is_dyn() {
+                        bytes.union(default)
+                    } else {
+                        bytes
+                    };
+                    (cost, Ty::String)
+                } else {
+                    (default, Ty::String)
+                }
+            }
+            ("bool", None, [_]) => (default, Ty::Bool),
+            ("matches", Some(t), [pattern]) => {
+                let s = self.arg_size(t).add(one).factor(STRING_TRAVERSAL);
+                let r = self.arg_size(pattern).factor(REGEX_LENGTH);
+                (s.mul(r).add(arg_sum), Ty::Bool)
+            }
+            ("matches", None, [_, _]) => (default, Ty::Bool),
+            ("contains", Some(t), [sub]) if target_ty.as_ref().is_some_and(Ty::stringish) => {
+                let s = self.arg_size(t).factor(STRING_TRAVERSAL);
+                let x = self.arg_size(sub).factor(STRING_TRAVERSAL);
+                (s.mul(x).add(arg_sum), Ty::Bool)
+            }
+            ("startsWith" | "endsWith", Some(_), [x]) => (
+                self.arg_size(x).factor(STRING_TRAVERSAL).add(arg_sum),
+                Ty::Bool,
+            ),
+            ("lowerAscii" | "upperAscii" | "substring" | "trim", Some(t), _) => {
+                let size = self.arg_size(t);
+                result_size = Some(size);
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
+            }
+            ("replace", Some(t), [from, to, ..]) => {
+                let size = self.arg_size(t);
+                let from = self.arg_size(from);
+                let to = self.arg_size(to);
+                result_size = Some(replaced_size(size, from, to));
+                (size.factor(2.0 * STRING_TRAVERSAL).add(arg_sum), Ty::String)
+            }
+            ("split", Some(t), _) => {
+                let size = self.arg_size(t);
+                let mut max = size.max;
+                if let Some(Expr::Literal(LiteralValue::Int(n))) = args.get(1).map(|a| &a.expr) {
+                    max = *n.inner() as u64;
+                }
+                result_size = Some(Est { min: 0, max });
+                (
+                    size.factor(2.0 * STRING_TRAVERSAL).add(arg_sum),
+                    Ty::List(Box::new(Ty::String)),
+                )
+            }
+            ("join", Some(t), _) => {
+                let list = self.arg_size(t);
+                // The elements' size: only a device path names one.
+                let mut items = self.path(t);
+                let elem = if items.is_empty() {
+                    UNKNOWN
+                } else {
+                    items.push("@items".into());
+                    Self::device_size(&items).unwrap_or(UNKNOWN)
+                };
+                let mut size = list.mul(elem);
+                if let Some(sep) = args.first() {
+                    let sep = self.arg_size(sep);
+                    let seps = Est {
+                        min: list.min.saturating_sub(1),
+                        max: list.max.saturating_sub(1),
+                    };
+                    size = size.add(sep.mul(seps));
+                }
+                result_size = Some(size);
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
+            }
+            ("indexOf" | "lastIndexOf", Some(t), _)
+                if target_ty.as_ref().is_some_and(Ty::stringish) =>
+            {
+                let size = self.arg_size(t);
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::Int)
+            }
+            ("charAt", Some(_), [_]) => (default, Ty::String),
+            ("find" | "findAll", Some(t), [pattern]) => {
+                let size = self.arg_size(t);
+                let s = size.add(one).factor(STRING_TRAVERSAL);
+                let r = self.arg_size(pattern).factor(REGEX_LENGTH);
+                result_size = Some(Est {
+                    min: 0,
+                    max: size.max,
+                });
+                let t = if name == "find" {
+                    Ty::String
+                } else {
+                    Ty::List(Box::new(Ty::String))
+                };
+                (s.mul(r).add(arg_sum), t)
+            }
+            ("quantity" | "isQuantity" | "semver" | "isSemver", None, [x, ..]) => {
+                let t = match name {
+                    "quantity" => Ty::Quantity,
+                    "semver" => Ty::Semver,
+                    _ => Ty::Bool,
+                };
+                (self.arg_size(x).factor(STRING_TRAVERSAL).add(arg_sum), t)
+            }
+            (
+                "asInteger" | "isInteger" | "asApproximateFloat" | "isGreaterThan" | "isLessThan"
+                | "compareTo" | "add" | "sub" | "major" | "minor" | "patch" | "sign",
+                Some(_),
+                _,
+            ) => {
+                let t = match name {
+                    "asInteger" | "compareTo" | "major" | "minor" | "patch" | "sign" => Ty::Int,
+                    "asApproximateFloat" => Ty::Double,
+                    "add" | "sub" => Ty::Quantity,
+                    _ => Ty::Bool,
+                };
+                (default, t)
+            }
+            _ => {
+                // The list and set extensions, Kubernetes' list library,
+                // optional types: not estimated here.
+                self.outside = true;
+                (default, Ty::Dyn)
+            }
+        };
+        if let Some(size) = result_size {
+            self.sizes.insert(e.id, size);
+        }
+        self.set_ty(e, t);
+        sum.add(fn_cost)
+    }
+
+    /// cel-go's rule for `==`, `!=` and string / bytes ordering: the shorter
+    /// side's length at 0.1 a character.
+    fn compare_strings(&mut self, a: &IdedExpr, b: &IdedExpr) -> Est {
+        let (l, r) = (self.size_or_unknown(a), self.size_or_unknown(b));
+        let smallest = l.max.min(r.max);
+        Est {
+            min: u64::from(smallest > 0),
+            max: smallest,
+        }
+        .factor(STRING_TRAVERSAL)
+    }
+}
+
+/// Kubernetes' estimate of `replace`'s result size.
+fn replaced_size(size: Est, from: Est, to: Est) -> Est {
+    let (mut count, mut retained) = (Est::fixed(0), Est::fixed(0));
+    if from.min == 0 {
+        count.max = if size.max < u64::MAX {
+            size.max + 1
+        } else {
+            size.max
+        };
+        retained.max = size.max;
+    } else if to.max <= from.min {
+        count.max = 0;
+        retained.max = size.max;
+    } else {
+        count.max = (size.max as f64 / from.min as f64).ceil() as u64;
+    }
+    if from.max == 0 {
+        count.min = if size.min < u64::MAX {
+            size.min + 1
+        } else {
+            size.min
+        };
+        retained.min = size.min;
+    } else if from.max <= to.min {
+        count.min = 0;
+        retained.min = size.min;
+    } else {
+        count.min = (size.min as f64 / from.max as f64).ceil() as u64;
+    }
+    count.mul(to).add(retained)
+}
