@@ -12,11 +12,11 @@
 //! attribute values, 63-character driver names) and from what the functions
 //! return.
 //!
-//! The estimate covers the standard library, the string extensions,
-//! Kubernetes' quantity, semver and regex libraries, `cel.bind` and the
-//! comprehension macros. For the list and set extensions, Kubernetes' list
-//! library and optional types it answers `None`: not estimated here (such
-//! selectors are accepted, and Kubernetes' runtime limit still applies).
+//! The estimate covers the standard library, the string, list and set
+//! extensions, Kubernetes' quantity, semver, list and regex libraries,
+//! optional types, `cel.bind` and the comprehension macros. For `sortBy` it
+//! answers `None`: not estimated here (such selectors are accepted, and
+//! Kubernetes' runtime limit still applies).
 
 use std::collections::HashMap;
 
@@ -110,6 +110,7 @@ enum Ty {
     Device,
     Quantity,
     Semver,
+    Optional(Box<Ty>),
 }
 
 impl Ty {
@@ -121,7 +122,18 @@ impl Ty {
         matches!(self, Ty::String | Ty::Bytes) || self.is_dyn()
     }
     fn scalar(&self) -> bool {
-        matches!(self, Ty::Bool | Ty::Double | Ty::Int | Ty::Uint)
+        match self {
+            Ty::Bool | Ty::Double | Ty::Int | Ty::Uint => true,
+            Ty::Optional(t) => t.scalar(),
+            _ => false,
+        }
+    }
+
+    fn elem(&self) -> Ty {
+        match self {
+            Ty::List(t) => (**t).clone(),
+            _ => Ty::Dyn,
+        }
     }
 }
 
@@ -533,14 +545,32 @@ impl Coster {
         let Expr::Call(call) = &e.expr else {
             unreachable!("a call")
         };
-        let name = call.func_name.as_str();
+        // `sets.contains(a, b)`, `lists.range(n)`, `optional.of(x)`: global
+        // functions with a dotted name, not calls on a target.
+        let namespace = match call.target.as_deref().map(|t| &t.expr) {
+            Some(Expr::Ident(ns))
+                if matches!(ns.as_str(), "sets" | "lists" | "optional")
+                    && self.local(ns).is_none() =>
+            {
+                Some(ns.as_str())
+            }
+            _ => None,
+        };
+        let dotted;
+        let name = match namespace {
+            Some(ns) => {
+                dotted = format!("{ns}.{}", call.func_name);
+                dotted.as_str()
+            }
+            None => call.func_name.as_str(),
+        };
         let arg_costs: Vec<Est> = call.args.iter().map(|a| self.cost(a)).collect();
         let arg_sum = arg_costs.iter().fold(Est::fixed(0), |s, c| s.add(*c));
         let mut sum = Est::fixed(0);
-        if let Some(target) = &call.target {
+        let target = call.target.as_deref().filter(|_| namespace.is_none());
+        if let Some(target) = target {
             sum = sum.add(self.cost(target));
         }
-        let target = call.target.as_deref();
         let args = &call.args;
         let types: Vec<Ty> = args.iter().map(|a| self.ty(a)).collect();
         let target_ty = target.map(|t| self.ty(t));
@@ -759,7 +789,7 @@ impl Coster {
                 (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::Int)
             }
             ("charAt", Some(_), [_]) => (default, Ty::String),
-            ("find" | "findAll", Some(t), [pattern]) => {
+            ("find" | "findAll", Some(t), [pattern, ..]) => {
                 let size = self.arg_size(t);
                 let s = size.add(one).factor(STRING_TRAVERSAL);
                 let r = self.arg_size(pattern).factor(REGEX_LENGTH);
@@ -796,9 +826,131 @@ impl Coster {
                 };
                 (default, t)
             }
+            // Optional types: no cost rules of their own.
+            ("_?._", None, [x, field]) => {
+                let field = match &field.expr {
+                    Expr::Literal(LiteralValue::String(f)) => f.inner().to_string(),
+                    _ => String::new(),
+                };
+                let t = match (&types[0], field.as_str()) {
+                    (Ty::Map(_, v), _) => (**v).clone(),
+                    (Ty::Device, "driver") => Ty::String,
+                    _ => Ty::Dyn,
+                };
+                let _ = x;
+                (default, Ty::Optional(Box::new(t)))
+            }
+            ("_[?_]", None, [_, _]) => {
+                let t = match &types[0] {
+                    Ty::Map(_, v) => (**v).clone(),
+                    Ty::List(t) => (**t).clone(),
+                    _ => Ty::Dyn,
+                };
+                (default, Ty::Optional(Box::new(t)))
+            }
+            ("optional.of" | "optional.ofNonZeroValue", None, [_]) => {
+                (default, Ty::Optional(Box::new(types[0].clone())))
+            }
+            ("optional.none", None, []) => (default, Ty::Optional(Box::new(Ty::Dyn))),
+            ("hasValue", Some(_), []) => (default, Ty::Bool),
+            ("value", Some(_), []) => (default, inner(target_ty.as_ref())),
+            ("orValue", Some(_), [_]) => {
+                let t = inner(target_ty.as_ref());
+                let t = if t == types[0] { t } else { Ty::Dyn };
+                (default, t)
+            }
+            ("or", Some(_), [_]) => (default, target_ty.clone().unwrap_or(Ty::Dyn)),
+            // The sets extension: the product of the lists' sizes.
+            ("sets.contains" | "sets.intersects" | "sets.equivalent", None, [a, b]) => {
+                let factor = if name == "sets.equivalent" { 2.0 } else { 1.0 };
+                let product = self.arg_size(a).mul(self.arg_size(b));
+                (product.factor(factor).add(one).add(arg_sum), Ty::Bool)
+            }
+            // The list extensions: allocating calls, their output's size.
+            ("lists.range", None, [n]) => {
+                let size = Est::fixed(int_literal(n, u64::MAX));
+                result_size = Some(size);
+                (
+                    allocating(1.0, size).add(arg_sum),
+                    Ty::List(Box::new(Ty::Int)),
+                )
+            }
+            ("slice", Some(t), [from, to]) => {
+                let size = self.arg_size(t);
+                let (from, to) = (int_literal(from, 0), int_literal(to, size.max));
+                let size = Est::fixed(to.wrapping_sub(from));
+                result_size = Some(size);
+                (
+                    allocating(1.0, size).add(arg_sum),
+                    target_ty.clone().unwrap_or(Ty::Dyn),
+                )
+            }
+            ("reverse", Some(t), []) => {
+                let size = self.arg_size(t);
+                result_size = Some(size);
+                (
+                    allocating(1.0, size).add(arg_sum),
+                    target_ty.clone().unwrap_or(Ty::Dyn),
+                )
+            }
+            ("flatten", Some(t), rest) if rest.len() <= 1 => {
+                let depth = rest.first().map_or(1, |d| int_literal(d, u64::MAX));
+                let size = self.arg_size(t);
+                result_size = Some(size);
+                (
+                    allocating(depth as f64, size).add(arg_sum),
+                    Ty::List(Box::new(Ty::Dyn)),
+                )
+            }
+            ("distinct" | "sort", Some(t), []) => {
+                let size = self.arg_size(t);
+                let squared = size.mul(size);
+                result_size = Some(squared);
+                let elem = target_ty.as_ref().map(Ty::elem).unwrap_or(Ty::Dyn);
+                let cost = if name == "distinct" {
+                    allocating(2.0, squared)
+                } else {
+                    // One overload per element type; strings cost more.
+                    let strings = allocating(2.0 + STRING_TRAVERSAL, squared);
+                    let others = allocating(2.0, squared);
+                    match elem {
+                        Ty::String | Ty::Bytes => strings,
+                        Ty::Dyn | Ty::Any => strings.union(others),
+                        _ => others,
+                    }
+                };
+                (cost.add(arg_sum), target_ty.clone().unwrap_or(Ty::Dyn))
+            }
+            // Kubernetes' list library (and indexOf on lists): one traversal.
+            ("isSorted" | "sum" | "min" | "max" | "indexOf" | "lastIndexOf", Some(t), _) => {
+                let size = self.arg_size(t);
+                let list_ty = target_ty.clone().unwrap_or(Ty::Dyn);
+                let cost = match &list_ty {
+                    Ty::List(elem) => {
+                        let mut el = one;
+                        if matches!(**elem, Ty::String | Ty::Bytes) {
+                            let mut items = self.path(t);
+                            let elem_size = if items.is_empty() {
+                                UNKNOWN
+                            } else {
+                                items.push("@items".into());
+                                Self::device_size(&items).unwrap_or(UNKNOWN)
+                            };
+                            el = el.add(elem_size.factor(STRING_TRAVERSAL));
+                        }
+                        size.mul(el)
+                    }
+                    _ => size.factor(STRING_TRAVERSAL),
+                };
+                let t = match name {
+                    "isSorted" => Ty::Bool,
+                    "indexOf" | "lastIndexOf" => Ty::Int,
+                    _ => list_ty.elem(),
+                };
+                (cost.add(arg_sum), t)
+            }
             _ => {
-                // The list and set extensions, Kubernetes' list library,
-                // optional types: not estimated here.
+                // sortBy and anything else: not estimated here.
                 self.outside = true;
                 (default, Ty::Dyn)
             }
@@ -821,6 +973,29 @@ impl Coster {
         }
         .factor(STRING_TRAVERSAL)
     }
+}
+
+/// The value an optional holds.
+fn inner(t: Option<&Ty>) -> Ty {
+    match t {
+        Some(Ty::Optional(t)) => (**t).clone(),
+        _ => Ty::Dyn,
+    }
+}
+
+/// An int literal's value (0 when negative), or `default`.
+fn int_literal(e: &IdedExpr, default: u64) -> u64 {
+    match &e.expr {
+        Expr::Literal(LiteralValue::Int(n)) => u64::try_from(*n.inner()).unwrap_or(0),
+        _ => default,
+    }
+}
+
+/// cel-go's estimate of a list extension call that builds a list of `size`.
+fn allocating(factor: f64, size: Est) -> Est {
+    size.factor(factor)
+        .add(Est::fixed(1))
+        .add(Est::fixed(LIST_CREATE))
 }
 
 /// Kubernetes' estimate of `replace`'s result size.
