@@ -16,8 +16,8 @@
 //! - Compile-time refusals: more than 10 Ki characters, a function Kubernetes
 //!   does not offer (or this build does not implement yet — said so), a result
 //!   that is visibly not a bool, a worst-case cost over 1,000,000 as the API
-//!   server estimates it (`cel_cost`; selectors using `sortBy` are not
-//!   estimated yet, and pass). Compiled selectors are cached by their text.
+//!   server estimates it (`cel_cost`). Compiled selectors are cached by
+//!   their text.
 //!
 //! `cel.bind` is the bindings macro; optional types (`a.?b`, `m[?k]`,
 //! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)

@@ -14,9 +14,8 @@
 //!
 //! The estimate covers the standard library, the string, list and set
 //! extensions, Kubernetes' quantity, semver, list and regex libraries,
-//! optional types, `cel.bind` and the comprehension macros. For `sortBy` it
-//! answers `None`: not estimated here (such selectors are accepted, and
-//! Kubernetes' runtime limit still applies).
+//! optional types, `cel.bind` and the comprehension macros, `sortBy`
+//! included. For anything else it answers `None` (not estimated).
 
 use std::collections::HashMap;
 
@@ -902,6 +901,30 @@ impl Coster {
                     Ty::List(Box::new(Ty::Dyn)),
                 )
             }
+            ("distinct" | "sort" | "@sortByAssociatedKeys", Some(t), rest) if rest.len() <= 1 => {
+                // sortBy sorts by its keys: they are what is counted.
+                let (sized, listed) = match rest.first() {
+                    Some(keys) if name == "@sortByAssociatedKeys" => (keys, self.ty(keys)),
+                    _ => (t, target_ty.clone().unwrap_or(Ty::Dyn)),
+                };
+                let size = self.arg_size(sized);
+                let squared = size.mul(size);
+                result_size = Some(squared);
+                let elem = listed.elem();
+                let cost = if name == "distinct" {
+                    allocating(2.0, squared)
+                } else {
+                    // One overload per element type; strings cost more.
+                    let strings = allocating(2.0 + STRING_TRAVERSAL, squared);
+                    let others = allocating(2.0, squared);
+                    match elem {
+                        Ty::String | Ty::Bytes => strings,
+                        Ty::Dyn | Ty::Any => strings.union(others),
+                        _ => others,
+                    }
+                };
+                (cost.add(arg_sum), target_ty.clone().unwrap_or(Ty::Dyn))
+            }
             ("distinct" | "sort", Some(t), []) => {
                 let size = self.arg_size(t);
                 let squared = size.mul(size);
@@ -950,7 +973,7 @@ impl Coster {
                 (cost.add(arg_sum), t)
             }
             _ => {
-                // sortBy and anything else: not estimated here.
+                // Nothing else a selector may call.
                 self.outside = true;
                 (default, Ty::Dyn)
             }
