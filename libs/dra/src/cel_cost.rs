@@ -313,9 +313,15 @@ impl Coster {
         None
     }
 
-    /// A node's size as an argument (an accumulator's path is not followed).
-    fn arg_size(&mut self, e: &IdedExpr) -> Est {
-        self.size_or_unknown(e)
+    /// The size of a list's elements: known only where the list is a device
+    /// path (Kubernetes' `listElementNode`).
+    fn items_size(&self, list: &IdedExpr) -> Est {
+        let mut items = self.path(list);
+        if items.is_empty() {
+            return UNKNOWN;
+        }
+        items.push("@items".into());
+        Self::device_size(&items).unwrap_or(UNKNOWN)
     }
 
     fn cost(&mut self, e: &IdedExpr) -> Est {
@@ -640,15 +646,12 @@ impl Coster {
                 if both(|t| matches!(t, Ty::Int | Ty::Uint | Ty::Double) || t.is_dyn()) {
                     unite(default);
                 }
-                let t = if lhs == rhs {
-                    lhs.clone()
-                } else if let (Ty::List(_), Ty::List(_)) = (lhs, rhs) {
-                    match (lhs, rhs) {
-                        (Ty::List(x), _) if **x != Ty::Dyn => lhs.clone(),
-                        _ => rhs.clone(),
-                    }
-                } else {
-                    Ty::Dyn
+                // Two lists: the one whose element type is known.
+                let t = match (lhs, rhs) {
+                    _ if lhs == rhs => lhs.clone(),
+                    (Ty::List(x), Ty::List(_)) if **x != Ty::Dyn => lhs.clone(),
+                    (Ty::List(_), Ty::List(_)) => rhs.clone(),
+                    _ => Ty::Dyn,
                 };
                 (cost.unwrap_or(default), t)
             }
@@ -671,22 +674,11 @@ impl Coster {
             }
             ("_[_]", None, [m, _]) => {
                 let container = &types[0];
-                let (list, map) = match container {
-                    Ty::List(_) => (true, false),
-                    Ty::Map(..) => (false, true),
-                    _ => (true, true),
-                };
+                let map = !matches!(container, Ty::List(_));
+                // With both overloads possible, the map's is the last cel-go sees.
+                result_size = self.entry(m).map(|x| x.val);
                 let mut path = self.path(m);
-                if list {
-                    result_size = self.entry(m).map(|x| x.val);
-                    path = self.path(m);
-                    path.push("@items".into());
-                }
-                if map {
-                    result_size = self.entry(m).map(|x| x.val);
-                    path = self.path(m);
-                    path.push("@values".into());
-                }
+                path.push(if map { "@values" } else { "@items" }.into());
                 self.paths.insert(e.id, path);
                 let t = match container {
                     Ty::List(t) => (**t).clone(),
@@ -703,7 +695,7 @@ impl Coster {
                 // Of the conversions, bytes to string has a cost and a size.
                 let t = &types[0];
                 if matches!(t, Ty::Bytes) || t.is_dyn() {
-                    let size = self.arg_size(x);
+                    let size = self.size_or_unknown(x);
                     result_size = Some(Est {
                         min: size.min / 4,
                         max: size.max,
@@ -721,34 +713,36 @@ impl Coster {
             }
             ("bool", None, [_]) => (default, Ty::Bool),
             ("matches", Some(t), [pattern]) => {
-                let s = self.arg_size(t).add(one).factor(STRING_TRAVERSAL);
-                let r = self.arg_size(pattern).factor(REGEX_LENGTH);
+                let s = self.size_or_unknown(t).add(one).factor(STRING_TRAVERSAL);
+                let r = self.size_or_unknown(pattern).factor(REGEX_LENGTH);
                 (s.mul(r).add(arg_sum), Ty::Bool)
             }
             ("matches", None, [_, _]) => (default, Ty::Bool),
             ("contains", Some(t), [sub]) if target_ty.as_ref().is_some_and(Ty::stringish) => {
-                let s = self.arg_size(t).factor(STRING_TRAVERSAL);
-                let x = self.arg_size(sub).factor(STRING_TRAVERSAL);
+                let s = self.size_or_unknown(t).factor(STRING_TRAVERSAL);
+                let x = self.size_or_unknown(sub).factor(STRING_TRAVERSAL);
                 (s.mul(x).add(arg_sum), Ty::Bool)
             }
             ("startsWith" | "endsWith", Some(_), [x]) => (
-                self.arg_size(x).factor(STRING_TRAVERSAL).add(arg_sum),
+                self.size_or_unknown(x)
+                    .factor(STRING_TRAVERSAL)
+                    .add(arg_sum),
                 Ty::Bool,
             ),
             ("lowerAscii" | "upperAscii" | "substring" | "trim", Some(t), _) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 result_size = Some(size);
                 (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
             }
             ("replace", Some(t), [from, to, ..]) => {
-                let size = self.arg_size(t);
-                let from = self.arg_size(from);
-                let to = self.arg_size(to);
+                let size = self.size_or_unknown(t);
+                let from = self.size_or_unknown(from);
+                let to = self.size_or_unknown(to);
                 result_size = Some(replaced_size(size, from, to));
                 (size.factor(2.0 * STRING_TRAVERSAL).add(arg_sum), Ty::String)
             }
             ("split", Some(t), _) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 let mut max = size.max;
                 if let Some(Expr::Literal(LiteralValue::Int(n))) = args.get(1).map(|a| &a.expr) {
                     max = *n.inner() as u64;
@@ -760,18 +754,11 @@ impl Coster {
                 )
             }
             ("join", Some(t), _) => {
-                let list = self.arg_size(t);
-                // The elements' size: only a device path names one.
-                let mut items = self.path(t);
-                let elem = if items.is_empty() {
-                    UNKNOWN
-                } else {
-                    items.push("@items".into());
-                    Self::device_size(&items).unwrap_or(UNKNOWN)
-                };
+                let list = self.size_or_unknown(t);
+                let elem = self.items_size(t);
                 let mut size = list.mul(elem);
                 if let Some(sep) = args.first() {
-                    let sep = self.arg_size(sep);
+                    let sep = self.size_or_unknown(sep);
                     let seps = Est {
                         min: list.min.saturating_sub(1),
                         max: list.max.saturating_sub(1),
@@ -784,14 +771,14 @@ impl Coster {
             ("indexOf" | "lastIndexOf", Some(t), _)
                 if target_ty.as_ref().is_some_and(Ty::stringish) =>
             {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::Int)
             }
             ("charAt", Some(_), [_]) => (default, Ty::String),
             ("find" | "findAll", Some(t), [pattern, ..]) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 let s = size.add(one).factor(STRING_TRAVERSAL);
-                let r = self.arg_size(pattern).factor(REGEX_LENGTH);
+                let r = self.size_or_unknown(pattern).factor(REGEX_LENGTH);
                 result_size = Some(Est {
                     min: 0,
                     max: size.max,
@@ -809,7 +796,12 @@ impl Coster {
                     "semver" => Ty::Semver,
                     _ => Ty::Bool,
                 };
-                (self.arg_size(x).factor(STRING_TRAVERSAL).add(arg_sum), t)
+                (
+                    self.size_or_unknown(x)
+                        .factor(STRING_TRAVERSAL)
+                        .add(arg_sum),
+                    t,
+                )
             }
             (
                 "asInteger" | "isInteger" | "asApproximateFloat" | "isGreaterThan" | "isLessThan"
@@ -826,7 +818,7 @@ impl Coster {
                 (default, t)
             }
             // Optional types: no cost rules of their own.
-            ("_?._", None, [x, field]) => {
+            ("_?._", None, [_, field]) => {
                 let field = match &field.expr {
                     Expr::Literal(LiteralValue::String(f)) => f.inner().to_string(),
                     _ => String::new(),
@@ -836,7 +828,6 @@ impl Coster {
                     (Ty::Device, "driver") => Ty::String,
                     _ => Ty::Dyn,
                 };
-                let _ = x;
                 (default, Ty::Optional(Box::new(t)))
             }
             ("_[?_]", None, [_, _]) => {
@@ -862,7 +853,7 @@ impl Coster {
             // The sets extension: the product of the lists' sizes.
             ("sets.contains" | "sets.intersects" | "sets.equivalent", None, [a, b]) => {
                 let factor = if name == "sets.equivalent" { 2.0 } else { 1.0 };
-                let product = self.arg_size(a).mul(self.arg_size(b));
+                let product = self.size_or_unknown(a).mul(self.size_or_unknown(b));
                 (product.factor(factor).add(one).add(arg_sum), Ty::Bool)
             }
             // The list extensions: allocating calls, their output's size.
@@ -875,7 +866,7 @@ impl Coster {
                 )
             }
             ("slice", Some(t), [from, to]) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 let (from, to) = (int_literal(from, 0), int_literal(to, size.max));
                 let size = Est::fixed(to.wrapping_sub(from));
                 result_size = Some(size);
@@ -885,7 +876,7 @@ impl Coster {
                 )
             }
             ("reverse", Some(t), []) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 result_size = Some(size);
                 (
                     allocating(1.0, size).add(arg_sum),
@@ -894,7 +885,7 @@ impl Coster {
             }
             ("flatten", Some(t), rest) if rest.len() <= 1 => {
                 let depth = rest.first().map_or(1, |d| int_literal(d, u64::MAX));
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 result_size = Some(size);
                 (
                     allocating(depth as f64, size).add(arg_sum),
@@ -907,7 +898,7 @@ impl Coster {
                     Some(keys) if name == "@sortByAssociatedKeys" => (keys, self.ty(keys)),
                     _ => (t, target_ty.clone().unwrap_or(Ty::Dyn)),
                 };
-                let size = self.arg_size(sized);
+                let size = self.size_or_unknown(sized);
                 let squared = size.mul(size);
                 result_size = Some(squared);
                 let elem = listed.elem();
@@ -925,41 +916,15 @@ impl Coster {
                 };
                 (cost.add(arg_sum), target_ty.clone().unwrap_or(Ty::Dyn))
             }
-            ("distinct" | "sort", Some(t), []) => {
-                let size = self.arg_size(t);
-                let squared = size.mul(size);
-                result_size = Some(squared);
-                let elem = target_ty.as_ref().map(Ty::elem).unwrap_or(Ty::Dyn);
-                let cost = if name == "distinct" {
-                    allocating(2.0, squared)
-                } else {
-                    // One overload per element type; strings cost more.
-                    let strings = allocating(2.0 + STRING_TRAVERSAL, squared);
-                    let others = allocating(2.0, squared);
-                    match elem {
-                        Ty::String | Ty::Bytes => strings,
-                        Ty::Dyn | Ty::Any => strings.union(others),
-                        _ => others,
-                    }
-                };
-                (cost.add(arg_sum), target_ty.clone().unwrap_or(Ty::Dyn))
-            }
             // Kubernetes' list library (and indexOf on lists): one traversal.
             ("isSorted" | "sum" | "min" | "max" | "indexOf" | "lastIndexOf", Some(t), _) => {
-                let size = self.arg_size(t);
+                let size = self.size_or_unknown(t);
                 let list_ty = target_ty.clone().unwrap_or(Ty::Dyn);
                 let cost = match &list_ty {
                     Ty::List(elem) => {
                         let mut el = one;
                         if matches!(**elem, Ty::String | Ty::Bytes) {
-                            let mut items = self.path(t);
-                            let elem_size = if items.is_empty() {
-                                UNKNOWN
-                            } else {
-                                items.push("@items".into());
-                                Self::device_size(&items).unwrap_or(UNKNOWN)
-                            };
-                            el = el.add(elem_size.factor(STRING_TRAVERSAL));
+                            el = el.add(self.items_size(t).factor(STRING_TRAVERSAL));
                         }
                         size.mul(el)
                     }

@@ -33,6 +33,22 @@ pub enum Stack {
     DevicePlugin,
 }
 
+impl Stack {
+    /// Its value of the node label `node.deckhouse.io/gpu-stack`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stack::Dra => "dra",
+            Stack::DevicePlugin => "device-plugin",
+        }
+    }
+
+    pub fn from_label(value: &str) -> Option<Stack> {
+        [Stack::Dra, Stack::DevicePlugin]
+            .into_iter()
+            .find(|s| s.label() == value)
+    }
+}
+
 /// Where the node's ResourceSlices go (the API server in production).
 #[async_trait::async_trait]
 pub trait SlicePublisher: Send + Sync {

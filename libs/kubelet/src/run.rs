@@ -66,15 +66,7 @@ pub fn parse_sharing(s: &str) -> Result<Sharing, String> {
 
 /// The stack a node's label assigns.
 fn assigned(node: &Node) -> Option<Stack> {
-    match node
-        .labels()
-        .get("node.deckhouse.io/gpu-stack")
-        .map(String::as_str)
-    {
-        Some("dra") => Some(Stack::Dra),
-        Some("device-plugin") => Some(Stack::DevicePlugin),
-        _ => None,
-    }
+    Stack::from_label(node.labels().get("node.deckhouse.io/gpu-stack")?)
 }
 
 /// Applies the node's PhysicalGPU reports (spec and labels, then status) by
@@ -196,11 +188,7 @@ impl Events {
             reason: "HandoverBlocked".into(),
             note: Some(format!(
                 "{blocked}; the switch to {} waits until they are released",
-                match to {
-                    Some(Stack::Dra) => "dra",
-                    Some(Stack::DevicePlugin) => "device-plugin",
-                    None => "no stack",
-                }
+                to.map_or("no stack", Stack::label)
             )),
             action: "SwitchStack".into(),
             secondary: None,

@@ -221,6 +221,44 @@ fn setup(usage: Arc<Usage>) -> Setup {
     }
 }
 
+/// Waits until kubelet has the device plugin; its socket.
+async fn registered_device_plugin(observed: &Observed, device_plugins: &Path) -> PathBuf {
+    eventually(
+        "kubelet has the device plugin",
+        Duration::from_secs(10),
+        || {
+            let registered = observed.events().iter().any(
+                |e| matches!(e, Event::DevicePlugin { what, .. } if what.starts_with("registered")),
+            );
+            async move { registered }
+        },
+    )
+    .await
+    .unwrap();
+    std::fs::read_dir(device_plugins)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("switchyard-")
+        })
+        .unwrap()
+}
+
+/// Serves `stack` once the old one is unused, trying again on each refusal
+/// (kubelet's calls keep coming); how many times it was refused.
+async fn serve_when_unused(agent: &mut Agent, stack: Stack) -> usize {
+    let mut refusals = 0;
+    while let Err(e) = agent.serve(Some(stack)).await {
+        assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
+        refusals += 1;
+        tokio::task::yield_now().await;
+    }
+    refusals
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
     let usage = Arc::new(Usage(Mutex::default()));
@@ -489,18 +527,7 @@ async fn switching_under_load_leaves_nothing_behind() {
     )
     .await
     .unwrap();
-    let mut refusals = 0;
-    loop {
-        match agent.serve(Some(Stack::DevicePlugin)).await {
-            Ok(()) => break,
-            Err(e) => {
-                assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
-                refusals += 1;
-                // Kubelet's calls keep coming: try again on the next turn.
-                tokio::task::yield_now().await;
-            }
-        }
-    }
+    let refusals = serve_when_unused(&mut agent, Stack::DevicePlugin).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (prepared, _refused) = load.await.unwrap();
     assert!(prepared > 0, "the load ran ({refusals} refusals)");
@@ -517,28 +544,7 @@ async fn switching_under_load_leaves_nothing_behind() {
     assert_eq!(specs, 0, "no CDI spec left");
 
     // The device plugin under a stream of Allocate calls; DRA is served next.
-    eventually(
-        "kubelet has the device plugin",
-        Duration::from_secs(10),
-        || {
-            let registered = observed.events().iter().any(
-                |e| matches!(e, Event::DevicePlugin { what, .. } if what.starts_with("registered")),
-            );
-            async move { registered }
-        },
-    )
-    .await
-    .unwrap();
-    let plugin_socket = std::fs::read_dir(&device_plugins)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("switchyard-")
-        })
-        .unwrap();
+    let plugin_socket = registered_device_plugin(&observed, &device_plugins).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let allocated_while_dra = Arc::new(Mutex::new(0));
     let progress = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -587,18 +593,8 @@ async fn switching_under_load_leaves_nothing_behind() {
     )
     .await
     .unwrap();
-    let mut refusals = 0;
-    loop {
-        match agent.serve(Some(Stack::Dra)).await {
-            Ok(()) => break,
-            Err(e) => {
-                // Devices handed out since the last look block once each.
-                assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
-                refusals += 1;
-                tokio::task::yield_now().await;
-            }
-        }
-    }
+    // Devices handed out since the last look block once each.
+    let refusals = serve_when_unused(&mut agent, Stack::Dra).await;
     assert!(
         refusals > 0,
         "the devices just handed out blocked the first try"
@@ -625,28 +621,7 @@ async fn a_device_just_handed_out_blocks_the_switch_until_kubelet_answers_for_it
         ..
     } = setup(usage.clone());
     agent.serve(Some(Stack::DevicePlugin)).await.unwrap();
-    eventually(
-        "kubelet has the device plugin",
-        Duration::from_secs(10),
-        || {
-            let registered = observed.events().iter().any(
-                |e| matches!(e, Event::DevicePlugin { what, .. } if what.starts_with("registered")),
-            );
-            async move { registered }
-        },
-    )
-    .await
-    .unwrap();
-    let socket = std::fs::read_dir(&device_plugins)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("switchyard-")
-        })
-        .unwrap();
+    let socket = registered_device_plugin(&observed, &device_plugins).await;
     let channel = switchyard_kubelet::connect(socket).await.unwrap();
     let mut kubelet = DevicePluginClient::new(channel);
     let uuid = machine().gpus[0].uuid.clone();

@@ -13,8 +13,8 @@ use serde_json::json;
 use switchyard_testkit::kube::{ControlPlane, fake_node};
 use switchyard_testkit::{KillOnDrop, eventually};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
+/// A control plane with Switchyard's CRDs and the node `gpu-1`, assigned DRA.
+async fn plane_with_dra_node() -> (ControlPlane, kube::Client, Api<Node>) {
     let plane = ControlPlane::start().await;
     let client = plane.client();
     switchyard_testkit::kube::install_crds(
@@ -34,6 +34,12 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
         )
         .await
         .unwrap();
+    (plane, client, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
+    let (plane, client, nodes) = plane_with_dra_node().await;
 
     let kubelet_dir = tempfile::tempdir().unwrap();
     let kubelet = switchyard_kubelet::fake::Kubelet::default();
@@ -157,25 +163,7 @@ fn write_fixture(path: &std::path::Path, index: u32, healthy: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_changes_and_refused_switches_are_recorded_as_events() {
-    let plane = ControlPlane::start().await;
-    let client = plane.client();
-    switchyard_testkit::kube::install_crds(
-        &client,
-        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
-    )
-    .await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &fake_node(
-                "gpu-1",
-                &[("node.deckhouse.io/gpu-stack", "dra")],
-                Vec::new(),
-            ),
-        )
-        .await
-        .unwrap();
+    let (plane, client, nodes) = plane_with_dra_node().await;
     let dir = tempfile::tempdir().unwrap();
     let fixture = dir.path().join("machine.yaml");
     write_fixture(&fixture, 2, true);
