@@ -4,15 +4,16 @@
 //! upgrade and clears when the group is released (reference, "If DRA was
 //! enabled before the module upgrade").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{AlertCleared, AlertRaised, DomainEvent, domain_event::Kind};
 
 use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
 
-/// Alerts firing: (alert name, labels) -> summary.
+/// The groups held on DRA, and the alerts firing: (alert name, labels) -> summary.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Alerter {
+    pub held: BTreeSet<String>,
     pub firing: BTreeMap<(String, BTreeMap<String, String>), String>,
 }
 
@@ -25,9 +26,15 @@ fn group_labels(group: &str) -> BTreeMap<String, String> {
 }
 
 impl Alerter {
-    /// Folds the alerter's own events.
+    /// Folds the hold decisions and the alerter's own events.
     pub fn apply(&mut self, event: &DomainEvent) {
         match &event.kind {
+            Some(Kind::NodeGroupHeldOnDra(held)) => {
+                self.held.insert(held.group.clone());
+            }
+            Some(Kind::NodeGroupReleased(released)) => {
+                self.held.remove(&released.group);
+            }
             Some(Kind::AlertRaised(a)) => {
                 self.firing
                     .insert((a.alert_name.clone(), a.labels.clone()), a.summary.clone());
@@ -40,26 +47,44 @@ impl Alerter {
         }
     }
 
-    /// The alerts an event raises or clears (already folded into the state).
+    /// Folds an event of the log; returns the alerts it raises or clears.
     pub fn handle(&mut self, input: &DomainEvent) -> Vec<DomainEvent> {
         self.apply(input);
-        let decision = match &input.kind {
-            Some(Kind::NodeGroupHeldOnDra(held)) => {
-                let key = (ALERT_HELD_ON_DRA.to_string(), group_labels(&held.group));
-                (!self.firing.contains_key(&key)).then(|| event_raised(&held.group))
-            }
-            Some(Kind::NodeGroupReleased(released)) => {
-                let key = (ALERT_HELD_ON_DRA.to_string(), group_labels(&released.group));
-                self.firing.contains_key(&key).then(|| {
-                    event(Kind::AlertCleared(AlertCleared {
-                        alert_name: ALERT_HELD_ON_DRA.into(),
-                        labels: group_labels(&released.group),
-                    }))
-                })
-            }
-            _ => None,
+        self.catch_up()
+    }
+
+    /// The alerts to raise or clear for the state folded so far — after a
+    /// rebuild, those a late start or a crash kept from being recorded — folded.
+    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+        let firing = |group: &str| {
+            self.firing
+                .contains_key(&(ALERT_HELD_ON_DRA.to_string(), group_labels(group)))
         };
-        decision.into_iter().inspect(|d| self.apply(d)).collect()
+        let clear = self
+            .firing
+            .keys()
+            .filter(|(name, labels)| {
+                name == ALERT_HELD_ON_DRA
+                    && labels
+                        .get(ALERT_LABEL_NODE_GROUP)
+                        .is_none_or(|group| !self.held.contains(group))
+            })
+            .map(|(name, labels)| {
+                event(Kind::AlertCleared(AlertCleared {
+                    alert_name: name.clone(),
+                    labels: labels.clone(),
+                }))
+            });
+        let raise = self
+            .held
+            .iter()
+            .filter(|group| !firing(group))
+            .map(|group| event_raised(group));
+        let decisions: Vec<DomainEvent> = clear.chain(raise).collect();
+        for decision in &decisions {
+            self.apply(decision);
+        }
+        decisions
     }
 }
 

@@ -49,6 +49,9 @@ pub struct AppMove {
     pub after: WorkloadPlacement,
     /// A rollback: the sequence of the forward rewrite it compensates.
     pub compensates: Option<u64>,
+    /// A rollback whose compensation is recorded; the restart that follows it
+    /// may not be (a stop between the two).
+    pub compensated: bool,
 }
 
 /// The claim-allocator's application moves.
@@ -132,6 +135,7 @@ impl AppMoves {
                         before: WorkloadPlacement::default(),
                         after: WorkloadPlacement::default(),
                         compensates: None,
+                        compensated: false,
                     },
                 );
             }
@@ -159,10 +163,16 @@ impl AppMoves {
                         before: restore.before.clone().unwrap_or_default(),
                         after,
                         compensates: e.plan.first().copied(),
+                        compensated: false,
                     },
                 );
             }
             Kind::StepCompensated(e) => {
+                if let Some(m) = self.active.values_mut().find(|m| {
+                    m.id == e.rollback_id && m.compensates == Some(e.compensated_sequence)
+                }) {
+                    m.compensated = true;
+                }
                 if let Some(compensation) = &e.compensation {
                     self.apply(compensation);
                 }
@@ -298,6 +308,9 @@ impl AppMoves {
         }));
         match (m.step, m.compensates) {
             (MoveStep::Rewrite, None) if workload.placement.is(&m.after) => vec![restarted],
+            (MoveStep::Rewrite, Some(_)) if m.compensated && workload.placement.is(&m.after) => {
+                vec![restarted]
+            }
             (MoveStep::Rewrite, Some(compensated)) if workload.placement.is(&m.after) => vec![
                 event(Kind::StepCompensated(Box::new(StepCompensated {
                     rollback_id: m.id.clone(),
@@ -454,6 +467,22 @@ impl ClaimAllocator {
                 vec![key]
             }
         };
+        self.follow(keys, &mut out);
+        out
+    }
+
+    /// After a rebuild from the log: the next steps of the moves in progress
+    /// that the facts already allow (a late start or a crash kept them from
+    /// being recorded), folded.
+    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+        let mut out = Vec::new();
+        let keys: Vec<WorkloadKey> = self.moves.active.keys().cloned().collect();
+        self.follow(keys, &mut out);
+        out
+    }
+
+    /// Moves each workload of `keys` on as far as the facts allow.
+    fn follow(&mut self, keys: Vec<WorkloadKey>, out: &mut Vec<DomainEvent>) {
         for key in keys {
             // Rewrite seen -> restarted -> verified can follow from one fact.
             for _ in 0..3 {
@@ -467,6 +496,5 @@ impl ClaimAllocator {
                 }
             }
         }
-        out
     }
 }

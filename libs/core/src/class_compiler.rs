@@ -76,6 +76,11 @@ pub struct ClassCompiler {
     pub device_classes: std::collections::BTreeSet<String>,
     /// Retired classes -> their DeviceClasses, until those are gone.
     pub retired: BTreeMap<String, Vec<String>>,
+    /// GPUClass -> its last observation and when it came (the count of
+    /// observations so far): what to compile if its generation is not
+    /// compiled yet, in the order the classes came.
+    pub observed: BTreeMap<String, (u64, GpuClassObserved)>,
+    pub observations: u64,
 }
 
 fn quote(s: &str) -> String {
@@ -243,6 +248,9 @@ impl ClassCompiler {
                 self.compiled.insert(c.gpu_class.clone(), c.clone());
             }
             Some(Kind::GpuClassObserved(c)) => {
+                self.observations += 1;
+                self.observed
+                    .insert(c.name.clone(), (self.observations, c.clone()));
                 self.published
                     .insert(c.name.clone(), c.device_class_names.clone());
                 self.refusal_shown
@@ -250,8 +258,11 @@ impl ClassCompiler {
                 // Created again before it was retired: not deleted after all.
                 self.deleted.remove(&c.name);
             }
-            Some(Kind::GpuClassRemoved(c)) if self.compiled.contains_key(&c.name) => {
-                self.deleted.insert(c.name.clone());
+            Some(Kind::GpuClassRemoved(c)) => {
+                self.observed.remove(&c.name);
+                if self.compiled.contains_key(&c.name) {
+                    self.deleted.insert(c.name.clone());
+                }
             }
             Some(Kind::GpuClassRetired(r)) => {
                 self.deleted.remove(&r.gpu_class);
@@ -322,26 +333,55 @@ impl ClassCompiler {
     /// retires a deleted class once no claim uses its DeviceClasses.
     pub fn handle(&mut self, event: &DomainEvent) -> Vec<DomainEvent> {
         self.apply(event);
-        if matches!(
-            event.kind,
+        match &event.kind {
             Some(
                 Kind::GpuClassRemoved(_)
-                    | Kind::ResourceClaimObserved(_)
-                    | Kind::ResourceClaimRemoved(_)
-            )
-        ) {
-            let decisions = self.retirements();
-            for d in &decisions {
-                self.apply(d);
+                | Kind::ResourceClaimObserved(_)
+                | Kind::ResourceClaimRemoved(_),
+            ) => {
+                let decisions = self.retirements();
+                for d in &decisions {
+                    self.apply(d);
+                }
+                decisions
             }
-            return decisions;
+            Some(Kind::GpuClassObserved(class)) => {
+                self.compile_due(&class.name).into_iter().collect()
+            }
+            _ => Vec::new(),
         }
-        let Some(Kind::GpuClassObserved(class)) = &event.kind else {
-            return Vec::new();
-        };
-        let previous = self.compiled.get(&class.name);
+    }
+
+    /// After a rebuild from the log: the compilations and retirements due but
+    /// not recorded (classes observed before this service started, or
+    /// decisions a crash kept from being recorded), folded. Classes compile in
+    /// the order they came, as they would have live.
+    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+        let mut due: Vec<(u64, String)> = self
+            .observed
+            .iter()
+            .map(|(name, (at, _))| (*at, name.clone()))
+            .collect();
+        due.sort();
+        let mut decisions: Vec<DomainEvent> = due
+            .into_iter()
+            .filter_map(|(_, name)| self.compile_due(&name))
+            .collect();
+        let retirements = self.retirements();
+        for d in &retirements {
+            self.apply(d);
+        }
+        decisions.extend(retirements);
+        decisions
+    }
+
+    /// The compilation of `name`'s last observed spec, folded, unless that
+    /// generation is compiled already.
+    fn compile_due(&mut self, name: &str) -> Option<DomainEvent> {
+        let (_, class) = self.observed.get(name)?;
+        let previous = self.compiled.get(name);
         if previous.is_some_and(|p| p.generation == class.generation) {
-            return Vec::new();
+            return None;
         }
         let compiled = match compile(class)
             .and_then(|v| self.clash(&class.name, v))
@@ -366,7 +406,7 @@ impl ClassCompiler {
             kind: Some(Kind::GpuClassCompiled(compiled)),
         };
         self.apply(&decision);
-        vec![decision]
+        Some(decision)
     }
 
     /// Refuses variants whose DeviceClass or extended resource another class

@@ -89,6 +89,9 @@ pub struct Handover {
     pub to_evict: Vec<PodRef>,
     /// Set when this is a rollback: a handover back that restores the node.
     pub rollback: Option<RollbackMode>,
+    /// The uncordon is recorded; the completion that follows it may not be
+    /// (a stop between the two).
+    pub uncordoned: bool,
 }
 
 /// A handover back to the source group, restoring the before-image
@@ -147,6 +150,9 @@ pub struct Handovers {
     pub active: BTreeMap<String, Handover>,
     /// Handover id -> node, for handovers that completed.
     pub completed: BTreeMap<String, String>,
+    /// Rollbacks whose handover back completed but whose `RollbackCompleted`
+    /// is not recorded yet (a stop between the two).
+    pub rollbacks_completing: std::collections::BTreeSet<String>,
 }
 
 fn event(kind: Kind) -> DomainEvent {
@@ -200,6 +206,7 @@ impl Handovers {
                         was_unschedulable: e.was_unschedulable,
                         to_evict: Vec::new(),
                         rollback: None,
+                        uncordoned: false,
                     },
                 );
             }
@@ -233,6 +240,7 @@ impl Handovers {
                                 .cloned()
                                 .unwrap_or_default(),
                         }),
+                        uncordoned: false,
                     },
                 );
             }
@@ -259,9 +267,19 @@ impl Handovers {
                     h.stalled = true;
                 }
             }
+            Kind::NodeUncordoned(e) => {
+                if let Some(h) = self.active.get_mut(&e.node) {
+                    h.uncordoned = true;
+                }
+            }
             Kind::HandoverCompleted(e) => {
-                self.active.remove(&e.node);
+                if let Some(mode) = self.active.remove(&e.node).and_then(|h| h.rollback) {
+                    self.rollbacks_completing.insert(mode.rollback_id);
+                }
                 self.completed.insert(e.handover_id.clone(), e.node.clone());
+            }
+            Kind::RollbackCompleted(e) => {
+                self.rollbacks_completing.remove(&e.rollback_id);
             }
             _ => {}
         }
@@ -343,6 +361,19 @@ impl Handovers {
     }
 
     /// The decisions for the handover of `node` (if any), given the facts and the time.
+    /// The `RollbackCompleted` of rollbacks whose handover back completed
+    /// without it being recorded.
+    pub fn rollbacks_due(&self) -> Vec<DomainEvent> {
+        self.rollbacks_completing
+            .iter()
+            .map(|id| {
+                event(Kind::RollbackCompleted(RollbackCompleted {
+                    rollback_id: id.clone(),
+                }))
+            })
+            .collect()
+    }
+
     pub fn decide_node(
         &self,
         cluster: &Cluster,
@@ -481,18 +512,21 @@ impl Handovers {
                     )
                 }
             }
-            HandoverStep::Uncordon if released => vec![
-                event(Kind::NodeUncordoned(NodeUncordoned {
-                    handover_id: id.clone(),
-                    node: name.clone(),
-                    was_unschedulable: true,
-                })),
-                event(Kind::HandoverCompleted(HandoverCompleted {
+            HandoverStep::Uncordon if released => {
+                let uncordoned = (!h.uncordoned).then(|| {
+                    event(Kind::NodeUncordoned(NodeUncordoned {
+                        handover_id: id.clone(),
+                        node: name.clone(),
+                        was_unschedulable: true,
+                    }))
+                });
+                let completed = event(Kind::HandoverCompleted(HandoverCompleted {
                     handover_id: id,
                     node: name,
                     target_group: h.target_group.clone(),
-                })),
-            ],
+                }));
+                uncordoned.into_iter().chain([completed]).collect()
+            }
             HandoverStep::Cordon => self.stall(h, now, format!("node {node} is not cordoned yet")),
             HandoverStep::Drain => {
                 let left: Vec<String> = cluster

@@ -67,6 +67,12 @@ pub fn rule(node: &Node, cluster: &Cluster, held: bool) -> (Stack, StackReason) 
 pub struct StackAssigner {
     pub cluster: Cluster,
     pub held: BTreeSet<String>,
+    /// Groups the first run's upgrade hold covers whose hold is not in the log
+    /// yet, with the module version that took it: decided right after the
+    /// first settings observation, or on a restart that finds it missing
+    /// (the settings were recorded before this service started, or it stopped
+    /// before recording its decisions).
+    pub holds_due: BTreeMap<String, String>,
     pub assignments: BTreeMap<String, Assignment>,
     pub handovers: Handovers,
 }
@@ -97,6 +103,7 @@ impl StackAssigner {
     /// `at` is the event's recorded time.
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.apply_own(event, at);
+        self.track_holds_due(event);
         if Self::needs(event) {
             self.cluster.apply(event);
         }
@@ -105,9 +112,82 @@ impl StackAssigner {
     /// [`Self::apply`] for an event the caller owns (a replay): facts are moved in.
     pub fn apply_owned(&mut self, event: DomainEvent, at: i64) {
         self.apply_own(&event, at);
+        self.track_holds_due(&event);
         if Self::needs(&event) {
             self.cluster.apply_owned(event);
         }
+    }
+
+    /// Keeps [`Self::holds_due`]; called before the cluster folds `event`.
+    /// The first settings observation of an upgraded cluster with DRA on makes
+    /// every group with spec.gpu due; a recorded hold, a group that loses
+    /// spec.gpu or is deleted, or DRA turned off settles it (a release would
+    /// have followed the hold at once).
+    fn track_holds_due(&mut self, event: &DomainEvent) {
+        match &event.kind {
+            Some(Kind::ModuleSettingsObserved(settings)) => {
+                let first = self.cluster.module.observations == 0;
+                let upgraded = !settings.previous_module_version.is_empty();
+                if first && upgraded && settings.dra_enabled {
+                    for (group, spec) in &self.cluster.groups {
+                        if spec.gpu.is_some() && !self.held.contains(group) {
+                            self.holds_due
+                                .insert(group.clone(), settings.module_version.clone());
+                        }
+                    }
+                }
+                if !settings.dra_enabled {
+                    self.holds_due.clear();
+                }
+            }
+            Some(Kind::NodeGroupObserved(fact)) if fact.gpu.is_none() => {
+                self.holds_due.remove(&fact.group);
+            }
+            Some(Kind::NodeGroupRemoved(fact)) => {
+                self.holds_due.remove(&fact.group);
+            }
+            Some(Kind::NodeGroupHeldOnDra(decision)) => {
+                self.holds_due.remove(&decision.group);
+            }
+            _ => {}
+        }
+    }
+
+    /// Held groups the facts release but whose release is not recorded: DRA
+    /// turned off, the group deleted, or its spec.gpu removed.
+    fn due_releases(&self) -> Vec<DomainEvent> {
+        self.held
+            .iter()
+            .filter_map(|group| {
+                let reason = if !self.cluster.module.dra_enabled {
+                    ReleaseReason::DraDisabled
+                } else {
+                    match self.cluster.groups.get(group) {
+                        None => ReleaseReason::GroupDeleted,
+                        Some(spec) if spec.gpu.is_none() => ReleaseReason::SpecGpuRemoved,
+                        Some(_) => return None,
+                    }
+                };
+                Some(event(Kind::NodeGroupReleased(NodeGroupReleased {
+                    group: group.clone(),
+                    reason: reason as i32,
+                })))
+            })
+            .collect()
+    }
+
+    /// The holds due, as decisions, added to `held`.
+    fn due_holds(&self, held: &mut BTreeSet<String>) -> Vec<DomainEvent> {
+        self.holds_due
+            .iter()
+            .filter(|(group, _)| held.insert((*group).clone()))
+            .map(|(group, module_version)| {
+                event(Kind::NodeGroupHeldOnDra(NodeGroupHeldOnDra {
+                    group: group.clone(),
+                    module_version: module_version.clone(),
+                }))
+            })
+            .collect()
     }
 
     /// The facts this core keeps: not workloads, quotas or GPU classes, which
@@ -169,17 +249,7 @@ impl StackAssigner {
         };
         let affected: Vec<&String> = match kind {
             Kind::ModuleSettingsObserved(settings) => {
-                let upgraded = !settings.previous_module_version.is_empty();
-                if self.cluster.module.observations == 1 && upgraded && settings.dra_enabled {
-                    for (group, spec) in &self.cluster.groups {
-                        if spec.gpu.is_some() && held.insert(group.clone()) {
-                            decisions.push(event(Kind::NodeGroupHeldOnDra(NodeGroupHeldOnDra {
-                                group: group.clone(),
-                                module_version: settings.module_version.clone(),
-                            })));
-                        }
-                    }
-                }
+                decisions.extend(self.due_holds(&mut held));
                 if !settings.dra_enabled {
                     for group in std::mem::take(&mut held) {
                         release(&group, ReleaseReason::DraDisabled, &mut decisions);
@@ -308,19 +378,26 @@ impl StackAssigner {
         out
     }
 
-    /// After a restart from the log: the decisions a crash may have kept from
-    /// being recorded — a node whose decided stack is not what the rules give
-    /// for the facts in the log — and the handovers' next steps. Empty when the
-    /// log was complete.
+    /// After a rebuild from the log: the decisions the log shows due but not
+    /// recorded — facts recorded before this service started, or decisions a
+    /// crash kept from being recorded: the upgrade holds due, a node whose
+    /// decided stack is not what the rules give for the facts in the log, and
+    /// the handovers' next steps. Empty when the log was complete.
     pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        let mut out = Vec::new();
+        let holds = self.due_holds(&mut self.held.clone());
+        self.fold(holds, now, &mut out);
+        let releases = self.due_releases();
+        self.fold(releases, now, &mut out);
         let decisions: Vec<DomainEvent> = self
             .cluster
             .nodes
             .keys()
             .filter_map(|name| self.assignment_decision(name, &self.held))
             .collect();
-        let mut out = Vec::new();
         self.fold(decisions, now, &mut out);
+        let rollbacks = self.handovers.rollbacks_due();
+        self.fold(rollbacks, now, &mut out);
         out.extend(self.handle(Input::Tick, now));
         out
     }

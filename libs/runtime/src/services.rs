@@ -152,6 +152,9 @@ impl ServiceCore for CompilerService {
     fn fold(&mut self, event: &DomainEvent, _at: i64) {
         self.core.apply(event);
     }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        self.core.catch_up()
+    }
     fn effects(&self) -> Vec<Effect> {
         self.core.effects()
     }
@@ -178,6 +181,9 @@ impl ServiceCore for ClaimsService {
     fn fold(&mut self, event: &DomainEvent, _at: i64) {
         self.completion.apply(event);
         self.core.apply(event);
+    }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        self.core.catch_up()
     }
     fn command(&mut self, command: &Command, _now: i64) -> Vec<DomainEvent> {
         match command {
@@ -222,6 +228,9 @@ impl ServiceCore for AlerterService {
     }
     fn fold(&mut self, event: &DomainEvent, _at: i64) {
         self.core.apply(event);
+    }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        self.core.catch_up()
     }
     fn snapshot(&self) -> CoreState {
         CoreState::Alerter(Box::new(self.core.clone()))

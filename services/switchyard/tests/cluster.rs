@@ -363,9 +363,10 @@ async fn stack_labels_follow_the_rules_on_real_nodes() {
 }
 
 /// The upgrade hold: a cluster upgraded with dra.enabled keeps its spec.gpu
-/// group on DRA; a restarted stack-assigner rebuilds that from the log (it
-/// does not hold again, nor forget), and inventory restarted does not report
-/// the cluster again.
+/// group on DRA, even when the stack-assigner starts after inventory recorded
+/// the upgrade (it finds the hold due in the log); a restarted stack-assigner
+/// rebuilds the hold from the log (it does not hold again, nor forget), and
+/// inventory restarted does not report the cluster again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upgrade_hold_survives_restarts() {
     let mut world = World::start(Components::default()).await;
@@ -374,6 +375,13 @@ async fn the_upgrade_hold_survives_restarts() {
     create_node(&c, "legacy-1", &[(GROUP, "gpu-legacy")], Vec::new()).await;
     set_module_config(&c, true, Some("1.9.0")).await;
     world.serve("inventory");
+    world
+        .until("inventory to record the upgrade", || async {
+            count(&world.events().await, |k| {
+                matches!(k, Kind::ModuleSettingsObserved(_))
+            }) == 1
+        })
+        .await;
     world.serve("stack-assigner");
     world
         .labels_become("legacy-1", &map(&[(GROUP, "gpu-legacy"), (STACK, "dra")]))
