@@ -172,14 +172,103 @@ struct Coster {
     locals: HashMap<String, Vec<Local>>,
     /// Set when the expression uses something not estimated here.
     outside: bool,
+    /// A call no overload takes, or a literal mixing types, as the type
+    /// checker finds it.
+    no_overload: Option<String>,
+}
+
+/// Kubernetes' type checker wants the elements of a list literal (and the
+/// keys, and the values, of a map literal) of one type
+/// (`HomogeneousAggregateLiterals`): the first known type, which every other
+/// known one must be.
+/// An element typed `dyn` by a `dyn()` call counts as the type `dyn`;
+/// one whose type is not known here is let pass.
+#[derive(Default)]
+struct Homogeneous {
+    first: Option<String>,
+    /// The elements' type where all have one known here.
+    common: Option<Ty>,
+    mixed: bool,
+}
+
+impl Homogeneous {
+    fn check(&mut self, x: &IdedExpr, t: &Ty, error: &mut Option<String>) {
+        let explicit_dyn =
+            matches!(&x.expr, Expr::Call(c) if c.func_name == "dyn" && c.target.is_none());
+        match &self.common {
+            None if !self.mixed => self.common = Some(t.clone()),
+            Some(c) if c != t => {
+                self.common = None;
+                self.mixed = true;
+            }
+            _ => {}
+        }
+        let name = if explicit_dyn {
+            "dyn".to_string()
+        } else if t.is_known() || *t == Ty::Any {
+            t.name()
+        } else {
+            return;
+        };
+        match &self.first {
+            None => self.first = Some(name),
+            Some(first) if *first != name && error.is_none() => {
+                *error = Some(format!("expected type '{first}' but found '{name}'"));
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The elements' type, `dyn` where they differ or there are none.
+    fn common(self) -> Ty {
+        self.common.unwrap_or(Ty::Dyn)
+    }
 }
 
 /// The worst-case cost of a compiled selector, or `None` where it uses a
-/// library this estimate does not cover.
-pub(crate) fn max_cost(e: &IdedExpr) -> Option<u64> {
+/// library this estimate does not cover; an error where the types the
+/// estimate follows show a call no overload takes or a literal mixing types
+/// (Kubernetes' type checker refuses both).
+pub(crate) fn max_cost(e: &IdedExpr) -> Result<Option<u64>, String> {
     let mut c = Coster::default();
     let cost = c.cost(e);
-    (!c.outside).then_some(cost.max)
+    match c.no_overload {
+        Some(message) => Err(message),
+        None => Ok((!c.outside).then_some(cost.max)),
+    }
+}
+
+impl Ty {
+    /// Whether the type checker knows the type (not `dyn`, not an attribute's).
+    fn is_known(&self) -> bool {
+        match self {
+            Ty::Dyn | Ty::Any => false,
+            Ty::List(t) | Ty::Optional(t) => t.is_known(),
+            Ty::Map(k, v) => k.is_known() && v.is_known(),
+            _ => true,
+        }
+    }
+
+    /// The type's name as CEL writes it.
+    fn name(&self) -> String {
+        match self {
+            Ty::Bool => "bool".into(),
+            Ty::Int => "int".into(),
+            Ty::Uint => "uint".into(),
+            Ty::Double => "double".into(),
+            Ty::String => "string".into(),
+            Ty::Bytes => "bytes".into(),
+            Ty::Null => "null_type".into(),
+            Ty::Any => "any".into(),
+            Ty::Dyn => "dyn".into(),
+            Ty::List(t) => format!("list({})", t.name()),
+            Ty::Map(k, v) => format!("map({}, {})", k.name(), v.name()),
+            Ty::Device => "device".into(),
+            Ty::Quantity => "kubernetes.Quantity".into(),
+            Ty::Semver => "kubernetes.Semver".into(),
+            Ty::Optional(t) => format!("optional_type({})", t.name()),
+        }
+    }
 }
 
 fn is_accumulator(name: &str) -> bool {
@@ -389,16 +478,12 @@ impl Coster {
                     min: if l.elements.is_empty() { 0 } else { u64::MAX },
                     max: 0,
                 };
-                let mut elem = None::<Ty>;
+                let mut elems = Homogeneous::default();
                 for x in &l.elements {
                     sum = sum.add(self.cost(x));
                     item = item.union(self.size_or_unknown(x));
                     let t = self.ty(x);
-                    elem = Some(match elem {
-                        None => t,
-                        Some(prev) if prev == t => prev,
-                        Some(_) => Ty::Dyn,
-                    });
+                    elems.check(x, &t, &mut self.no_overload);
                 }
                 if !l.optional_indices.is_empty() {
                     self.outside = true;
@@ -411,7 +496,7 @@ impl Coster {
                         val: item,
                     },
                 );
-                self.set_ty(e, Ty::List(Box::new(elem.unwrap_or(Ty::Dyn))));
+                self.set_ty(e, Ty::List(Box::new(elems.common())));
                 sum.add(Est::fixed(LIST_CREATE))
             }
             Expr::Map(m) => {
@@ -422,6 +507,7 @@ impl Coster {
                     max: 0,
                 };
                 let (mut key, mut val) = (start, start);
+                let (mut keys, mut values) = (Homogeneous::default(), Homogeneous::default());
                 for entry in &m.entries {
                     let EntryExpr::MapEntry(entry) = &entry.expr else {
                         self.outside = true;
@@ -431,6 +517,9 @@ impl Coster {
                         self.outside = true;
                     }
                     sum = sum.add(self.cost(&entry.key)).add(self.cost(&entry.value));
+                    let (k, v) = (self.ty(&entry.key), self.ty(&entry.value));
+                    keys.check(&entry.key, &k, &mut self.no_overload);
+                    values.check(&entry.value, &v, &mut self.no_overload);
                     key = key.union(self.size_or_unknown(&entry.key));
                     val = val.union(self.size_or_unknown(&entry.value));
                 }
@@ -442,7 +531,10 @@ impl Coster {
                         val,
                     },
                 );
-                self.set_ty(e, Ty::Map(Box::new(Ty::Dyn), Box::new(Ty::Dyn)));
+                self.set_ty(
+                    e,
+                    Ty::Map(Box::new(keys.common()), Box::new(values.common())),
+                );
                 sum.add(Est::fixed(MAP_CREATE))
             }
             Expr::Comprehension(c) => {
@@ -554,7 +646,7 @@ impl Coster {
         // functions with a dotted name, not calls on a target.
         let namespace = match call.target.as_deref().map(|t| &t.expr) {
             Some(Expr::Ident(ns))
-                if matches!(ns.as_str(), "sets" | "lists" | "optional")
+                if matches!(ns.as_str(), "sets" | "lists" | "optional" | "strings")
                     && self.local(ns).is_none() =>
             {
                 Some(ns.as_str())
@@ -850,6 +942,23 @@ impl Coster {
                 (default, t)
             }
             ("or", Some(_), [_]) => (default, target_ty.clone().unwrap_or(Ty::Dyn)),
+            // `dyn(x)`: an O(1) call whose result the checker knows nothing of.
+            ("dyn", None, [_]) => (default, Ty::Dyn),
+            // `strings.quote(s)`: one traversal; every character may be
+            // escaped, and the quotes are added.
+            ("strings.quote", None, [a]) => {
+                let size = self.size_or_unknown(a);
+                result_size = Some(Est {
+                    min: size.min.saturating_add(2),
+                    max: size.max.saturating_mul(2).saturating_add(2),
+                });
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
+            }
+            // The optional library's list functions.
+            ("first" | "last", Some(_), []) => {
+                let elem = target_ty.as_ref().map_or(Ty::Dyn, Ty::elem);
+                (default, Ty::Optional(Box::new(elem)))
+            }
             // The sets extension: the product of the lists' sizes.
             ("sets.contains" | "sets.intersects" | "sets.equivalent", None, [a, b]) => {
                 let factor = if name == "sets.equivalent" { 2.0 } else { 1.0 };
@@ -930,6 +1039,19 @@ impl Coster {
                     }
                     _ => size.factor(STRING_TRAVERSAL),
                 };
+                if let (Ty::List(elem), "indexOf" | "lastIndexOf", [wanted]) =
+                    (&list_ty, name, types.as_slice())
+                    && elem.is_known()
+                    && wanted.is_known()
+                    && **elem != *wanted
+                    && self.no_overload.is_none()
+                {
+                    self.no_overload = Some(format!(
+                        "found no matching overload for '{name}' applied to '{}.({})'",
+                        list_ty.name(),
+                        wanted.name()
+                    ));
+                }
                 let t = match name {
                     "isSorted" => Ty::Bool,
                     "indexOf" | "lastIndexOf" => Ty::Int,
