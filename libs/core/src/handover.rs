@@ -360,7 +360,6 @@ impl Handovers {
         }))]
     }
 
-    /// The decisions for the handover of `node` (if any), given the facts and the time.
     /// The `RollbackCompleted` of rollbacks whose handover back completed
     /// without it being recorded.
     pub fn rollbacks_due(&self) -> Vec<DomainEvent> {
@@ -374,6 +373,7 @@ impl Handovers {
             .collect()
     }
 
+    /// The decisions for the handover of `node` (if any), given the facts and the time.
     pub fn decide_node(
         &self,
         cluster: &Cluster,

@@ -153,10 +153,11 @@ impl StackAssigner {
         }
     }
 
-    /// Held groups the facts release but whose release is not recorded: DRA
-    /// turned off, the group deleted, or its spec.gpu removed.
-    fn due_releases(&self) -> Vec<DomainEvent> {
-        self.held
+    /// The releases of the groups of `held` the facts release — DRA turned
+    /// off, the group deleted, or its spec.gpu removed — as decisions, taken
+    /// out of `held`.
+    fn due_releases(&self, held: &mut BTreeSet<String>) -> Vec<DomainEvent> {
+        let released: Vec<(String, ReleaseReason)> = held
             .iter()
             .filter_map(|group| {
                 let reason = if !self.cluster.module.dra_enabled {
@@ -168,10 +169,17 @@ impl StackAssigner {
                         Some(_) => return None,
                     }
                 };
-                Some(event(Kind::NodeGroupReleased(NodeGroupReleased {
-                    group: group.clone(),
+                Some((group.clone(), reason))
+            })
+            .collect();
+        released
+            .into_iter()
+            .map(|(group, reason)| {
+                held.remove(&group);
+                event(Kind::NodeGroupReleased(NodeGroupReleased {
+                    group,
                     reason: reason as i32,
-                })))
+                }))
             })
             .collect()
     }
@@ -241,44 +249,32 @@ impl StackAssigner {
         };
         let mut decisions = Vec::new();
         let mut held = self.held.clone();
-        let release = |group: &str, reason: ReleaseReason, decisions: &mut Vec<DomainEvent>| {
-            decisions.push(event(Kind::NodeGroupReleased(NodeGroupReleased {
-                group: group.to_string(),
-                reason: reason as i32,
-            })));
-        };
+        // Only the settings and the groups take or release holds.
+        if matches!(
+            kind,
+            Kind::ModuleSettingsObserved(_)
+                | Kind::NodeGroupObserved(_)
+                | Kind::NodeGroupRemoved(_)
+        ) {
+            decisions.extend(self.due_holds(&mut held));
+            decisions.extend(self.due_releases(&mut held));
+        }
         let affected: Vec<&String> = match kind {
-            Kind::ModuleSettingsObserved(settings) => {
-                decisions.extend(self.due_holds(&mut held));
-                if !settings.dra_enabled {
-                    for group in std::mem::take(&mut held) {
-                        release(&group, ReleaseReason::DraDisabled, &mut decisions);
-                    }
-                }
-                self.cluster.nodes.keys().collect()
-            }
-            Kind::NodeGroupObserved(fact) => {
-                if fact.gpu.is_none() && held.remove(&fact.group) {
-                    release(&fact.group, ReleaseReason::SpecGpuRemoved, &mut decisions);
-                }
-                self.cluster
-                    .members
-                    .get(&fact.group)
-                    .into_iter()
-                    .flatten()
-                    .collect()
-            }
-            Kind::NodeGroupRemoved(fact) => {
-                if held.remove(&fact.group) {
-                    release(&fact.group, ReleaseReason::GroupDeleted, &mut decisions);
-                }
-                self.cluster
-                    .members
-                    .get(&fact.group)
-                    .into_iter()
-                    .flatten()
-                    .collect()
-            }
+            Kind::ModuleSettingsObserved(_) => self.cluster.nodes.keys().collect(),
+            Kind::NodeGroupObserved(fact) => self
+                .cluster
+                .members
+                .get(&fact.group)
+                .into_iter()
+                .flatten()
+                .collect(),
+            Kind::NodeGroupRemoved(fact) => self
+                .cluster
+                .members
+                .get(&fact.group)
+                .into_iter()
+                .flatten()
+                .collect(),
             Kind::NodeObserved(fact) => self
                 .cluster
                 .nodes
@@ -385,10 +381,10 @@ impl StackAssigner {
     /// the handovers' next steps. Empty when the log was complete.
     pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
-        let holds = self.due_holds(&mut self.held.clone());
+        let mut held = self.held.clone();
+        let mut holds = self.due_holds(&mut held);
+        holds.extend(self.due_releases(&mut held));
         self.fold(holds, now, &mut out);
-        let releases = self.due_releases();
-        self.fold(releases, now, &mut out);
         let decisions: Vec<DomainEvent> = self
             .cluster
             .nodes

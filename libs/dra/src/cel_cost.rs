@@ -174,21 +174,19 @@ struct Coster {
     outside: bool,
     /// A call no overload takes, or a literal mixing types, as the type
     /// checker finds it.
-    no_overload: Option<String>,
+    type_error: Option<String>,
 }
 
 /// Kubernetes' type checker wants the elements of a list literal (and the
 /// keys, and the values, of a map literal) of one type
 /// (`HomogeneousAggregateLiterals`): the first known type, which every other
-/// known one must be.
-/// An element typed `dyn` by a `dyn()` call counts as the type `dyn`;
-/// one whose type is not known here is let pass.
+/// known one must be. An element typed `dyn` by a `dyn()` call counts as the
+/// type `dyn`; one whose type is not known here is let pass.
 #[derive(Default)]
 struct Homogeneous {
     first: Option<String>,
-    /// The elements' type where all have one known here.
+    /// The elements' type: `dyn` once two differ.
     common: Option<Ty>,
-    mixed: bool,
 }
 
 impl Homogeneous {
@@ -196,12 +194,9 @@ impl Homogeneous {
         let explicit_dyn =
             matches!(&x.expr, Expr::Call(c) if c.func_name == "dyn" && c.target.is_none());
         match &self.common {
-            None if !self.mixed => self.common = Some(t.clone()),
-            Some(c) if c != t => {
-                self.common = None;
-                self.mixed = true;
-            }
-            _ => {}
+            None => self.common = Some(t.clone()),
+            Some(c) if c != t => self.common = Some(Ty::Dyn),
+            Some(_) => {}
         }
         let name = if explicit_dyn {
             "dyn".to_string()
@@ -232,7 +227,7 @@ impl Homogeneous {
 pub(crate) fn max_cost(e: &IdedExpr) -> Result<Option<u64>, String> {
     let mut c = Coster::default();
     let cost = c.cost(e);
-    match c.no_overload {
+    match c.type_error {
         Some(message) => Err(message),
         None => Ok((!c.outside).then_some(cost.max)),
     }
@@ -483,7 +478,7 @@ impl Coster {
                     sum = sum.add(self.cost(x));
                     item = item.union(self.size_or_unknown(x));
                     let t = self.ty(x);
-                    elems.check(x, &t, &mut self.no_overload);
+                    elems.check(x, &t, &mut self.type_error);
                 }
                 if !l.optional_indices.is_empty() {
                     self.outside = true;
@@ -518,8 +513,8 @@ impl Coster {
                     }
                     sum = sum.add(self.cost(&entry.key)).add(self.cost(&entry.value));
                     let (k, v) = (self.ty(&entry.key), self.ty(&entry.value));
-                    keys.check(&entry.key, &k, &mut self.no_overload);
-                    values.check(&entry.value, &v, &mut self.no_overload);
+                    keys.check(&entry.key, &k, &mut self.type_error);
+                    values.check(&entry.value, &v, &mut self.type_error);
                     key = key.union(self.size_or_unknown(&entry.key));
                     val = val.union(self.size_or_unknown(&entry.value));
                 }
@@ -1044,9 +1039,9 @@ impl Coster {
                     && elem.is_known()
                     && wanted.is_known()
                     && **elem != *wanted
-                    && self.no_overload.is_none()
+                    && self.type_error.is_none()
                 {
-                    self.no_overload = Some(format!(
+                    self.type_error = Some(format!(
                         "found no matching overload for '{name}' applied to '{}.({})'",
                         list_ty.name(),
                         wanted.name()
