@@ -7,7 +7,6 @@
 
 pub mod alloc;
 pub mod cel;
-mod cel_cost;
 pub mod quantity;
 
 pub use quantity::{Format, ParseError, Quantity};
