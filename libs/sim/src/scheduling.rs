@@ -1,0 +1,140 @@
+//! Pods and scheduling: DaemonSet and workload pods, bound where their stack allows.
+
+use switchyard_core::cluster::{ObjectKey, workload_key};
+use switchyard_core::names::{
+    CONTROL_PLANE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE,
+    STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
+};
+use switchyard_proto::v1::{PodPhase, PodRemoved, WorkloadRef, domain_event::Kind};
+
+use crate::{DEVICE_PLUGIN_APP, SimNode, SimPod, Simulator, class_selects, ev, gpu_request};
+
+impl Simulator {
+    pub(crate) fn start_daemon(&mut self, node: &str, app: &str) {
+        let key = (MODULE_NAMESPACE.to_string(), format!("{app}-{node}"));
+        let pod = SimPod {
+            node: node.into(),
+            owner: WorkloadRef {
+                namespace: MODULE_NAMESPACE.into(),
+                kind: "DaemonSet".into(),
+                name: app.into(),
+            },
+            phase: PodPhase::Running,
+            app: app.into(),
+            claims_needed: 0,
+            claims_allocated: 0,
+            gpus: 0,
+        };
+        if self.pods.get(&key) != Some(&pod) {
+            self.pods.insert(key.clone(), pod);
+            self.report_pod(&key);
+        }
+    }
+
+    pub(crate) fn create_pod(&mut self, owner: &WorkloadRef) {
+        self.pod_seq += 1;
+        let key = (
+            owner.namespace.clone(),
+            format!("{}-{:05}", owner.name, self.pod_seq),
+        );
+        let pod = SimPod {
+            node: String::new(),
+            owner: owner.clone(),
+            phase: PodPhase::Pending,
+            app: owner.name.clone(),
+            claims_needed: 0,
+            claims_allocated: 0,
+            gpus: 0,
+        };
+        self.pods.insert(key.clone(), pod);
+        self.report_pod(&key);
+    }
+
+    pub(crate) fn remove_pod(&mut self, key: &ObjectKey) {
+        if self.pods.remove(key).is_some() {
+            self.out.push(ev(Kind::PodRemoved(PodRemoved {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+            })));
+        }
+    }
+
+    pub(crate) fn free_gpus(&self, node: &str) -> u32 {
+        let used: u32 = self
+            .pods
+            .values()
+            .filter(|p| p.node == node)
+            .map(|p| p.gpus)
+            .sum();
+        self.nodes
+            .get(node)
+            .map_or(0, |n| n.gpus.saturating_sub(used))
+    }
+
+    pub(crate) fn daemon_running(&self, node: &str, app: &str) -> bool {
+        self.pods
+            .get(&(MODULE_NAMESPACE.to_string(), format!("{app}-{node}")))
+            .is_some_and(|p| p.phase == PodPhase::Running)
+    }
+
+    /// Binds Pending pods where their stack allows, first fit in name order.
+    pub(crate) fn schedule(&mut self) {
+        let pending: Vec<ObjectKey> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.phase == PodPhase::Pending)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in pending {
+            let owner = self.pods[&key].owner.clone();
+            let Some(workload) = self.workloads.get(&workload_key(&owner)) else {
+                continue;
+            };
+            let (need, class) = gpu_request(&workload.placement);
+            let selector = workload.placement.node_selector.clone();
+            let fits = |sim: &Simulator, name: &str, node: &SimNode| {
+                if node.unschedulable
+                    || !selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+                {
+                    return false;
+                }
+                if node.taints.iter().any(|t| t.effect == "NoSchedule")
+                    && node.labels.contains_key(CONTROL_PLANE_LABEL)
+                {
+                    return false;
+                }
+                if need == 0 {
+                    return true;
+                }
+                let prepared = node.labels.contains_key(GPU_SETUP_COMPLETE_LABEL);
+                let stack = node.labels.get(GPU_STACK_LABEL).map(String::as_str);
+                let served = match &class {
+                    Some(class) => {
+                        stack == Some(STACK_DRA)
+                            && sim.daemon_running(name, VENDOR_ADAPTER_APP)
+                            && class_selects(class, &node.device)
+                    }
+                    None => {
+                        stack == Some(STACK_DEVICE_PLUGIN)
+                            && sim.daemon_running(name, DEVICE_PLUGIN_APP)
+                    }
+                };
+                prepared && served && sim.free_gpus(name) >= need
+            };
+            let target = self
+                .nodes
+                .iter()
+                .find(|(name, node)| fits(self, name, node))
+                .map(|(n, _)| n.clone());
+            if let Some(node) = target {
+                let pod = self.pods.get_mut(&key).expect("present");
+                pod.node = node;
+                pod.phase = PodPhase::Running;
+                pod.gpus = need;
+                pod.claims_needed = u32::from(class.is_some());
+                pod.claims_allocated = u32::from(class.is_some());
+                self.report_pod(&key);
+            }
+        }
+    }
+}
