@@ -1,0 +1,261 @@
+//! The chart rendered: `helm lint`, the schema, the rendered variants, and a server-side dry run of every object.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use switchyard_testkit::kube::ControlPlane;
+
+use crate::support::{
+    NAMESPACE, NATS_URL, apply, chart_dir, helm, kind, name, prepare_cluster, render, strings,
+    template,
+};
+
+fn of_kind<'a>(docs: &'a [Value], wanted: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|doc| kind(doc) == wanted).collect()
+}
+
+/// Every Deployment and DaemonSet in `docs`: (component, pod spec).
+fn workloads(docs: &[Value]) -> Vec<(String, &Value)> {
+    docs.iter()
+        .filter(|doc| matches!(kind(doc), "Deployment" | "DaemonSet"))
+        .map(|doc| {
+            let component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            (component, &doc["spec"]["template"]["spec"])
+        })
+        .collect()
+}
+
+/// The value following `flag` in a container's command.
+fn flag<'a>(command: &[&'a str], flag: &str) -> Option<&'a str> {
+    let at = command.iter().position(|arg| *arg == flag)?;
+    command.get(at + 1).copied()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_renders_and_passes_server_side_dry_run() {
+    let chart = chart_dir();
+    let lint = helm(&[
+        "lint",
+        chart.to_str().unwrap(),
+        "--strict",
+        "--set",
+        NATS_URL,
+    ]);
+    assert!(lint.ok, "helm lint failed:\n{}{}", lint.stdout, lint.stderr);
+
+    // The schema refuses a misspelt key instead of ignoring it.
+    let typo = template(&[NATS_URL, "nats.urll=nats://x:4222"]);
+    assert!(!typo.ok, "a misspelt key rendered:\n{}", typo.stdout);
+    assert!(
+        typo.stderr.contains("schema") && typo.stderr.contains("urll"),
+        "{}",
+        typo.stderr
+    );
+    let typo = template(&[NATS_URL, "inventroy.resources.limits.memory=1Gi"]);
+    assert!(
+        !typo.ok && typo.stderr.contains("inventroy"),
+        "a misspelt top-level key was not refused:\n{}",
+        typo.stderr
+    );
+    // Without a bundled server, the NATS URL is required.
+    let missing = template(&[]);
+    assert!(
+        !missing.ok,
+        "rendered without nats.url:\n{}",
+        missing.stdout
+    );
+    assert!(
+        missing.stderr.contains("nats.url is required"),
+        "{}",
+        missing.stderr
+    );
+
+    // The node agent's DaemonSet is off by default (its binary is not built
+    // yet); the variants turn it on so that it is checked too.
+    let default = render(&[NATS_URL]);
+    assert_eq!(
+        of_kind(&default, "DaemonSet").len(),
+        0,
+        "node agent off by default"
+    );
+    assert_eq!(of_kind(&default, "Deployment").len(), 5);
+    const AGENT: &str = "nodeAgent.enabled=true";
+    let variants: [(&str, Vec<&str>); 3] = [
+        ("external NATS", vec![NATS_URL, AGENT]),
+        ("bundled NATS", vec!["nats.bundled.enabled=true", AGENT]),
+        (
+            "NATS credentials",
+            vec![NATS_URL, "nats.credentialsSecret.name=nats-creds", AGENT],
+        ),
+    ];
+    let rendered: Vec<(&str, Vec<Value>)> = variants
+        .iter()
+        .map(|(variant, sets)| (*variant, render(sets)))
+        .collect();
+
+    for (variant, docs) in &rendered {
+        let count = |wanted: &str| of_kind(docs, wanted).len();
+        assert_eq!(count("Deployment"), 5, "{variant}");
+        assert_eq!(count("DaemonSet"), 1, "{variant}");
+        assert_eq!(count("ServiceAccount"), 6, "{variant}");
+        assert_eq!(count("ClusterRole"), 5, "{variant}");
+        assert_eq!(count("ClusterRoleBinding"), 5, "{variant}");
+        assert_eq!(count("Role"), 2, "{variant}");
+        assert_eq!(count("RoleBinding"), 2, "{variant}");
+        assert_eq!(count("ValidatingAdmissionPolicy"), 1, "{variant}");
+        assert_eq!(count("ValidatingAdmissionPolicyBinding"), 1, "{variant}");
+        let bundled = *variant == "bundled NATS";
+        assert_eq!(count("StatefulSet"), usize::from(bundled), "{variant}");
+        for deployment in of_kind(docs, "Deployment") {
+            assert_eq!(deployment["spec"]["replicas"], 1, "{}", name(deployment));
+            assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+        }
+
+        let mut components: Vec<String> = Vec::new();
+        for (component, pod) in workloads(docs) {
+            let container = &pod["containers"][0];
+            let command = strings(&container["command"]);
+            let node_agent = component == "node-agent";
+            // Each service runs its own binary; the node agent's is `serve`d.
+            let binary = format!("switchyard-{component}");
+            assert_eq!(command[0], binary, "{variant}");
+            assert_eq!(command.get(1) == Some(&"serve"), node_agent, "{variant}");
+            assert_eq!(flag(&command, "--health-listen"), Some("0.0.0.0:8086"));
+            let url = container["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|env| env["name"] == "SWITCHYARD_NATS_URL")
+                .map(|env| env["value"].as_str().unwrap());
+            if node_agent {
+                // It talks to kubelet and the API server, not to the log.
+                assert_eq!(flag(&command, "--nats-url"), None, "{variant}");
+                assert_eq!(url, None, "{variant}");
+            } else {
+                assert_eq!(flag(&command, "--nats-url"), Some("$(SWITCHYARD_NATS_URL)"));
+                assert_eq!(flag(&command, "--stream"), Some("SWITCHYARD_LOG"));
+                let expected_url = if bundled {
+                    "nats://switchyard-nats.switchyard-system.svc:4222"
+                } else {
+                    "nats://nats.example:4222"
+                };
+                assert_eq!(url, Some(expected_url), "{variant} {component}");
+            }
+            for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+                assert_eq!(
+                    container[probe]["grpc"]["port"], 8086,
+                    "{variant} {component} {probe}"
+                );
+            }
+            let security = &container["securityContext"];
+            assert_eq!(security["readOnlyRootFilesystem"], true);
+            assert_eq!(security["allowPrivilegeEscalation"], false);
+            assert_eq!(security["privileged"], false);
+            assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"],
+                "RuntimeDefault"
+            );
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"], !node_agent,
+                "{component}: only the node agent runs as root"
+            );
+            assert_eq!(
+                flag(&command, "--node-name").is_some(),
+                node_agent,
+                "{component}"
+            );
+            let with_credentials = *variant == "NATS credentials" && !node_agent;
+            assert_eq!(
+                flag(&command, "--nats-creds"),
+                with_credentials.then_some("/etc/switchyard/nats/nats.creds"),
+                "{variant} {component}"
+            );
+            let secret_volume = pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|volume| volume["secret"]["secretName"] == "nats-creds");
+            assert_eq!(secret_volume, with_credentials, "{variant} {component}");
+            components.push(component);
+        }
+        components.sort();
+        assert_eq!(
+            components,
+            [
+                "alerter",
+                "claim-allocator",
+                "class-compiler",
+                "inventory",
+                "node-agent",
+                "stack-assigner"
+            ]
+        );
+    }
+
+    let node_agent = rendered[0]
+        .1
+        .iter()
+        .find(|doc| kind(doc) == "DaemonSet")
+        .unwrap();
+    let pod = &node_agent["spec"]["template"]["spec"];
+    let host_paths: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|volume| volume["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(
+        host_paths,
+        [
+            "/var/lib/kubelet/plugins_registry",
+            "/var/lib/kubelet/plugins/gpu.deckhouse.io",
+            "/var/lib/kubelet/device-plugins",
+            "/var/run/cdi",
+            "/var/lib/kubelet/pod-resources"
+        ]
+    );
+    let term = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchExpressions"][0];
+    assert_eq!(term["key"], "node.deckhouse.io/gpu-stack");
+    assert_eq!(term["operator"], "Exists");
+
+    // The API server validates every object: schemas, pod specs, RBAC rules,
+    // the admission policy's CEL.
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    let all: Vec<Value> = rendered.iter().flat_map(|(_, docs)| docs.clone()).collect();
+    let discovery = prepare_cluster(&client, &all).await;
+    let mut failures = Vec::new();
+    let mut applied = 0;
+    for (variant, docs) in &rendered {
+        for doc in docs {
+            match apply(&client, &discovery, doc, true).await {
+                Ok(_) => applied += 1,
+                Err(err) => failures.push(format!("{variant}: {err}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the API server refused rendered objects:\n{}",
+        failures.join("\n")
+    );
+    // A dry run stores nothing.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    assert!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    eprintln!(
+        "{applied} rendered objects passed server-side dry run (control plane ready in {:?})",
+        plane.startup
+    );
+}
