@@ -32,6 +32,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .boxed(".switchyard.v1.RollbackStarted.node_restore")
         .boxed(".switchyard.v1.RollbackStarted.workload_restore")
         .boxed(".switchyard.v1.RollbackStarted.undone_group_change")
+        // Effects carry these and are keyed by value where they are executed.
+        .type_attribute(".switchyard.v1.Taint", "#[derive(PartialOrd, Ord)]")
+        .type_attribute(".switchyard.v1.WorkloadRef", "#[derive(PartialOrd, Ord)]")
+        .type_attribute(
+            ".switchyard.v1.WorkloadPlacement",
+            "#[derive(Eq, PartialOrd, Ord)]",
+        )
+        .type_attribute(
+            ".switchyard.v1.ResourceList",
+            "#[derive(Eq, PartialOrd, Ord)]",
+        )
+        .type_attribute(
+            ".switchyard.v1.CompiledVariant",
+            "#[derive(PartialOrd, Ord)]",
+        )
         .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&std::fs::read(&descriptor_path)?)?

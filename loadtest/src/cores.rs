@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use switchyard_core::app_move::{self, ClaimAllocator};
-use switchyard_core::handover::StartHandover;
+use switchyard_core::claim_allocator::{self, ClaimAllocator};
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP,
     NODE_ROLE_PREFIX, VENDOR_ADAPTER_APP,
 };
-use switchyard_core::stack::{Input, StackAssigner};
+use switchyard_core::stack_assigner::handover::StartHandover;
+use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::{Decoded, EventLog, Expected, NewEvent, Subject};
 use switchyard_proto::v1::{
@@ -239,7 +239,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         };
         let start = Instant::now();
         let d = stack.handle_fact(&fact, 2);
-        claims.handle(app_move::Input::Fact(&fact));
+        claims.handle(claim_allocator::Input::Fact(&fact));
         latencies.push(start.elapsed().as_nanos());
         log.push(fact);
         log.extend(d);

@@ -18,10 +18,11 @@ use serde_json::{Value, json};
 use switchyard_api::{ModuleConfig, NodeGroup};
 use switchyard_eventlog::EventLog;
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
-use switchyard_kube::edge::Edge;
-use switchyard_kube::host::{self, HostOptions};
 use switchyard_kube::inventory::{self, InventoryOptions};
-use switchyard_runtime::{STACK_ASSIGNER, service_cores};
+use switchyard_kube::write::Writer;
+use switchyard_runtime::ServiceName;
+use switchyard_runtime::host::{self, HostOptions};
+use switchyard_stack_assigner::StackAssignerEdge;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node, install_crds};
 use switchyard_testkit::nats::NatsServer;
@@ -158,15 +159,11 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         InventoryOptions::default(),
         None,
     ));
-    let core = service_cores()
-        .into_iter()
-        .find(|c| c.name() == STACK_ASSIGNER)
-        .expect("core");
     let (progress, _) = tokio::sync::watch::channel(Default::default());
     let assigner = tokio::spawn(host::run(
-        core,
+        ServiceName::StackAssigner.core(),
         log.clone(),
-        Some(Edge::new(plane.config(), STACK_ASSIGNER)?),
+        StackAssignerEdge::new(Writer::new(plane.config(), ServiceName::StackAssigner)?),
         None,
         HostOptions::default(),
         progress,

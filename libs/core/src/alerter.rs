@@ -6,19 +6,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use switchyard_proto::v1::{AlertCleared, AlertRaised, DomainEvent, domain_event::Kind};
+use switchyard_proto::v1::{AlertCleared, AlertRaised, DomainEvent, domain_event::Kind, event};
 
+use crate::effects::Effect;
 use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
+use crate::service::{Core, CoreState, Input, ServiceName};
 
 /// The groups held on DRA, and the alerts firing: (alert name, labels) -> summary.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Alerter {
     pub held: BTreeSet<String>,
     pub firing: BTreeMap<(String, BTreeMap<String, String>), String>,
-}
-
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
 }
 
 fn group_labels(group: &str) -> BTreeMap<String, String> {
@@ -97,4 +95,28 @@ fn event_raised(group: &str) -> DomainEvent {
              drain its nodes, remove spec.gpu, wait for this alert to clear, then set spec.gpu again"
         ),
     }))
+}
+
+impl Core for Alerter {
+    fn service(&self) -> ServiceName {
+        ServiceName::Alerter
+    }
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        self.apply(event);
+    }
+    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
+        match input {
+            Input::Record(event) => self.handle(event),
+            _ => Vec::new(),
+        }
+    }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        Alerter::catch_up(self)
+    }
+    fn effects(&self) -> Vec<Effect> {
+        Vec::new()
+    }
+    fn snapshot(&self) -> CoreState {
+        CoreState::Alerter(Box::new(self.clone()))
+    }
 }

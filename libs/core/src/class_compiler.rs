@@ -40,6 +40,7 @@ use switchyard_proto::v1::{
 
 use crate::effects::Effect;
 use crate::names::CLASS_RESOURCE_PREFIX;
+use crate::service::{Core, CoreState, Input, ServiceName};
 
 /// The GPU driver that publishes the cards and their partitions.
 pub const GPU_DRIVER: &str = "gpu.deckhouse.io";
@@ -479,5 +480,29 @@ impl ClassCompiler {
             })
             .chain(retire)
             .collect()
+    }
+}
+
+impl Core for ClassCompiler {
+    fn service(&self) -> ServiceName {
+        ServiceName::ClassCompiler
+    }
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        self.apply(event);
+    }
+    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
+        match input {
+            Input::Record(event) => self.handle(event),
+            _ => Vec::new(),
+        }
+    }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        ClassCompiler::catch_up(self)
+    }
+    fn effects(&self) -> Vec<Effect> {
+        ClassCompiler::effects(self)
+    }
+    fn snapshot(&self) -> CoreState {
+        CoreState::Compiler(Box::new(self.clone()))
     }
 }

@@ -167,7 +167,7 @@ impl Placement {
     pub fn new(placement: &WorkloadPlacement) -> Self {
         Placement {
             encoded: prost::Message::encode_to_vec(placement).into_boxed_slice(),
-            requests_nvidia_gpu: crate::app_move::requests_nvidia_gpu(placement),
+            requests_nvidia_gpu: crate::placement::requests_nvidia_gpu(placement),
         }
     }
 

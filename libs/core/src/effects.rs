@@ -1,13 +1,14 @@
 //! Effects: what the cores want done in the cluster, as typed values. The
 //! Kubernetes adapter and the simulator execute the same effects; every effect
 //! is idempotent, so issuing it again after a restart is harmless. Its outcome
-//! comes back as fact events.
+//! comes back as fact events. An [`EffectExecutor`] carries them out.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
-use switchyard_proto::v1::{Taint, WorkloadPlacement, WorkloadRef};
+use switchyard_proto::v1::{EvictionBlocked, Taint, WorkloadPlacement, WorkloadRef};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Effect {
     /// Set `spec.unschedulable`.
     Cordon {
@@ -107,5 +108,63 @@ impl Effect {
                 namespace, name, ..
             } => format!("resourcequota/{namespace}/{name}"),
         }
+    }
+}
+
+/// What executing an effect led to, beyond "done".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Pods of a drained node the Eviction API refused to evict.
+    pub blocked: Vec<EvictionBlocked>,
+    /// Pods an eviction was accepted for.
+    pub evicted: Vec<String>,
+}
+
+/// Carries effects out: a service's writers in a cluster, the simulator in
+/// the demo and the tests. The runtime hands it the effects its core wants
+/// now; what they change comes back as facts.
+pub trait EffectExecutor: Send + 'static {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Executes `effects` — those on one object ([`Effect::object`]) one after
+    /// the other, in order — and returns each one's result, in `effects`' order.
+    fn execute(
+        &mut self,
+        effects: Vec<Effect>,
+    ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send;
+}
+
+/// The executor of a service whose core wants no effects (the alerter's
+/// decisions are its only output): asked to execute one, it refuses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoEffects;
+
+/// An effect given to [`NoEffects`].
+#[derive(Debug)]
+pub struct NotExecuted(pub Box<Effect>);
+
+impl std::fmt::Display for NotExecuted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this service executes no effects, but was given {:?}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NotExecuted {}
+
+impl EffectExecutor for NoEffects {
+    type Error = NotExecuted;
+    fn execute(
+        &mut self,
+        effects: Vec<Effect>,
+    ) -> impl Future<Output = Vec<Result<Outcome, NotExecuted>>> + Send {
+        std::future::ready(
+            effects
+                .into_iter()
+                .map(|e| Err(NotExecuted(Box::new(e))))
+                .collect(),
+        )
     }
 }

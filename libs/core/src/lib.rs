@@ -1,23 +1,32 @@
-//! The decision cores of Switchyard.
+//! The decision cores of Switchyard, one module per service —
+//! [`stack_assigner`], [`class_compiler`], [`claim_allocator`], [`alerter`],
+//! and [`inventory`] for the observers — each implementing the one
+//! [`Core`](service::Core) shape, plus what several share: the cluster model
+//! ([`cluster`]), the stack rules ([`stack_rules`]), placements and their
+//! rewrite ([`placement`]), the reference's names ([`names`]), effects, log
+//! subjects and the rollback planner.
 //!
-//! Every core is a deterministic fold: `apply(state, event)` folds any event of
-//! the log (a fact or a decision) into the state, and `decide(state, fact)`
-//! returns the decisions a just-applied fact implies. No I/O, no clock, no
-//! randomness, ordered maps only — so replaying a log yields the same state and
+//! Every core is a deterministic fold: `fold(state, event)` folds any event of
+//! the log (a fact or a decision) into the state, and `decide(state, input)`
+//! returns the decisions an input implies. No I/O, no clock, no randomness,
+//! ordered maps only — so replaying a log yields the same state and
 //! re-deciding its facts yields the same decisions, byte for byte.
 
 #![forbid(unsafe_code)]
 
 pub mod alerter;
-pub mod app_move;
+pub mod claim_allocator;
 pub mod class_compiler;
 pub mod cluster;
-pub mod completion;
 pub mod effects;
-pub mod handover;
+pub mod inventory;
 pub mod names;
+pub mod placement;
 pub mod rollback;
-pub mod stack;
+pub mod service;
+pub mod stack_assigner;
+pub mod stack_rules;
 pub mod subjects;
 
+pub use service::{Command, Core, CoreState, Input, Record, ServiceName};
 pub use switchyard_proto::v1 as events;

@@ -1,9 +1,7 @@
-//! Aggregates: which log subject an event belongs to, and the dedupe of
-//! observations that inventory and the node agents apply before appending.
+//! Aggregates: which log subject an event belongs to.
 
 use std::collections::BTreeMap;
 
-use prost::Message;
 use switchyard_proto::v1::{DomainEvent, WorkloadRef, domain_event::Kind};
 
 use crate::names::ALERT_LABEL_NODE_GROUP;
@@ -95,42 +93,5 @@ fn alert(name: &str, labels: &BTreeMap<String, String>) -> String {
     match labels.get(ALERT_LABEL_NODE_GROUP) {
         Some(group) => format!("alert.{}.{}", token(name), token(group)),
         None => format!("alert.{}", token(name)),
-    }
-}
-
-/// Inventory's and the node agents' memory of what they last reported per
-/// object: an observation that changes nothing is not appended again.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Observer {
-    /// Subject -> BLAKE3 of the last fact reported for it.
-    last: BTreeMap<String, [u8; 32]>,
-}
-
-impl Observer {
-    /// The fact to append, or `None` if it repeats the last report of its object.
-    pub fn observe(&mut self, fact: DomainEvent) -> Option<DomainEvent> {
-        let subject = subject_of(&fact);
-        let removal = matches!(
-            fact.kind,
-            Some(
-                Kind::NodeRemoved(_)
-                    | Kind::PodRemoved(_)
-                    | Kind::PhysicalGpuRemoved(_)
-                    | Kind::NodeGroupRemoved(_)
-                    | Kind::ResourceSliceRemoved(_)
-                    | Kind::DeviceClassRemoved(_)
-                    | Kind::GpuClassRemoved(_)
-                    | Kind::ResourceClaimRemoved(_)
-            )
-        );
-        if removal {
-            return self.last.remove(&subject).map(|_| fact);
-        }
-        let hash = *blake3::hash(&fact.encode_to_vec()).as_bytes();
-        if self.last.get(&subject) == Some(&hash) {
-            return None;
-        }
-        self.last.insert(subject, hash);
-        Some(fact)
     }
 }

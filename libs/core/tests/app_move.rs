@@ -4,8 +4,10 @@
 mod support;
 
 use support::*;
-use switchyard_core::app_move::{ClaimAllocator, Input, MoveApplication, rewrite};
+use switchyard_core::claim_allocator::moves::MoveApplication;
+use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::effects::Effect;
+use switchyard_core::placement::rewrite;
 use switchyard_proto::v1::{DomainEvent, PodPhase, WorkloadRef, domain_event::Kind};
 
 fn web() -> WorkloadRef {

@@ -5,12 +5,13 @@ mod support;
 
 use prost::Message;
 use support::*;
-use switchyard_core::app_move::{self, ClaimAllocator, MoveApplication};
+use switchyard_core::claim_allocator::moves::MoveApplication;
+use switchyard_core::claim_allocator::{self, ClaimAllocator};
 use switchyard_core::effects::Effect;
-use switchyard_core::handover::StartHandover;
 use switchyard_core::names::{GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
-use switchyard_core::stack::{Input, StackAssigner};
+use switchyard_core::stack_assigner::handover::StartHandover;
+use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_proto::v1::{DomainEvent, PodPhase, Taint, WorkloadRef, domain_event::Kind};
 
 /// Records every input and decision with a sequence, as the log would.
@@ -336,7 +337,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     let mut log = Log::default();
     let feed = |core: &mut ClaimAllocator, log: &mut Log, f: DomainEvent| {
         log.push([f.clone()]);
-        let d = core.handle(app_move::Input::Fact(&f));
+        let d = core.handle(claim_allocator::Input::Fact(&f));
         log.push(d)
     };
     for f in [
@@ -357,9 +358,9 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         target_group: "gpu-dra".into(),
         gpu_class: "a100".into(),
     };
-    let d = core.handle(app_move::Input::MoveApplication(&cmd));
+    let d = core.handle(claim_allocator::Input::MoveApplication(&cmd));
     log.push(d);
-    let moved = app_move::rewrite(&original, "gpu", "a100");
+    let moved = switchyard_core::placement::rewrite(&original, "gpu", "a100");
     feed(
         &mut core,
         &mut log,
@@ -383,7 +384,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     );
     log.push([planned.clone()]);
     assert_eq!(
-        names(&core.handle(app_move::Input::Rollback(&planned))),
+        names(&core.handle(claim_allocator::Input::Rollback(&planned))),
         ["RollbackStarted"]
     );
     assert_eq!(

@@ -14,7 +14,8 @@ use proptest::prelude::*;
 use prost::Message;
 use support::*;
 use switchyard_core::alerter::Alerter;
-use switchyard_core::stack::{StackAssigner, rule};
+use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_core::stack_rules::rule;
 use switchyard_proto::v1::{DomainEvent, Stack, domain_event::Kind};
 
 const NODES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];

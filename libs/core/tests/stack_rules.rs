@@ -5,7 +5,7 @@ mod support;
 
 use support::*;
 use switchyard_core::names::ALERT_HELD_ON_DRA;
-use switchyard_core::stack::StackAssigner;
+use switchyard_core::stack_assigner::StackAssigner;
 use switchyard_proto::v1::{DomainEvent, ReleaseReason, Stack, StackReason, domain_event::Kind};
 
 fn given(facts: &[DomainEvent]) -> StackAssigner {

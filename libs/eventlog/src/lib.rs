@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+mod append;
 mod error;
 mod follow;
 mod record;
@@ -25,6 +26,7 @@ pub mod conformance;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+pub use append::{append_as, append_in_order, now_nanos};
 pub use error::LogError;
 pub use record::{Decoded, NewEvent, Payload, StoredEvent, Subject, UnknownReason};
 pub use switchyard_proto::v1::{DomainEvent, Envelope, TraceContext};

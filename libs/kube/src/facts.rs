@@ -19,7 +19,7 @@ use switchyard_proto::v1::{
     PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved,
     ResourceClaimObserved, ResourceClaimRemoved, ResourceList, ResourceQuotaObserved,
     ResourceSliceObserved, ResourceSliceRemoved, Taint, WorkloadObserved, WorkloadPlacement,
-    WorkloadRef, domain_event::Kind,
+    WorkloadRef, domain_event::Kind, event,
 };
 
 /// The ModuleConfig of the GPU module.
@@ -29,10 +29,6 @@ pub const MODULE_CONFIG_NAME: &str = "gpu";
 pub const PREVIOUS_VERSION_ANNOTATION: &str = "gpu.deckhouse.io/previous-module-version";
 /// Annotation the node agent writes on its node: how many GPUs it found.
 pub const GPU_COUNT_ANNOTATION: &str = "gpu.deckhouse.io/physical-gpus";
-
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
-}
 
 /// A Node: labels, taints, `spec.unschedulable`, how it was provisioned and
 /// how many GPUs it carries.

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::facts;
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -21,15 +22,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
-use switchyard_core::subjects::{Observer, subject_of};
-use switchyard_eventlog::{EventLog, LogError};
+use switchyard_core::ServiceName;
+use switchyard_core::inventory::Observer;
+use switchyard_core::subjects::subject_of;
+use switchyard_eventlog::{EventLog, LogError, append_as, now_nanos};
 use switchyard_proto::v1::{
     DeviceClassRemoved, DomainEvent, GpuClassRemoved, NodeGroupRemoved, NodeRemoved,
     PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, domain_event::Kind,
 };
-use switchyard_runtime::INVENTORY;
 
-use crate::{append_as, facts, now_nanos};
+const INVENTORY: ServiceName = ServiceName::Inventory;
 
 /// What one watcher saw, already as facts.
 #[derive(Debug)]
@@ -323,7 +325,7 @@ pub async fn dra_api_served(client: &Client) -> bool {
 pub async fn rebuild(log: &Arc<dyn EventLog>) -> Result<Reported, LogError> {
     let mut reported = Reported::default();
     switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
-        if stored.envelope.actor == INVENTORY
+        if stored.envelope.actor == INVENTORY.as_str()
             && let switchyard_eventlog::Decoded::Event(event) = stored.decode()
         {
             reported.observe(event);
@@ -340,7 +342,7 @@ pub async fn run(
     log: Arc<dyn EventLog>,
     options: InventoryOptions,
     appended: Option<tokio::sync::mpsc::UnboundedSender<u64>>,
-) -> anyhow::Result<()> {
+) -> Result<(), LogError> {
     let mut reported = rebuild(&log).await?;
     let dra_api = dra_api_served(&client).await;
     tracing::info!(dra_api, "inventory watching");
@@ -357,7 +359,7 @@ pub async fn run(
         if news.is_empty() {
             continue;
         }
-        let sequences = append_as(&log, INVENTORY, &news, now_nanos()).await?;
+        let sequences = append_as(log.as_ref(), INVENTORY, &news, now_nanos()).await?;
         if let Some(tx) = &appended {
             for seq in sequences {
                 let _ = tx.send(seq);

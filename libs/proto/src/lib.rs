@@ -13,6 +13,11 @@ pub mod v1 {
     /// Version of the payload schema this build writes and understands.
     pub const SCHEMA_VERSION: u32 = 1;
 
+    /// An event of `kind`: how cores and adapters build the events they record.
+    pub fn event(kind: domain_event::Kind) -> DomainEvent {
+        DomainEvent { kind: Some(kind) }
+    }
+
     impl domain_event::Kind {
         /// The event's type name as recorded in `Envelope.event_type`.
         pub fn type_name(&self) -> &'static str {

@@ -8,15 +8,17 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
 use switchyard_core::effects::Effect;
 use switchyard_proto::v1::DomainEvent;
 
-use crate::services::{CoreState, ServiceCore, service_cores};
-use crate::{Command, Record, STACK_ASSIGNER, Services, dispatch, observer_of};
+use switchyard_core::inventory::observer_of;
+use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
+
+use crate::{Services, dispatch};
 
 /// How long one call to a service may take before it counts as failed.
 const CALL_TIMEOUT_MS: u64 = 10_000;
 
 pub enum ServiceMsg {
     Record(Record, i64, RpcReplyPort<Vec<DomainEvent>>),
-    Observe(DomainEvent, RpcReplyPort<Option<DomainEvent>>),
+    Observe(DomainEvent, i64, RpcReplyPort<Vec<DomainEvent>>),
     Command(Command, i64, RpcReplyPort<Vec<DomainEvent>>),
     Tick(i64, RpcReplyPort<Vec<DomainEvent>>),
     Effects(RpcReplyPort<Vec<Effect>>),
@@ -29,8 +31,8 @@ struct ServiceActor;
 
 impl Actor for ServiceActor {
     type Msg = ServiceMsg;
-    type State = Box<dyn ServiceCore>;
-    type Arguments = Box<dyn ServiceCore>;
+    type State = Box<dyn Core>;
+    type Arguments = Box<dyn Core>;
 
     async fn pre_start(
         &self,
@@ -49,16 +51,16 @@ impl Actor for ServiceActor {
         // A caller that gave up has dropped its port; that is not the actor's failure.
         match message {
             ServiceMsg::Record(record, now, reply) => {
-                let _ = reply.send(core.on_record(&record, now));
+                let _ = reply.send(core.decide(Input::Record(&record.event), now));
             }
-            ServiceMsg::Observe(fact, reply) => {
-                let _ = reply.send(core.observe(fact));
+            ServiceMsg::Observe(fact, now, reply) => {
+                let _ = reply.send(core.decide(Input::Observed(&fact), now));
             }
             ServiceMsg::Command(command, now, reply) => {
-                let _ = reply.send(core.command(&command, now));
+                let _ = reply.send(core.decide(Input::Command(&command), now));
             }
             ServiceMsg::Tick(now, reply) => {
-                let _ = reply.send(core.tick(now));
+                let _ = reply.send(core.decide(Input::Tick, now));
             }
             ServiceMsg::Effects(reply) => {
                 let _ = reply.send(core.effects());
@@ -76,14 +78,14 @@ impl Actor for ServiceActor {
 
 /// The six services as actors.
 pub struct Actors {
-    refs: BTreeMap<&'static str, ActorRef<ServiceMsg>>,
+    refs: BTreeMap<ServiceName, ActorRef<ServiceMsg>>,
     /// In a fixed order, for effects and snapshots.
-    order: Vec<&'static str>,
+    order: Vec<ServiceName>,
     handles: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// A failed call means an actor is gone: nothing sensible can continue.
-fn lost(service: &str, err: impl std::fmt::Display) -> ! {
+fn lost(service: ServiceName, err: impl std::fmt::Display) -> ! {
     panic!("service {service} did not answer: {err}")
 }
 
@@ -93,8 +95,8 @@ impl Actors {
         let mut refs = BTreeMap::new();
         let mut order = Vec::new();
         let mut handles = Vec::new();
-        for core in service_cores() {
-            let name = core.name();
+        for core in switchyard_core::service::cores() {
+            let name = core.service();
             let (actor, handle) =
                 Actor::spawn(Some(format!("switchyard-{name}")), ServiceActor, core).await?;
             refs.insert(name, actor);
@@ -108,8 +110,8 @@ impl Actors {
         })
     }
 
-    fn actor(&self, name: &str) -> &ActorRef<ServiceMsg> {
-        &self.refs[name]
+    fn actor(&self, name: ServiceName) -> &ActorRef<ServiceMsg> {
+        &self.refs[&name]
     }
 
     /// Stops every actor and waits for them.
@@ -123,12 +125,7 @@ impl Actors {
     }
 
     /// `author`'s events, and everything they lead to, through the other services.
-    async fn spread(
-        &self,
-        author: &'static str,
-        events: Vec<DomainEvent>,
-        now: i64,
-    ) -> Vec<Record> {
+    async fn spread(&self, author: ServiceName, events: Vec<DomainEvent>, now: i64) -> Vec<Record> {
         let first = events
             .into_iter()
             .map(|event| Record {
@@ -144,7 +141,7 @@ impl Actors {
 
     async fn send_record(
         &self,
-        service: &'static str,
+        service: ServiceName,
         record: Record,
         now: i64,
     ) -> Vec<DomainEvent> {
@@ -166,11 +163,11 @@ impl Services for Actors {
             self.actor(observer),
             ServiceMsg::Observe,
             CALL_TIMEOUT_MS,
-            fact
+            fact,
+            now
         )
         .unwrap_or_else(|err| lost(observer, err));
-        let Some(fact) = seen else { return Vec::new() };
-        self.spread(observer, vec![fact], now).await
+        self.spread(observer, seen, now).await
     }
 
     async fn command(&mut self, command: Command, now: i64) -> Vec<Record> {
@@ -187,19 +184,15 @@ impl Services for Actors {
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
-        let decisions = call_t!(
-            self.actor(STACK_ASSIGNER),
-            ServiceMsg::Tick,
-            CALL_TIMEOUT_MS,
-            now
-        )
-        .unwrap_or_else(|err| lost(STACK_ASSIGNER, err));
-        self.spread(STACK_ASSIGNER, decisions, now).await
+        let service = ServiceName::StackAssigner;
+        let decisions = call_t!(self.actor(service), ServiceMsg::Tick, CALL_TIMEOUT_MS, now)
+            .unwrap_or_else(|err| lost(service, err));
+        self.spread(service, decisions, now).await
     }
 
     async fn effects(&mut self) -> Vec<Effect> {
         let mut effects = Vec::new();
-        for name in &self.order {
+        for &name in &self.order {
             effects.extend(
                 call_t!(self.actor(name), ServiceMsg::Effects, CALL_TIMEOUT_MS)
                     .unwrap_or_else(|err| lost(name, err)),
@@ -210,7 +203,7 @@ impl Services for Actors {
 
     async fn violations(&mut self) -> Vec<(&'static str, String)> {
         let mut violations = Vec::new();
-        for name in &self.order {
+        for &name in &self.order {
             violations.extend(
                 call_t!(self.actor(name), ServiceMsg::Violations, CALL_TIMEOUT_MS)
                     .unwrap_or_else(|err| lost(name, err)),
@@ -221,7 +214,7 @@ impl Services for Actors {
 
     async fn snapshot(&mut self) -> Vec<CoreState> {
         let mut states = Vec::new();
-        for name in &self.order {
+        for &name in &self.order {
             states.push(
                 call_t!(self.actor(name), ServiceMsg::Snapshot, CALL_TIMEOUT_MS)
                     .unwrap_or_else(|err| lost(name, err)),

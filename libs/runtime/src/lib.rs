@@ -1,73 +1,34 @@
-//! The six services of Switchyard — inventory, node-agent, stack-assigner,
-//! class-compiler, claim-allocator, alerter — each a thin shell around its pure
-//! core, and the dispatch that makes them one system: every record of the log
-//! goes to every service but its author, in a fixed order, and each service's
-//! decisions become records in turn. [`Local`] runs the services in process;
-//! [`Actors`] runs each as a ractor actor, called with a timeout. Both give the
-//! same records in the same order, so the same log.
+//! The one runtime of Switchyard: it hosts any service's [`Core`].
+//!
+//! - [`host`]: a service as a process — its core rebuilt from the log, caught
+//!   up, following the log, deciding, appending, taking operator commands over
+//!   NATS ([`commands`]), its effects executed by an [`EffectExecutor`] (the
+//!   service's Kubernetes writers, or the simulator) and issued again with
+//!   backoff while still wanted.
+//! - [`Local`] and [`Actors`]: the six services in one process (the demo and
+//!   the scenario tests), called directly or as ractor actors under a
+//!   supervisor. Every record goes to every service but its author, in
+//!   [`ServiceName::DISPATCH_ORDER`], and each service's decisions become
+//!   records in turn; both modes give the same records in the same order, so
+//!   the same log.
+//! - [`connect`]: the flags and connection every service and command shares
+//!   (`--nats-url`, `--nats-creds`, `--stream`), and [`health`] for probes.
 
 #![forbid(unsafe_code)]
 
 mod actors;
-mod services;
+pub mod commands;
+pub mod connect;
+pub mod health;
+pub mod host;
 
 pub use actors::Actors;
-pub use services::{CoreState, ServiceCore, service_cores};
+pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
+pub use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
 
-use switchyard_core::app_move::MoveApplication;
-use switchyard_core::completion::Complete;
 use switchyard_core::effects::Effect;
-use switchyard_core::handover::StartHandover;
-use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
-
-pub const INVENTORY: &str = "inventory";
-pub const NODE_AGENT: &str = "node-agent";
-pub const STACK_ASSIGNER: &str = "stack-assigner";
-pub const CLASS_COMPILER: &str = "class-compiler";
-pub const CLAIM_ALLOCATOR: &str = "claim-allocator";
-pub const ALERTER: &str = "alerter";
-
-/// The order in which services see a record: fixed, so the log is too.
-pub const DISPATCH_ORDER: [&str; 4] = [STACK_ASSIGNER, CLASS_COMPILER, CLAIM_ALLOCATOR, ALERTER];
-
-/// One record for the log: who wrote it and what.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Record {
-    pub actor: &'static str,
-    pub event: DomainEvent,
-}
-
-/// An operator's command, for the service that owns it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Command {
-    StartHandover(StartHandover),
-    MoveApplication(MoveApplication),
-    Complete(Complete),
-    /// A planned rollback (`RollbackStarted`), for the node's or workload's owner.
-    Rollback(DomainEvent),
-}
-
-impl Command {
-    /// The service that owns the command.
-    pub fn owner(&self) -> &'static str {
-        match self {
-            Command::StartHandover(_) => STACK_ASSIGNER,
-            Command::MoveApplication(_) | Command::Complete(_) => CLAIM_ALLOCATOR,
-            Command::Rollback(event) => match &event.kind {
-                Some(Kind::RollbackStarted(r)) if r.node_restore.is_some() => STACK_ASSIGNER,
-                _ => CLAIM_ALLOCATOR,
-            },
-        }
-    }
-}
-
-/// Which observer reports a fact: node agents report their GPUs, inventory the rest.
-pub fn observer_of(fact: &DomainEvent) -> &'static str {
-    match fact.kind {
-        Some(Kind::PhysicalGpuObserved(_) | Kind::PhysicalGpuRemoved(_)) => NODE_AGENT,
-        _ => INVENTORY,
-    }
-}
+use switchyard_core::inventory::observer_of;
+use switchyard_proto::v1::DomainEvent;
 
 /// The services, however they run.
 #[allow(async_fn_in_trait)]
@@ -88,16 +49,16 @@ pub trait Services {
 }
 
 /// Runs `first` through the services: each record goes to every service but
-/// its author, in [`DISPATCH_ORDER`]; decisions are queued behind it.
+/// its author, in [`ServiceName::DISPATCH_ORDER`]; decisions are queued behind it.
 async fn dispatch<F, Fut>(first: Vec<Record>, now: i64, mut deliver: F) -> Vec<Record>
 where
-    F: FnMut(&'static str, Record, i64) -> Fut,
+    F: FnMut(ServiceName, Record, i64) -> Fut,
     Fut: std::future::Future<Output = Vec<DomainEvent>>,
 {
     let mut queue: std::collections::VecDeque<Record> = first.into();
     let mut out = Vec::new();
     while let Some(record) = queue.pop_front() {
-        for service in DISPATCH_ORDER {
+        for service in ServiceName::DISPATCH_ORDER {
             if service != record.actor {
                 for event in deliver(service, record.clone(), now).await {
                     queue.push_back(Record {
@@ -112,70 +73,72 @@ where
     out
 }
 
+fn records(actor: ServiceName, events: Vec<DomainEvent>) -> Vec<Record> {
+    events
+        .into_iter()
+        .map(|event| Record { actor, event })
+        .collect()
+}
+
 /// The services in process, called directly.
 pub struct Local {
-    cores: Vec<Box<dyn ServiceCore>>,
+    cores: Vec<Box<dyn Core>>,
 }
 
 impl Default for Local {
     fn default() -> Self {
         Local {
-            cores: service_cores(),
+            cores: switchyard_core::service::cores(),
         }
     }
 }
 
 impl Local {
-    fn core(&mut self, name: &str) -> &mut dyn ServiceCore {
+    fn core(&mut self, service: ServiceName) -> &mut dyn Core {
         self.cores
             .iter_mut()
-            .find(|c| c.name() == name)
-            .expect("known service")
+            .find(|c| c.service() == service)
+            .expect("one core of every service")
             .as_mut()
+    }
+
+    /// `author`'s decisions (already folded by it) and what they lead to.
+    async fn spread(
+        &mut self,
+        author: ServiceName,
+        events: Vec<DomainEvent>,
+        now: i64,
+    ) -> Vec<Record> {
+        let cores = &mut self.cores;
+        dispatch(records(author, events), now, |service, record, now| {
+            let decisions = cores
+                .iter_mut()
+                .find(|c| c.service() == service)
+                .expect("one core of every service")
+                .decide(Input::Record(&record.event), now);
+            std::future::ready(decisions)
+        })
+        .await
     }
 }
 
 impl Services for Local {
     async fn observe(&mut self, fact: DomainEvent, now: i64) -> Vec<Record> {
         let observer = observer_of(&fact);
-        let Some(fact) = self.core(observer).observe(fact) else {
-            return Vec::new();
-        };
-        self.redispatch(
-            vec![Record {
-                actor: observer,
-                event: fact,
-            }],
-            now,
-        )
-        .await
+        let seen = self.core(observer).decide(Input::Observed(&fact), now);
+        self.spread(observer, seen, now).await
     }
 
     async fn command(&mut self, command: Command, now: i64) -> Vec<Record> {
         let owner = command.owner();
-        let first: Vec<Record> = self
-            .core(owner)
-            .command(&command, now)
-            .into_iter()
-            .map(|event| Record {
-                actor: owner,
-                event,
-            })
-            .collect();
-        self.redispatch(first, now).await
+        let decisions = self.core(owner).decide(Input::Command(&command), now);
+        self.spread(owner, decisions, now).await
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
-        let first: Vec<Record> = self
-            .core(STACK_ASSIGNER)
-            .tick(now)
-            .into_iter()
-            .map(|event| Record {
-                actor: STACK_ASSIGNER,
-                event,
-            })
-            .collect();
-        self.redispatch(first, now).await
+        let service = ServiceName::StackAssigner;
+        let decisions = self.core(service).decide(Input::Tick, now);
+        self.spread(service, decisions, now).await
     }
 
     async fn effects(&mut self) -> Vec<Effect> {
@@ -191,18 +154,14 @@ impl Services for Local {
     }
 }
 
-impl Local {
-    /// Decisions of one service (already folded by it) go to the others.
-    async fn redispatch(&mut self, first: Vec<Record>, now: i64) -> Vec<Record> {
-        let cores = &mut self.cores;
-        dispatch(first, now, |service, record, now| {
-            let decisions = cores
-                .iter_mut()
-                .find(|c| c.name() == service)
-                .expect("known")
-                .on_record(&record, now);
-            std::future::ready(decisions)
-        })
-        .await
-    }
+/// Logs to stderr, filtered by `SWITCHYARD_LOG_LEVEL` (e.g. `info`,
+/// `switchyard_runtime=debug`), coloured only on a terminal.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env(
+            "SWITCHYARD_LOG_LEVEL",
+        ))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
 }

@@ -16,16 +16,18 @@
 use std::collections::BTreeMap;
 
 use switchyard_core::alerter::Alerter;
-use switchyard_core::app_move::{ClaimAllocator, MoveApplication};
+use switchyard_core::claim_allocator::ClaimAllocator;
+use switchyard_core::claim_allocator::completion::Complete;
+use switchyard_core::claim_allocator::moves::MoveApplication;
 use switchyard_core::class_compiler::ClassCompiler;
 use switchyard_core::cluster::workload_key;
-use switchyard_core::completion::{Complete, Completion};
-use switchyard_core::handover::StartHandover;
+use switchyard_core::effects::EffectExecutor;
 use switchyard_core::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
-use switchyard_core::stack::StackAssigner;
+use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_core::stack_assigner::handover::StartHandover;
 use switchyard_proto::v1::{DomainEvent, HandoverStarted, Stack, WorkloadRef, domain_event::Kind};
-use switchyard_runtime::{Command, CoreState, Services};
+use switchyard_runtime::{Command, CoreState, Record, ServiceName, Services};
 use switchyard_sim::{SimConfig, Simulator};
 
 /// One record of the migration log, as the engine produced it.
@@ -35,7 +37,7 @@ pub struct Logged {
     /// Recorded (simulated) time, Unix nanoseconds.
     pub at: i64,
     /// The service that wrote it.
-    pub actor: &'static str,
+    pub actor: ServiceName,
     pub event: DomainEvent,
 }
 
@@ -62,8 +64,8 @@ pub struct Check {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct States {
     pub stack: StackAssigner,
+    /// Application moves and completion.
     pub claims: ClaimAllocator,
-    pub completion: Completion,
     pub alerter: Alerter,
     pub compiler: ClassCompiler,
 }
@@ -74,10 +76,7 @@ impl States {
         for state in snapshot {
             match state {
                 CoreState::Stack(s) => states.stack = *s,
-                CoreState::Claims(c, done) => {
-                    states.claims = *c;
-                    states.completion = *done;
-                }
+                CoreState::Claims(c) => states.claims = *c,
                 CoreState::Alerter(a) => states.alerter = *a,
                 CoreState::Compiler(c) => states.compiler = *c,
                 CoreState::Observer(_) => {}
@@ -90,7 +89,6 @@ impl States {
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
         self.claims.apply(event);
-        self.completion.apply(event);
         self.alerter.apply(event);
         self.compiler.apply(event);
     }
@@ -161,7 +159,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         }
     }
 
-    fn record(&mut self, records: Vec<switchyard_runtime::Record>) -> Vec<DomainEvent> {
+    fn record(&mut self, records: Vec<Record>) -> Vec<DomainEvent> {
         let now = self.sim.now();
         records
             .into_iter()
@@ -200,9 +198,10 @@ impl<S: Services, L: LogSink> Migration<S, L> {
                 self.check_running().await;
                 continue;
             }
-            for effect in self.services.effects().await {
-                self.sim.execute(&effect);
-            }
+            let effects = self.services.effects().await;
+            // The simulator carries every effect out: its error type is Infallible.
+            let _: Vec<Result<_, std::convert::Infallible>> =
+                EffectExecutor::execute(&mut self.sim, effects).await;
             if self.sim.has_facts() {
                 continue;
             }

@@ -46,7 +46,7 @@ fn encode<S: Services>(outcome: &Outcome<S>) -> Vec<(i64, &'static str, Vec<u8>)
         .migration
         .log
         .iter()
-        .map(|l| (l.at, l.actor, l.event.encode_to_vec()))
+        .map(|l| (l.at, l.actor.as_str(), l.event.encode_to_vec()))
         .collect()
 }
 
@@ -70,8 +70,12 @@ async fn the_reference_migration_completes_with_every_invariant_holding() {
         "{}",
         outcome.steps[0].detail
     );
-    let actors: std::collections::BTreeSet<&str> =
-        outcome.migration.log.iter().map(|l| l.actor).collect();
+    let actors: std::collections::BTreeSet<&str> = outcome
+        .migration
+        .log
+        .iter()
+        .map(|l| l.actor.as_str())
+        .collect();
     assert_eq!(
         actors.into_iter().collect::<Vec<_>>(),
         [

@@ -6,21 +6,18 @@
 
 use switchyard_core::effects::Effect;
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
-use switchyard_runtime::{
-    DISPATCH_ORDER, INVENTORY, Local, NODE_AGENT, Record, ServiceCore, Services, service_cores,
-};
+use switchyard_runtime::{Core, Input, Local, Record, ServiceName, Services};
 use switchyard_scenario::{Logged, Migration, States, run_reference};
 use switchyard_sim::SimConfig;
 
-fn core(name: &str) -> Box<dyn ServiceCore> {
-    service_cores()
-        .into_iter()
-        .find(|c| c.name() == name)
-        .expect("a service of that name")
+const DISPATCH_ORDER: [ServiceName; 4] = ServiceName::DISPATCH_ORDER;
+
+fn core(name: ServiceName) -> Box<dyn Core> {
+    name.core()
 }
 
 fn is_fact(record: &Logged) -> bool {
-    record.actor == INVENTORY || record.actor == NODE_AGENT
+    record.actor == ServiceName::Inventory || record.actor == ServiceName::NodeAgent
 }
 
 /// The first decision of an operator's command, or any of completion's
@@ -70,12 +67,12 @@ async fn set_up() -> (Vec<Logged>, States, Vec<Effect>) {
 async fn services_started_after_the_facts_were_recorded_catch_up() {
     let (live, live_states, live_effects) = set_up().await;
     let now = live.last().expect("records").at;
-    let mut log: Vec<(&'static str, DomainEvent)> = live
+    let mut log: Vec<(ServiceName, DomainEvent)> = live
         .iter()
         .filter(|r| is_fact(r))
         .map(|r| (r.actor, r.event.clone()))
         .collect();
-    let mut started: Vec<Box<dyn ServiceCore>> = Vec::new();
+    let mut started: Vec<Box<dyn Core>> = Vec::new();
     for name in DISPATCH_ORDER {
         let mut late = core(name);
         for (_, event) in &log {
@@ -89,11 +86,11 @@ async fn services_started_after_the_facts_were_recorded_catch_up() {
         started.push(late);
         while !queue.is_empty() {
             let record = queue.remove(0);
-            for service in started.iter_mut().filter(|s| s.name() != record.actor) {
-                let actor = service.name();
+            for service in started.iter_mut().filter(|s| s.service() != record.actor) {
+                let actor = service.service();
                 queue.extend(
                     service
-                        .on_record(&record, now)
+                        .decide(Input::Record(&record.event), now)
                         .into_iter()
                         .map(|event| Record { actor, event }),
                 );
@@ -176,7 +173,7 @@ fn restarts_at_every_record(log: &[Logged]) {
                     actor: record.actor,
                     event: record.event.clone(),
                 };
-                decided.extend(rebuilt.on_record(&delivered, record.at));
+                decided.extend(rebuilt.decide(Input::Record(&delivered.event), record.at));
             }
             let live: Vec<DomainEvent> = stretch
                 .iter()

@@ -18,6 +18,7 @@
 
 mod actions;
 mod effects;
+mod executor;
 mod queries;
 mod reports;
 mod scheduling;

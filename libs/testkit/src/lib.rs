@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bins;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod nats;

@@ -32,10 +32,12 @@ enum Command {
     /// into a Helm chart's crds/ directory.
     Crdgen(CrdgenArgs),
     /// Run one service as a process against the cluster (in-cluster config or
-    /// KUBECONFIG) and the JetStream log.
-    Serve(crate::serve::ServeArgs),
+    /// KUBECONFIG) and the JetStream log: the same as its own binary,
+    /// `switchyard-<service>`.
+    #[command(subcommand)]
+    Serve(crate::serve::Service),
     /// Hand a node over to another group (a command to the running stack-assigner).
-    Handover(crate::serve::HandoverArgs),
+    Handover(crate::handover::HandoverArgs),
     /// Undo the last handover of a node (planned from the log, carried out by
     /// the running stack-assigner).
     #[command(subcommand)]
@@ -48,7 +50,7 @@ enum Command {
 #[derive(Subcommand, Debug)]
 pub enum RollbackCommand {
     /// Restore a node's labels, taints and cordon state as before its last handover.
-    Node(crate::serve::RollbackNodeArgs),
+    Node(crate::rollback::RollbackNodeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -82,8 +84,6 @@ pub struct DemoArgs {
 pub struct StateArgs {
     #[command(flatten)]
     pub backend: Backend,
-    #[command(flatten)]
-    pub nats: NatsArgs,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
     pub output: Output,
 }
@@ -105,30 +105,39 @@ pub enum LogCommand {
     Verify(VerifyArgs),
 }
 
-/// Where the log lives: an embedded data directory or a JetStream stream.
+/// Where the log lives: an embedded data directory or a JetStream stream
+/// (the same `--nats-url`, `--nats-creds`, `--stream` as every service).
 #[derive(Args, Debug, Clone)]
-#[group(required = true, multiple = false)]
 pub struct Backend {
     /// Directory of an embedded log.
-    #[arg(long, env = "SWITCHYARD_DATA_DIR", group = "backend")]
-    pub data_dir: Option<PathBuf>,
-    /// NATS server URL of a JetStream log, e.g. nats://127.0.0.1:4222.
-    #[arg(long, env = "SWITCHYARD_NATS_URL", group = "backend")]
-    pub nats: Option<String>,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct NatsArgs {
-    /// JetStream stream that holds the log.
-    #[arg(long, env = "SWITCHYARD_NATS_STREAM", default_value = "SWITCHYARD_LOG")]
-    pub stream: String,
-    /// Subject prefix of the stream.
     #[arg(
         long,
-        env = "SWITCHYARD_NATS_SUBJECT_PREFIX",
-        default_value = "switchyard.log"
+        env = "SWITCHYARD_DATA_DIR",
+        required_unless_present = "nats_url",
+        conflicts_with = "nats_url"
     )]
-    pub subject_prefix: String,
+    pub data_dir: Option<PathBuf>,
+    /// NATS server URL of a JetStream log, e.g. nats://127.0.0.1:4222.
+    #[arg(long = "nats-url", alias = "nats", env = "SWITCHYARD_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// A NATS credentials file (JWT and NKey seed).
+    #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    #[command(flatten)]
+    pub stream: switchyard_runtime::connect::StreamArgs,
+}
+
+impl Backend {
+    /// The JetStream connection, when the log is a stream.
+    pub fn nats(&self) -> Option<switchyard_runtime::connect::NatsArgs> {
+        self.nats_url
+            .as_ref()
+            .map(|url| switchyard_runtime::connect::NatsArgs {
+                nats_url: url.clone(),
+                nats_creds: self.nats_creds.clone(),
+                stream: self.stream.clone(),
+            })
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -141,8 +150,6 @@ pub enum Output {
 pub struct ShowArgs {
     #[command(flatten)]
     pub backend: Backend,
-    #[command(flatten)]
-    pub nats: NatsArgs,
     /// Only events of this subject (aggregate), e.g. node.worker-1.
     #[arg(long, env = "SWITCHYARD_SUBJECT")]
     pub subject: Option<String>,
@@ -162,8 +169,6 @@ pub struct ShowArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub backend: Backend,
-    #[command(flatten)]
-    pub nats: NatsArgs,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
     pub output: Output,
 }
@@ -175,11 +180,11 @@ impl Cli {
             Command::Status(args) => crate::log_cmd::status(args, None).await,
             Command::Replay(args) => crate::log_cmd::status(args.state, Some(args.until)).await,
             Command::Crdgen(args) => crdgen(args),
-            Command::Serve(args) => crate::serve::serve(args).await,
-            Command::Handover(args) => crate::serve::handover(args).await,
+            Command::Serve(service) => crate::serve::serve(service).await,
+            Command::Handover(args) => crate::handover::handover(args).await,
             Command::Dra(command) => crate::dra_cmd::run(command),
             Command::Rollback(RollbackCommand::Node(args)) => {
-                crate::serve::rollback_node(args).await
+                crate::rollback::rollback_node(args).await
             }
             Command::Log(LogCommand::Show(args)) => crate::log_cmd::show(args).await,
             Command::Log(LogCommand::Verify(args)) => crate::log_cmd::verify(args).await,

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
-use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, Subject};
+use switchyard_eventlog::{EventLog, NewEvent, Payload, Subject, append_in_order};
 use switchyard_runtime::Actors;
 use switchyard_scenario::{Check, LogSink, Logged, StepReport, run_reference};
 use switchyard_sim::{SECOND, SimConfig};
@@ -70,13 +70,12 @@ struct EmbeddedSink {
 
 impl LogSink for EmbeddedSink {
     async fn append(&mut self, records: &[Logged]) -> Result<(), String> {
-        let mut i = 0;
-        while i < records.len() {
-            let subject = records[i].subject();
-            let mut batch = Vec::new();
-            while i < records.len() && records[i].subject() == subject && batch.len() < 1000 {
-                let r = &records[i];
-                batch.push(NewEvent {
+        let mut events = Vec::with_capacity(records.len());
+        for r in records {
+            let subject = Subject::new(r.subject()).map_err(|e| e.to_string())?;
+            events.push((
+                subject,
+                NewEvent {
                     id: format!("demo-{}-{:08}", self.seed, r.seq),
                     recorded_at_unix_nanos: r.at,
                     correlation_id: format!("migration-seed-{}", self.seed),
@@ -84,16 +83,13 @@ impl LogSink for EmbeddedSink {
                     actor: r.actor.to_string(),
                     trace: None,
                     payload: Payload::Domain(r.event.clone()),
-                });
-                i += 1;
-            }
-            let subject = Subject::new(subject).map_err(|e| e.to_string())?;
-            self.log
-                .append(&subject, Expected::Any, batch)
-                .await
-                .map_err(|e| e.to_string())?;
+                },
+            ));
         }
-        Ok(())
+        append_in_order(&self.log, events)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 

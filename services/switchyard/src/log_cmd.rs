@@ -7,28 +7,23 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, verify_dir};
-use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_eventlog::nats::NatsLog;
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest, StoredEvent, Subject, VerifyReport};
+use switchyard_runtime::connect::NatsArgs;
 
-use crate::cli::{Backend, NatsArgs, Output, ShowArgs, StateArgs, VerifyArgs};
+use crate::cli::{Backend, Output, ShowArgs, StateArgs, VerifyArgs};
 use crate::state::Folded;
 
 const PAGE: usize = 4096;
 
-async fn connect_nats(url: &str, nats: &NatsArgs) -> anyhow::Result<NatsLog> {
-    let options = NatsOptions {
-        stream: nats.stream.clone(),
-        subject_prefix: nats.subject_prefix.clone(),
-        create: false,
-        ..NatsOptions::default()
-    };
-    NatsLog::connect(url, options)
-        .await
-        .with_context(|| format!("open the log on stream {} at {url}", nats.stream))
+/// The stream the log is on; it must exist.
+async fn connect_nats(nats: &NatsArgs) -> anyhow::Result<NatsLog> {
+    let client = nats.client("cli").await?;
+    Ok(nats.stream.open(client, false).await?)
 }
 
-async fn open(backend: &Backend, nats: &NatsArgs) -> anyhow::Result<Box<dyn EventLog>> {
-    match (&backend.data_dir, &backend.nats) {
+async fn open(backend: &Backend) -> anyhow::Result<Box<dyn EventLog>> {
+    match (&backend.data_dir, backend.nats()) {
         (Some(dir), _) => {
             let log = EmbeddedLog::open_read_only(dir)?;
             if let Some(torn) = &log.open_report().torn_tail {
@@ -41,7 +36,7 @@ async fn open(backend: &Backend, nats: &NatsArgs) -> anyhow::Result<Box<dyn Even
             }
             Ok(Box::new(log))
         }
-        (None, Some(url)) => Ok(Box::new(connect_nats(url, nats).await?)),
+        (None, Some(nats)) => Ok(Box::new(connect_nats(&nats).await?)),
         (None, None) => unreachable!("clap requires --data-dir or --nats"),
     }
 }
@@ -57,7 +52,7 @@ fn emit(out: &mut impl Write, line: std::fmt::Arguments) -> anyhow::Result<bool>
 
 pub async fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
     let subject = args.subject.as_deref().map(Subject::new).transpose()?;
-    let log = open(&args.backend, &args.nats).await?;
+    let log = open(&args.backend).await?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.output == Output::Table
@@ -158,7 +153,7 @@ pub fn event_json(event: &StoredEvent) -> anyhow::Result<serde_json::Value> {
 }
 
 pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let report = match (&args.backend.data_dir, &args.backend.nats) {
+    let report = match (&args.backend.data_dir, args.backend.nats()) {
         // Straight from the files: a damaged log that will not open is still checked.
         (Some(dir), _) => {
             if !dir.is_dir() {
@@ -166,7 +161,7 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             }
             verify_dir(dir).with_context(|| format!("verify {}", dir.display()))?
         }
-        (None, Some(url)) => connect_nats(url, &args.nats).await?.verify().await?,
+        (None, Some(nats)) => connect_nats(&nats).await?.verify().await?,
         (None, None) => unreachable!("clap requires --data-dir or --nats"),
     };
     print_report(&report, args.output)?;
@@ -224,7 +219,7 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
 
 /// `switchyard status` (everything) and `switchyard replay --until SEQ`.
 pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitCode> {
-    let log = open(&args.backend, &args.nats).await?;
+    let log = open(&args.backend).await?;
     let last = log.last_sequence(None).await?;
     if let Some(until) = until
         && until > last

@@ -10,7 +10,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod cli;
 mod demo;
 mod dra_cmd;
+mod handover;
 mod log_cmd;
+mod rollback;
 mod serve;
 mod state;
 
@@ -18,13 +20,7 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env(
-            "SWITCHYARD_LOG_LEVEL",
-        ))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    switchyard_runtime::init_tracing();
     match cli::Cli::parse().run().await {
         Ok(code) => code,
         Err(err) => {

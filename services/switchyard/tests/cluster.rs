@@ -1,4 +1,4 @@
-//! inventory and stack-assigner as real processes (`switchyard serve`) against
+//! inventory and stack-assigner as real processes (their own binaries) against
 //! a real control plane (etcd, kube-apiserver, and where needed
 //! kube-controller-manager) and a real nats-server with JetStream.
 
@@ -28,7 +28,8 @@ const GROUP: &str = "node.deckhouse.io/group";
 const SETUP: &str = "node.deckhouse.io/gpu-setup-complete";
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A `switchyard serve` process, killed when dropped; its log kept for failures.
+/// A service's process (`switchyard-<name>`), killed when dropped; its log
+/// kept for failures.
 struct Service {
     name: &'static str,
     child: Child,
@@ -48,18 +49,20 @@ impl Service {
             .append(true)
             .open(&log)
             .expect("service log");
-        let child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["serve", name, "--tick", "200ms", "--reissue", "500ms"])
+        let binary = switchyard_testkit::bins::binary(&format!("switchyard-{name}"));
+        let child = Command::new(binary)
+            .env("SWITCHYARD_TICK", "200ms")
+            .env("SWITCHYARD_REISSUE", "500ms")
             .env("KUBECONFIG", plane.kubeconfig())
             .env("SWITCHYARD_NATS_URL", nats.url())
             .env(
                 "SWITCHYARD_LOG_LEVEL",
-                "info,switchyard_kube=debug,kube_client::client::tls=error",
+                "info,switchyard_runtime=debug,switchyard_kube=debug,kube_client::client::tls=error",
             )
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
-            .expect("start switchyard serve");
+            .unwrap_or_else(|e| panic!("start switchyard-{name}: {e}"));
         Service { name, child, log }
     }
 

@@ -71,7 +71,8 @@ alerter: alerter
 
 {{/*
 The pod spec of one service: (dict "root" $ "component" "node-agent" "values" .Values.nodeAgent "identity" {...}).
-The node agent also gets its node's name and the kubelet's plugin directories.
+The node agent also gets its node's name and the kubelet's plugin directories;
+it talks to kubelet and the API server, not to the log, so it gets no NATS flags.
 */}}
 {{- define "switchyard.podSpec" -}}
 {{- $root := .root }}
@@ -95,21 +96,11 @@ containers:
   - name: {{ .component }}
     image: {{ include "switchyard.image" $root }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    # Each service runs its own binary (one image carries them all).
     command:
-      - switchyard
-      - serve
-      - {{ .component }}
-      - --nats-url
-      - $(SWITCHYARD_NATS_URL)
-      - --stream
-      - {{ $root.Values.nats.stream }}
-      - --health-listen
-      - 0.0.0.0:8086
-      {{- if $creds.name }}
-      - --nats-creds
-      - /etc/switchyard/nats/{{ $creds.key }}
-      {{- end }}
+      - switchyard-{{ .component }}
       {{- if $nodeAgent }}
+      - serve
       - --node-name
       - $(NODE_NAME)
       - --gpu-source
@@ -118,10 +109,23 @@ containers:
       - {{ $root.Values.nodeAgent.layout | quote }}
       - --sharing
       - {{ $root.Values.nodeAgent.sharing | quote }}
+      {{- else }}
+      - --nats-url
+      - $(SWITCHYARD_NATS_URL)
+      - --stream
+      - {{ $root.Values.nats.stream }}
+      {{- if $creds.name }}
+      - --nats-creds
+      - /etc/switchyard/nats/{{ $creds.key }}
       {{- end }}
+      {{- end }}
+      - --health-listen
+      - 0.0.0.0:8086
     env:
+      {{- if not $nodeAgent }}
       - name: SWITCHYARD_NATS_URL
         value: {{ include "switchyard.natsUrl" $root | quote }}
+      {{- end }}
       - name: RUST_LOG
         value: {{ $root.Values.logLevel | quote }}
       {{- if $nodeAgent }}
@@ -163,7 +167,7 @@ containers:
     volumeMounts:
       - name: tmp
         mountPath: /tmp
-      {{- if $creds.name }}
+      {{- if and $creds.name (not $nodeAgent) }}
       - name: nats-credentials
         mountPath: /etc/switchyard/nats
         readOnly: true
@@ -185,7 +189,7 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: 64Mi
-  {{- if $creds.name }}
+  {{- if and $creds.name (not $nodeAgent) }}
   - name: nats-credentials
     secret:
       secretName: {{ $creds.name }}

@@ -8,8 +8,11 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use switchyard_class_compiler::ClassCompilerEdge;
+use switchyard_core::ServiceName;
 use switchyard_core::effects::Effect;
-use switchyard_kube::edge::{Edge, Owned};
+use switchyard_kube::write::{Owned, Writer};
+use switchyard_stack_assigner::StackAssignerEdge;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{Components, ControlPlane, create_namespace, fake_node};
 
@@ -59,10 +62,11 @@ async fn a_drain_evicts_and_reports_the_budget_that_blocks() {
     .await
     .unwrap();
 
-    let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
+    let edge =
+        StackAssignerEdge::new(Writer::new(plane.config(), ServiceName::StackAssigner).unwrap());
     let outcome = tokio::time::timeout(
         Duration::from_secs(30),
-        edge.execute(&Effect::Drain { node: "w1".into() }),
+        edge.execute_one(&Effect::Drain { node: "w1".into() }),
     )
     .await
     .expect("the drain answers")
@@ -114,13 +118,16 @@ async fn applies_of_one_manager_keep_each_others_fields() {
         )
         .await
         .unwrap();
-    let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
+    let edge =
+        StackAssignerEdge::new(Writer::new(plane.config(), ServiceName::StackAssigner).unwrap());
     let label = |stack: Option<&str>| Effect::SetStackLabel {
         node: "w1".into(),
         stack: stack.map(str::to_string),
     };
-    edge.execute(&label(Some("device-plugin"))).await.unwrap();
-    edge.execute(&Effect::Cordon { node: "w1".into() })
+    edge.execute_one(&label(Some("device-plugin")))
+        .await
+        .unwrap();
+    edge.execute_one(&Effect::Cordon { node: "w1".into() })
         .await
         .unwrap();
     let node = nodes.get("w1").await.unwrap();
@@ -133,7 +140,7 @@ async fn applies_of_one_manager_keep_each_others_fields() {
     assert_eq!(owned.unschedulable, Some(true));
     assert_eq!(owned.labels.len(), 1);
 
-    edge.execute(&label(None)).await.unwrap();
+    edge.execute_one(&label(None)).await.unwrap();
     let node = nodes.get("w1").await.unwrap();
     assert!(!node.labels().contains_key("node.deckhouse.io/gpu-stack"));
     assert_eq!(
@@ -141,7 +148,7 @@ async fn applies_of_one_manager_keep_each_others_fields() {
         Some(true),
         "still cordoned"
     );
-    edge.execute(&Effect::Uncordon { node: "w1".into() })
+    edge.execute_one(&Effect::Uncordon { node: "w1".into() })
         .await
         .unwrap();
     let node = nodes.get("w1").await.unwrap();
@@ -158,7 +165,7 @@ async fn applies_of_one_manager_keep_each_others_fields() {
         )
         .await
         .unwrap();
-    edge.execute(&Effect::MoveToGroup {
+    edge.execute_one(&Effect::MoveToGroup {
         node: "w1".into(),
         group: "gpu-dra".into(),
         from_group: "gpu".into(),
@@ -201,15 +208,16 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
         extended_resource_name: "gpu.deckhouse.io/a100".into(),
         cel_selector: "device.attributes['gpu.deckhouse.io'].device == 'a100-sxm4-40gb'".into(),
     };
-    let edge = Edge::new(plane.config(), "class-compiler").unwrap();
+    let edge =
+        ClassCompilerEdge::new(Writer::new(plane.config(), ServiceName::ClassCompiler).unwrap());
     let effect = Effect::PublishDeviceClasses {
         gpu_class: "a100".into(),
         variants: vec![variant.clone()],
         refused: None,
         namespaces: Vec::new(),
     };
-    edge.execute(&effect).await.unwrap();
-    edge.execute(&effect).await.unwrap();
+    edge.execute_one(&effect).await.unwrap();
+    edge.execute_one(&effect).await.unwrap();
     let device_class = Api::<DeviceClass>::all(client.clone())
         .get("a100.gpu.deckhouse.io")
         .await
@@ -238,7 +246,7 @@ async fn publishing_a_class_applies_its_device_classes_and_status() {
 
     // A refused spec: the condition says why; the DeviceClass is left alone.
     let why = "spec.partitions.migProfiles[0]: \"9g.99gb\" is not a MIG profile";
-    edge.execute(&Effect::PublishDeviceClasses {
+    edge.execute_one(&Effect::PublishDeviceClasses {
         gpu_class: "a100".into(),
         variants: vec![variant.clone()],
         refused: Some(why.into()),
@@ -285,7 +293,8 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
         extended_resource_name: "gpu.deckhouse.io/a100".into(),
         cel_selector: "device.driver == 'gpu.deckhouse.io'".into(),
     };
-    let edge = Edge::new(plane.config(), "class-compiler").unwrap();
+    let edge =
+        ClassCompilerEdge::new(Writer::new(plane.config(), ServiceName::ClassCompiler).unwrap());
     // The class object must exist for its status; create it first.
     switchyard_testkit::kube::install_crds(
         &client,
@@ -308,7 +317,9 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
         refused: None,
         namespaces,
     };
-    edge.execute(&publish(vec!["team-a".into()])).await.unwrap();
+    edge.execute_one(&publish(vec!["team-a".into()]))
+        .await
+        .unwrap();
 
     let claim = |name: &str| -> ResourceClaim {
         serde_json::from_value(json!({
@@ -364,7 +375,7 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
     );
 
     // Lifted: the policy goes, team-b may claim the class.
-    edge.execute(&publish(Vec::new())).await.unwrap();
+    edge.execute_one(&publish(Vec::new())).await.unwrap();
     let mut attempt = 0;
     eventually("the restriction lifted", Duration::from_secs(30), || {
         attempt += 1;
@@ -380,12 +391,14 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
     .unwrap();
 
     // Retired (deleted, no claim left): its DeviceClass goes, and a restriction with it.
-    edge.execute(&publish(vec!["team-a".into()])).await.unwrap();
+    edge.execute_one(&publish(vec!["team-a".into()]))
+        .await
+        .unwrap();
     let retire = Effect::RetireDeviceClasses {
         gpu_class: "a100".into(),
         device_classes: vec!["a100.gpu.deckhouse.io".into()],
     };
-    edge.execute(&retire).await.unwrap();
+    edge.execute_one(&retire).await.unwrap();
     let device_classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
     assert!(
         device_classes
@@ -404,5 +417,5 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
             .is_none()
     );
     // Retiring again finds nothing to delete, and is fine.
-    edge.execute(&retire).await.unwrap();
+    edge.execute_one(&retire).await.unwrap();
 }

@@ -12,13 +12,14 @@ use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
     ApplicationMoveRefused, ApplicationMoveStarted, ApplicationMoveVerified, DomainEvent, PodPhase,
-    ResourceList, RollbackCompleted, StepCompensated, WorkloadPlacement, WorkloadRef,
-    WorkloadRestarted, WorkloadRewritten, domain_event::Kind,
+    RollbackCompleted, StepCompensated, WorkloadPlacement, WorkloadRef, WorkloadRestarted,
+    WorkloadRewritten, domain_event::Kind, event,
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
 use crate::effects::Effect;
-use crate::names::{CLASS_RESOURCE_PREFIX, GROUP_LABEL, NVIDIA_GPU};
+use crate::names::{GROUP_LABEL, NVIDIA_GPU};
+use crate::placement::rewrite;
 
 /// An operator's request to move a workload to `target_group`, requesting `gpu_class`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,50 +61,6 @@ pub struct AppMoves {
     pub active: BTreeMap<WorkloadKey, AppMove>,
     /// Verified moves: workload -> move id.
     pub verified: BTreeMap<WorkloadKey, String>,
-}
-
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
-}
-
-fn rewrite_list(list: &ResourceList, class: &str) -> ResourceList {
-    let mut quantities = list.quantities.clone();
-    if let Some(count) = quantities.remove(NVIDIA_GPU) {
-        quantities.insert(format!("{CLASS_RESOURCE_PREFIX}{class}"), count);
-    }
-    ResourceList { quantities }
-}
-
-/// The manifest change of a move: the GPU request becomes the class's extended
-/// resource, the binding to `source_group` goes; nothing else changes.
-pub fn rewrite(before: &WorkloadPlacement, source_group: &str, class: &str) -> WorkloadPlacement {
-    let lists = |lists: &BTreeMap<String, ResourceList>| {
-        lists
-            .iter()
-            .map(|(container, list)| (container.clone(), rewrite_list(list, class)))
-            .collect()
-    };
-    let mut node_selector = before.node_selector.clone();
-    if node_selector
-        .get(GROUP_LABEL)
-        .is_some_and(|g| g == source_group)
-    {
-        node_selector.remove(GROUP_LABEL);
-    }
-    WorkloadPlacement {
-        container_limits: lists(&before.container_limits),
-        container_requests: lists(&before.container_requests),
-        node_selector,
-    }
-}
-
-/// Whether the placement still asks for device-plugin GPUs.
-pub fn requests_nvidia_gpu(placement: &WorkloadPlacement) -> bool {
-    placement
-        .container_limits
-        .values()
-        .chain(placement.container_requests.values())
-        .any(|list| list.quantities.contains_key(NVIDIA_GPU))
 }
 
 /// Nodes of `group` ready for workloads: all four readiness conditions, not cordoned.
@@ -393,108 +350,5 @@ impl AppMoves {
             }
         }
         effects
-    }
-}
-
-/// The claim-allocator core: cluster facts and application moves.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ClaimAllocator {
-    pub cluster: Cluster,
-    pub moves: AppMoves,
-}
-
-/// An input of the claim-allocator.
-#[derive(Clone, Copy, Debug)]
-pub enum Input<'a> {
-    Fact(&'a DomainEvent),
-    MoveApplication(&'a MoveApplication),
-    /// A workload rollback planned by `rollback::plan_workload_rollback`.
-    Rollback(&'a DomainEvent),
-}
-
-impl ClaimAllocator {
-    pub fn apply(&mut self, event: &DomainEvent) {
-        self.cluster.apply(event);
-        self.moves.apply(event);
-    }
-
-    /// Folds the input, decides, folds the decisions; returns the decisions.
-    pub fn handle(&mut self, input: Input<'_>) -> Vec<DomainEvent> {
-        let mut out = Vec::new();
-        let keys: Vec<WorkloadKey> = match input {
-            Input::Fact(fact) => {
-                self.apply(fact);
-                match &fact.kind {
-                    Some(Kind::WorkloadObserved(f)) => {
-                        f.workload.iter().map(workload_key).collect()
-                    }
-                    Some(Kind::PodObserved(_) | Kind::PodRemoved(_) | Kind::NodeObserved(_)) => {
-                        self.moves.active.keys().cloned().collect()
-                    }
-                    _ => Vec::new(),
-                }
-            }
-            Input::MoveApplication(cmd) => {
-                for decision in self.moves.start(&self.cluster, cmd) {
-                    self.apply(&decision);
-                    out.push(decision);
-                }
-                vec![workload_key(&cmd.workload)]
-            }
-            Input::Rollback(started) => {
-                let Some(Kind::RollbackStarted(r)) = &started.kind else {
-                    return out;
-                };
-                let Some(workload) = r.workload_restore.as_ref().and_then(|w| w.workload.clone())
-                else {
-                    return out;
-                };
-                let key = workload_key(&workload);
-                if let Some(m) = self.moves.active.get(&key) {
-                    out.push(event(Kind::ApplicationMoveRefused(
-                        ApplicationMoveRefused {
-                            workload: Some(workload.clone()),
-                            reason: format!(
-                                "{} {}/{} is being moved ({}); roll it back once that is done",
-                                workload.kind, workload.namespace, workload.name, m.id
-                            ),
-                        },
-                    )));
-                    return out;
-                }
-                self.apply(started);
-                out.push(started.clone());
-                vec![key]
-            }
-        };
-        self.follow(keys, &mut out);
-        out
-    }
-
-    /// After a rebuild from the log: the next steps of the moves in progress
-    /// that the facts already allow (a late start or a crash kept them from
-    /// being recorded), folded.
-    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
-        let mut out = Vec::new();
-        let keys: Vec<WorkloadKey> = self.moves.active.keys().cloned().collect();
-        self.follow(keys, &mut out);
-        out
-    }
-
-    /// Moves each workload of `keys` on as far as the facts allow.
-    fn follow(&mut self, keys: Vec<WorkloadKey>, out: &mut Vec<DomainEvent>) {
-        for key in keys {
-            // Rewrite seen -> restarted -> verified can follow from one fact.
-            for _ in 0..3 {
-                let decisions = self.moves.decide_workload(&self.cluster, &key);
-                if decisions.is_empty() {
-                    break;
-                }
-                for decision in decisions {
-                    self.apply(&decision);
-                    out.push(decision);
-                }
-            }
-        }
     }
 }

@@ -16,11 +16,13 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_api::GPUClass;
+use switchyard_class_compiler::ClassCompilerEdge as Edge;
+use switchyard_core::ServiceName;
 use switchyard_core::class_compiler;
 use switchyard_core::effects::Effect;
 use switchyard_dra::alloc::Objects;
 use switchyard_dra::cel::Compiler;
-use switchyard_kube::edge::Edge;
+use switchyard_kube::write::Writer;
 use switchyard_proto::v1::domain_event::Kind;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{Components, ControlPlane, create_namespace, fake_node};
@@ -110,7 +112,7 @@ async fn gpu_class(client: &Client, edge: &Edge, spec: Value) {
         unreachable!()
     };
     let variants = class_compiler::compile(&observed).expect("the class compiles");
-    edge.execute(&Effect::PublishDeviceClasses {
+    edge.execute_one(&Effect::PublishDeviceClasses {
         gpu_class: observed.name.clone(),
         variants,
         refused: None,
@@ -241,7 +243,7 @@ async fn the_scheduler_decides_what_our_allocator_predicts() {
     )
     .await;
     create_namespace(&client, "ml").await;
-    let edge = Edge::new(plane.config(), "class-compiler").unwrap();
+    let edge = Edge::new(Writer::new(plane.config(), ServiceName::ClassCompiler).unwrap());
     gpu_class(&client, &edge, json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a100"},
         "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}}, "partitions": {"migProfiles": ["3g.20gb"]}}})).await;
     gpu_class(&client, &edge, json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},

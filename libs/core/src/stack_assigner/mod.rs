@@ -19,13 +19,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
     DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason, Stack,
-    StackAssigned, StackReason, domain_event::Kind,
+    StackAssigned, StackReason, domain_event::Kind, event,
 };
 
-use crate::cluster::{Cluster, Node};
+use crate::cluster::Cluster;
 use crate::effects::Effect;
-use crate::handover::{Handovers, StartHandover};
+pub mod handover;
+
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
+use crate::service::{self, Command, CoreState, ServiceName};
+use crate::stack_rules::rule;
+use handover::{Handovers, StartHandover};
 
 /// The stack serving a node and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,32 +37,6 @@ pub struct Assignment {
     pub group: String,
     pub stack: Stack,
     pub reason: StackReason,
-}
-
-/// The rules, for one node. `held`: the node's group is held on DRA.
-pub fn rule(node: &Node, cluster: &Cluster, held: bool) -> (Stack, StackReason) {
-    let spec_gpu = node.group().is_some_and(|g| cluster.has_spec_gpu(g));
-    if spec_gpu && !held {
-        return (Stack::DevicePlugin, StackReason::GroupHasSpecGpu);
-    }
-    let module = &cluster.module;
-    if !module.dra_enabled {
-        return (Stack::None, StackReason::NoSpecGpuDraDisabled);
-    }
-    if node.is_control_plane() {
-        return (Stack::None, StackReason::ControlPlane);
-    }
-    if node.gpu_disabled() {
-        return (Stack::None, StackReason::GpuDisabledLabel);
-    }
-    if !module.feature_gates_ready {
-        return (Stack::None, StackReason::FeatureGatesNotReady);
-    }
-    if held {
-        (Stack::Dra, StackReason::HeldOnDra)
-    } else {
-        (Stack::Dra, StackReason::DraEnabled)
-    }
 }
 
 /// What the stack-assigner knows: the cluster facts, the held groups, the
@@ -93,10 +71,6 @@ pub enum Input<'a> {
 /// Most step decisions one input can cascade into for one node (a node that
 /// is already cordoned and empty moves through two steps at once).
 const MAX_CASCADE: usize = 8;
-
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
-}
 
 impl StackAssigner {
     /// Folds any event of the log: facts and this core's own decisions.
@@ -486,5 +460,42 @@ impl StackAssigner {
     /// The stack serving `node`, if it has been decided.
     pub fn stack_of(&self, node: &str) -> Option<Stack> {
         self.assignments.get(node).map(|a| a.stack)
+    }
+}
+
+impl crate::service::Core for StackAssigner {
+    fn service(&self) -> ServiceName {
+        ServiceName::StackAssigner
+    }
+    fn fold(&mut self, event: &DomainEvent, at: i64) {
+        self.apply(event, at);
+    }
+    fn decide(&mut self, input: service::Input<'_>, now: i64) -> Vec<DomainEvent> {
+        match input {
+            service::Input::Record(event) => self.handle_fact(event, now),
+            service::Input::Command(Command::StartHandover(cmd)) => {
+                self.handle(Input::StartHandover(cmd), now)
+            }
+            service::Input::Command(Command::Rollback(planned)) => {
+                self.handle(Input::Rollback(planned), now)
+            }
+            service::Input::Tick => self.handle(Input::Tick, now),
+            service::Input::Command(_) | service::Input::Observed(_) => Vec::new(),
+        }
+    }
+    fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        StackAssigner::catch_up(self, now)
+    }
+    fn effects(&self) -> Vec<Effect> {
+        StackAssigner::effects(self)
+    }
+    fn violations(&self) -> Vec<(&'static str, String)> {
+        self.rule_violations()
+            .into_iter()
+            .map(|v| ("stack-rules", v))
+            .collect()
+    }
+    fn snapshot(&self) -> CoreState {
+        CoreState::Stack(Box::new(self.clone()))
     }
 }

@@ -1,4 +1,4 @@
-//! `switchyard serve node-agent`, as the chart's DaemonSet runs it, on a real
+//! `switchyard-node-agent serve`, as the chart's DaemonSet runs it, on a real
 //! control plane: it serves its node's stack (DRA here: the node's slices on
 //! the API server) and reports SERVING on gRPC health once it acts on its
 //! node's assignment.
@@ -39,10 +39,9 @@ async fn the_daemonset_command_serves_the_node_and_reports_health() {
         .unwrap()
         .port();
     let _agent = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
             .args([
                 "serve",
-                "node-agent",
                 "--node-name",
                 "gpu-1",
                 "--gpu-source",
@@ -55,11 +54,9 @@ async fn the_daemonset_command_serves_the_node_and_reports_health() {
             .args(["--health-listen", &format!("127.0.0.1:{port}")])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .env("KUBECONFIG", plane.kubeconfig())
-            // The chart passes the log's address to every service; the agent does not use it.
-            .env("SWITCHYARD_NATS_URL", "nats://127.0.0.1:4222")
             .stdout(Stdio::null())
             .spawn()
-            .expect("start switchyard serve node-agent"),
+            .expect("start switchyard-node-agent serve"),
     );
     eventually(
         "SERVING on gRPC health",

@@ -9,14 +9,17 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, ResourceQuota, Taint as KTaint};
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use switchyard_claim_allocator::ClaimAllocatorEdge;
+use switchyard_core::ServiceName;
 use switchyard_core::effects::Effect;
-use switchyard_kube::edge::Edge;
 use switchyard_kube::facts;
+use switchyard_kube::write::Writer;
 use switchyard_proto::v1::{
     DomainEvent, NodeObserved, ResourceList, Taint, WorkloadObserved, WorkloadPlacement,
     domain_event::Kind,
 };
 use switchyard_sim::{SimConfig, Simulator};
+use switchyard_stack_assigner::StackAssignerEdge;
 use switchyard_testkit::kube::{ControlPlane, fake_node};
 
 fn node_state(fact: &NodeObserved) -> (BTreeMap<String, String>, Vec<Taint>, bool) {
@@ -238,12 +241,18 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
             .into(),
         },
     ];
-    let edge = Edge::new(plane.config(), "stack-assigner").unwrap();
+    // Each effect through its owner's writers.
+    let writer = |service| Writer::new(plane.config(), service).unwrap();
+    let stack = StackAssignerEdge::new(writer(ServiceName::StackAssigner));
+    let claims = ClaimAllocatorEdge::new(writer(ServiceName::ClaimAllocator));
     for effect in &effects {
         sim.write(effect);
-        edge.execute(effect)
-            .await
-            .unwrap_or_else(|e| panic!("{effect:?}: {e}"));
+        let executed = match effect.owner() {
+            ServiceName::StackAssigner => stack.execute_one(effect).await,
+            ServiceName::ClaimAllocator => claims.execute_one(effect).await,
+            other => panic!("{effect:?} is {other}'s"),
+        };
+        executed.unwrap_or_else(|e| panic!("{effect:?}: {e}"));
         assert_eq!(
             node_state(&real_node().await),
             node_state(&sim.node_fact(&name).unwrap()),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
     CompletionRefused, DomainEvent, LeftoverLabelsCleared, ResourceQuotaTranslated,
-    SourceGroupRetired, domain_event::Kind,
+    SourceGroupRetired, domain_event::Kind, event,
 };
 
 use crate::cluster::{Cluster, ObjectKey};
@@ -37,10 +37,6 @@ pub struct Completion {
     pub quotas: BTreeMap<ObjectKey, BTreeMap<String, String>>,
     pub cleared_labels: BTreeMap<String, Vec<String>>,
     pub retired: Option<String>,
-}
-
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
 }
 
 /// The quota a `requests.nvidia.com/gpu` limit becomes: the class's extended

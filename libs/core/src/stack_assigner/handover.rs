@@ -17,7 +17,7 @@ use switchyard_proto::v1::{
     DomainEvent, HandoverCompleted, HandoverRefused, HandoverStalled, HandoverStarted,
     HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeProvisioning,
     NodeReadinessObserved, NodeUncordoned, PodRef, RollbackCompleted, Stack, StepCompensated,
-    Taint, domain_event::Kind,
+    Taint, domain_event::Kind, event,
 };
 
 use crate::cluster::{Cluster, Node};
@@ -26,7 +26,7 @@ use crate::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
     STACK_DEVICE_PLUGIN,
 };
-use crate::stack;
+use crate::stack_rules;
 
 const SECOND: i64 = 1_000_000_000;
 
@@ -155,10 +155,6 @@ pub struct Handovers {
     pub rollbacks_completing: std::collections::BTreeSet<String>,
 }
 
-fn event(kind: Kind) -> DomainEvent {
-    DomainEvent { kind: Some(kind) }
-}
-
 /// The stack `node` would get as a member of `group`.
 fn stack_in_group(
     cluster: &Cluster,
@@ -168,7 +164,7 @@ fn stack_in_group(
 ) -> (Stack, switchyard_proto::v1::StackReason) {
     let mut moved = node.clone();
     moved.labels.insert(GROUP_LABEL.into(), group.into());
-    stack::rule(&moved, cluster, held)
+    stack_rules::rule(&moved, cluster, held)
 }
 
 impl Handovers {

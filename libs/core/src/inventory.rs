@@ -1,0 +1,95 @@
+//! The observers' core — inventory's, and the node agents' for their GPUs: a
+//! fact is recorded once, unless it repeats the last report of its object.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
+
+use crate::effects::Effect;
+use crate::service::{Core, CoreState, Input, ServiceName};
+use crate::subjects::subject_of;
+
+/// Which observer reports a fact: node agents report their GPUs, inventory the rest.
+pub fn observer_of(fact: &DomainEvent) -> ServiceName {
+    match fact.kind {
+        Some(Kind::PhysicalGpuObserved(_) | Kind::PhysicalGpuRemoved(_)) => ServiceName::NodeAgent,
+        _ => ServiceName::Inventory,
+    }
+}
+
+/// Inventory's and the node agents' memory of what they last reported per
+/// object: an observation that changes nothing is not appended again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observer {
+    /// Subject -> BLAKE3 of the last fact reported for it.
+    last: BTreeMap<String, [u8; 32]>,
+}
+
+impl Observer {
+    /// The fact to append, or `None` if it repeats the last report of its object.
+    pub fn observe(&mut self, fact: DomainEvent) -> Option<DomainEvent> {
+        let subject = subject_of(&fact);
+        let removal = matches!(
+            fact.kind,
+            Some(
+                Kind::NodeRemoved(_)
+                    | Kind::PodRemoved(_)
+                    | Kind::PhysicalGpuRemoved(_)
+                    | Kind::NodeGroupRemoved(_)
+                    | Kind::ResourceSliceRemoved(_)
+                    | Kind::DeviceClassRemoved(_)
+                    | Kind::GpuClassRemoved(_)
+                    | Kind::ResourceClaimRemoved(_)
+            )
+        );
+        if removal {
+            return self.last.remove(&subject).map(|_| fact);
+        }
+        let hash = *blake3::hash(&fact.encode_to_vec()).as_bytes();
+        if self.last.get(&subject) == Some(&hash) {
+            return None;
+        }
+        self.last.insert(subject, hash);
+        Some(fact)
+    }
+}
+
+/// An observing service (inventory or a node agent) as a core: it decides
+/// nothing on the log; an observation is recorded unless it repeats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObserverCore {
+    pub service: ServiceName,
+    pub observer: Observer,
+}
+
+impl ObserverCore {
+    pub fn new(service: ServiceName) -> Self {
+        ObserverCore {
+            service,
+            observer: Observer::default(),
+        }
+    }
+}
+
+impl Core for ObserverCore {
+    fn service(&self) -> ServiceName {
+        self.service
+    }
+    fn fold(&mut self, _event: &DomainEvent, _at: i64) {}
+    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
+        match input {
+            Input::Observed(fact) => self.observer.observe(fact.clone()).into_iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
+        Vec::new()
+    }
+    fn effects(&self) -> Vec<Effect> {
+        Vec::new()
+    }
+    fn snapshot(&self) -> CoreState {
+        CoreState::Observer(self.service)
+    }
+}

@@ -1,0 +1,67 @@
+//! Appending in log order: consecutive events of one subject go in one atomic
+//! batch, so a stop never falls between them; what comes next waits for the
+//! batch before it.
+
+use switchyard_core::ServiceName;
+use switchyard_core::subjects::subject_of;
+use switchyard_proto::v1::DomainEvent;
+
+use crate::{EventLog, Expected, LogError, MAX_BATCH_EVENTS, NewEvent, Payload, Subject};
+
+/// Wall-clock time, Unix nanoseconds: what a writer records as the time of
+/// what it appends (cores get time as data, never read it).
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Appends `events` in order, consecutive events of one subject as one batch
+/// (at most [`MAX_BATCH_EVENTS`]). Returns the log sequence of each event.
+pub async fn append_in_order(
+    log: &dyn EventLog,
+    events: Vec<(Subject, NewEvent)>,
+) -> Result<Vec<u64>, LogError> {
+    let mut sequences = Vec::with_capacity(events.len());
+    let mut events = events.into_iter().peekable();
+    while let Some((subject, first)) = events.next() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH_EVENTS {
+            match events.next_if(|(next, _)| *next == subject) {
+                Some((_, event)) => batch.push(event),
+                None => break,
+            }
+        }
+        let ack = log.append(&subject, Expected::Any, batch).await?;
+        sequences.extend(ack.sequences);
+    }
+    Ok(sequences)
+}
+
+/// Appends a service's decisions (or an observer's facts), recorded at `at`,
+/// each under its aggregate's subject with a fresh id. Returns the log
+/// sequence of each event.
+pub async fn append_as(
+    log: &dyn EventLog,
+    actor: ServiceName,
+    events: &[DomainEvent],
+    at: i64,
+) -> Result<Vec<u64>, LogError> {
+    let mut batch = Vec::with_capacity(events.len());
+    for event in events {
+        let subject = Subject::new(subject_of(event))?;
+        batch.push((
+            subject,
+            NewEvent {
+                id: format!("{actor}-{}", uuid::Uuid::new_v4()),
+                recorded_at_unix_nanos: at,
+                correlation_id: String::new(),
+                causation_id: String::new(),
+                actor: actor.to_string(),
+                trace: None,
+                payload: Payload::Domain(event.clone()),
+            },
+        ));
+    }
+    append_in_order(log, batch).await
+}

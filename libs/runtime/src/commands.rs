@@ -1,0 +1,85 @@
+//! Operator commands over NATS: a service takes them as requests on
+//! `switchyard.cmd.<service>` and answers with its decisions or a refusal.
+
+use std::time::Duration;
+
+use prost::Message;
+use switchyard_core::stack_assigner::handover::StartHandover;
+use switchyard_core::{Command, ServiceName};
+use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
+
+/// How long a command may wait for the service's answer.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The NATS subject a service takes commands on.
+pub fn command_subject(service: ServiceName) -> String {
+    format!("switchyard.cmd.{service}")
+}
+
+/// A command that could not be sent or was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{service} did not answer within {} s", REPLY_TIMEOUT.as_secs())]
+    Timeout { service: ServiceName },
+    #[error("send the command to {service}: {source}")]
+    Request {
+        service: ServiceName,
+        #[source]
+        source: async_nats::RequestError,
+    },
+    #[error("{service}'s answer is not a CommandReply: {source}")]
+    Reply {
+        service: ServiceName,
+        #[source]
+        source: prost::DecodeError,
+    },
+}
+
+/// Reads a request into a command, or says why it is refused.
+pub fn decode(request: &[u8]) -> Result<Command, String> {
+    let command = match ServiceCommand::decode(request) {
+        Err(err) => return Err(format!("the command is not a ServiceCommand: {err}")),
+        Ok(ServiceCommand { command: None }) => {
+            return Err("the command is empty: expected start_handover or rollback".into());
+        }
+        Ok(ServiceCommand {
+            command: Some(command),
+        }) => command,
+    };
+    match command {
+        service_command::Command::StartHandover(c) => {
+            if c.node.is_empty() || c.target_group.is_empty() || c.handover_id.is_empty() {
+                return Err(
+                    "start_handover: handover_id, node and target_group must all be set".into(),
+                );
+            }
+            Ok(Command::StartHandover(StartHandover {
+                handover_id: c.handover_id,
+                node: c.node,
+                target_group: c.target_group,
+            }))
+        }
+        service_command::Command::Rollback(event) => {
+            if !matches!(event.kind, Some(Kind::RollbackStarted(_))) {
+                return Err("rollback: expected a RollbackStarted event".into());
+            }
+            Ok(Command::Rollback(event))
+        }
+    }
+}
+
+/// Sends a command to a running service and waits for its reply.
+pub async fn send(
+    client: &async_nats::Client,
+    service: ServiceName,
+    command: ServiceCommand,
+) -> Result<CommandReply, CommandError> {
+    let reply = tokio::time::timeout(
+        REPLY_TIMEOUT,
+        client.request(command_subject(service), command.encode_to_vec().into()),
+    )
+    .await
+    .map_err(|_| CommandError::Timeout { service })?
+    .map_err(|source| CommandError::Request { service, source })?;
+    CommandReply::decode(reply.payload).map_err(|source| CommandError::Reply { service, source })
+}

@@ -1,0 +1,123 @@
+//! The connection every service and every command shares: one set of flags
+//! (`--nats-url`, `--nats-creds`, `--stream`, `--subject-prefix`, each also
+//! read from the environment) and one way to reach the JetStream log.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_eventlog::{EventLog, LogError};
+
+/// Where the JetStream log is and how to reach it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NatsArgs {
+    /// NATS server URL of the JetStream log, e.g. nats://nats:4222.
+    #[arg(long = "nats-url", env = "SWITCHYARD_NATS_URL")]
+    pub nats_url: String,
+    /// A NATS credentials file (JWT and NKey seed).
+    #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+}
+
+/// Which stream holds the log.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StreamArgs {
+    /// JetStream stream that holds the log.
+    #[arg(long, env = "SWITCHYARD_NATS_STREAM", default_value = "SWITCHYARD_LOG")]
+    pub stream: String,
+    /// Subject prefix of the stream.
+    #[arg(
+        long,
+        env = "SWITCHYARD_NATS_SUBJECT_PREFIX",
+        default_value = "switchyard.log"
+    )]
+    pub subject_prefix: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("read NATS credentials {}: {source}", path.display())]
+    Credentials {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("open the log on stream {stream}: {source}")]
+    Log {
+        stream: String,
+        #[source]
+        source: LogError,
+    },
+}
+
+impl NatsArgs {
+    /// A service's NATS connection, named `switchyard-<service>`: retried
+    /// until the server answers (a service may start before it).
+    pub async fn service_client(&self, service: &str) -> Result<async_nats::Client, ConnectError> {
+        self.connect(service, true).await
+    }
+
+    /// A command's NATS connection, named `switchyard-<name>`: an unreachable
+    /// server is an error at once.
+    pub async fn client(&self, name: &str) -> Result<async_nats::Client, ConnectError> {
+        self.connect(name, false).await
+    }
+
+    async fn connect(&self, name: &str, retry: bool) -> Result<async_nats::Client, ConnectError> {
+        let mut options = async_nats::ConnectOptions::new().name(format!("switchyard-{name}"));
+        if retry {
+            options = options.retry_on_initial_connect();
+        }
+        if let Some(path) = &self.nats_creds {
+            options = options.credentials_file(path).await.map_err(|source| {
+                ConnectError::Credentials {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        }
+        options
+            .connect(&self.nats_url)
+            .await
+            .map_err(|source| ConnectError::Connect {
+                url: self.nats_url.clone(),
+                source,
+            })
+    }
+
+    /// The log on `client`; the stream is created if it does not exist yet.
+    pub async fn log(&self, client: async_nats::Client) -> Result<Arc<dyn EventLog>, ConnectError> {
+        Ok(Arc::new(self.stream.open(client, true).await?))
+    }
+}
+
+impl StreamArgs {
+    /// The log on `client`; with `create`, the stream is created if it
+    /// does not exist yet (a service), else it must exist (a reader).
+    pub async fn open(
+        &self,
+        client: async_nats::Client,
+        create: bool,
+    ) -> Result<NatsLog, ConnectError> {
+        let options = NatsOptions {
+            stream: self.stream.clone(),
+            subject_prefix: self.subject_prefix.clone(),
+            create,
+            ..NatsOptions::default()
+        };
+        NatsLog::open(client, options)
+            .await
+            .map_err(|source| ConnectError::Log {
+                stream: self.stream.clone(),
+                source,
+            })
+    }
+}

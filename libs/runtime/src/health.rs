@@ -1,0 +1,54 @@
+//! The gRPC health protocol (`grpc.health.v1`) for probes: not serving until
+//! the service is ready (rebuilt from the log, or acting on its node's
+//! assignment), serving from then on.
+
+use std::net::SocketAddr;
+
+use tokio::sync::watch;
+
+use crate::host::Progress;
+
+/// Serves health on `listen` until the server fails; `service` is the name
+/// probes may ask for besides the empty one.
+pub async fn serve(
+    listen: SocketAddr,
+    service: &'static str,
+    mut progress: watch::Receiver<Progress>,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, server) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    tokio::spawn(async move {
+        while progress.changed().await.is_ok() {
+            if progress.borrow().ready {
+                reporter
+                    .set_service_status("", tonic_health::ServingStatus::Serving)
+                    .await;
+                reporter
+                    .set_service_status(service, tonic_health::ServingStatus::Serving)
+                    .await;
+                break;
+            }
+        }
+    });
+    tonic::transport::Server::builder()
+        .add_service(server)
+        .serve(listen)
+        .await
+}
+
+/// Starts [`serve`] in the background when `listen` is given; a failure is logged.
+pub fn spawn(
+    listen: Option<SocketAddr>,
+    service: &'static str,
+    progress: watch::Receiver<Progress>,
+) {
+    if let Some(listen) = listen {
+        tokio::spawn(async move {
+            if let Err(err) = serve(listen, service, progress).await {
+                tracing::error!(%err, %listen, "the health server stopped");
+            }
+        });
+    }
+}

@@ -1,0 +1,388 @@
+//! A service as a process: its core, the log and an [`EffectExecutor`].
+//!
+//! On start the core is rebuilt by folding the whole log, then asked what a
+//! crash may have kept from being recorded ([`Core::catch_up`]). From then on
+//! the host follows the log: another service's record goes to the core and the
+//! decisions are appended; its own records were folded when decided and are
+//! skipped. Time passes in ticks (deadlines). Operator commands arrive as NATS
+//! requests on `switchyard.cmd.<service>` ([`crate::commands`]). After each
+//! input the core's effects are handed to the executor; an effect still
+//! wanted is issued again after a pause that grows with each failure
+//! (exponential backoff, from `reissue` up to 32 times that).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::{FutureExt, StreamExt};
+use prost::Message;
+use switchyard_core::effects::{Effect, EffectExecutor};
+use switchyard_core::{Core, Input, ServiceName};
+use switchyard_eventlog::{Decoded, EventLog, LogError, append_as, now_nanos};
+use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
+use tokio::sync::watch;
+
+use crate::commands::{self, command_subject};
+
+/// Records taken from the log at once before the effects are issued.
+const FOLLOW_BATCH: usize = 512;
+
+/// The flags of every hosted service.
+#[derive(clap::Args, Clone, Debug)]
+pub struct HostArgs {
+    /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
+    #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// How often time passes for the core (deadlines).
+    #[arg(long, env = "SWITCHYARD_TICK", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub tick: Duration,
+    /// How long an issued effect may take to show before it is issued again.
+    #[arg(long, env = "SWITCHYARD_REISSUE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub reissue: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// How often time passes for the core (deadlines, stalls).
+    pub tick: Duration,
+    /// How long an issued effect may take to show in the facts before it is
+    /// issued again; the first pause of the backoff after a failure.
+    pub reissue: Duration,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            tick: Duration::from_secs(1),
+            reissue: Duration::from_secs(2),
+        }
+    }
+}
+
+impl From<&HostArgs> for HostOptions {
+    fn from(args: &HostArgs) -> Self {
+        HostOptions {
+            tick: args.tick,
+            reissue: args.reissue,
+        }
+    }
+}
+
+/// What the host reports to probes: the sequence up to which it has caught up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// True once the rebuild from the log is done.
+    pub ready: bool,
+    pub sequence: u64,
+}
+
+/// Why a host stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("the log: {0}")]
+    Log(#[from] LogError),
+    #[error("the log's follow stream ended")]
+    FollowEnded,
+    #[error("subscribe to {subject}: {source}")]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    #[error("reply to a command: {0}")]
+    Reply(#[from] async_nats::PublishError),
+}
+
+/// The service an envelope's `actor` names, if it is one (an operator's
+/// records carry a person's name).
+fn author(actor: &str) -> Option<ServiceName> {
+    actor.parse().ok()
+}
+
+/// An effect issued: when, and the pause before it may go again.
+struct Issued {
+    at: Instant,
+    pause: Duration,
+    /// The pauses after failures, growing; reset by a success.
+    backoff: ExponentialBackoff,
+}
+
+struct Host<E> {
+    core: Box<dyn Core>,
+    log: Arc<dyn EventLog>,
+    executor: E,
+    options: HostOptions,
+    /// Sequences this host appended (already folded): skipped when followed.
+    own: BTreeSet<u64>,
+    /// Effects issued and still wanted, by value.
+    issued: BTreeMap<Effect, Issued>,
+    /// Eviction refusals already recorded, by pod.
+    blocked: BTreeMap<(String, String), DomainEvent>,
+}
+
+/// The pauses before an effect that keeps failing is issued again: from
+/// `reissue`, doubling, up to 32 times that.
+fn backoff(reissue: Duration) -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(reissue)
+        .with_max_delay(reissue * 32)
+        .without_max_times()
+        .build()
+}
+
+impl<E: EffectExecutor> Host<E> {
+    async fn append(&mut self, decisions: &[DomainEvent]) -> Result<(), HostError> {
+        if decisions.is_empty() {
+            return Ok(());
+        }
+        let sequences = append_as(
+            self.log.as_ref(),
+            self.core.service(),
+            decisions,
+            now_nanos(),
+        )
+        .await?;
+        self.own.extend(sequences);
+        Ok(())
+    }
+
+    async fn command(&mut self, request: &[u8]) -> CommandReply {
+        let refuse = |error: String| CommandReply {
+            decisions: Vec::new(),
+            error,
+        };
+        let command = match commands::decode(request) {
+            Ok(command) => command,
+            Err(why) => return refuse(why),
+        };
+        let service = self.core.service();
+        if command.owner() != service {
+            return refuse(format!(
+                "{service} does not take this command; {} does",
+                command.owner()
+            ));
+        }
+        let decisions = self.core.decide(Input::Command(&command), now_nanos());
+        match self.append(&decisions).await {
+            Ok(()) => CommandReply {
+                decisions,
+                error: String::new(),
+            },
+            Err(err) => refuse(format!("the decisions could not be recorded: {err}")),
+        }
+    }
+
+    /// Hands the executor the effects the core wants now, unless issued a
+    /// moment ago; records the eviction refusals they met.
+    async fn execute_effects(&mut self) -> Result<(), HostError> {
+        let wanted = self.core.effects();
+        let still: BTreeSet<&Effect> = wanted.iter().collect();
+        self.issued.retain(|effect, _| still.contains(effect));
+        let due: Vec<Effect> = wanted
+            .iter()
+            .filter(|effect| {
+                self.issued
+                    .get(*effect)
+                    .is_none_or(|issued| issued.at.elapsed() >= issued.pause)
+            })
+            .cloned()
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        for effect in &due {
+            tracing::debug!(?effect, "issuing");
+        }
+        let results = self.executor.execute(due.clone()).await;
+        let reissue = self.options.reissue;
+        let mut news = Vec::new();
+        for (effect, result) in due.into_iter().zip(results) {
+            let issued = self.issued.entry(effect).or_insert_with(|| Issued {
+                at: Instant::now(),
+                pause: reissue,
+                backoff: backoff(reissue),
+            });
+            issued.at = Instant::now();
+            match result {
+                Ok(outcome) => {
+                    issued.pause = reissue;
+                    issued.backoff = backoff(reissue);
+                    if !outcome.evicted.is_empty() {
+                        tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
+                    }
+                    for block in outcome.blocked {
+                        let pod = (block.namespace.clone(), block.pod.clone());
+                        let refused = event(Kind::EvictionBlocked(block));
+                        if self.blocked.get(&pod) != Some(&refused) {
+                            if let Some(Kind::EvictionBlocked(b)) = &refused.kind {
+                                tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
+                            }
+                            self.blocked.insert(pod, refused.clone());
+                            news.push(refused);
+                        }
+                    }
+                }
+                Err(err) => {
+                    issued.pause = issued.backoff.next().unwrap_or(reissue * 32);
+                    tracing::warn!(%err, pause = ?issued.pause, "effect failed; it is issued again later");
+                }
+            }
+        }
+        for event in &news {
+            self.core.fold(event, now_nanos());
+        }
+        self.append(&news).await
+    }
+}
+
+/// Runs a service until the log fails: rebuilt from `log`, its effects
+/// executed by `executor`, operator commands taken on `commands` if given.
+pub async fn run<E: EffectExecutor>(
+    mut core: Box<dyn Core>,
+    log: Arc<dyn EventLog>,
+    executor: E,
+    commands: Option<async_nats::Client>,
+    options: HostOptions,
+    progress: watch::Sender<Progress>,
+) -> Result<(), HostError> {
+    let started = Instant::now();
+    let service = core.service();
+    let mut last = 0;
+    let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+        if let Decoded::Event(event) = stored.decode() {
+            core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+        }
+        last = stored.sequence;
+    })
+    .await?;
+    tracing::info!(%service, folded, elapsed = ?started.elapsed(), "rebuilt from the log");
+    let mut host = Host {
+        core,
+        log: log.clone(),
+        executor,
+        options: options.clone(),
+        own: BTreeSet::new(),
+        issued: BTreeMap::new(),
+        blocked: BTreeMap::new(),
+    };
+    let due = host.core.catch_up(now_nanos());
+    if !due.is_empty() {
+        tracing::info!(
+            decisions = due.len(),
+            "recording decisions the log was missing"
+        );
+    }
+    host.append(&due).await?;
+    let _ = progress.send(Progress {
+        ready: true,
+        sequence: last,
+    });
+    let mut follow = log.follow(None, last + 1).await?;
+    let mut requests = match &commands {
+        Some(client) => {
+            let subject = command_subject(service);
+            Some(
+                client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|source| HostError::Subscribe { subject, source })?,
+            )
+        }
+        None => None,
+    };
+    let mut tick = tokio::time::interval(options.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    host.execute_effects().await?;
+    loop {
+        tokio::select! {
+            stored = follow.next() => {
+                // This record and whatever else is ready: decided together,
+                // appended together, then the effects issued once.
+                let mut batch = vec![stored];
+                while batch.len() < FOLLOW_BATCH {
+                    match follow.next().now_or_never() {
+                        Some(next) => batch.push(next),
+                        None => break,
+                    }
+                }
+                let mut decisions = Vec::new();
+                for stored in batch {
+                    let stored = stored.ok_or(HostError::FollowEnded)??;
+                    let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
+                    if host.own.remove(&stored.sequence) {
+                        continue;
+                    }
+                    let Decoded::Event(event) = stored.decode() else { continue };
+                    if author(&stored.envelope.actor) == Some(service) {
+                        // Written by an earlier run of this service: fold only.
+                        host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                        continue;
+                    }
+                    decisions.extend(host.core.decide(Input::Record(&event), now_nanos()));
+                }
+                host.append(&decisions).await?;
+            }
+            _ = tick.tick() => {
+                let decisions = host.core.decide(Input::Tick, now_nanos());
+                host.append(&decisions).await?;
+            }
+            Some(request) = async {
+                match requests.as_mut() {
+                    Some(sub) => sub.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let reply = host.command(&request.payload).await;
+                if let (Some(to), Some(client)) = (request.reply, &commands) {
+                    client.publish(to, reply.encode_to_vec().into()).await?;
+                }
+            }
+        }
+        host.execute_effects().await?;
+    }
+}
+
+/// Why a hosted service could not start or stopped; `E` is its own part
+/// (its executor's, or an observer's) failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Connect(#[from] crate::connect::ConnectError),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Service(E),
+}
+
+/// Runs `service` as a process: connected to the log and to NATS for
+/// operator commands, health on `--health-listen`, its effects executed by
+/// the executor `executor` builds.
+pub async fn serve<E, F>(
+    service: ServiceName,
+    nats: &crate::connect::NatsArgs,
+    args: &HostArgs,
+    executor: F,
+) -> Result<(), ServeError<E::Error>>
+where
+    E: EffectExecutor,
+    F: std::future::Future<Output = Result<E, E::Error>>,
+{
+    let executor = executor.await.map_err(ServeError::Service)?;
+    let client = nats.service_client(service.as_str()).await?;
+    let log = nats.log(client.clone()).await?;
+    let (progress, watching) = watch::channel(Progress::default());
+    crate::health::spawn(args.health_listen, service.as_str(), watching);
+    tracing::info!(%service, "starting");
+    run(
+        service.core(),
+        log,
+        executor,
+        Some(client),
+        HostOptions::from(args),
+        progress,
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! alerter: alert rules over the log (D8GpuNodeGroupHeldOnDra while a group is held on DRA).
+//!
+//! The decisions are the pure core `switchyard_core::alerter`; its only
+//! output is its records in the log. This crate is the service around it —
+//! its flags and its process, hosted by `switchyard_runtime`.
+
+#![forbid(unsafe_code)]
+
+use switchyard_core::ServiceName;
+use switchyard_core::effects::{NoEffects, NotExecuted};
+use switchyard_runtime::connect::NatsArgs;
+use switchyard_runtime::host::{self, HostArgs, ServeError};
+
+pub const SERVICE: ServiceName = ServiceName::Alerter;
+
+/// The flags of `switchyard-alerter` (and `switchyard serve alerter`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
+/// Runs the service on the JetStream log until the log fails.
+pub async fn run(args: Args) -> Result<(), ServeError<NotExecuted>> {
+    host::serve(SERVICE, &args.nats, &args.host, async { Ok(NoEffects) }).await
+}

@@ -1,0 +1,263 @@
+//! The claim-allocator's writers: a moved workload's pod template
+//! (read-decide-write of its containers' resources and node selector) and
+//! its restart, and completion's quotas, leftover labels and the source
+//! group's `spec.gpu`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PodSpec, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::{Api, Patch};
+use serde_json::json;
+use switchyard_api::NodeGroup;
+use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use switchyard_kube::write::{EdgeError, Writer, label_diff};
+use switchyard_proto::v1::{WorkloadPlacement, WorkloadRef};
+
+use crate::SERVICE;
+
+/// The `kubectl rollout restart` annotation.
+pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
+
+/// The claim-allocator's writers: field manager `switchyard-claim-allocator`.
+#[derive(Clone)]
+pub struct ClaimAllocatorEdge {
+    writer: Writer,
+}
+
+impl ClaimAllocatorEdge {
+    pub fn new(writer: Writer) -> Self {
+        ClaimAllocatorEdge { writer }
+    }
+
+    pub fn field_manager(&self) -> &str {
+        self.writer.field_manager()
+    }
+
+    /// Executes one effect, retrying conflicts, throttling and server errors.
+    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        self.writer.retrying(|| self.execute_once(effect)).await
+    }
+
+    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        match effect {
+            Effect::SetPlacement {
+                workload,
+                placement,
+            } => {
+                self.edit_template(workload, |spec| set_placement(spec, placement))
+                    .await
+            }
+            Effect::RestartWorkload {
+                workload,
+                restarted_at,
+            } => self.restart(workload, restarted_at).await,
+            Effect::RemoveSpecGpu { group } => self.remove_spec_gpu(group).await,
+            Effect::SetQuota {
+                namespace,
+                name,
+                hard,
+            } => self.set_quota(namespace, name, hard).await,
+            Effect::RemoveNodeLabels { node, labels } => {
+                self.writer
+                    .edit_node_labels(node, |current| {
+                        for label in labels {
+                            current.remove(label);
+                        }
+                    })
+                    .await
+            }
+            other => Err(EdgeError::NotOwned {
+                service: SERVICE,
+                effect: Box::new(other.clone()),
+            }),
+        }
+    }
+
+    /// Read-decide-write of a workload's pod template: the changed containers
+    /// and nodeSelector as a merge patch guarded by the read resourceVersion,
+    /// so a concurrent change is a conflict, not lost.
+    async fn edit_template(
+        &self,
+        workload: &WorkloadRef,
+        edit: impl Fn(&mut PodSpec),
+    ) -> Result<Outcome, EdgeError> {
+        let what = format!("{} {}/{}", workload.kind, workload.namespace, workload.name);
+        let (ns, name) = (workload.namespace.as_str(), workload.name.as_str());
+        match workload.kind.as_str() {
+            "Deployment" => {
+                let api: Api<Deployment> = Api::namespaced(self.writer.client(), ns);
+                self.patch_template(&api, name, &what, edit, |d| {
+                    d.spec.as_ref().and_then(|s| s.template.spec.clone())
+                })
+                .await?;
+            }
+            "StatefulSet" => {
+                let api: Api<StatefulSet> = Api::namespaced(self.writer.client(), ns);
+                self.patch_template(&api, name, &what, edit, |d| {
+                    d.spec.as_ref().and_then(|s| s.template.spec.clone())
+                })
+                .await?;
+            }
+            other => {
+                return Err(EdgeError::Invalid(format!(
+                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                )));
+            }
+        }
+        Ok(Outcome::default())
+    }
+
+    async fn patch_template<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        what: &str,
+        edit: impl Fn(&mut PodSpec),
+        template: impl Fn(&K) -> Option<PodSpec>,
+    ) -> Result<(), EdgeError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let object = api
+            .get(name)
+            .await
+            .map_err(EdgeError::api(format!("read {what}")))?;
+        let before = template(&object)
+            .ok_or_else(|| EdgeError::Invalid(format!("{what}: spec.template.spec is missing")))?;
+        let mut after = before.clone();
+        edit(&mut after);
+        if after == before {
+            return Ok(());
+        }
+        let selector = label_diff(
+            &before.node_selector.unwrap_or_default(),
+            &after.node_selector.unwrap_or_default(),
+        );
+        let patch = json!({
+            "metadata": {"resourceVersion": object.resource_version()},
+            "spec": {"template": {"spec": {"containers": after.containers, "nodeSelector": selector}}},
+        });
+        self.writer
+            .merge_patch(api, name, &patch, format!("write {what}"))
+            .await
+            .map(drop)
+    }
+
+    async fn restart(&self, workload: &WorkloadRef, at: &str) -> Result<Outcome, EdgeError> {
+        let patch = json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: at}}}}});
+        let what = format!(
+            "restart {} {}/{}",
+            workload.kind, workload.namespace, workload.name
+        );
+        let params = self.writer.merge_params();
+        match workload.kind.as_str() {
+            "Deployment" => Api::<Deployment>::namespaced(self.writer.client(), &workload.namespace)
+                .patch(&workload.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop),
+            "StatefulSet" => Api::<StatefulSet>::namespaced(self.writer.client(), &workload.namespace)
+                .patch(&workload.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop),
+            other => {
+                return Err(EdgeError::Invalid(format!(
+                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                )));
+            }
+        }
+        .map_err(EdgeError::api(what))?;
+        Ok(Outcome::default())
+    }
+
+    async fn remove_spec_gpu(&self, group: &str) -> Result<Outcome, EdgeError> {
+        let api: Api<NodeGroup> = Api::all(self.writer.client());
+        let current = api
+            .get(group)
+            .await
+            .map_err(EdgeError::api(format!("read NodeGroup {group}")))?;
+        if current.spec.gpu.is_none() {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "spec": {"gpu": null},
+        });
+        self.writer
+            .merge_patch(
+                &api,
+                group,
+                &patch,
+                format!("remove spec.gpu of NodeGroup {group}"),
+            )
+            .await
+    }
+
+    async fn set_quota(
+        &self,
+        namespace: &str,
+        name: &str,
+        hard: &BTreeMap<String, String>,
+    ) -> Result<Outcome, EdgeError> {
+        let api: Api<ResourceQuota> = Api::namespaced(self.writer.client(), namespace);
+        let what = format!("ResourceQuota {namespace}/{name}");
+        let quota = api
+            .get(name)
+            .await
+            .map_err(EdgeError::api(format!("read {what}")))?;
+        let have: BTreeMap<String, String> = quota
+            .spec
+            .as_ref()
+            .and_then(|s| s.hard.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        if have == *hard {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": quota.resource_version()},
+            "spec": {"hard": label_diff(&have, hard)},
+        });
+        self.writer
+            .merge_patch(&api, name, &patch, format!("write {what}"))
+            .await
+    }
+}
+
+impl EffectExecutor for ClaimAllocatorEdge {
+    type Error = EdgeError;
+    fn execute(
+        &mut self,
+        effects: Vec<Effect>,
+    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
+        let edge = self.clone();
+        async move {
+            edge.writer
+                .execute_by_object(&effects, |effect| edge.execute_once(effect))
+                .await
+        }
+    }
+}
+
+fn set_placement(spec: &mut PodSpec, placement: &WorkloadPlacement) {
+    let to_map = |list: Option<&switchyard_proto::v1::ResourceList>| {
+        let map: BTreeMap<String, Quantity> = list
+            .into_iter()
+            .flat_map(|l| l.quantities.iter())
+            .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    };
+    for container in &mut spec.containers {
+        let resources = container.resources.get_or_insert_with(Default::default);
+        resources.limits = to_map(placement.container_limits.get(&container.name));
+        resources.requests = to_map(placement.container_requests.get(&container.name));
+    }
+    spec.node_selector =
+        (!placement.node_selector.is_empty()).then(|| placement.node_selector.clone());
+}

@@ -1,0 +1,28 @@
+//! `switchyard-claim-allocator`: the claim-allocator as a process.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard-claim-allocator",
+    version,
+    about = "Switchyard's claim-allocator"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: switchyard_claim_allocator::Args,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    switchyard_runtime::init_tracing();
+    match switchyard_claim_allocator::run(Cli::parse().args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
+        }
+    }
+}

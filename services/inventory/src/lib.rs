@@ -1,0 +1,68 @@
+//! inventory: the cluster's objects — Nodes, NodeGroups, the ModuleConfig,
+//! GPUClasses, PhysicalGPUs, Pods, workloads, quotas, ResourceSlices,
+//! DeviceClasses, ResourceClaims — watched and recorded in the log as facts,
+//! each change once.
+//!
+//! The watchers and the facts are the Kubernetes adapter's
+//! (`switchyard_kube::inventory`); the dedupe is the pure core
+//! `switchyard_core::inventory`. This crate is the service around them: its
+//! flags and its process.
+
+#![forbid(unsafe_code)]
+
+use switchyard_core::ServiceName;
+use switchyard_eventlog::LogError;
+use switchyard_kube::inventory::{self, InventoryOptions};
+use switchyard_runtime::connect::NatsArgs;
+use switchyard_runtime::host::{Progress, ServeError};
+
+pub const SERVICE: ServiceName = ServiceName::Inventory;
+
+/// The flags of `switchyard-inventory` (and `switchyard serve inventory`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
+    #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// The module version inventory reports with the module settings.
+    #[arg(long, env = "SWITCHYARD_MODULE_VERSION", default_value = env!("CARGO_PKG_VERSION"))]
+    pub module_version: String,
+}
+
+/// Why inventory stopped, besides the connection to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("find the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    #[error("connect to the Kubernetes API: {0}")]
+    Client(#[from] kube::Error),
+    #[error("the log: {0}")]
+    Log(#[from] LogError),
+}
+
+/// Runs inventory against the cluster (in-cluster config or KUBECONFIG) and
+/// the JetStream log until the log fails.
+pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
+    let service = |e: InventoryError| ServeError::Service(e);
+    let config = kube::Config::infer().await.map_err(|e| service(e.into()))?;
+    let kube = kube::Client::try_from(config).map_err(|e| service(e.into()))?;
+    let client = args.nats.service_client(SERVICE.as_str()).await?;
+    let log = args.nats.log(client).await?;
+    // Ready at once: inventory decides nothing, its rebuild is its own records.
+    let (progress, watching) = tokio::sync::watch::channel(Progress {
+        ready: true,
+        sequence: 0,
+    });
+    switchyard_runtime::health::spawn(args.health_listen, SERVICE.as_str(), watching);
+    tracing::info!(service = %SERVICE, "starting");
+    let options = InventoryOptions {
+        module_version: args.module_version,
+    };
+    inventory::run(kube, log, options, None)
+        .await
+        .map_err(|e| service(e.into()))?;
+    drop(progress);
+    Ok(())
+}

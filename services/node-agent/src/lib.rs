@@ -1,0 +1,87 @@
+//! node-agent: the per-node half of Switchyard. It reads the node's GPUs
+//! (NVML, or a fixture where no GPU is present), reports their PhysicalGPUs
+//! and serves exactly one stack — the DRA kubelet plugin and the node's
+//! ResourceSlices, or the device-plugin API — the one its Node's
+//! `node.deckhouse.io/gpu-stack` label names, switching when the label
+//! changes and the old stack is unused. The machinery is `switchyard_gpu`
+//! and `switchyard_kubelet`; this crate is the service around it: its flags
+//! and its process (`switchyard-node-agent serve`, the chart's DaemonSet).
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use switchyard_core::ServiceName;
+use switchyard_gpu::publish::Layout;
+use switchyard_kubelet::deviceplugin::Sharing;
+use switchyard_kubelet::run::{NodeOptions, parse_layout, parse_sharing, serve_node};
+use switchyard_runtime::host::Progress;
+
+pub const SERVICE: ServiceName = ServiceName::NodeAgent;
+
+/// The flags of `switchyard-node-agent serve` (and `switchyard serve node-agent`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The node this agent runs on (NODE_NAME from the downward API).
+    #[arg(long = "node-name", alias = "node", env = "NODE_NAME")]
+    pub node: String,
+    /// `nvml`, or `fixture:FILE` (a YAML machine; see deploy/fixtures/).
+    #[arg(long, env = "SWITCHYARD_GPU_SOURCE", default_value = "nvml")]
+    pub gpu_source: String,
+    /// How the DRA stack publishes cards: static, partitionable or shared:N.
+    #[arg(long, env = "SWITCHYARD_LAYOUT", default_value = "static", value_parser = parse_layout)]
+    pub layout: Layout,
+    /// How the device-plugin stack shares cards: exclusive, time-slicing:N or mig.
+    #[arg(long, env = "SWITCHYARD_SHARING", default_value = "exclusive", value_parser = parse_sharing)]
+    pub sharing: Sharing,
+    /// Kubelet's root directory (plugins_registry, plugins, device-plugins, pod-resources).
+    #[arg(
+        long,
+        env = "SWITCHYARD_KUBELET_DIR",
+        default_value = "/var/lib/kubelet"
+    )]
+    pub kubelet_dir: PathBuf,
+    /// Where CDI specs go.
+    #[arg(long, env = "SWITCHYARD_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// Serve the gRPC health protocol (grpc.health.v1) here, for probes:
+    /// serving once the node's assignment is acted on.
+    #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeAgentError {
+    #[error("find the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    #[error("connect to the Kubernetes API: {0}")]
+    Client(#[from] kube::Error),
+    #[error("{0}")]
+    Agent(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Serves the node's assigned stack until the agent fails.
+pub async fn serve(args: ServeArgs) -> Result<(), NodeAgentError> {
+    let config = kube::Config::infer().await?;
+    let client = kube::Client::try_from(config)?;
+    let (progress, watching) = tokio::sync::watch::channel(Progress::default());
+    switchyard_runtime::health::spawn(args.health_listen, SERVICE.as_str(), watching);
+    tracing::info!(service = %SERVICE, node = %args.node, "starting");
+    let options = NodeOptions {
+        node: args.node,
+        gpu_source: args.gpu_source,
+        layout: args.layout,
+        sharing: args.sharing,
+        kubelet_dir: args.kubelet_dir,
+        cdi_dir: args.cdi_dir,
+    };
+    serve_node(client, options, move || {
+        let _ = progress.send(Progress {
+            ready: true,
+            sequence: 0,
+        });
+    })
+    .await
+    .map_err(NodeAgentError::Agent)
+}

@@ -1,0 +1,258 @@
+//! The stack-assigner's writers: the node's `gpu-stack` label and
+//! `spec.unschedulable` (Server-Side Apply, owned), the handover's group move
+//! and a rollback's restore (read-decide-write), drains through the Eviction
+//! API with the PodDisruptionBudgets that refuse them.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::api::{Api, EvictParams, ListParams};
+use serde_json::{Value, json};
+use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use switchyard_core::names::{GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
+use switchyard_kube::write::{EdgeError, Writer, label_diff, selects};
+use switchyard_proto::v1::{EvictionBlocked, Taint};
+
+use crate::SERVICE;
+
+/// The stack-assigner's writers: field manager `switchyard-stack-assigner`.
+#[derive(Clone)]
+pub struct StackAssignerEdge {
+    writer: Writer,
+}
+
+impl StackAssignerEdge {
+    pub fn new(writer: Writer) -> Self {
+        StackAssignerEdge { writer }
+    }
+
+    pub fn field_manager(&self) -> &str {
+        self.writer.field_manager()
+    }
+
+    /// Executes one effect, retrying conflicts, throttling and server errors.
+    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        self.writer.retrying(|| self.execute_once(effect)).await
+    }
+
+    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        match effect {
+            Effect::Cordon { node } => self.apply_unschedulable(node, true).await,
+            Effect::Uncordon { node } => self.apply_unschedulable(node, false).await,
+            Effect::SetStackLabel {
+                node,
+                stack: Some(stack),
+            } => self.apply_stack_label(node, stack).await,
+            Effect::SetStackLabel { node, stack: None } => self.remove_stack_label(node).await,
+            Effect::MoveToGroup {
+                node,
+                group,
+                from_group,
+            } => {
+                self.writer
+                    .edit_node_labels(node, |labels| {
+                        labels.insert(GROUP_LABEL.to_string(), group.clone());
+                        labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
+                    })
+                    .await
+            }
+            Effect::RestoreNode {
+                node,
+                labels,
+                taints,
+            } => self.restore_node(node, labels, taints).await,
+            Effect::Drain { node } => self.drain(node).await,
+            other => Err(EdgeError::NotOwned {
+                service: SERVICE,
+                effect: Box::new(other.clone()),
+            }),
+        }
+    }
+
+    async fn apply_unschedulable(&self, node: &str, on: bool) -> Result<Outcome, EdgeError> {
+        self.writer
+            .apply_node(
+                node,
+                |owned| owned.unschedulable = Some(on),
+                |n| {
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.unschedulable)
+                        .unwrap_or(false)
+                        == on
+                },
+            )
+            .await
+    }
+
+    async fn apply_stack_label(&self, node: &str, stack: &str) -> Result<Outcome, EdgeError> {
+        self.writer
+            .apply_node(
+                node,
+                |owned| {
+                    owned
+                        .labels
+                        .insert(GPU_STACK_LABEL.to_string(), stack.to_string());
+                },
+                |n| n.labels().get(GPU_STACK_LABEL).map(String::as_str) == Some(stack),
+            )
+            .await
+    }
+
+    /// No stack: give the label up (Server-Side Apply without it), and
+    /// remove it outright if another manager keeps it.
+    async fn remove_stack_label(&self, node: &str) -> Result<Outcome, EdgeError> {
+        self.writer
+            .apply_node(
+                node,
+                |owned| {
+                    owned.labels.remove(GPU_STACK_LABEL);
+                },
+                |n| !n.labels().contains_key(GPU_STACK_LABEL),
+            )
+            .await?;
+        self.writer
+            .edit_node_labels(node, |labels| {
+                labels.remove(GPU_STACK_LABEL);
+            })
+            .await
+    }
+
+    /// A rollback: the node's labels become `labels` (the preparation labels
+    /// stay as node preparation left them) and its taints `taints`.
+    async fn restore_node(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+        taints: &[Taint],
+    ) -> Result<Outcome, EdgeError> {
+        let nodes = self.writer.nodes();
+        let current = self.writer.read_node(node).await?;
+        let before = current.labels().clone();
+        let mut after: BTreeMap<String, String> = labels
+            .iter()
+            .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for label in PREPARATION_LABELS {
+            if let Some(v) = before.get(label) {
+                after.insert(label.to_string(), v.clone());
+            }
+        }
+        let taints: Vec<Value> = taints
+            .iter()
+            .map(|t| {
+                let mut taint = json!({"key": t.key, "effect": t.effect});
+                if !t.value.is_empty() {
+                    taint["value"] = json!(t.value);
+                }
+                taint
+            })
+            .collect();
+        let have_taints = serde_json::to_value(
+            current
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        if after == before && have_taints == json!(taints) {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": current.resource_version(),
+                "labels": label_diff(&before, &after),
+            },
+            "spec": {"taints": if taints.is_empty() { Value::Null } else { json!(taints) }},
+        });
+        self.writer
+            .merge_patch(&nodes, node, &patch, format!("restore node {node}"))
+            .await
+    }
+
+    /// Evicts every pod of the node but DaemonSet and mirror pods, through the
+    /// Eviction API; reports the pods it refused (a PodDisruptionBudget) with
+    /// the budgets that cover them.
+    async fn drain(&self, node: &str) -> Result<Outcome, EdgeError> {
+        let pods: Api<Pod> = Api::all(self.writer.client());
+        let on_node = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(EdgeError::api(format!("list the pods of node {node}")))?;
+        let mut outcome = Outcome::default();
+        for pod in on_node {
+            let daemon = pod
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+            let mirror = pod
+                .annotations()
+                .contains_key("kubernetes.io/config.mirror");
+            if daemon || mirror || pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let namespace = pod.namespace().unwrap_or_default();
+            let name = pod.name_any();
+            let api: Api<Pod> = Api::namespaced(self.writer.client(), &namespace);
+            match api.evict(&name, &EvictParams::default()).await {
+                Ok(_) => outcome.evicted.push(format!("{namespace}/{name}")),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if status.code == 429 => {
+                    let budgets = self.budgets_covering(&pod).await?;
+                    outcome.blocked.push(EvictionBlocked {
+                        node: node.to_string(),
+                        namespace,
+                        pod: name,
+                        reason: status.message,
+                        disruption_budgets: budgets,
+                    });
+                }
+                Err(err) => {
+                    return Err(EdgeError::api(format!("evict pod {namespace}/{name}"))(err));
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn budgets_covering(&self, pod: &Pod) -> Result<Vec<String>, EdgeError> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(self.writer.client(), &namespace);
+        let list = pdbs
+            .list(&ListParams::default())
+            .await
+            .map_err(EdgeError::api(format!(
+                "list the PodDisruptionBudgets of namespace {namespace}"
+            )))?;
+        Ok(list
+            .into_iter()
+            .filter(|pdb| {
+                pdb.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    .is_some_and(|sel| selects(sel, pod.labels()))
+            })
+            .map(|pdb| format!("{namespace}/{}", pdb.name_any()))
+            .collect())
+    }
+}
+
+impl EffectExecutor for StackAssignerEdge {
+    type Error = EdgeError;
+    fn execute(
+        &mut self,
+        effects: Vec<Effect>,
+    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
+        let edge = self.clone();
+        async move {
+            edge.writer
+                .execute_by_object(&effects, |effect| edge.execute_once(effect))
+                .await
+        }
+    }
+}
