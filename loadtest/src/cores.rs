@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use switchyard_core::claim_allocator::{self, ClaimAllocator};
+use switchyard_core::command::StartHandover;
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP,
     NODE_ROLE_PREFIX, VENDOR_ADAPTER_APP,
 };
-use switchyard_core::stack_assigner::handover::StartHandover;
 use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::{Decoded, EventLog, Expected, NewEvent, Subject};

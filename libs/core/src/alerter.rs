@@ -10,7 +10,7 @@ use switchyard_proto::v1::{AlertCleared, AlertRaised, DomainEvent, domain_event:
 
 use crate::effects::Effect;
 use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
-use crate::service::{Core, CoreState, Input, ServiceName};
+use crate::service::{Core, Input, ServiceName};
 
 /// The groups held on DRA, and the alerts firing: (alert name, labels) -> summary.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -116,7 +116,7 @@ impl Core for Alerter {
     fn effects(&self) -> Vec<Effect> {
         Vec::new()
     }
-    fn snapshot(&self) -> CoreState {
-        CoreState::Alerter(Box::new(self.clone()))
+    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.clone())
     }
 }

@@ -40,7 +40,7 @@ use switchyard_proto::v1::{
 
 use crate::effects::Effect;
 use crate::names::CLASS_RESOURCE_PREFIX;
-use crate::service::{Core, CoreState, Input, ServiceName};
+use crate::service::{Core, Input, ServiceName};
 
 /// The GPU driver that publishes the cards and their partitions.
 pub const GPU_DRIVER: &str = "gpu.deckhouse.io";
@@ -502,7 +502,7 @@ impl Core for ClassCompiler {
     fn effects(&self) -> Vec<Effect> {
         ClassCompiler::effects(self)
     }
-    fn snapshot(&self) -> CoreState {
-        CoreState::Compiler(Box::new(self.clone()))
+    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.clone())
     }
 }

@@ -7,7 +7,7 @@ use prost::Message;
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 
 use crate::effects::Effect;
-use crate::service::{Core, CoreState, Input, ServiceName};
+use crate::service::{Core, Input, ServiceName};
 use crate::subjects::subject_of;
 
 /// Which observer reports a fact: node agents report their GPUs, inventory the rest.
@@ -89,7 +89,7 @@ impl Core for ObserverCore {
     fn effects(&self) -> Vec<Effect> {
         Vec::new()
     }
-    fn snapshot(&self) -> CoreState {
-        CoreState::Observer(self.service)
+    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.clone())
     }
 }

@@ -18,6 +18,8 @@ pub mod alerter;
 pub mod claim_allocator;
 pub mod class_compiler;
 pub mod cluster;
+pub mod command;
+pub mod cores;
 pub mod effects;
 pub mod inventory;
 pub mod names;
@@ -28,5 +30,6 @@ pub mod stack_assigner;
 pub mod stack_rules;
 pub mod subjects;
 
-pub use service::{Command, Core, CoreState, Input, Record, ServiceName};
+pub use command::Command;
+pub use service::{Core, Input, Record, ServiceName};
 pub use switchyard_proto::v1 as events;

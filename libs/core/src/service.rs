@@ -1,22 +1,17 @@
 //! The shape every service's core shares: the six services by name, the
 //! inputs a core decides on, and the one [`Core`] trait — fold a record,
 //! decide on an input, catch up after a rebuild, the effects still wanted —
-//! that the runtime hosts, whichever service it is.
+//! that the runtime hosts, whichever service it is. Which core is which
+//! service's is in [`crate::cores`].
 
+use std::any::Any;
 use std::fmt;
 use std::str::FromStr;
 
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 
-use crate::alerter::Alerter;
-use crate::claim_allocator::ClaimAllocator;
-use crate::claim_allocator::completion::Complete;
-use crate::claim_allocator::moves::MoveApplication;
-use crate::class_compiler::ClassCompiler;
+use crate::command::Command;
 use crate::effects::Effect;
-use crate::inventory::ObserverCore;
-use crate::stack_assigner::StackAssigner;
-use crate::stack_assigner::handover::StartHandover;
 
 /// The six services of Switchyard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,17 +55,6 @@ impl ServiceName {
             ServiceName::Alerter => "alerter",
         }
     }
-
-    /// A fresh core of this service.
-    pub fn core(self) -> Box<dyn Core> {
-        match self {
-            ServiceName::Inventory | ServiceName::NodeAgent => Box::new(ObserverCore::new(self)),
-            ServiceName::StackAssigner => Box::new(StackAssigner::default()),
-            ServiceName::ClassCompiler => Box::new(ClassCompiler::default()),
-            ServiceName::ClaimAllocator => Box::new(ClaimAllocator::default()),
-            ServiceName::Alerter => Box::new(Alerter::default()),
-        }
-    }
 }
 
 impl fmt::Display for ServiceName {
@@ -105,29 +89,11 @@ impl FromStr for ServiceName {
     }
 }
 
-/// One fresh core of each service, in [`ServiceName::ALL`]'s order.
-pub fn cores() -> Vec<Box<dyn Core>> {
-    ServiceName::ALL
-        .into_iter()
-        .map(ServiceName::core)
-        .collect()
-}
-
 /// One record for the log: who wrote it and what.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
     pub actor: ServiceName,
     pub event: DomainEvent,
-}
-
-/// An operator's command, for the service that owns it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Command {
-    StartHandover(StartHandover),
-    MoveApplication(MoveApplication),
-    Complete(Complete),
-    /// A planned rollback (`RollbackStarted`), for the node's or workload's owner.
-    Rollback(DomainEvent),
 }
 
 impl Command {
@@ -159,16 +125,6 @@ pub enum Input<'a> {
     Tick,
 }
 
-/// A core's state, handed out for checks and reports.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CoreState {
-    Observer(ServiceName),
-    Stack(Box<StackAssigner>),
-    Compiler(Box<ClassCompiler>),
-    Claims(Box<ClaimAllocator>),
-    Alerter(Box<Alerter>),
-}
-
 /// The one shape of every service's core: deterministic, no I/O, time as data.
 pub trait Core: Send + 'static {
     /// The service this core decides for.
@@ -189,8 +145,9 @@ pub trait Core: Send + 'static {
     fn violations(&self) -> Vec<(&'static str, String)> {
         Vec::new()
     }
-    /// The state, for checks and reports.
-    fn snapshot(&self) -> CoreState;
+    /// A copy of the state, for checks and reports (the simulator's
+    /// invariants, `switchyard demo`): downcast to the core's own type.
+    fn snapshot(&self) -> Box<dyn Any + Send>;
 }
 
 impl Effect {

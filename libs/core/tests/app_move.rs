@@ -4,8 +4,8 @@
 mod support;
 
 use support::*;
-use switchyard_core::claim_allocator::moves::MoveApplication;
 use switchyard_core::claim_allocator::{ClaimAllocator, Input};
+use switchyard_core::command::MoveApplication;
 use switchyard_core::effects::Effect;
 use switchyard_core::placement::rewrite;
 use switchyard_proto::v1::{DomainEvent, PodPhase, WorkloadRef, domain_event::Kind};

@@ -6,8 +6,9 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::*;
-use switchyard_core::claim_allocator::completion::{Complete, Completion};
+use switchyard_core::claim_allocator::completion::Completion;
 use switchyard_core::cluster::Cluster;
+use switchyard_core::command::Complete;
 use switchyard_core::effects::Effect;
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 

@@ -3,11 +3,11 @@
 mod support;
 
 use support::*;
+use switchyard_core::command::StartHandover;
 use switchyard_core::effects::Effect;
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP, VENDOR_ADAPTER_APP,
 };
-use switchyard_core::stack_assigner::handover::StartHandover;
 use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_proto::v1::{
     DomainEvent, EvictionBlocked, HandoverStep, NodeProvisioning, PodPhase, Stack, Taint,

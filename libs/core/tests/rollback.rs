@@ -5,12 +5,12 @@ mod support;
 
 use prost::Message;
 use support::*;
-use switchyard_core::claim_allocator::moves::MoveApplication;
 use switchyard_core::claim_allocator::{self, ClaimAllocator};
+use switchyard_core::command::MoveApplication;
+use switchyard_core::command::StartHandover;
 use switchyard_core::effects::Effect;
 use switchyard_core::names::{GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
-use switchyard_core::stack_assigner::handover::StartHandover;
 use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_proto::v1::{DomainEvent, PodPhase, Taint, WorkloadRef, domain_event::Kind};
 

@@ -9,9 +9,9 @@ use switchyard_core::effects::Effect;
 use switchyard_proto::v1::DomainEvent;
 
 use switchyard_core::inventory::observer_of;
-use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
+use switchyard_core::{Command, Core, Input, Record, ServiceName};
 
-use crate::{Services, dispatch};
+use crate::{CoreState, Services, dispatch};
 
 /// How long one call to a service may take before it counts as failed.
 const CALL_TIMEOUT_MS: u64 = 10_000;
@@ -95,7 +95,7 @@ impl Actors {
         let mut refs = BTreeMap::new();
         let mut order = Vec::new();
         let mut handles = Vec::new();
-        for core in switchyard_core::service::cores() {
+        for core in switchyard_core::cores::all() {
             let name = core.service();
             let (actor, handle) =
                 Actor::spawn(Some(format!("switchyard-{name}")), ServiceActor, core).await?;

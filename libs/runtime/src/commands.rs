@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use prost::Message;
-use switchyard_core::stack_assigner::handover::StartHandover;
+use switchyard_core::command::StartHandover;
 use switchyard_core::{Command, ServiceName};
 use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
 

@@ -24,7 +24,10 @@ pub mod host;
 
 pub use actors::Actors;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
-pub use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
+pub use switchyard_core::{Command, Core, Input, Record, ServiceName};
+
+/// A copy of one core's state (downcast to the core's type).
+pub type CoreState = Box<dyn std::any::Any + Send>;
 
 use switchyard_core::effects::Effect;
 use switchyard_core::inventory::observer_of;
@@ -88,7 +91,7 @@ pub struct Local {
 impl Default for Local {
     fn default() -> Self {
         Local {
-            cores: switchyard_core::service::cores(),
+            cores: switchyard_core::cores::all(),
         }
     }
 }

@@ -17,15 +17,15 @@ use std::collections::BTreeMap;
 
 use switchyard_core::alerter::Alerter;
 use switchyard_core::claim_allocator::ClaimAllocator;
-use switchyard_core::claim_allocator::completion::Complete;
-use switchyard_core::claim_allocator::moves::MoveApplication;
 use switchyard_core::class_compiler::ClassCompiler;
 use switchyard_core::cluster::workload_key;
+use switchyard_core::command::Complete;
+use switchyard_core::command::MoveApplication;
+use switchyard_core::command::StartHandover;
 use switchyard_core::effects::EffectExecutor;
 use switchyard_core::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
 use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_core::stack_assigner::handover::StartHandover;
 use switchyard_proto::v1::{DomainEvent, HandoverStarted, Stack, WorkloadRef, domain_event::Kind};
 use switchyard_runtime::{Command, CoreState, Record, ServiceName, Services};
 use switchyard_sim::{SimConfig, Simulator};
@@ -74,12 +74,14 @@ impl States {
     pub fn from_snapshot(snapshot: Vec<CoreState>) -> States {
         let mut states = States::default();
         for state in snapshot {
-            match state {
-                CoreState::Stack(s) => states.stack = *s,
-                CoreState::Claims(c) => states.claims = *c,
-                CoreState::Alerter(a) => states.alerter = *a,
-                CoreState::Compiler(c) => states.compiler = *c,
-                CoreState::Observer(_) => {}
+            if let Some(s) = state.downcast_ref::<StackAssigner>() {
+                states.stack = s.clone();
+            } else if let Some(c) = state.downcast_ref::<ClaimAllocator>() {
+                states.claims = c.clone();
+            } else if let Some(a) = state.downcast_ref::<Alerter>() {
+                states.alerter = a.clone();
+            } else if let Some(c) = state.downcast_ref::<ClassCompiler>() {
+                states.compiler = c.clone();
             }
         }
         states

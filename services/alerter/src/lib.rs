@@ -6,12 +6,16 @@
 
 #![forbid(unsafe_code)]
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{NoEffects, NotExecuted};
 use switchyard_runtime::connect::NatsArgs;
 use switchyard_runtime::host::{self, HostArgs, ServeError};
 
 pub const SERVICE: ServiceName = ServiceName::Alerter;
+
+/// What the alerter may do, in its own namespace (a Role): record Events.
+pub const PERMISSIONS: &[Permission] = &[Permission::new("", "events", &["create", "patch"])];
 
 /// The flags of `switchyard-alerter` (and `switchyard serve alerter`).
 #[derive(clap::Args, Debug, Clone)]

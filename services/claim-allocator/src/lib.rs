@@ -8,6 +8,7 @@
 
 pub mod edge;
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_kube::write::{EdgeError, Writer};
 use switchyard_runtime::connect::NatsArgs;
@@ -16,6 +17,29 @@ use switchyard_runtime::host::{self, HostArgs, ServeError};
 pub use edge::ClaimAllocatorEdge;
 
 pub const SERVICE: ServiceName = ServiceName::ClaimAllocator;
+
+/// What the claim-allocator may do: rewrite and restart workloads (moves),
+/// translate quotas and retire the source group's `spec.gpu` (completion);
+/// it reads what verifying a move needs.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("apps", "deployments", &["get", "list", "watch", "patch"]),
+    Permission::new("apps", "statefulsets", &["get", "list", "watch", "patch"]),
+    Permission::read("", "pods"),
+    Permission::new("", "resourcequotas", &["get", "list", "watch", "patch"]),
+    Permission::new(
+        "deckhouse.io",
+        "nodegroups",
+        &["get", "list", "watch", "patch"],
+    ),
+    Permission::read("resource.k8s.io", "resourceclaims"),
+    Permission::read("resource.k8s.io", "resourceslices"),
+    Permission::read("resource.k8s.io", "deviceclasses"),
+    Permission::new(
+        "resource.k8s.io",
+        "resourceclaims/status",
+        &["patch", "update"],
+    ),
+];
 
 /// The flags of `switchyard-claim-allocator` (and `switchyard serve claim-allocator`).
 #[derive(clap::Args, Debug, Clone)]

@@ -8,6 +8,7 @@
 
 pub mod edge;
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_kube::write::{EdgeError, Writer};
 use switchyard_runtime::connect::NatsArgs;
@@ -16,6 +17,33 @@ use switchyard_runtime::host::{self, HostArgs, ServeError};
 pub use edge::ClassCompilerEdge;
 
 pub const SERVICE: ServiceName = ServiceName::ClassCompiler;
+
+/// What the class-compiler may do: publish a GPUClass's DeviceClasses and
+/// status, and its namespace restriction (an admission policy and binding).
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::read("gpu.deckhouse.io", "gpuclasses"),
+    Permission::read("gpu.deckhouse.io", "physicalgpus"),
+    Permission::new(
+        "gpu.deckhouse.io",
+        "gpuclasses/status",
+        &["patch", "update"],
+    ),
+    Permission::new(
+        "resource.k8s.io",
+        "deviceclasses",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    Permission::new(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+        &["get", "create", "patch", "delete"],
+    ),
+    Permission::new(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+        &["get", "create", "patch", "delete"],
+    ),
+];
 
 /// The flags of `switchyard-class-compiler` (and `switchyard serve class-compiler`).
 #[derive(clap::Args, Debug, Clone)]

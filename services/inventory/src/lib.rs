@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_eventlog::LogError;
 use switchyard_kube::inventory::{self, InventoryOptions};
@@ -17,6 +18,22 @@ use switchyard_runtime::connect::NatsArgs;
 use switchyard_runtime::host::{Progress, ServeError};
 
 pub const SERVICE: ServiceName = ServiceName::Inventory;
+
+/// What inventory may do: watch every kind it reports; it writes nothing.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::read("", "nodes"),
+    Permission::read("", "pods"),
+    Permission::read("", "resourcequotas"),
+    Permission::read("apps", "deployments"),
+    Permission::read("apps", "statefulsets"),
+    Permission::read("deckhouse.io", "nodegroups"),
+    Permission::read("deckhouse.io", "moduleconfigs"),
+    Permission::read("gpu.deckhouse.io", "gpuclasses"),
+    Permission::read("gpu.deckhouse.io", "physicalgpus"),
+    Permission::read("resource.k8s.io", "resourceslices"),
+    Permission::read("resource.k8s.io", "deviceclasses"),
+    Permission::read("resource.k8s.io", "resourceclaims"),
+];
 
 /// The flags of `switchyard-inventory` (and `switchyard serve inventory`).
 #[derive(clap::Args, Debug, Clone)]

@@ -12,6 +12,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::deviceplugin::Sharing;
@@ -19,6 +20,30 @@ use switchyard_kubelet::run::{NodeOptions, parse_layout, parse_sharing, serve_no
 use switchyard_runtime::host::Progress;
 
 pub const SERVICE: ServiceName = ServiceName::NodeAgent;
+
+/// Every verb on what the node agent owns for its node (the chart's
+/// admission policy keeps it to its own node's objects).
+const OWN: &[&str] = &[
+    "get", "list", "watch", "create", "patch", "update", "delete",
+];
+
+/// What the node agent may do: watch its Node, write its node's PhysicalGPUs
+/// and ResourceSlices, read the ResourceClaims it prepares.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::read("", "nodes"),
+    Permission::new("gpu.deckhouse.io", "physicalgpus", OWN),
+    Permission::new("gpu.deckhouse.io", "physicalgpus/status", OWN),
+    Permission::new("resource.k8s.io", "resourceslices", OWN),
+    Permission::read("resource.k8s.io", "resourceclaims"),
+];
+
+/// In `default`, where Events about cluster-scoped objects live: its
+/// `GpuHealthChanged` and `HandoverBlocked` Events.
+pub const EVENT_PERMISSIONS: &[Permission] = &[Permission::new(
+    "events.k8s.io",
+    "events",
+    &["create", "patch"],
+)];
 
 /// The flags of `switchyard-node-agent serve` (and `switchyard serve node-agent`).
 #[derive(clap::Args, Debug, Clone)]

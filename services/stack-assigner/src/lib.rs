@@ -8,6 +8,7 @@
 
 pub mod edge;
 
+use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_kube::write::{EdgeError, Writer};
 use switchyard_runtime::connect::NatsArgs;
@@ -16,6 +17,18 @@ use switchyard_runtime::host::{self, HostArgs, ServeError};
 pub use edge::StackAssignerEdge;
 
 pub const SERVICE: ServiceName = ServiceName::StackAssigner;
+
+/// What the stack-assigner may do: label and cordon nodes (Server-Side Apply
+/// and read-decide-write patches), drain them through evictions, read the
+/// budgets that refuse one; it watches what its rules read.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("", "nodes", &["get", "list", "watch", "patch"]),
+    Permission::read("", "pods"),
+    Permission::new("", "pods/eviction", &["create"]),
+    Permission::read("policy", "poddisruptionbudgets"),
+    Permission::read("deckhouse.io", "nodegroups"),
+    Permission::read("deckhouse.io", "moduleconfigs"),
+];
 
 /// The flags of `switchyard-stack-assigner` (and `switchyard serve stack-assigner`).
 #[derive(clap::Args, Debug, Clone)]

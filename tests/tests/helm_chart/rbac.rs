@@ -3,77 +3,32 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
+use switchyard_api::rbac::Permission;
 
 use crate::support::{NAMESPACE, NATS_URL, RELEASE, kind, name, render, strings};
 
-/// Every permission each service's role grants, as `group/resource verbs...`
-/// (core group empty): exactly these, nothing else.
-const PERMISSIONS: [(&str, &[&str]); 6] = [
-    (
-        "inventory",
-        &[
-            "/nodes get list watch",
-            "/pods get list watch",
-            "/resourcequotas get list watch",
-            "apps/deployments get list watch",
-            "apps/statefulsets get list watch",
-            "deckhouse.io/nodegroups get list watch",
-            "deckhouse.io/moduleconfigs get list watch",
-            "gpu.deckhouse.io/gpuclasses get list watch",
-            "gpu.deckhouse.io/physicalgpus get list watch",
-            "resource.k8s.io/resourceslices get list watch",
-            "resource.k8s.io/deviceclasses get list watch",
-            "resource.k8s.io/resourceclaims get list watch",
-        ],
-    ),
-    (
-        "stack-assigner",
-        &[
-            "/nodes get list watch patch",
-            "/pods get list watch",
-            "/pods/eviction create",
-            "policy/poddisruptionbudgets get list watch",
-            "deckhouse.io/nodegroups get list watch",
-            "deckhouse.io/moduleconfigs get list watch",
-        ],
-    ),
-    (
-        "class-compiler",
-        &[
-            "gpu.deckhouse.io/gpuclasses get list watch",
-            "gpu.deckhouse.io/physicalgpus get list watch",
-            "gpu.deckhouse.io/gpuclasses/status patch update",
-            "resource.k8s.io/deviceclasses get list watch create patch delete",
-            "admissionregistration.k8s.io/validatingadmissionpolicies get create patch delete",
-            "admissionregistration.k8s.io/validatingadmissionpolicybindings get create patch delete",
-        ],
-    ),
-    (
-        "claim-allocator",
-        &[
-            "apps/deployments get list watch patch",
-            "apps/statefulsets get list watch patch",
-            "/pods get list watch",
-            "/resourcequotas get list watch patch",
-            "deckhouse.io/nodegroups get list watch patch",
-            "resource.k8s.io/resourceclaims get list watch",
-            "resource.k8s.io/resourceslices get list watch",
-            "resource.k8s.io/deviceclasses get list watch",
-            "resource.k8s.io/resourceclaims/status patch update",
-        ],
-    ),
-    (
-        "node-agent",
-        &[
-            "/nodes get list watch",
-            "gpu.deckhouse.io/physicalgpus get list watch create patch update delete",
-            "gpu.deckhouse.io/physicalgpus/status get list watch create patch update delete",
-            "resource.k8s.io/resourceslices get list watch create patch update delete",
-            "resource.k8s.io/resourceclaims get list watch",
-        ],
-    ),
-    ("alerter", &["/events create patch"]),
+/// Every permission each service's role grants, as each service's crate
+/// lists them: exactly these, nothing else.
+const PERMISSIONS: [(&str, &[Permission]); 6] = [
+    ("inventory", switchyard_inventory::PERMISSIONS),
+    ("stack-assigner", switchyard_stack_assigner::PERMISSIONS),
+    ("class-compiler", switchyard_class_compiler::PERMISSIONS),
+    ("claim-allocator", switchyard_claim_allocator::PERMISSIONS),
+    ("node-agent", switchyard_node_agent::PERMISSIONS),
+    ("alerter", switchyard_alerter::PERMISSIONS),
 ];
+
+/// (group/resource, verb) pairs of a service's permissions.
+fn pairs(permissions: &[Permission]) -> BTreeSet<(String, String)> {
+    permissions
+        .iter()
+        .flat_map(|p| {
+            p.verbs
+                .iter()
+                .map(move |verb| (format!("{}/{}", p.group, p.resource), verb.to_string()))
+        })
+        .collect()
+}
 
 /// (group/resource, verb) pairs of a role's rules.
 fn granted(role: &Value) -> BTreeSet<(String, String)> {
@@ -108,15 +63,11 @@ fn each_role_grants_exactly_the_documented_permissions() {
             .iter()
             .find(|doc| kind(doc) == kind_wanted && name(doc) == role_name)
             .unwrap_or_else(|| panic!("no {kind_wanted} {role_name}"));
-        let expected: BTreeSet<(String, String)> = permissions
-            .iter()
-            .flat_map(|line| {
-                let mut words = line.split(' ');
-                let resource = words.next().unwrap();
-                words.map(move |verb| (resource.to_string(), verb.to_string()))
-            })
-            .collect();
-        assert_eq!(granted(role), expected, "{kind_wanted} {role_name}");
+        assert_eq!(
+            granted(role),
+            pairs(permissions),
+            "{kind_wanted} {role_name}"
+        );
         let binding_kind = format!("{kind_wanted}Binding");
         let binding = docs
             .iter()
@@ -137,10 +88,7 @@ fn each_role_grants_exactly_the_documented_permissions() {
     assert_eq!(role["metadata"]["namespace"], "default");
     assert_eq!(
         granted(role),
-        BTreeSet::from([
-            ("events.k8s.io/events".to_string(), "create".to_string()),
-            ("events.k8s.io/events".to_string(), "patch".to_string()),
-        ])
+        pairs(switchyard_node_agent::EVENT_PERMISSIONS)
     );
     let binding = docs
         .iter()

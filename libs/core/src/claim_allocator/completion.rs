@@ -13,6 +13,7 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, ObjectKey};
+use crate::command::Complete;
 use crate::effects::Effect;
 use crate::names::{
     CLASS_RESOURCE_PREFIX, DEVICE_GPU_CONFIG_LABEL, NVIDIA_GPU, NVIDIA_LABEL_PREFIX,
@@ -20,16 +21,6 @@ use crate::names::{
 
 /// The quota name of device-plugin GPUs.
 pub const NVIDIA_GPU_QUOTA: &str = "requests.nvidia.com/gpu";
-
-/// An operator's request to complete the migration away from `source_group`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Complete {
-    pub source_group: String,
-    /// The GPU class whose devices the quotas are translated to.
-    pub gpu_class: String,
-    /// The trial period on DRA is over: rollbacks are no longer needed.
-    pub trial_period_over: bool,
-}
 
 /// What completion has done and what the edge must keep true.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -7,10 +7,11 @@ pub mod moves;
 use switchyard_proto::v1::{ApplicationMoveRefused, DomainEvent, domain_event::Kind, event};
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
+use crate::command::{Command, Complete, MoveApplication};
 use crate::effects::Effect;
-use crate::service::{self, Command, Core, CoreState, ServiceName};
+use crate::service::{self, Core, ServiceName};
 use completion::Completion;
-use moves::{AppMoves, MoveApplication};
+use moves::AppMoves;
 
 /// The claim-allocator core: cluster facts, application moves, completion.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,7 +38,7 @@ impl ClaimAllocator {
     }
 
     /// The completion steps an operator asks for (or why not yet), folded.
-    pub fn complete(&mut self, cmd: &completion::Complete) -> Vec<DomainEvent> {
+    pub fn complete(&mut self, cmd: &Complete) -> Vec<DomainEvent> {
         let decisions = self.completion.complete(&self.cluster, cmd);
         for decision in &decisions {
             self.apply(decision);
@@ -162,7 +163,7 @@ impl Core for ClaimAllocator {
     fn effects(&self) -> Vec<Effect> {
         ClaimAllocator::effects(self)
     }
-    fn snapshot(&self) -> CoreState {
-        CoreState::Claims(Box::new(self.clone()))
+    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.clone())
     }
 }

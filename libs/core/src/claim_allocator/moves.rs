@@ -17,18 +17,10 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
+use crate::command::MoveApplication;
 use crate::effects::Effect;
 use crate::names::{GROUP_LABEL, NVIDIA_GPU};
 use crate::placement::rewrite;
-
-/// An operator's request to move a workload to `target_group`, requesting `gpu_class`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MoveApplication {
-    pub move_id: String,
-    pub workload: WorkloadRef,
-    pub target_group: String,
-    pub gpu_class: String,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoveStep {

@@ -21,6 +21,7 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, Node};
+use crate::command::StartHandover;
 use crate::effects::Effect;
 use crate::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
@@ -62,14 +63,6 @@ impl Deadlines {
             HandoverStep::Uncordon | HandoverStep::Unspecified => self.uncordon,
         }
     }
-}
-
-/// An operator's request to hand `node` over to `target_group`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StartHandover {
-    pub handover_id: String,
-    pub node: String,
-    pub target_group: String,
 }
 
 /// A handover in progress.

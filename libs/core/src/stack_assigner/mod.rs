@@ -26,10 +26,11 @@ use crate::cluster::Cluster;
 use crate::effects::Effect;
 pub mod handover;
 
+use crate::command::{Command, StartHandover};
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
-use crate::service::{self, Command, CoreState, ServiceName};
+use crate::service::{self, ServiceName};
 use crate::stack_rules::rule;
-use handover::{Handovers, StartHandover};
+use handover::Handovers;
 
 /// The stack serving a node and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -495,7 +496,7 @@ impl crate::service::Core for StackAssigner {
             .map(|v| ("stack-rules", v))
             .collect()
     }
-    fn snapshot(&self) -> CoreState {
-        CoreState::Stack(Box::new(self.clone()))
+    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.clone())
     }
 }
