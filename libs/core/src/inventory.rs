@@ -18,6 +18,34 @@ pub fn observer_of(fact: &DomainEvent) -> ServiceName {
     }
 }
 
+/// Whether the event is an observer's report of the cluster (not a decision).
+pub fn is_fact(event: &DomainEvent) -> bool {
+    matches!(
+        event.kind,
+        Some(
+            Kind::NodeObserved(_)
+                | Kind::NodeRemoved(_)
+                | Kind::NodeGroupObserved(_)
+                | Kind::NodeGroupRemoved(_)
+                | Kind::ModuleSettingsObserved(_)
+                | Kind::PhysicalGpuObserved(_)
+                | Kind::PhysicalGpuRemoved(_)
+                | Kind::WorkloadObserved(_)
+                | Kind::ResourceQuotaObserved(_)
+                | Kind::PodObserved(_)
+                | Kind::PodRemoved(_)
+                | Kind::GpuClassObserved(_)
+                | Kind::GpuClassRemoved(_)
+                | Kind::ResourceSliceObserved(_)
+                | Kind::ResourceSliceRemoved(_)
+                | Kind::DeviceClassObserved(_)
+                | Kind::DeviceClassRemoved(_)
+                | Kind::ResourceClaimObserved(_)
+                | Kind::ResourceClaimRemoved(_)
+        )
+    )
+}
+
 /// Inventory's and the node agents' memory of what they last reported per
 /// object: an observation that changes nothing is not appended again.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -76,7 +104,13 @@ impl Core for ObserverCore {
     fn service(&self) -> ServiceName {
         self.service
     }
-    fn fold(&mut self, _event: &DomainEvent, _at: i64) {}
+    /// A rebuilt observer remembers the facts it reported, so it does not
+    /// report them again.
+    fn fold(&mut self, event: &DomainEvent, _at: i64) {
+        if is_fact(event) && observer_of(event) == self.service {
+            self.observer.observe(event.clone());
+        }
+    }
     fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
         match input {
             Input::Observed(fact) => self.observer.observe(fact.clone()).into_iter().collect(),

@@ -1,29 +1,51 @@
-//! Every service as a ractor actor. The actor's state is the service's core;
-//! every message is answered (`call_t!` with a timeout, never an unbounded
-//! call); a core never returns an error, so an actor only stops when asked.
+//! Every service as a ractor actor, under a supervisor. The actor's state is
+//! the service's core; every message is answered (`call` with a timeout,
+//! never an unbounded call). A core that panics fails its actor; the
+//! supervisor starts a new one that rebuilds the core from the log so far
+//! (every record dispatched, in order) and the caller gets, instead of the
+//! lost answer, what the rebuilt core finds due ([`Core::catch_up`]) — what
+//! a restarted process would do. The failure is reported as a violation
+//! (`service-restarted`); a service failing more than [`MAX_RESTARTS`] times
+//! is given up and reported, never a panic of the whole system.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
+use ractor::{
+    Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, rpc::CallResult,
+};
 use switchyard_core::effects::Effect;
-use switchyard_proto::v1::DomainEvent;
-
 use switchyard_core::inventory::observer_of;
 use switchyard_core::{Command, Core, Input, Record, ServiceName};
+use switchyard_proto::v1::DomainEvent;
 
-use crate::{CoreState, Services, dispatch};
+use crate::{CoreState, Services, dispatch, records};
 
 /// How long one call to a service may take before it counts as failed.
-const CALL_TIMEOUT_MS: u64 = 10_000;
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often one service is restarted before it is given up.
+pub const MAX_RESTARTS: u32 = 3;
+
+/// The log so far, with each record's time: what a restarted core folds.
+type History = Arc<Mutex<Vec<(DomainEvent, i64)>>>;
 
 pub enum ServiceMsg {
-    Record(Record, i64, RpcReplyPort<Vec<DomainEvent>>),
+    Record(DomainEvent, i64, RpcReplyPort<Vec<DomainEvent>>),
     Observe(DomainEvent, i64, RpcReplyPort<Vec<DomainEvent>>),
     Command(Command, i64, RpcReplyPort<Vec<DomainEvent>>),
     Tick(i64, RpcReplyPort<Vec<DomainEvent>>),
+    CatchUp(i64, RpcReplyPort<Vec<DomainEvent>>),
     Effects(RpcReplyPort<Vec<Effect>>),
     Violations(RpcReplyPort<Vec<(&'static str, String)>>),
     Snapshot(RpcReplyPort<CoreState>),
+}
+
+/// A service's core, fresh, or rebuilt from the log by folding it.
+enum Start {
+    Fresh(Box<dyn Core>),
+    Rebuild(ServiceName, History),
 }
 
 /// The actor type shared by all six services; the core decides what it is.
@@ -32,14 +54,24 @@ struct ServiceActor;
 impl Actor for ServiceActor {
     type Msg = ServiceMsg;
     type State = Box<dyn Core>;
-    type Arguments = Box<dyn Core>;
+    type Arguments = Start;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        core: Self::Arguments,
+        start: Start,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(core)
+        Ok(match start {
+            Start::Fresh(core) => core,
+            Start::Rebuild(service, history) => {
+                let mut core = service.core();
+                let log = history.lock().unwrap_or_else(|e| e.into_inner());
+                for (event, at) in log.iter() {
+                    core.fold(event, *at);
+                }
+                core
+            }
+        })
     }
 
     async fn handle(
@@ -50,8 +82,8 @@ impl Actor for ServiceActor {
     ) -> Result<(), ActorProcessingErr> {
         // A caller that gave up has dropped its port; that is not the actor's failure.
         match message {
-            ServiceMsg::Record(record, now, reply) => {
-                let _ = reply.send(core.decide(Input::Record(&record.event), now));
+            ServiceMsg::Record(event, now, reply) => {
+                let _ = reply.send(core.decide(Input::Record(&event), now));
             }
             ServiceMsg::Observe(fact, now, reply) => {
                 let _ = reply.send(core.decide(Input::Observed(&fact), now));
@@ -61,6 +93,9 @@ impl Actor for ServiceActor {
             }
             ServiceMsg::Tick(now, reply) => {
                 let _ = reply.send(core.decide(Input::Tick, now));
+            }
+            ServiceMsg::CatchUp(now, reply) => {
+                let _ = reply.send(core.catch_up(now));
             }
             ServiceMsg::Effects(reply) => {
                 let _ = reply.send(core.effects());
@@ -76,127 +111,343 @@ impl Actor for ServiceActor {
     }
 }
 
-/// The six services as actors.
-pub struct Actors {
-    refs: BTreeMap<ServiceName, ActorRef<ServiceMsg>>,
-    /// In a fixed order, for effects and snapshots.
-    order: Vec<ServiceName>,
-    handles: Vec<tokio::task::JoinHandle<()>>,
+enum SupervisorMsg {
+    /// The actor of `service` now: once `failed` (an actor that stopped
+    /// answering) has been replaced; `None` once the service is given up.
+    Current {
+        service: ServiceName,
+        failed: Option<ActorId>,
+        reply: RpcReplyPort<Option<ActorRef<ServiceMsg>>>,
+    },
 }
 
-/// A failed call means an actor is gone: nothing sensible can continue.
-fn lost(service: ServiceName, err: impl std::fmt::Display) -> ! {
-    panic!("service {service} did not answer: {err}")
+/// Starts the services' actors linked to itself and replaces a failed one
+/// with a core rebuilt from the log.
+struct Supervisor;
+
+struct SupervisorState {
+    history: History,
+    children: BTreeMap<ServiceName, ActorRef<ServiceMsg>>,
+    restarts: BTreeMap<ServiceName, u32>,
+    given_up: Vec<ServiceName>,
+}
+
+impl SupervisorState {
+    fn service_of(&self, id: ActorId) -> Option<ServiceName> {
+        self.children
+            .iter()
+            .find(|(_, actor)| actor.get_id() == id)
+            .map(|(service, _)| *service)
+    }
+
+    /// Replaces `service`'s actor with one rebuilt from the log; gives the
+    /// service up after [`MAX_RESTARTS`].
+    async fn restart(&mut self, myself: &ActorRef<SupervisorMsg>, service: ServiceName) {
+        if let Some(old) = self.children.remove(&service) {
+            old.stop(None);
+        }
+        loop {
+            let restarts = self.restarts.entry(service).or_default();
+            *restarts += 1;
+            if *restarts > MAX_RESTARTS {
+                tracing::error!(%service, "failed too often: given up");
+                self.given_up.push(service);
+                break;
+            }
+            let name = format!("switchyard-{service}-{restarts}");
+            let start = Start::Rebuild(service, self.history.clone());
+            match Actor::spawn_linked(Some(name), ServiceActor, start, myself.get_cell()).await {
+                Ok((actor, _)) => {
+                    tracing::warn!(%service, restarts = *restarts, "restarted from the log");
+                    self.children.insert(service, actor);
+                    break;
+                }
+                Err(err) => tracing::error!(%service, %err, "the rebuilt core did not start"),
+            }
+        }
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = (History, Vec<Box<dyn Core>>);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (history, cores): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut children = BTreeMap::new();
+        for core in cores {
+            let service = core.service();
+            let (actor, _) = Actor::spawn_linked(
+                Some(format!("switchyard-{service}")),
+                ServiceActor,
+                Start::Fresh(core),
+                myself.get_cell(),
+            )
+            .await?;
+            children.insert(service, actor);
+        }
+        Ok(SupervisorState {
+            history,
+            children,
+            restarts: BTreeMap::new(),
+            given_up: Vec::new(),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for child in state.children.values() {
+            let _ = child.stop_and_wait(None, Some(CALL_TIMEOUT)).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::Current {
+                service,
+                failed,
+                reply,
+            } => {
+                let current = state.children.get(&service);
+                if current.is_some_and(|c| Some(c.get_id()) == failed) {
+                    // The caller saw the failure before this supervisor did
+                    // (or the actor stopped answering without failing).
+                    state.restart(&myself, service).await;
+                    let _ = reply.send(state.children.get(&service).cloned());
+                } else {
+                    let _ = reply.send(current.cloned());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (who, why) = match &event {
+            SupervisionEvent::ActorFailed(who, err) => (who.get_id(), err.to_string()),
+            SupervisionEvent::ActorTerminated(who, _, reason) => (
+                who.get_id(),
+                reason.clone().unwrap_or_else(|| "stopped".into()),
+            ),
+            _ => return Ok(()),
+        };
+        // Only a current child matters: a replaced one stopping is expected.
+        if let Some(service) = state.service_of(who) {
+            tracing::warn!(%service, why, "a service's actor stopped");
+            state.restart(&myself, service).await;
+        }
+        Ok(())
+    }
+}
+
+/// The six services as actors under one supervisor.
+pub struct Actors {
+    supervisor: ActorRef<SupervisorMsg>,
+    handle: tokio::task::JoinHandle<()>,
+    /// The actor of each service, as last known.
+    refs: Mutex<BTreeMap<ServiceName, ActorRef<ServiceMsg>>>,
+    /// In a fixed order, for effects and snapshots.
+    order: Vec<ServiceName>,
+    history: History,
+    /// Services that failed and were restarted (or given up), with the input.
+    failures: Mutex<Vec<String>>,
+}
+
+/// A lock whose holder panicked still guards consistent data here: every
+/// update under it is a single insert or push.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Actors {
     /// Spawns one actor per service.
     pub async fn spawn() -> Result<Actors, ractor::SpawnErr> {
-        let mut refs = BTreeMap::new();
-        let mut order = Vec::new();
-        let mut handles = Vec::new();
-        for core in switchyard_core::cores::all() {
-            let name = core.service();
-            let (actor, handle) =
-                Actor::spawn(Some(format!("switchyard-{name}")), ServiceActor, core).await?;
-            refs.insert(name, actor);
-            order.push(name);
-            handles.push(handle);
-        }
-        Ok(Actors {
-            refs,
-            order,
-            handles,
-        })
+        Actors::spawn_cores(switchyard_core::cores::all()).await
     }
 
-    fn actor(&self, name: ServiceName) -> &ActorRef<ServiceMsg> {
-        &self.refs[&name]
+    /// Spawns an actor for each of `cores` (one per service); a restarted
+    /// service gets a fresh core of its own kind rebuilt from the log.
+    pub async fn spawn_cores(cores: Vec<Box<dyn Core>>) -> Result<Actors, ractor::SpawnErr> {
+        let order: Vec<ServiceName> = cores.iter().map(|c| c.service()).collect();
+        let history: History = Arc::default();
+        let (supervisor, handle) = Actor::spawn(None, Supervisor, (history.clone(), cores)).await?;
+        let actors = Actors {
+            supervisor,
+            handle,
+            refs: Mutex::default(),
+            order,
+            history,
+            failures: Mutex::default(),
+        };
+        for &service in &actors.order {
+            if let Some(actor) = actors.replacement(service, None).await {
+                lock(&actors.refs).insert(service, actor);
+            }
+        }
+        Ok(actors)
     }
 
     /// Stops every actor and waits for them.
     pub async fn stop(self) {
-        for actor in self.refs.values() {
-            actor.stop(None);
-        }
-        for handle in self.handles {
-            let _ = handle.await;
-        }
+        self.supervisor.stop(None);
+        let _ = self.handle.await;
     }
 
-    /// `author`'s events, and everything they lead to, through the other services.
-    async fn spread(&self, author: ServiceName, events: Vec<DomainEvent>, now: i64) -> Vec<Record> {
-        let first = events
-            .into_iter()
-            .map(|event| Record {
-                actor: author,
-                event,
-            })
-            .collect();
-        dispatch(first, now, |service, record, now| {
-            self.send_record(service, record, now)
-        })
-        .await
-    }
-
-    async fn send_record(
+    /// The current actor of `service`, replacing `failed` if it is still current.
+    async fn replacement(
         &self,
         service: ServiceName,
-        record: Record,
+        failed: Option<ActorId>,
+    ) -> Option<ActorRef<ServiceMsg>> {
+        let answer = self
+            .supervisor
+            .call(
+                |reply| SupervisorMsg::Current {
+                    service,
+                    failed,
+                    reply,
+                },
+                Some(CALL_TIMEOUT),
+            )
+            .await;
+        match answer {
+            Ok(CallResult::Success(current)) => current,
+            _ => None,
+        }
+    }
+
+    /// Asks `service`; if its actor failed, asks the rebuilt one `after`
+    /// instead (what is due, for an input; the same, for a query). `None`
+    /// once the service is given up.
+    async fn ask<T: Send + 'static>(
+        &self,
+        service: ServiceName,
+        what: &str,
+        message: impl Fn(RpcReplyPort<T>) -> ServiceMsg,
+        after: impl Fn(RpcReplyPort<T>) -> ServiceMsg,
+    ) -> Option<T> {
+        let actor = lock(&self.refs).get(&service)?.clone();
+        if let Ok(CallResult::Success(answer)) = actor.call(&message, Some(CALL_TIMEOUT)).await {
+            return Some(answer);
+        }
+        let mut failed = actor.get_id();
+        for _ in 0..=MAX_RESTARTS {
+            let Some(next) = self.replacement(service, Some(failed)).await else {
+                break;
+            };
+            lock(&self.refs).insert(service, next.clone());
+            lock(&self.failures).push(format!(
+                "{service} failed on {what} and was restarted from the log"
+            ));
+            if let Ok(CallResult::Success(answer)) = next.call(&after, Some(CALL_TIMEOUT)).await {
+                return Some(answer);
+            }
+            failed = next.get_id();
+        }
+        lock(&self.refs).remove(&service);
+        lock(&self.failures).push(format!("{service} failed too often and was given up"));
+        None
+    }
+
+    /// An input for `service`: its decisions, or (failed) what its rebuilt
+    /// core finds due.
+    async fn input(
+        &self,
+        service: ServiceName,
+        what: &str,
         now: i64,
+        message: impl Fn(RpcReplyPort<Vec<DomainEvent>>) -> ServiceMsg,
     ) -> Vec<DomainEvent> {
-        call_t!(
-            self.actor(service),
-            ServiceMsg::Record,
-            CALL_TIMEOUT_MS,
-            record,
-            now
-        )
-        .unwrap_or_else(|err| lost(service, err))
+        self.ask(service, what, message, |reply| {
+            ServiceMsg::CatchUp(now, reply)
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    fn remember(&self, records: &[Record], now: i64) {
+        lock(&self.history).extend(records.iter().map(|r| (r.event.clone(), now)));
+    }
+
+    /// `author`'s events, and everything they lead to, through the other
+    /// services; each record is in the history before anyone decides on it.
+    async fn spread(&self, author: ServiceName, events: Vec<DomainEvent>, now: i64) -> Vec<Record> {
+        let first = records(author, events);
+        self.remember(&first, now);
+        dispatch(first, now, |service, record, now| async move {
+            let event = record.event;
+            let decided = self
+                .input(service, "a record", now, |reply| {
+                    ServiceMsg::Record(event.clone(), now, reply)
+                })
+                .await;
+            let decisions = records(service, decided);
+            self.remember(&decisions, now);
+            decisions.into_iter().map(|r| r.event).collect()
+        })
+        .await
     }
 }
 
 impl Services for Actors {
     async fn observe(&mut self, fact: DomainEvent, now: i64) -> Vec<Record> {
         let observer = observer_of(&fact);
-        let seen = call_t!(
-            self.actor(observer),
-            ServiceMsg::Observe,
-            CALL_TIMEOUT_MS,
-            fact,
-            now
-        )
-        .unwrap_or_else(|err| lost(observer, err));
+        let seen = self
+            .input(observer, "an observation", now, |reply| {
+                ServiceMsg::Observe(fact.clone(), now, reply)
+            })
+            .await;
         self.spread(observer, seen, now).await
     }
 
     async fn command(&mut self, command: Command, now: i64) -> Vec<Record> {
         let owner = command.owner();
-        let decisions = call_t!(
-            self.actor(owner),
-            ServiceMsg::Command,
-            CALL_TIMEOUT_MS,
-            command,
-            now
-        )
-        .unwrap_or_else(|err| lost(owner, err));
+        let decisions = self
+            .input(owner, "a command", now, |reply| {
+                ServiceMsg::Command(command.clone(), now, reply)
+            })
+            .await;
         self.spread(owner, decisions, now).await
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
         let service = ServiceName::StackAssigner;
-        let decisions = call_t!(self.actor(service), ServiceMsg::Tick, CALL_TIMEOUT_MS, now)
-            .unwrap_or_else(|err| lost(service, err));
+        let decisions = self
+            .input(service, "a tick", now, |reply| ServiceMsg::Tick(now, reply))
+            .await;
         self.spread(service, decisions, now).await
     }
 
     async fn effects(&mut self) -> Vec<Effect> {
         let mut effects = Vec::new();
         for &name in &self.order {
-            effects.extend(
-                call_t!(self.actor(name), ServiceMsg::Effects, CALL_TIMEOUT_MS)
-                    .unwrap_or_else(|err| lost(name, err)),
-            );
+            let asked = self
+                .ask(
+                    name,
+                    "its effects",
+                    ServiceMsg::Effects,
+                    ServiceMsg::Effects,
+                )
+                .await;
+            effects.extend(asked.unwrap_or_default());
         }
         effects
     }
@@ -204,21 +455,36 @@ impl Services for Actors {
     async fn violations(&mut self) -> Vec<(&'static str, String)> {
         let mut violations = Vec::new();
         for &name in &self.order {
-            violations.extend(
-                call_t!(self.actor(name), ServiceMsg::Violations, CALL_TIMEOUT_MS)
-                    .unwrap_or_else(|err| lost(name, err)),
-            );
+            let asked = self
+                .ask(
+                    name,
+                    "its checks",
+                    ServiceMsg::Violations,
+                    ServiceMsg::Violations,
+                )
+                .await;
+            violations.extend(asked.unwrap_or_default());
         }
+        violations.extend(
+            std::mem::take(&mut *lock(&self.failures))
+                .into_iter()
+                .map(|failure| ("service-restarted", failure)),
+        );
         violations
     }
 
     async fn snapshot(&mut self) -> Vec<CoreState> {
         let mut states = Vec::new();
         for &name in &self.order {
-            states.push(
-                call_t!(self.actor(name), ServiceMsg::Snapshot, CALL_TIMEOUT_MS)
-                    .unwrap_or_else(|err| lost(name, err)),
-            );
+            let asked = self
+                .ask(
+                    name,
+                    "its state",
+                    ServiceMsg::Snapshot,
+                    ServiceMsg::Snapshot,
+                )
+                .await;
+            states.extend(asked);
         }
         states
     }

@@ -22,7 +22,7 @@ pub mod connect;
 pub mod health;
 pub mod host;
 
-pub use actors::Actors;
+pub use actors::{Actors, MAX_RESTARTS};
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
 pub use switchyard_core::{Command, Core, Input, Record, ServiceName};
 
@@ -76,7 +76,7 @@ where
     out
 }
 
-fn records(actor: ServiceName, events: Vec<DomainEvent>) -> Vec<Record> {
+pub(crate) fn records(actor: ServiceName, events: Vec<DomainEvent>) -> Vec<Record> {
     events
         .into_iter()
         .map(|event| Record { actor, event })
