@@ -34,12 +34,29 @@ fn through(log: LogPrefix<'_>) -> u64 {
     log.last().map_or(0, |(seq, _)| *seq)
 }
 
+/// Why a rollback cannot be planned from the log.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RollbackRefused {
+    #[error("node {node} has not been handed over: there is nothing to roll back")]
+    NodeNotHandedOver { node: String },
+    #[error(
+        "handover {handover_id} of node {node} has not completed; roll back a node once its handover is done"
+    )]
+    HandoverNotCompleted { node: String, handover_id: String },
+    #[error("{kind} {namespace}/{name} has not been moved: there is nothing to roll back")]
+    WorkloadNotMoved {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
+}
+
 /// Plans the rollback of the last handover of `node` in `log`.
 pub fn plan_node_rollback(
     log: LogPrefix<'_>,
     node: &str,
     rollback_id: &str,
-) -> Result<DomainEvent, String> {
+) -> Result<DomainEvent, RollbackRefused> {
     // The last handover of the node: a forward one, or a rollback's handover back.
     let start = log.iter().rposition(|(_, e)| match &e.kind {
         Some(Kind::HandoverStarted(h)) => h.node == node,
@@ -47,9 +64,9 @@ pub fn plan_node_rollback(
         _ => false,
     });
     let Some(start) = start else {
-        return Err(format!(
-            "node {node} has not been handed over: there is nothing to roll back"
-        ));
+        return Err(RollbackRefused::NodeNotHandedOver {
+            node: node.to_string(),
+        });
     };
     let handover: &HandoverStarted = match &log[start].1.kind {
         Some(Kind::HandoverStarted(h)) => h,
@@ -77,10 +94,10 @@ pub fn plan_node_rollback(
     let (Some(cordoned), Some((changed_seq, changed)), Some(uncordoned), true) =
         (cordoned, changed, uncordoned, completed)
     else {
-        return Err(format!(
-            "handover {} of node {node} has not completed; roll back a node once its handover is done",
-            handover.handover_id
-        ));
+        return Err(RollbackRefused::HandoverNotCompleted {
+            node: node.to_string(),
+            handover_id: handover.handover_id.clone(),
+        });
     };
     Ok(started(
         rollback_id,
@@ -106,7 +123,7 @@ pub fn plan_workload_rollback(
     log: LogPrefix<'_>,
     workload: &WorkloadRef,
     rollback_id: &str,
-) -> Result<DomainEvent, String> {
+) -> Result<DomainEvent, RollbackRefused> {
     let key = workload_key(workload);
     let last = log
         .iter()
@@ -120,10 +137,11 @@ pub fn plan_workload_rollback(
             _ => None,
         });
     let Some((seq, rewritten)) = last else {
-        return Err(format!(
-            "{} {}/{} has not been moved: there is nothing to roll back",
-            workload.kind, workload.namespace, workload.name
-        ));
+        return Err(RollbackRefused::WorkloadNotMoved {
+            kind: workload.kind.clone(),
+            namespace: workload.namespace.clone(),
+            name: workload.name.clone(),
+        });
     };
     Ok(started(
         rollback_id,

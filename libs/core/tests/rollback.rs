@@ -303,6 +303,7 @@ fn node_rollbacks_need_a_completed_handover() {
     assert!(
         plan_node_rollback(&log.events, "w1", "rb")
             .unwrap_err()
+            .to_string()
             .contains("has not been handed over")
     );
     let cmd = StartHandover {
@@ -312,7 +313,9 @@ fn node_rollbacks_need_a_completed_handover() {
     };
     let d = core.handle(Input::StartHandover(&cmd), 0);
     log.push(d);
-    let err = plan_node_rollback(&log.events, "w1", "rb").unwrap_err();
+    let err = plan_node_rollback(&log.events, "w1", "rb")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("h1") && err.contains("has not completed"),
         "{err}"
@@ -424,6 +427,8 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
 
 #[test]
 fn workloads_never_moved_have_nothing_to_roll_back() {
-    let err = plan_workload_rollback(&[], &web(), "rb").unwrap_err();
+    let err = plan_workload_rollback(&[], &web(), "rb")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("has not been moved"), "{err}");
 }

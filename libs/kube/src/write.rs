@@ -28,7 +28,7 @@ use kube::core::{Selector, SelectorExt};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
-use switchyard_core::effects::{Effect, Outcome};
+use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
@@ -268,6 +268,75 @@ impl Writer {
             ..PatchParams::default()
         }
     }
+}
+
+/// One service's writers: how it carries out each effect its core wants.
+pub trait Writes: Clone + Send + Sync + 'static {
+    /// The service whose writers these are (its field manager).
+    const SERVICE: ServiceName;
+    /// Writers over `writer`.
+    fn new(writer: Writer) -> Self;
+    fn writer(&self) -> &Writer;
+    /// One attempt at `effect`; [`Edge`] retries it. An effect of another
+    /// service's is [`EdgeError::NotOwned`].
+    fn write(&self, effect: &Effect) -> impl Future<Output = Result<Outcome, EdgeError>> + Send;
+}
+
+/// A service's writers as the runtime's [`EffectExecutor`]: each effect
+/// retried, objects written concurrently.
+#[derive(Clone)]
+pub struct Edge<W> {
+    writes: W,
+}
+
+impl<W: Writes> Edge<W> {
+    pub fn new(writer: Writer) -> Self {
+        Edge {
+            writes: W::new(writer),
+        }
+    }
+
+    /// The writers on the cluster this process finds (in-cluster config or
+    /// `KUBECONFIG`), writing at most `parallel` objects at once.
+    pub async fn infer(parallel: usize) -> Result<Self, EdgeError> {
+        Ok(Edge::new(Writer::infer(W::SERVICE).await?.with_parallel(parallel)))
+    }
+
+    pub fn field_manager(&self) -> &str {
+        self.writes.writer().field_manager()
+    }
+
+    /// Executes one effect, retrying conflicts, throttling and server errors.
+    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+        self.writes
+            .writer()
+            .retrying(|| self.writes.write(effect))
+            .await
+    }
+}
+
+impl<W: Writes> EffectExecutor for Edge<W> {
+    type Error = EdgeError;
+    fn execute(
+        &mut self,
+        effects: Vec<Effect>,
+    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
+        let writes = self.writes.clone();
+        async move {
+            writes
+                .writer()
+                .execute_by_object(&effects, |effect| writes.write(effect))
+                .await
+        }
+    }
+}
+
+/// The effect a service's writers were given but do not own.
+pub fn not_owned<W: Writes>(effect: &Effect) -> Result<Outcome, EdgeError> {
+    Err(EdgeError::NotOwned {
+        service: W::SERVICE,
+        effect: Box::new(effect.clone()),
+    })
 }
 
 /// The node fields a manager owns through Server-Side Apply, with their

@@ -35,23 +35,33 @@ pub enum CommandError {
     },
 }
 
+/// Why a request is not a command a service takes.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandRefused {
+    #[error("the command is not a ServiceCommand: {0}")]
+    Undecodable(#[from] prost::DecodeError),
+    #[error("the command is empty: expected start_handover or rollback")]
+    Empty,
+    #[error("start_handover: handover_id, node and target_group must all be set")]
+    IncompleteHandover,
+    #[error("rollback: expected a RollbackStarted event")]
+    NotARollback,
+    #[error("{service} does not take this command; {owner} does")]
+    NotOwner {
+        service: ServiceName,
+        owner: ServiceName,
+    },
+}
+
 /// Reads a request into a command, or says why it is refused.
-pub fn decode(request: &[u8]) -> Result<Command, String> {
-    let command = match ServiceCommand::decode(request) {
-        Err(err) => return Err(format!("the command is not a ServiceCommand: {err}")),
-        Ok(ServiceCommand { command: None }) => {
-            return Err("the command is empty: expected start_handover or rollback".into());
-        }
-        Ok(ServiceCommand {
-            command: Some(command),
-        }) => command,
+pub fn decode(request: &[u8]) -> Result<Command, CommandRefused> {
+    let Some(command) = ServiceCommand::decode(request)?.command else {
+        return Err(CommandRefused::Empty);
     };
     match command {
         service_command::Command::StartHandover(c) => {
             if c.node.is_empty() || c.target_group.is_empty() || c.handover_id.is_empty() {
-                return Err(
-                    "start_handover: handover_id, node and target_group must all be set".into(),
-                );
+                return Err(CommandRefused::IncompleteHandover);
             }
             Ok(Command::StartHandover(StartHandover {
                 handover_id: c.handover_id,
@@ -61,7 +71,7 @@ pub fn decode(request: &[u8]) -> Result<Command, String> {
         }
         service_command::Command::Rollback(event) => {
             if !matches!(event.kind, Some(Kind::RollbackStarted(_))) {
-                return Err("rollback: expected a RollbackStarted event".into());
+                return Err(CommandRefused::NotARollback);
             }
             Ok(Command::Rollback(event))
         }

@@ -29,7 +29,17 @@ use crate::commands::{self, command_subject};
 /// Records taken from the log at once before the effects are issued.
 const FOLLOW_BATCH: usize = 512;
 
-/// The flags of every hosted service.
+/// The flags of every service hosted on the log: where the log is, and how
+/// the host runs the core.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    pub nats: crate::connect::NatsArgs,
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
+/// How the host runs a core and its effects.
 #[derive(clap::Args, Clone, Debug)]
 pub struct HostArgs {
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
@@ -41,6 +51,9 @@ pub struct HostArgs {
     /// How long an issued effect may take to show before it is issued again.
     #[arg(long, env = "SWITCHYARD_REISSUE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub reissue: Duration,
+    /// How many objects the service's writers write at once.
+    #[arg(long, env = "SWITCHYARD_PARALLEL", default_value_t = 16)]
+    pub parallel: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -155,14 +168,12 @@ impl<E: EffectExecutor> Host<E> {
         };
         let command = match commands::decode(request) {
             Ok(command) => command,
-            Err(why) => return refuse(why),
+            Err(why) => return refuse(why.to_string()),
         };
         let service = self.core.service();
         if command.owner() != service {
-            return refuse(format!(
-                "{service} does not take this command; {} does",
-                command.owner()
-            ));
+            let owner = command.owner();
+            return refuse(commands::CommandRefused::NotOwner { service, owner }.to_string());
         }
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
         match self.append(&decisions).await {
@@ -361,8 +372,7 @@ pub enum ServeError<E: std::error::Error + 'static> {
 /// the executor `executor` builds.
 pub async fn serve<E, F>(
     service: ServiceName,
-    nats: &crate::connect::NatsArgs,
-    args: &HostArgs,
+    args: &ServiceArgs,
     executor: F,
 ) -> Result<(), ServeError<E::Error>>
 where
@@ -370,17 +380,17 @@ where
     F: std::future::Future<Output = Result<E, E::Error>>,
 {
     let executor = executor.await.map_err(ServeError::Service)?;
-    let client = nats.service_client(service.as_str()).await?;
-    let log = nats.log(client.clone()).await?;
+    let client = args.nats.service_client(service.as_str()).await?;
+    let log = args.nats.log(client.clone()).await?;
     let (progress, watching) = watch::channel(Progress::default());
-    crate::health::spawn(args.health_listen, service.as_str(), watching);
+    crate::health::spawn(args.host.health_listen, service.as_str(), watching);
     tracing::info!(%service, "starting");
     run(
         service.core(),
         log,
         executor,
         Some(client),
-        HostOptions::from(args),
+        HostOptions::from(&args.host),
         progress,
     )
     .await?;

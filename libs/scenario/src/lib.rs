@@ -108,12 +108,14 @@ impl States {
 /// Where the engine appends the migration log as it goes.
 #[allow(async_fn_in_trait)]
 pub trait LogSink {
-    async fn append(&mut self, records: &[Logged]) -> Result<(), String>;
+    type Error: std::error::Error;
+    async fn append(&mut self, records: &[Logged]) -> Result<(), Self::Error>;
 }
 
 /// Keeps the log in memory only (`Migration::log`).
 impl LogSink for () {
-    async fn append(&mut self, _records: &[Logged]) -> Result<(), String> {
+    type Error = std::convert::Infallible;
+    async fn append(&mut self, _records: &[Logged]) -> Result<(), Self::Error> {
         Ok(())
     }
 }
@@ -157,7 +159,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         let result = self.sink.append(&self.log[self.flushed..]).await;
         self.flushed = self.log.len();
         if let Err(err) = result {
-            self.violation("log-append", err);
+            self.violation("log-append", err.to_string());
         }
     }
 
@@ -366,7 +368,8 @@ impl<S: Services, L: LogSink> Migration<S, L> {
     /// Rolls the last handover of `node` back; checks the node is exactly as before.
     pub async fn roll_back_node(&mut self, node: &str) -> Result<String, String> {
         let id = self.next_id(&format!("rollback-{node}"));
-        let planned = plan_node_rollback(&self.log_prefix(), node, &id)?;
+        let planned =
+            plan_node_rollback(&self.log_prefix(), node, &id).map_err(|e| e.to_string())?;
         let restore: Option<HandoverStarted> = match &planned.kind {
             Some(Kind::RollbackStarted(r)) => r.node_restore.as_deref().cloned(),
             _ => None,
@@ -401,7 +404,8 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         workload: &WorkloadRef,
     ) -> Result<String, String> {
         let id = self.next_id(&format!("rollback-{}", workload.name));
-        let planned = plan_workload_rollback(&self.log_prefix(), workload, &id)?;
+        let planned =
+            plan_workload_rollback(&self.log_prefix(), workload, &id).map_err(|e| e.to_string())?;
         let original = match &planned.kind {
             Some(Kind::RollbackStarted(r)) => {
                 r.workload_restore.as_ref().and_then(|w| w.after.clone())

@@ -9,8 +9,7 @@
 use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{NoEffects, NotExecuted};
-use switchyard_runtime::connect::NatsArgs;
-use switchyard_runtime::host::{self, HostArgs, ServeError};
+use switchyard_runtime::host::{self, ServeError, ServiceArgs};
 
 pub const SERVICE: ServiceName = ServiceName::Alerter;
 
@@ -18,15 +17,9 @@ pub const SERVICE: ServiceName = ServiceName::Alerter;
 pub const PERMISSIONS: &[Permission] = &[Permission::new("", "events", &["create", "patch"])];
 
 /// The flags of `switchyard-alerter` (and `switchyard serve alerter`).
-#[derive(clap::Args, Debug, Clone)]
-pub struct Args {
-    #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub host: HostArgs,
-}
+pub type Args = ServiceArgs;
 
 /// Runs the service on the JetStream log until the log fails.
 pub async fn run(args: Args) -> Result<(), ServeError<NotExecuted>> {
-    host::serve(SERVICE, &args.nats, &args.host, async { Ok(NoEffects) }).await
+    host::serve(SERVICE, &args, async { Ok(NoEffects) }).await
 }

@@ -4,7 +4,6 @@
 //! group's `spec.gpu`.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PodSpec, ResourceQuota};
@@ -13,8 +12,9 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use serde_json::json;
 use switchyard_api::NodeGroup;
-use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
-use switchyard_kube::write::{EdgeError, Writer, label_diff};
+use switchyard_core::ServiceName;
+use switchyard_core::effects::{Effect, Outcome};
+use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, not_owned, label_diff};
 use switchyard_proto::v1::{WorkloadPlacement, WorkloadRef};
 
 use crate::SERVICE;
@@ -22,27 +22,28 @@ use crate::SERVICE;
 /// The `kubectl rollout restart` annotation.
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 
-/// The claim-allocator's writers: field manager `switchyard-claim-allocator`.
+/// The claim-allocator's writers (field manager `switchyard-claim-allocator`), as the
+/// runtime's executor.
+pub type ClaimAllocatorEdge = Edge<ClaimAllocatorWrites>;
+
+/// How the claim-allocator writes each effect it owns.
 #[derive(Clone)]
-pub struct ClaimAllocatorEdge {
+pub struct ClaimAllocatorWrites {
     writer: Writer,
 }
 
-impl ClaimAllocatorEdge {
-    pub fn new(writer: Writer) -> Self {
-        ClaimAllocatorEdge { writer }
+impl Writes for ClaimAllocatorWrites {
+    const SERVICE: ServiceName = SERVICE;
+
+    fn new(writer: Writer) -> Self {
+        ClaimAllocatorWrites { writer }
     }
 
-    pub fn field_manager(&self) -> &str {
-        self.writer.field_manager()
+    fn writer(&self) -> &Writer {
+        &self.writer
     }
 
-    /// Executes one effect, retrying conflicts, throttling and server errors.
-    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
-        self.writer.retrying(|| self.execute_once(effect)).await
-    }
-
-    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+    async fn write(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
         match effect {
             Effect::SetPlacement {
                 workload,
@@ -70,13 +71,12 @@ impl ClaimAllocatorEdge {
                     })
                     .await
             }
-            other => Err(EdgeError::NotOwned {
-                service: SERVICE,
-                effect: Box::new(other.clone()),
-            }),
+            other => not_owned::<Self>(other),
         }
     }
+}
 
+impl ClaimAllocatorWrites {
     /// Read-decide-write of a workload's pod template: the changed containers
     /// and nodeSelector as a merge patch guarded by the read resourceVersion,
     /// so a concurrent change is a conflict, not lost.
@@ -226,21 +226,6 @@ impl ClaimAllocatorEdge {
         self.writer
             .merge_patch(&api, name, &patch, format!("write {what}"))
             .await
-    }
-}
-
-impl EffectExecutor for ClaimAllocatorEdge {
-    type Error = EdgeError;
-    fn execute(
-        &mut self,
-        effects: Vec<Effect>,
-    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
-        let edge = self.clone();
-        async move {
-            edge.writer
-                .execute_by_object(&effects, |effect| edge.execute_once(effect))
-                .await
-        }
     }
 }
 

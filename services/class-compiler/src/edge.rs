@@ -2,38 +2,39 @@
 //! (Server-Side Apply, owned) and status, its namespace restriction (a
 //! ValidatingAdmissionPolicy and its binding), and a retired class's removal.
 
-use std::future::Future;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use switchyard_api::GPUClass;
-use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
-use switchyard_kube::write::{EdgeError, Writer};
+use switchyard_core::ServiceName;
+use switchyard_core::effects::{Effect, Outcome};
+use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, not_owned};
 
 use crate::SERVICE;
 
-/// The class-compiler's writers: field manager `switchyard-class-compiler`.
+/// The class-compiler's writers (field manager `switchyard-class-compiler`), as the
+/// runtime's executor.
+pub type ClassCompilerEdge = Edge<ClassCompilerWrites>;
+
+/// How the class-compiler writes each effect it owns.
 #[derive(Clone)]
-pub struct ClassCompilerEdge {
+pub struct ClassCompilerWrites {
     writer: Writer,
 }
 
-impl ClassCompilerEdge {
-    pub fn new(writer: Writer) -> Self {
-        ClassCompilerEdge { writer }
+impl Writes for ClassCompilerWrites {
+    const SERVICE: ServiceName = SERVICE;
+
+    fn new(writer: Writer) -> Self {
+        ClassCompilerWrites { writer }
     }
 
-    pub fn field_manager(&self) -> &str {
-        self.writer.field_manager()
+    fn writer(&self) -> &Writer {
+        &self.writer
     }
 
-    /// Executes one effect, retrying conflicts, throttling and server errors.
-    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
-        self.writer.retrying(|| self.execute_once(effect)).await
-    }
-
-    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+    async fn write(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
         match effect {
             Effect::PublishDeviceClasses {
                 gpu_class,
@@ -50,13 +51,12 @@ impl ClassCompilerEdge {
                 gpu_class,
                 device_classes,
             } => self.retire_device_classes(gpu_class, device_classes).await,
-            other => Err(EdgeError::NotOwned {
-                service: SERVICE,
-                effect: Box::new(other.clone()),
-            }),
+            other => not_owned::<Self>(other),
         }
     }
+}
 
+impl ClassCompilerWrites {
     /// The class's namespace restriction: a ValidatingAdmissionPolicy, bound
     /// to every namespace but the allowed ones, that refuses ResourceClaims,
     /// ResourceClaimTemplates and pods using the class's DeviceClasses or
@@ -261,20 +261,5 @@ impl ClassCompilerEdge {
                 "apply the status of GPUClass {gpu_class}"
             )))?;
         Ok(Outcome::default())
-    }
-}
-
-impl EffectExecutor for ClassCompilerEdge {
-    type Error = EdgeError;
-    fn execute(
-        &mut self,
-        effects: Vec<Effect>,
-    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
-        let edge = self.clone();
-        async move {
-            edge.writer
-                .execute_by_object(&effects, |effect| edge.execute_once(effect))
-                .await
-        }
     }
 }

@@ -10,9 +10,8 @@ pub mod edge;
 
 use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
-use switchyard_kube::write::{EdgeError, Writer};
-use switchyard_runtime::connect::NatsArgs;
-use switchyard_runtime::host::{self, HostArgs, ServeError};
+use switchyard_kube::write::EdgeError;
+use switchyard_runtime::host::{self, ServeError, ServiceArgs};
 
 pub use edge::ClassCompilerEdge;
 
@@ -46,23 +45,11 @@ pub const PERMISSIONS: &[Permission] = &[
 ];
 
 /// The flags of `switchyard-class-compiler` (and `switchyard serve class-compiler`).
-#[derive(clap::Args, Debug, Clone)]
-pub struct Args {
-    #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub host: HostArgs,
-    /// How many objects the service writes at once.
-    #[arg(long, env = "SWITCHYARD_PARALLEL", default_value_t = 16)]
-    pub parallel: usize,
-}
+pub type Args = ServiceArgs;
 
 /// Runs the service against the cluster (in-cluster config or KUBECONFIG)
 /// and the JetStream log until the log fails.
 pub async fn run(args: Args) -> Result<(), ServeError<EdgeError>> {
-    let edge = async {
-        let writer = Writer::infer(SERVICE).await?.with_parallel(args.parallel);
-        Ok(ClassCompilerEdge::new(writer))
-    };
-    host::serve(SERVICE, &args.nats, &args.host, edge).await
+    let edge = ClassCompilerEdge::infer(args.host.parallel);
+    host::serve(SERVICE, &args, edge).await
 }

@@ -19,7 +19,7 @@ pub struct DiscoverArgs {
     /// `static` (cards as configured, MIG devices of MIG-mode cards),
     /// `partitionable` (every MIG profile on the cards' counters) or
     /// `shared:N` (whole cards shared by N consumers).
-    #[arg(long, default_value = "static", value_parser = parse_layout)]
+    #[arg(long, env = "SWITCHYARD_LAYOUT", default_value = "static", value_parser = parse_layout)]
     layout: Layout,
     /// The pool's generation.
     #[arg(long, default_value_t = 1)]

@@ -4,41 +4,42 @@
 //! API with the PodDisruptionBudgets that refuse them.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, EvictParams, ListParams};
 use serde_json::{Value, json};
-use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use switchyard_core::ServiceName;
+use switchyard_core::effects::{Effect, Outcome};
 use switchyard_core::names::{GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
-use switchyard_kube::write::{EdgeError, Writer, label_diff, selects};
+use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, not_owned, label_diff, selects};
 use switchyard_proto::v1::{EvictionBlocked, Taint};
 
 use crate::SERVICE;
 
-/// The stack-assigner's writers: field manager `switchyard-stack-assigner`.
+/// The stack-assigner's writers (field manager `switchyard-stack-assigner`), as the
+/// runtime's executor.
+pub type StackAssignerEdge = Edge<StackAssignerWrites>;
+
+/// How the stack-assigner writes each effect it owns.
 #[derive(Clone)]
-pub struct StackAssignerEdge {
+pub struct StackAssignerWrites {
     writer: Writer,
 }
 
-impl StackAssignerEdge {
-    pub fn new(writer: Writer) -> Self {
-        StackAssignerEdge { writer }
+impl Writes for StackAssignerWrites {
+    const SERVICE: ServiceName = SERVICE;
+
+    fn new(writer: Writer) -> Self {
+        StackAssignerWrites { writer }
     }
 
-    pub fn field_manager(&self) -> &str {
-        self.writer.field_manager()
+    fn writer(&self) -> &Writer {
+        &self.writer
     }
 
-    /// Executes one effect, retrying conflicts, throttling and server errors.
-    pub async fn execute_one(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
-        self.writer.retrying(|| self.execute_once(effect)).await
-    }
-
-    async fn execute_once(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
+    async fn write(&self, effect: &Effect) -> Result<Outcome, EdgeError> {
         match effect {
             Effect::Cordon { node } => self.apply_unschedulable(node, true).await,
             Effect::Uncordon { node } => self.apply_unschedulable(node, false).await,
@@ -65,13 +66,12 @@ impl StackAssignerEdge {
                 taints,
             } => self.restore_node(node, labels, taints).await,
             Effect::Drain { node } => self.drain(node).await,
-            other => Err(EdgeError::NotOwned {
-                service: SERVICE,
-                effect: Box::new(other.clone()),
-            }),
+            other => not_owned::<Self>(other),
         }
     }
+}
 
+impl StackAssignerWrites {
     async fn apply_unschedulable(&self, node: &str, on: bool) -> Result<Outcome, EdgeError> {
         self.writer
             .apply_node(
@@ -239,20 +239,5 @@ impl StackAssignerEdge {
             })
             .map(|pdb| format!("{namespace}/{}", pdb.name_any()))
             .collect())
-    }
-}
-
-impl EffectExecutor for StackAssignerEdge {
-    type Error = EdgeError;
-    fn execute(
-        &mut self,
-        effects: Vec<Effect>,
-    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
-        let edge = self.clone();
-        async move {
-            edge.writer
-                .execute_by_object(&effects, |effect| edge.execute_once(effect))
-                .await
-        }
     }
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
-use switchyard_eventlog::{EventLog, NewEvent, Payload, Subject, append_in_order};
+use switchyard_eventlog::{EventLog, LogError, NewEvent, Payload, Subject, append_in_order};
 use switchyard_runtime::Actors;
 use switchyard_scenario::{Check, LogSink, Logged, StepReport, run_reference};
 use switchyard_sim::{SECOND, SimConfig};
@@ -69,10 +69,11 @@ struct EmbeddedSink {
 }
 
 impl LogSink for EmbeddedSink {
-    async fn append(&mut self, records: &[Logged]) -> Result<(), String> {
+    type Error = LogError;
+    async fn append(&mut self, records: &[Logged]) -> Result<(), LogError> {
         let mut events = Vec::with_capacity(records.len());
         for r in records {
-            let subject = Subject::new(r.subject()).map_err(|e| e.to_string())?;
+            let subject = Subject::new(r.subject())?;
             events.push((
                 subject,
                 NewEvent {
@@ -86,10 +87,7 @@ impl LogSink for EmbeddedSink {
                 },
             ));
         }
-        append_in_order(&self.log, events)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        append_in_order(&self.log, events).await.map(drop)
     }
 }
 

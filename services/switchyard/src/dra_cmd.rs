@@ -52,7 +52,7 @@ pub struct ExplainArgs {
     pub files: Vec<PathBuf>,
     #[arg(long)]
     pub node: String,
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
     pub output: Output,
 }
 
@@ -170,7 +170,7 @@ pub struct EvalArgs {
     /// The device's name; default: the first device of the first slice.
     #[arg(long)]
     pub device: Option<String>,
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
     pub output: Output,
 }
 
