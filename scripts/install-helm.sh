@@ -4,7 +4,7 @@
 # with the same version stamps as helm's own Makefile (the version, and the
 # Kubernetes version `helm template` and `helm lint` assume, taken from the
 # client-go helm is built with). Idempotent: with the binary in place it prints
-# its path and returns at once. The chart tests (tests/tests/helm_chart.rs) use it.
+# its path and returns at once. The chart tests (tests/tests/helm_chart/) use it.
 set -euo pipefail
 
 VERSION="${HELM_VERSION:-3.22.0}"

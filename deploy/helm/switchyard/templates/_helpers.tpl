@@ -126,7 +126,7 @@ containers:
       - name: SWITCHYARD_NATS_URL
         value: {{ include "switchyard.natsUrl" $root | quote }}
       {{- end }}
-      - name: RUST_LOG
+      - name: SWITCHYARD_LOG_LEVEL
         value: {{ $root.Values.logLevel | quote }}
       {{- if $nodeAgent }}
       - name: NODE_NAME
