@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use switchyard_gpu::{Fixture, GpuSource};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
-use switchyard_kubelet::plugin::{ClaimSource, Config, DraPlugin, serve};
+use switchyard_kubelet::plugin::{ClaimError, ClaimSource, Config, DraPlugin, serve};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,11 +26,14 @@ struct Claims;
 
 #[async_trait::async_trait]
 impl ClaimSource for Claims {
-    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
-        let card: usize = name
-            .trim_start_matches("claim-")
-            .parse()
-            .map_err(|e| format!("{e}"))?;
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
+        let card: usize =
+            name.trim_start_matches("claim-")
+                .parse()
+                .map_err(|_| ClaimError::NotFound {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                })?;
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
@@ -38,7 +41,11 @@ impl ClaimSource for Claims {
                 {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": format!("gpu-{}", 4 + card % 4)}
             ]}}},
         }))
-        .map_err(|e| e.to_string())
+        .map_err(|source| ClaimError::Decode {
+            namespace: namespace.into(),
+            name: name.into(),
+            source,
+        })
     }
 }
 

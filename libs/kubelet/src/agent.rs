@@ -52,15 +52,59 @@ impl Stack {
 /// Where the node's ResourceSlices go (the API server in production).
 #[async_trait::async_trait]
 pub trait SlicePublisher: Send + Sync {
-    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String>;
-    async fn withdraw(&self) -> Result<(), String>;
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), SliceError>;
+    async fn withdraw(&self) -> Result<(), SliceError>;
+}
+
+/// Why the node's ResourceSlices could not be published or withdrawn.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    #[error("list the node's ResourceSlices: {source}")]
+    List {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("encode ResourceSlice {name}: {source}")]
+    Encode {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("apply ResourceSlice {name}: {source}")]
+    Apply {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("delete ResourceSlice {name}: {source}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// Which device-plugin devices containers hold (kubelet's pod-resources API
 /// in production).
 #[async_trait::async_trait]
 pub trait DeviceUsage: Send + Sync {
-    async fn in_use(&self) -> Result<Vec<String>, String>;
+    async fn in_use(&self) -> Result<Vec<String>, UsageError>;
+}
+
+/// Why the devices containers hold could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("connect to kubelet's pod resources API at {}: {source}", socket.display())]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("list pod resources: {source}")]
+    List {
+        #[source]
+        source: tonic::Status,
+    },
 }
 
 /// A switch refused: the old stack is still in use.
@@ -70,6 +114,43 @@ pub struct HandoverBlocked {
     pub from: Stack,
     /// Prepared claims (namespace/name) or allocated device IDs.
     pub in_use: Vec<String>,
+}
+
+/// Why the agent could not serve a stack or tell of a changed machine.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The switch is refused: the old stack is still in use (nothing changed).
+    #[error(transparent)]
+    Blocked(#[from] HandoverBlocked),
+    /// Publishing the node's ResourceSlices (DRA started, or the machine
+    /// changed).
+    #[error(transparent)]
+    Publish(SliceError),
+    /// Withdrawing the node's ResourceSlices (switching away from DRA; DRA
+    /// stays served).
+    #[error(transparent)]
+    Withdraw(SliceError),
+    /// Reading the devices containers hold (switching away from the device
+    /// plugins; they stay served).
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    /// Loading the DRA plugin's checkpoint.
+    #[error(transparent)]
+    Checkpoint(#[from] plugin::CheckpointError),
+    /// The DRA plugin failed before it was serving.
+    #[error(transparent)]
+    DraPlugin(#[from] plugin::ServeError),
+    /// The DRA plugin's task ended (or panicked) before it was serving, with
+    /// no error to tell.
+    #[error("the DRA plugin did not start")]
+    DraPluginNotStarted,
+    /// A device plugin failed before kubelet accepted it.
+    #[error(transparent)]
+    DevicePlugin(#[from] deviceplugin::ServeError),
+    /// A device plugin's task ended (or panicked) before kubelet accepted it,
+    /// with no error to tell.
+    #[error("a device plugin did not start")]
+    DevicePluginNotStarted,
 }
 
 /// Paths and settings of the agent.
@@ -86,12 +167,12 @@ pub struct AgentConfig {
     pub sharing: Sharing,
 }
 
-struct Server {
+struct Server<E> {
     stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
+    task: JoinHandle<Result<(), E>>,
 }
 
-impl Server {
+impl<E> Server<E> {
     async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.task.await;
@@ -101,11 +182,11 @@ impl Server {
 enum Running {
     Dra {
         plugin: Arc<DraPlugin>,
-        server: Server,
+        server: Server<plugin::ServeError>,
     },
     DevicePlugins {
         machine: watch::Sender<Machine>,
-        servers: Vec<Server>,
+        servers: Vec<Server<deviceplugin::ServeError>>,
         gate: Arc<Gate>,
     },
 }
@@ -143,10 +224,7 @@ impl Agent {
     /// The machine as it changed (a card's health): the served stack tells
     /// kubelet or the scheduler — the device plugins' lists, or the node's
     /// slices again at the next generation with the taint.
-    pub async fn update(
-        &mut self,
-        machine: Machine,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    pub async fn update(&mut self, machine: Machine) -> Result<(), AgentError> {
         self.machine = machine;
         match &self.running {
             None => {}
@@ -163,7 +241,8 @@ impl Agent {
                         c.layout,
                         self.generation,
                     ))
-                    .await?;
+                    .await
+                    .map_err(AgentError::Publish)?;
             }
         }
         Ok(())
@@ -180,10 +259,7 @@ impl Agent {
 
     /// Serves `stack` (or nothing): stops the other one first, and refuses
     /// while it is in use.
-    pub async fn serve(
-        &mut self,
-        stack: Option<Stack>,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    pub async fn serve(&mut self, stack: Option<Stack>) -> Result<(), AgentError> {
         if self.serving() == stack {
             return Ok(());
         }
@@ -193,15 +269,16 @@ impl Agent {
                 // No prepare can slip in between the check and the stop.
                 if let Err(prepared) = plugin.close().await {
                     self.running = Some(Running::Dra { plugin, server });
-                    return Err(Box::new(HandoverBlocked {
+                    return Err(HandoverBlocked {
                         from: Stack::Dra,
                         in_use: prepared,
-                    }));
+                    }
+                    .into());
                 }
                 if let Err(e) = self.slices.withdraw().await {
                     plugin.reopen();
                     self.running = Some(Running::Dra { plugin, server });
-                    return Err(e.into());
+                    return Err(AgentError::Withdraw(e));
                 }
                 server.stop().await;
             }
@@ -241,10 +318,11 @@ impl Agent {
                         servers,
                         gate,
                     });
-                    return Err(Box::new(HandoverBlocked {
+                    return Err(HandoverBlocked {
                         from: Stack::DevicePlugin,
                         in_use,
-                    }));
+                    }
+                    .into());
                 }
                 // Kubelet hears there is nothing left before the sockets go.
                 let mut empty = self.machine.clone();
@@ -266,7 +344,7 @@ impl Agent {
         Ok(())
     }
 
-    async fn start_dra(&mut self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    async fn start_dra(&mut self) -> Result<(), AgentError> {
         let c = &self.config;
         let plugin = Arc::new(DraPlugin::new(
             plugin::Config {
@@ -286,7 +364,8 @@ impl Agent {
                 c.layout,
                 self.generation,
             ))
-            .await?;
+            .await
+            .map_err(AgentError::Publish)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let registration = c
             .plugins_registry
@@ -298,11 +377,18 @@ impl Agent {
                 let _ = stopped.await;
             })
             .await;
-            if let Err(e) = served {
+            if let Err(e) = &served {
                 tracing::error!(error = %e, "the DRA plugin stopped");
             }
+            served
         });
-        ready.await.map_err(|_| "the DRA plugin did not start")??;
+        if ready.await.is_err() {
+            // It ended before serving: with its error, if it has one.
+            return Err(match task.await {
+                Ok(Err(e)) => AgentError::DraPlugin(e),
+                _ => AgentError::DraPluginNotStarted,
+            });
+        }
         self.running = Some(Running::Dra {
             plugin,
             server: Server { stop, task },
@@ -310,9 +396,7 @@ impl Agent {
         Ok(())
     }
 
-    async fn start_device_plugins(
-        &mut self,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    async fn start_device_plugins(&mut self) -> Result<(), AgentError> {
         let (machine, watch) = watch::channel(self.machine.clone());
         let gate: Arc<Gate> = Arc::default();
         let mut servers = Vec::new();
@@ -337,11 +421,19 @@ impl Agent {
                         let _ = stopped.await;
                     })
                     .await;
-                if let Err(e) = served {
+                if let Err(e) = &served {
                     tracing::error!(error = %e, "a device plugin stopped");
                 }
+                served
             });
-            ready.await.map_err(|_| "a device plugin did not start")??;
+            if ready.await.is_err() {
+                // It ended before kubelet accepted it: with its error, if it
+                // has one.
+                return Err(match task.await {
+                    Ok(Err(e)) => AgentError::DevicePlugin(e),
+                    _ => AgentError::DevicePluginNotStarted,
+                });
+            }
             servers.push(Server { stop, task });
         }
         self.running = Some(Running::DevicePlugins {

@@ -34,6 +34,41 @@ pub mod api {
 /// The API version sent to kubelet on registration.
 pub const VERSION: &str = "v1beta1";
 
+/// Why a device plugin stopped serving, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("bind {}: {source}", socket.display())]
+    Bind {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connect to kubelet at {}: {source}", kubelet.display())]
+    Connect {
+        kubelet: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("register {resource} with kubelet: {source}")]
+    Register {
+        resource: String,
+        #[source]
+        source: Status,
+    },
+    #[error("serve {resource}: {source}")]
+    Serve {
+        resource: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("the server of {resource} ended: {source}")]
+    Ended {
+        resource: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
 /// How a node group shares its cards (`spec.gpu.sharing`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sharing {
@@ -350,21 +385,25 @@ pub async fn serve(
     socket: &Path,
     kubelet_socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), ServeError> {
     let (ready, _) = tokio::sync::oneshot::channel();
     serve_notifying(plugin, socket, kubelet_socket, ready, shutdown).await
 }
 
-/// [`serve`], saying on `ready` once kubelet accepted the registration.
+/// [`serve`], saying on `ready` once kubelet accepted the registration; if
+/// it fails before, `ready` is dropped unsent and the error returned.
 pub async fn serve_notifying(
     plugin: Arc<DevicePlugin>,
     socket: &Path,
     kubelet_socket: &Path,
-    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    ready: tokio::sync::oneshot::Sender<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket)?;
+    let listener = tokio::net::UnixListener::bind(socket).map_err(|source| ServeError::Bind {
+        socket: socket.to_path_buf(),
+        source,
+    })?;
     let resource = plugin.resource.clone();
     let server = tonic::transport::Server::builder()
         .add_service(api::device_plugin_server::DevicePluginServer::new(plugin))
@@ -377,23 +416,23 @@ pub async fn serve_notifying(
     if let Err(e) = registered {
         served.abort();
         let _ = std::fs::remove_file(socket);
-        let _ = ready.send(Err(e.to_string()));
         return Err(e);
     }
-    let _ = ready.send(Ok(()));
-    let result = served.await?;
+    let _ = ready.send(());
+    let result = served.await.map_err(|source| ServeError::Ended {
+        resource: resource.clone(),
+        source,
+    })?;
     let _ = std::fs::remove_file(socket);
-    result?;
+    result.map_err(|source| ServeError::Serve { resource, source })?;
     Ok(())
 }
 
-async fn register(
-    kubelet_socket: &Path,
-    socket: &Path,
-    resource: &str,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn register(kubelet_socket: &Path, socket: &Path, resource: &str) -> Result<(), ServeError> {
     let kubelet: PathBuf = kubelet_socket.to_path_buf();
-    let channel = crate::connect(kubelet).await?;
+    let channel = crate::connect(kubelet.clone())
+        .await
+        .map_err(|source| ServeError::Connect { kubelet, source })?;
     let mut client = api::registration_client::RegistrationClient::new(channel);
     client
         .register(api::RegisterRequest {
@@ -410,7 +449,11 @@ async fn register(
                 get_preferred_allocation_available: true,
             }),
         })
-        .await?;
+        .await
+        .map_err(|source| ServeError::Register {
+            resource: resource.to_string(),
+            source,
+        })?;
     Ok(())
 }
 

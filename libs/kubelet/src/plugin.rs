@@ -33,7 +33,126 @@ use crate::pluginregistration as reg;
 /// Where prepare reads a claim from.
 #[async_trait::async_trait]
 pub trait ClaimSource: Send + Sync {
-    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError>;
+}
+
+/// Why a claim could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// From the API server.
+    #[error("read ResourceClaim {namespace}/{name}: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A source holding claims as JSON could not decode this one.
+    #[error("decode ResourceClaim {namespace}/{name}: {source}")]
+    Decode {
+        namespace: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The source has no such claim.
+    #[error("ResourceClaim {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+}
+
+/// Why the checkpoint could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("read the checkpoint {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Why a claim could not be prepared (the answer kubelet gets for it).
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    #[error("the node is switching away from DRA: no new claim is prepared")]
+    Closing,
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    #[error("ResourceClaim {namespace}/{name} has UID {found:?}, kubelet asked for {asked}")]
+    Uid {
+        namespace: String,
+        name: String,
+        found: Option<String>,
+        asked: String,
+    },
+    #[error("ResourceClaim {namespace}/{name} is not allocated")]
+    NotAllocated { namespace: String, name: String },
+    #[error(
+        "ResourceClaim {namespace}/{name}: device {pool}/{device} is not in this node's pool {node}"
+    )]
+    OtherPool {
+        namespace: String,
+        name: String,
+        pool: String,
+        device: String,
+        node: String,
+    },
+    #[error("ResourceClaim {namespace}/{name}: device {device} is not published by this node")]
+    Unpublished {
+        namespace: String,
+        name: String,
+        device: String,
+    },
+    #[error("encode the CDI spec: {0}")]
+    EncodeSpec(#[source] serde_json::Error),
+    #[error("write the CDI spec: {0}")]
+    WriteSpec(#[source] std::io::Error),
+    #[error("write the checkpoint: {0}")]
+    WriteCheckpoint(#[source] std::io::Error),
+}
+
+/// Why a claim could not be unprepared (the answer kubelet gets for it).
+#[derive(Debug, thiserror::Error)]
+enum UnprepareError {
+    #[error("remove the CDI spec: {0}")]
+    RemoveSpec(#[source] std::io::Error),
+    #[error("write the checkpoint: {0}")]
+    WriteCheckpoint(#[source] std::io::Error),
+}
+
+/// Why the plugin stopped serving, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("create the socket directory {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bind {}: {source}", socket.display())]
+    Bind {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serve the DRA socket {}: {source}", socket.display())]
+    Dra {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("serve the registration socket {}: {source}", socket.display())]
+    Registration {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
 }
 
 /// Claims from the API server.
@@ -41,11 +160,15 @@ pub struct ApiClaims(pub kube::Client);
 
 #[async_trait::async_trait]
 impl ClaimSource for ApiClaims {
-    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
         kube::Api::<ResourceClaim>::namespaced(self.0.clone(), namespace)
             .get(name)
             .await
-            .map_err(|e| format!("read ResourceClaim {namespace}/{name}: {e}"))
+            .map_err(|source| ClaimError::Read {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source,
+            })
     }
 }
 
@@ -100,13 +223,21 @@ pub struct DraPlugin {
 
 impl DraPlugin {
     /// Loads the checkpoint (an absent one is empty).
-    pub fn new(config: Config, claims: Arc<dyn ClaimSource>) -> std::io::Result<DraPlugin> {
+    pub fn new(config: Config, claims: Arc<dyn ClaimSource>) -> Result<DraPlugin, CheckpointError> {
         let state = match std::fs::read(&config.checkpoint) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                std::io::Error::other(format!("checkpoint {}: {e}", config.checkpoint.display()))
-            })?,
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Parse {
+                    path: config.checkpoint.clone(),
+                    source,
+                })?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::default(),
-            Err(e) => return Err(e),
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: config.checkpoint.clone(),
+                    source,
+                });
+            }
         };
         Ok(DraPlugin {
             config,
@@ -196,19 +327,21 @@ impl DraPlugin {
         &self,
         claim: &dra::Claim,
         checkpoint: &mut Checkpoint,
-    ) -> Result<Vec<PreparedDevice>, String> {
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         if let Some(done) = checkpoint.claims.get(&claim.uid) {
             return Ok(done.devices.clone());
         }
         if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err("the node is switching away from DRA: no new claim is prepared".into());
+            return Err(PrepareError::Closing);
         }
         let object = self.claims.claim(&claim.namespace, &claim.name).await?;
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
-            return Err(format!(
-                "ResourceClaim {}/{} has UID {:?}, kubelet asked for {}",
-                claim.namespace, claim.name, object.metadata.uid, claim.uid
-            ));
+            return Err(PrepareError::Uid {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                found: object.metadata.uid,
+                asked: claim.uid.clone(),
+            });
         }
         let results = object
             .status
@@ -216,11 +349,9 @@ impl DraPlugin {
             .and_then(|s| s.allocation.as_ref())
             .and_then(|a| a.devices.as_ref())
             .and_then(|d| d.results.as_ref())
-            .ok_or_else(|| {
-                format!(
-                    "ResourceClaim {}/{} is not allocated",
-                    claim.namespace, claim.name
-                )
+            .ok_or_else(|| PrepareError::NotAllocated {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
             })?;
         let mut devices = Vec::new();
         let mut spec = cdi::Spec {
@@ -231,17 +362,21 @@ impl DraPlugin {
         };
         for r in results.iter().filter(|r| r.driver == DRIVER) {
             if r.pool != self.config.node {
-                return Err(format!(
-                    "ResourceClaim {}/{}: device {}/{} is not in this node's pool {}",
-                    claim.namespace, claim.name, r.pool, r.device, self.config.node
-                ));
+                return Err(PrepareError::OtherPool {
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    pool: r.pool.clone(),
+                    device: r.device.clone(),
+                    node: self.config.node.clone(),
+                });
             }
-            let edits = self.edits(&r.device).ok_or_else(|| {
-                format!(
-                    "ResourceClaim {}/{}: device {} is not published by this node",
-                    claim.namespace, claim.name, r.device
-                )
-            })?;
+            let edits = self
+                .edits(&r.device)
+                .ok_or_else(|| PrepareError::Unpublished {
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    device: r.device.clone(),
+                })?;
             let name = format!("{}-{}", claim.uid, r.device);
             spec.devices.push(cdi::Device {
                 name: name.clone(),
@@ -262,9 +397,9 @@ impl DraPlugin {
                     path: p.to_string(),
                 })
                 .collect();
-        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(PrepareError::EncodeSpec)?;
         cdi::write_atomically(&self.spec_path(&claim.uid), &bytes)
-            .map_err(|e| format!("write the CDI spec: {e}"))?;
+            .map_err(PrepareError::WriteSpec)?;
         checkpoint.claims.insert(
             claim.uid.clone(),
             PreparedClaim {
@@ -274,7 +409,7 @@ impl DraPlugin {
             },
         );
         self.save(checkpoint)
-            .map_err(|e| format!("write the checkpoint: {e}"))?;
+            .map_err(PrepareError::WriteCheckpoint)?;
         Ok(devices)
     }
 
@@ -282,12 +417,11 @@ impl DraPlugin {
         &self,
         claim: &dra::Claim,
         checkpoint: &mut Checkpoint,
-    ) -> Result<(), String> {
-        cdi::remove(&self.spec_path(&claim.uid))
-            .map_err(|e| format!("remove the CDI spec: {e}"))?;
+    ) -> Result<(), UnprepareError> {
+        cdi::remove(&self.spec_path(&claim.uid)).map_err(UnprepareError::RemoveSpec)?;
         if checkpoint.claims.remove(&claim.uid).is_some() {
             self.save(checkpoint)
-                .map_err(|e| format!("write the checkpoint: {e}"))?;
+                .map_err(UnprepareError::WriteCheckpoint)?;
         }
         Ok(())
     }
@@ -351,7 +485,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
                 },
                 Err(error) => dra::NodePrepareResourceResponse {
                     devices: Vec::new(),
-                    error,
+                    error: error.to_string(),
                 },
             };
             out.insert(claim.uid, answer);
@@ -373,6 +507,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
                 .unprepare(&claim, &mut state)
                 .await
                 .err()
+                .map(|e| e.to_string())
                 .unwrap_or_default();
             out.insert(claim.uid, dra::NodeUnprepareResourceResponse { error });
         }
@@ -387,37 +522,38 @@ pub async fn serve(
     plugin: Arc<DraPlugin>,
     registration_socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), ServeError> {
     let (ready, _) = tokio::sync::oneshot::channel();
     serve_notifying(plugin, registration_socket, ready, shutdown).await
 }
 
-/// [`serve`], saying on `ready` once both sockets are bound.
+/// [`serve`], saying on `ready` once both sockets are bound; if it fails
+/// before, `ready` is dropped unsent and the error returned.
 pub async fn serve_notifying(
     plugin: Arc<DraPlugin>,
     registration_socket: &Path,
-    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    ready: tokio::sync::oneshot::Sender<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), ServeError> {
     let dra_socket = plugin.config.endpoint.clone();
     for socket in [registration_socket, dra_socket.as_path()] {
         let _ = std::fs::remove_file(socket);
         if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(|source| ServeError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
     }
-    let bound = tokio::net::UnixListener::bind(&dra_socket)
-        .and_then(|dra| Ok((dra, tokio::net::UnixListener::bind(registration_socket)?)));
-    let (dra_listener, reg_listener) = match bound {
-        Ok(listeners) => {
-            let _ = ready.send(Ok(()));
-            listeners
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e.to_string()));
-            return Err(e.into());
-        }
+    let bind = |socket: &Path| {
+        tokio::net::UnixListener::bind(socket).map_err(|source| ServeError::Bind {
+            socket: socket.to_path_buf(),
+            source,
+        })
     };
+    let dra_listener = bind(&dra_socket)?;
+    let reg_listener = bind(registration_socket)?;
+    let _ = ready.send(());
     let (stop_dra, stopped_dra) = tokio::sync::oneshot::channel::<()>();
     let dra_server = tonic::transport::Server::builder()
         .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(
@@ -444,7 +580,13 @@ pub async fn serve_notifying(
     for socket in [registration_socket, dra_socket.as_path()] {
         let _ = std::fs::remove_file(socket);
     }
-    a?;
-    b?;
+    a.map_err(|source| ServeError::Dra {
+        socket: dra_socket,
+        source,
+    })?;
+    b.map_err(|source| ServeError::Registration {
+        socket: registration_socket.to_path_buf(),
+        source,
+    })?;
     Ok(())
 }

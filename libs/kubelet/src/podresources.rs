@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::agent::DeviceUsage;
+use crate::agent::{DeviceUsage, UsageError};
 
 /// `v1`, generated from `proto/kubelet/podresources/v1`.
 pub mod api {
@@ -20,17 +20,17 @@ pub struct PodResourcesUsage {
 
 #[async_trait::async_trait]
 impl DeviceUsage for PodResourcesUsage {
-    async fn in_use(&self) -> Result<Vec<String>, String> {
-        let channel = crate::connect(self.socket.clone()).await.map_err(|e| {
-            format!(
-                "connect to kubelet's pod resources API at {}: {e}",
-                self.socket.display()
-            )
-        })?;
+    async fn in_use(&self) -> Result<Vec<String>, UsageError> {
+        let channel = crate::connect(self.socket.clone())
+            .await
+            .map_err(|source| UsageError::Connect {
+                socket: self.socket.clone(),
+                source,
+            })?;
         let list = api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
             .list(api::ListPodResourcesRequest {})
             .await
-            .map_err(|e| format!("list pod resources: {e}"))?
+            .map_err(|source| UsageError::List { source })?
             .into_inner();
         let mut held = Vec::new();
         for pod in list.pod_resources {

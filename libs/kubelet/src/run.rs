@@ -16,13 +16,51 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use switchyard_gpu::publish::{self, Layout};
 
-use crate::agent::{Agent, AgentConfig, HandoverBlocked, Stack};
+use crate::agent::{Agent, AgentConfig, AgentError, HandoverBlocked, Stack};
 use crate::deviceplugin::Sharing;
 use crate::plugin::ApiClaims;
 use crate::podresources::PodResourcesUsage;
 use crate::slices::ApiSlices;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+/// Why the agent could not run: the machine could not be read. (Once it
+/// runs, what fails is logged and tried again.)
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("open the GPU source {spec}: {source}")]
+    Source {
+        spec: String,
+        #[source]
+        source: switchyard_gpu::SourceError,
+    },
+    #[error("read the machine: {0}")]
+    Machine(#[source] switchyard_gpu::SourceError),
+    #[error("read the machine: {0}")]
+    MachineTask(#[source] tokio::task::JoinError),
+}
+
+/// Why the node's PhysicalGPUs could not be reported (logged; the agent
+/// serves without them).
+#[derive(Debug, thiserror::Error)]
+enum ReportError {
+    #[error("encode PhysicalGPU {name}: {source}")]
+    Encode {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("apply PhysicalGPU {name}: {source}")]
+    Apply {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("apply the status of PhysicalGPU {name}: {source}")]
+    ApplyStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
 
 /// How the agent runs on its node.
 pub struct NodeOptions {
@@ -76,23 +114,34 @@ async fn report(
     client: &kube::Client,
     node: &str,
     machine: &switchyard_gpu::Machine,
-) -> Result<BTreeMap<String, ObjectReference>, Error> {
+) -> Result<BTreeMap<String, ObjectReference>, ReportError> {
     let api: kube::Api<switchyard_api::PhysicalGPU> = kube::Api::all(client.clone());
     let params = kube::api::PatchParams::apply(crate::slices::FIELD_MANAGER).force();
     let mut reported = BTreeMap::new();
     for gpu in publish::physical_gpus(node, machine) {
         let name = gpu.name_any();
-        let mut object = serde_json::to_value(&gpu)?;
+        let mut object = serde_json::to_value(&gpu).map_err(|source| ReportError::Encode {
+            name: name.clone(),
+            source,
+        })?;
         object["apiVersion"] = "gpu.deckhouse.io/v1alpha1".into();
         object["kind"] = "PhysicalGPU".into();
         let status = object.as_object_mut().and_then(|o| o.remove("status"));
         let applied = api
             .patch(&name, &params, &kube::api::Patch::Apply(&object))
-            .await?;
+            .await
+            .map_err(|source| ReportError::Apply {
+                name: name.clone(),
+                source,
+            })?;
         if let Some(status) = status {
             let patch = serde_json::json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "status": status});
             api.patch_status(&name, &params, &kube::api::Patch::Apply(&patch))
-                .await?;
+                .await
+                .map_err(|source| ReportError::ApplyStatus {
+                    name: name.clone(),
+                    source,
+                })?;
         }
         reported.insert(gpu.spec.uuid.clone(), applied.object_ref(&()));
     }
@@ -203,12 +252,19 @@ pub async fn serve_node(
     client: kube::Client,
     args: NodeOptions,
     started: impl FnOnce(),
-) -> Result<(), Error> {
-    let source: Arc<dyn switchyard_gpu::GpuSource> =
-        Arc::from(switchyard_gpu::source(&args.gpu_source)?);
+) -> Result<(), RunError> {
+    let source: Arc<dyn switchyard_gpu::GpuSource> = Arc::from(
+        switchyard_gpu::source(&args.gpu_source).map_err(|source| RunError::Source {
+            spec: args.gpu_source.clone(),
+            source,
+        })?,
+    );
     // NVML blocks: off the async runtime.
     let read = source.clone();
-    let mut machine = tokio::task::spawn_blocking(move || read.machine()).await??;
+    let mut machine = tokio::task::spawn_blocking(move || read.machine())
+        .await
+        .map_err(RunError::MachineTask)?
+        .map_err(RunError::Machine)?;
     // The reports are inventory's; serving the stack does not wait for them.
     let mut reported = match report(&client, &args.node, &machine).await {
         Ok(reported) => reported,
@@ -310,13 +366,11 @@ pub async fn serve_node(
         {
             match agent.serve(stack).await {
                 Ok(()) => tracing::info!(?stack, "serving"),
-                Err(e) => match e.downcast_ref::<HandoverBlocked>() {
-                    Some(blocked) => {
-                        tracing::warn!(error = %e, "HandoverBlocked: the switch waits");
-                        events.handover_blocked(blocked, stack, &node_ref).await;
-                    }
-                    None => tracing::warn!(error = %e, "switching stacks"),
-                },
+                Err(AgentError::Blocked(blocked)) => {
+                    tracing::warn!(error = %blocked, "HandoverBlocked: the switch waits");
+                    events.handover_blocked(&blocked, stack, &node_ref).await;
+                }
+                Err(e) => tracing::warn!(error = %e, "switching stacks"),
             }
         }
         // Ready once the node's assignment has been acted on.

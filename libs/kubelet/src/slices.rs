@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use switchyard_gpu::publish::DRIVER;
 
-use crate::agent::SlicePublisher;
+use crate::agent::{SliceError, SlicePublisher};
 
 /// The field manager of the node agent's writes.
 pub const FIELD_MANAGER: &str = "switchyard-node-agent";
@@ -27,13 +27,13 @@ impl ApiSlices {
     }
 
     /// The names of this node's slices of this driver.
-    async fn existing(&self) -> Result<Vec<String>, String> {
+    async fn existing(&self) -> Result<Vec<String>, SliceError> {
         let selector = format!("spec.nodeName={},spec.driver={DRIVER}", self.node);
         let list = self
             .api
             .list(&ListParams::default().fields(&selector))
             .await
-            .map_err(|e| format!("list the node's ResourceSlices: {e}"))?;
+            .map_err(|source| SliceError::List { source })?;
         Ok(list
             .items
             .into_iter()
@@ -41,29 +41,38 @@ impl ApiSlices {
             .collect())
     }
 
-    async fn delete(&self, name: &str) -> Result<(), String> {
+    async fn delete(&self, name: &str) -> Result<(), SliceError> {
         match self.api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(format!("delete ResourceSlice {name}: {e}")),
+            Err(source) => Err(SliceError::Delete {
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 }
 
 #[async_trait::async_trait]
 impl SlicePublisher for ApiSlices {
-    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String> {
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), SliceError> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut names = Vec::new();
         for slice in slices {
             let name = slice.metadata.name.clone().unwrap_or_default();
-            let mut object = serde_json::to_value(&slice).map_err(|e| e.to_string())?;
+            let mut object = serde_json::to_value(&slice).map_err(|source| SliceError::Encode {
+                name: name.clone(),
+                source,
+            })?;
             object["apiVersion"] = "resource.k8s.io/v1".into();
             object["kind"] = "ResourceSlice".into();
             self.api
                 .patch(&name, &params, &Patch::Apply(object))
                 .await
-                .map_err(|e| format!("apply ResourceSlice {name}: {e}"))?;
+                .map_err(|source| SliceError::Apply {
+                    name: name.clone(),
+                    source,
+                })?;
             names.push(name);
         }
         for stale in self
@@ -77,7 +86,7 @@ impl SlicePublisher for ApiSlices {
         Ok(())
     }
 
-    async fn withdraw(&self) -> Result<(), String> {
+    async fn withdraw(&self) -> Result<(), SliceError> {
         for name in self.existing().await? {
             self.delete(&name).await?;
         }

@@ -14,7 +14,8 @@ use serde_json::json;
 use switchyard_gpu::publish::Layout;
 use switchyard_gpu::{Fixture, GpuSource, Machine};
 use switchyard_kubelet::agent::{
-    Agent, AgentConfig, DeviceUsage, HandoverBlocked, SlicePublisher, Stack,
+    Agent, AgentConfig, AgentError, DeviceUsage, HandoverBlocked, SliceError, SlicePublisher,
+    Stack, UsageError,
 };
 use switchyard_kubelet::deviceplugin::Sharing;
 use switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient;
@@ -25,7 +26,7 @@ use switchyard_kubelet::deviceplugin::api::{AllocateRequest, ContainerAllocateRe
 use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
-use switchyard_kubelet::plugin::{Checkpoint, ClaimSource};
+use switchyard_kubelet::plugin::{Checkpoint, ClaimError, ClaimSource};
 use switchyard_testkit::eventually;
 use tonic::{Request, Response, Status};
 
@@ -79,7 +80,7 @@ struct Publisher(Arc<Observed>);
 
 #[async_trait::async_trait]
 impl SlicePublisher for Publisher {
-    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), String> {
+    async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), SliceError> {
         self.0.record(Event::Slices {
             published: true,
             device_plugin_live: self.0.device_plugin_live(),
@@ -87,7 +88,7 @@ impl SlicePublisher for Publisher {
         *self.0.slices.lock().unwrap() = slices;
         Ok(())
     }
-    async fn withdraw(&self) -> Result<(), String> {
+    async fn withdraw(&self) -> Result<(), SliceError> {
         self.0.slices.lock().unwrap().clear();
         self.0.record(Event::Slices {
             published: false,
@@ -101,7 +102,7 @@ struct Usage(Mutex<Vec<String>>);
 
 #[async_trait::async_trait]
 impl DeviceUsage for Usage {
-    async fn in_use(&self) -> Result<Vec<String>, String> {
+    async fn in_use(&self) -> Result<Vec<String>, UsageError> {
         Ok(self.0.lock().unwrap().clone())
     }
 }
@@ -110,7 +111,7 @@ struct Claims;
 
 #[async_trait::async_trait]
 impl ClaimSource for Claims {
-    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": namespace, "uid": if name == "train" { "uid-1".to_string() } else { format!("uid-{name}") }},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "h100.gpu.deckhouse.io"}}]}},
@@ -118,7 +119,11 @@ impl ClaimSource for Claims {
                 {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": "gpu-2"}
             ]}}},
         }))
-        .map_err(|e| e.to_string())
+        .map_err(|source| ClaimError::Decode {
+            namespace: namespace.into(),
+            name: name.into(),
+            source,
+        })
     }
 }
 
@@ -252,7 +257,10 @@ async fn registered_device_plugin(observed: &Observed, device_plugins: &Path) ->
 async fn serve_when_unused(agent: &mut Agent, stack: Stack) -> usize {
     let mut refusals = 0;
     while let Err(e) = agent.serve(Some(stack)).await {
-        assert!(e.downcast_ref::<HandoverBlocked>().is_some(), "{e}");
+        assert!(
+            matches!(e, AgentError::Blocked(HandoverBlocked { .. })),
+            "{e}"
+        );
         refusals += 1;
         tokio::task::yield_now().await;
     }
@@ -294,9 +302,9 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
     // A container holds a card: the switch is refused, the device plugin stays.
     *usage.0.lock().unwrap() = vec!["GPU-held".into()];
     let refused = agent.serve(Some(Stack::Dra)).await.unwrap_err();
-    let refused = refused
-        .downcast_ref::<HandoverBlocked>()
-        .expect("HandoverBlocked");
+    let AgentError::Blocked(refused) = refused else {
+        panic!("HandoverBlocked, got {refused}")
+    };
     assert_eq!(
         (refused.from, refused.in_use.clone()),
         (Stack::DevicePlugin, vec!["GPU-held".to_string()])
@@ -356,9 +364,9 @@ async fn the_node_serves_one_stack_and_switches_only_when_it_is_unused() {
         .into_inner();
     assert_eq!(prepared.claims["uid-1"].error, "");
     let refused = agent.serve(Some(Stack::DevicePlugin)).await.unwrap_err();
-    let refused = refused
-        .downcast_ref::<HandoverBlocked>()
-        .expect("HandoverBlocked");
+    let AgentError::Blocked(refused) = refused else {
+        panic!("HandoverBlocked, got {refused}")
+    };
     assert_eq!(
         (refused.from, refused.in_use.clone()),
         (Stack::Dra, vec!["ml/train".to_string()])
@@ -634,12 +642,9 @@ async fn a_device_just_handed_out_blocks_the_switch_until_kubelet_answers_for_it
         let mut kubelet = kubelet.clone();
         async move { kubelet.allocate(request).await.map(|_| ()) }
     };
-    let in_use = |result: Result<(), Box<dyn std::error::Error + Send + Sync>>| {
-        let e = result.unwrap_err();
-        e.downcast_ref::<HandoverBlocked>()
-            .unwrap_or_else(|| panic!("HandoverBlocked, got {e}"))
-            .in_use
-            .clone()
+    let in_use = |result: Result<(), AgentError>| match result.unwrap_err() {
+        AgentError::Blocked(blocked) => blocked.in_use,
+        e => panic!("HandoverBlocked, got {e}"),
     };
 
     // Answered, but kubelet's pod resources do not list it yet (its answer

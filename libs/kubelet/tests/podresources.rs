@@ -88,7 +88,7 @@ async fn held_devices_are_listed_by_pod_and_container() {
         socket: dir.path().join("absent.sock"),
         prefix: "nvidia.com/".into(),
     };
-    let err = missing.in_use().await.unwrap_err();
+    let err = missing.in_use().await.unwrap_err().to_string();
     assert!(
         err.starts_with("connect to kubelet's pod resources API at"),
         "{err}"

@@ -16,7 +16,7 @@ use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::deviceplugin::Sharing;
-use switchyard_kubelet::run::{NodeOptions, parse_layout, parse_sharing, serve_node};
+use switchyard_kubelet::run::{NodeOptions, RunError, parse_layout, parse_sharing, serve_node};
 use switchyard_runtime::host::Progress;
 
 pub const SERVICE: ServiceName = ServiceName::NodeAgent;
@@ -83,7 +83,7 @@ pub enum NodeAgentError {
     #[error("connect to the Kubernetes API: {0}")]
     Client(#[from] kube::Error),
     #[error("{0}")]
-    Agent(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Agent(#[source] RunError),
 }
 
 /// Serves the node's assigned stack until the agent fails.
