@@ -299,7 +299,9 @@ impl<W: Writes> Edge<W> {
     /// The writers on the cluster this process finds (in-cluster config or
     /// `KUBECONFIG`), writing at most `parallel` objects at once.
     pub async fn infer(parallel: usize) -> Result<Self, EdgeError> {
-        Ok(Edge::new(Writer::infer(W::SERVICE).await?.with_parallel(parallel)))
+        Ok(Edge::new(
+            Writer::infer(W::SERVICE).await?.with_parallel(parallel),
+        ))
     }
 
     pub fn field_manager(&self) -> &str {

@@ -20,14 +20,18 @@ pub async fn serve(
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
     tokio::spawn(async move {
-        while progress.changed().await.is_ok() {
-            if progress.borrow().ready {
+        // Ready already (an observer is at once), or once it becomes so.
+        loop {
+            if progress.borrow_and_update().ready {
                 reporter
                     .set_service_status("", tonic_health::ServingStatus::Serving)
                     .await;
                 reporter
                     .set_service_status(service, tonic_health::ServingStatus::Serving)
                     .await;
+                break;
+            }
+            if progress.changed().await.is_err() {
                 break;
             }
         }

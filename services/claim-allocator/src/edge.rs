@@ -14,7 +14,7 @@ use serde_json::json;
 use switchyard_api::NodeGroup;
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
-use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, not_owned, label_diff};
+use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_owned};
 use switchyard_proto::v1::{WorkloadPlacement, WorkloadRef};
 
 use crate::SERVICE;

@@ -2,7 +2,6 @@
 //! (Server-Side Apply, owned) and status, its namespace restriction (a
 //! ValidatingAdmissionPolicy and its binding), and a retired class's removal.
 
-
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;

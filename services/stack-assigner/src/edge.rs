@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
 use switchyard_core::names::{GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
-use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, not_owned, label_diff, selects};
+use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_owned, selects};
 use switchyard_proto::v1::{EvictionBlocked, Taint};
 
 use crate::SERVICE;

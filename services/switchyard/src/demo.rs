@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
@@ -16,9 +17,28 @@ use switchyard_sim::{SECOND, SimConfig};
 
 use std::fmt::Write;
 
-use crate::cli::{DemoArgs, Output};
-use crate::log_cmd::write_stdout;
+use crate::output::{Output, write_stdout};
 use crate::state::Folded;
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// GPU nodes of the source group (spec.gpu, device plugin).
+    #[arg(long, env = "SWITCHYARD_DEMO_NODES", default_value_t = 4)]
+    pub nodes: usize,
+    #[arg(long, env = "SWITCHYARD_DEMO_GPUS_PER_NODE", default_value_t = 8)]
+    pub gpus_per_node: u32,
+    /// Deployments requesting nvidia.com/gpu (as many as fit in all nodes but one).
+    #[arg(long, env = "SWITCHYARD_DEMO_WORKLOADS", default_value_t = 6)]
+    pub workloads: usize,
+    /// Seed of the simulated cluster: the same seed gives the same log.
+    #[arg(long, env = "SWITCHYARD_DEMO_SEED", default_value_t = 1)]
+    pub seed: u64,
+    /// Where to write the migration log (an empty or new directory); default: a new temp dir.
+    #[arg(long, env = "SWITCHYARD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
 
 fn check_args(args: &DemoArgs) -> anyhow::Result<()> {
     if !(2..=1000).contains(&args.nodes) {

@@ -16,7 +16,7 @@ use switchyard_dra::Quantity;
 use switchyard_dra::alloc::Objects;
 use switchyard_dra::cel::{Attribute, Compiler, Device, SelectorError};
 
-use crate::cli::Output;
+use crate::output::Output;
 
 #[derive(Subcommand, Debug)]
 pub enum DraCommand {

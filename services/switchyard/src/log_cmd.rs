@@ -5,40 +5,49 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context;
+use clap::{Args, Subcommand};
 use serde_json::json;
-use switchyard_eventlog::embedded::{EmbeddedLog, verify_dir};
-use switchyard_eventlog::nats::NatsLog;
+use switchyard_eventlog::embedded::verify_dir;
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest, StoredEvent, Subject, VerifyReport};
-use switchyard_runtime::connect::NatsArgs;
 
-use crate::cli::{Backend, Output, ShowArgs, StateArgs, VerifyArgs};
-use crate::state::Folded;
+use crate::backend::{Backend, connect_nats, open};
+use crate::output::Output;
 
 const PAGE: usize = 4096;
 
-/// The stream the log is on; it must exist.
-async fn connect_nats(nats: &NatsArgs) -> anyhow::Result<NatsLog> {
-    let client = nats.client("cli").await?;
-    Ok(nats.stream.open(client, false).await?)
+#[derive(Subcommand, Debug)]
+pub enum LogCommand {
+    /// Print events of the log, oldest first.
+    Show(ShowArgs),
+    /// Check every checksum and hash chain; exit 1 if anything is wrong.
+    Verify(VerifyArgs),
 }
 
-async fn open(backend: &Backend) -> anyhow::Result<Box<dyn EventLog>> {
-    match (&backend.data_dir, backend.nats()) {
-        (Some(dir), _) => {
-            let log = EmbeddedLog::open_read_only(dir)?;
-            if let Some(torn) = &log.open_report().torn_tail {
-                eprintln!(
-                    "warning: {} ends in a torn tail at byte {} ({} bytes, an unacknowledged batch); a writer will cut it off on open",
-                    torn.segment.display(),
-                    torn.offset,
-                    torn.dropped_bytes
-                );
-            }
-            Ok(Box::new(log))
-        }
-        (None, Some(nats)) => Ok(Box::new(connect_nats(&nats).await?)),
-        (None, None) => unreachable!("clap requires --data-dir or --nats"),
-    }
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    /// Only events of this subject (aggregate), e.g. node.worker-1.
+    #[arg(long, env = "SWITCHYARD_SUBJECT")]
+    pub subject: Option<String>,
+    /// First sequence to show.
+    #[arg(long, default_value_t = 1)]
+    pub from: u64,
+    /// Show at most this many events.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// table: one line per event; json: one JSON object per line with the
+    /// envelope fields and the decoded payload.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
 }
 
 /// Writes to stdout; a closed pipe (`| head`) ends the command quietly.
@@ -215,33 +224,4 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// `switchyard status` (everything) and `switchyard replay --until SEQ`.
-pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitCode> {
-    let log = open(&args.backend).await?;
-    let last = log.last_sequence(None).await?;
-    if let Some(until) = until
-        && until > last
-    {
-        anyhow::bail!("--until {until}: the log ends at sequence {last}");
-    }
-    let folded = Folded::read(log.as_ref(), until).await?;
-    let text = match args.output {
-        Output::Json => format!("{}\n", folded.to_json()),
-        Output::Table => folded.render_table(),
-    };
-    write_stdout(&text)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
-pub fn write_stdout(text: &str) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(err).context("write to stdout")
-        }
-        _ => Ok(()),
-    }
 }

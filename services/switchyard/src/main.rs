@@ -7,11 +7,14 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod backend;
 mod cli;
+mod crdgen;
 mod demo;
 mod dra_cmd;
 mod handover;
 mod log_cmd;
+mod output;
 mod rollback;
 mod serve;
 mod state;

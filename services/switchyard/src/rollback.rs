@@ -3,10 +3,16 @@
 
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{Args, Subcommand};
 use switchyard_core::ServiceName;
 use switchyard_proto::v1::{ServiceCommand, service_command};
 use switchyard_runtime::connect::NatsArgs;
+
+#[derive(Subcommand, Debug)]
+pub enum RollbackCommand {
+    /// Restore a node's labels, taints and cordon state as before its last handover.
+    Node(RollbackNodeArgs),
+}
 
 #[derive(Args, Debug)]
 pub struct RollbackNodeArgs {

@@ -2,11 +2,16 @@
 //! `switchyard replay`. The log is folded into the same cores that wrote it.
 
 use std::collections::BTreeMap;
+use std::process::ExitCode;
 
+use clap::Args;
 use serde_json::{Value, json};
 use switchyard_eventlog::{Decoded, EventLog};
 use switchyard_proto::v1::{Stack, domain_event::Kind};
 use switchyard_scenario::States;
+
+use crate::backend::{Backend, open};
+use crate::output::{Output, write_stdout};
 
 /// Everything the services know after folding a log prefix.
 #[derive(Default)]
@@ -212,4 +217,39 @@ fn labels(labels: &BTreeMap<String, String>) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    #[command(flatten)]
+    pub backend: Backend,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Fold the log up to and including this sequence.
+    #[arg(long)]
+    pub until: u64,
+}
+
+/// `switchyard status` (everything) and `switchyard replay --until SEQ`.
+pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitCode> {
+    let log = open(&args.backend).await?;
+    let last = log.last_sequence(None).await?;
+    if let Some(until) = until
+        && until > last
+    {
+        anyhow::bail!("--until {until}: the log ends at sequence {last}");
+    }
+    let folded = Folded::read(log.as_ref(), until).await?;
+    let text = match args.output {
+        Output::Json => format!("{}\n", folded.to_json()),
+        Output::Table => folded.render_table(),
+    };
+    write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -42,6 +42,7 @@ impl Service {
         plane: &ControlPlane,
         nats: &NatsServer,
         dir: &std::path::Path,
+        health: Option<u16>,
     ) -> Service {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::OpenOptions::new()
@@ -50,7 +51,11 @@ impl Service {
             .open(&log)
             .expect("service log");
         let binary = switchyard_testkit::bins::binary(&format!("switchyard-{name}"));
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        if let Some(port) = health {
+            command.env("SWITCHYARD_HEALTH_LISTEN", format!("127.0.0.1:{port}"));
+        }
+        let child = command
             .env("SWITCHYARD_TICK", "200ms")
             .env("SWITCHYARD_REISSUE", "500ms")
             .env("KUBECONFIG", plane.kubeconfig())
@@ -111,8 +116,19 @@ impl World {
     }
 
     fn serve(&mut self, name: &'static str) {
-        let service = Service::start(name, &self.plane, &self.nats, self.dir.path());
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), None);
         self.services.push(service);
+    }
+
+    /// Starts a service with gRPC health on a free loopback port; returns the port.
+    fn serve_with_health(&mut self, name: &'static str) -> u16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), Some(port));
+        self.services.push(service);
+        port
     }
 
     fn stop(&mut self, name: &str) {
@@ -715,4 +731,120 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         after_json, before_json,
         "labels, taints and cordon state byte-identical"
     );
+}
+
+/// Whether the gRPC health server on `port` answers SERVING.
+async fn serving(port: u16) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::try_from(format!("http://127.0.0.1:{port}"))
+    else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect().await else {
+        return false;
+    };
+    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await;
+    answer.is_ok_and(|a| {
+        a.into_inner().status
+            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    })
+}
+
+/// Every service as its own binary, as the chart runs them, on one control
+/// plane and one log: each reports SERVING once rebuilt from the log; the
+/// class-compiler publishes a GPU class's DeviceClass and status, the
+/// alerter records the held group's alert, the stack-assigner labels the
+/// held group's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_runs_as_its_own_binary() {
+    let mut world = World::start(Components::default()).await;
+    let c = world.client.clone();
+    create_group(&c, "gpu-legacy", true).await;
+    create_node(&c, "legacy-1", &[(GROUP, "gpu-legacy")], Vec::new()).await;
+    set_module_config(&c, true, Some("1.9.0")).await;
+    let gpu: switchyard_api::PhysicalGPU = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU",
+        "metadata": {"name": "legacy-1-gpu-0", "labels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}},
+        "spec": {"index": 0, "node": "legacy-1", "product": "NVIDIA A100-SXM4-40GB",
+                 "uuid": "GPU-cf261528-9a74-5b94-b58c-c3e27bfa74bd"},
+    }))
+    .expect("PhysicalGPU");
+    Api::<switchyard_api::PhysicalGPU>::all(c.clone())
+        .create(&PostParams::default(), &gpu)
+        .await
+        .expect("create the PhysicalGPU");
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a100"},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}}},
+    }))
+    .expect("GPUClass");
+    let classes = Api::<switchyard_api::GPUClass>::all(c.clone());
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the GPUClass");
+
+    let mut ports = Vec::new();
+    for name in [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+        "alerter",
+    ] {
+        ports.push((name, world.serve_with_health(name)));
+    }
+    for (name, port) in &ports {
+        world
+            .until(&format!("{name} to report SERVING"), || serving(*port))
+            .await;
+    }
+    world
+        .labels_become("legacy-1", &map(&[(GROUP, "gpu-legacy"), (STACK, "dra")]))
+        .await;
+    let device_classes = Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(c.clone());
+    world
+        .until(
+            "the class-compiler to publish a100's DeviceClass",
+            || async {
+                device_classes
+                    .get_opt("a100.gpu.deckhouse.io")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|d| {
+                        d.metadata
+                            .managed_fields
+                            .iter()
+                            .flatten()
+                            .any(|m| m.manager.as_deref() == Some("switchyard-class-compiler"))
+                    })
+            },
+        )
+        .await;
+    world
+        .until("GPUClass a100 Ready", || async {
+            classes
+                .get("a100")
+                .await
+                .ok()
+                .and_then(|g| g.status)
+                .is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+        })
+        .await;
+    world
+        .until("the alerter to raise D8GpuNodeGroupHeldOnDra", || async {
+            world.events().await.iter().any(|(actor, e)| {
+                actor == "alerter"
+                    && matches!(&e.kind, Some(Kind::AlertRaised(a)) if a.alert_name == "D8GpuNodeGroupHeldOnDra")
+            })
+        })
+        .await;
 }
