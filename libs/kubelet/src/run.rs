@@ -2,8 +2,8 @@
 //! watches its Node's `node.deckhouse.io/gpu-stack` label and serves that
 //! stack, switching when the label changes and the old stack is unused, and
 //! follows the cards' health. What people should see is recorded as Events:
-//! `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node. Used by `switchyard-node-agent serve` and by
-//! `switchyard serve node-agent` (the chart's DaemonSet).
+//! `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node. Used by `switchyard-node-agent serve` (the chart's
+//! DaemonSet) and its alias `switchyard serve node-agent`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

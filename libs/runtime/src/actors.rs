@@ -25,6 +25,9 @@ use crate::{CoreState, Services, dispatch, records};
 /// How long one call to a service may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a restart may take: the rebuilt core folds the whole log so far.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// How often one service is restarted before it is given up.
 pub const MAX_RESTARTS: u32 = 3;
 
@@ -65,8 +68,7 @@ impl Actor for ServiceActor {
             Start::Fresh(core) => core,
             Start::Rebuild(service, history) => {
                 let mut core = service.core();
-                let log = history.lock().unwrap_or_else(|e| e.into_inner());
-                for (event, at) in log.iter() {
+                for (event, at) in lock(&history).iter() {
                     core.fold(event, *at);
                 }
                 core
@@ -267,6 +269,9 @@ pub struct Actors {
     /// In a fixed order, for effects and snapshots.
     order: Vec<ServiceName>,
     history: History,
+    /// For a restarted service, how much of the history its rebuilt core
+    /// folded: records of the round in flight before that are not sent again.
+    rebuilt_through: Mutex<BTreeMap<ServiceName, usize>>,
     /// Services that failed and were restarted (or given up), with the input.
     failures: Mutex<Vec<String>>,
 }
@@ -295,6 +300,7 @@ impl Actors {
             refs: Mutex::default(),
             order,
             history,
+            rebuilt_through: Mutex::default(),
             failures: Mutex::default(),
         };
         for &service in &actors.order {
@@ -325,7 +331,7 @@ impl Actors {
                     failed,
                     reply,
                 },
-                Some(CALL_TIMEOUT),
+                Some(RESTART_TIMEOUT),
             )
             .await;
         match answer {
@@ -354,6 +360,8 @@ impl Actors {
                 break;
             };
             lock(&self.refs).insert(service, next.clone());
+            let folded = lock(&self.history).len();
+            lock(&self.rebuilt_through).insert(service, folded);
             lock(&self.failures).push(format!(
                 "{service} failed on {what} and was restarted from the log"
             ));
@@ -390,9 +398,15 @@ impl Actors {
     /// `author`'s events, and everything they lead to, through the other
     /// services; each record is in the history before anyone decides on it.
     async fn spread(&self, author: ServiceName, events: Vec<DomainEvent>, now: i64) -> Vec<Record> {
+        let base = lock(&self.history).len();
         let first = records(author, events);
         self.remember(&first, now);
-        dispatch(first, now, |service, record, now| async move {
+        dispatch(first, now, |service, position, record, now| async move {
+            let folded = lock(&self.rebuilt_through).get(&service).copied();
+            if folded.is_some_and(|folded| base + position < folded) {
+                // Its rebuilt core folded this record already.
+                return Vec::new();
+            }
             let event = record.event;
             let decided = self
                 .input(service, "a record", now, |reply| {

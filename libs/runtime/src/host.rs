@@ -219,7 +219,10 @@ impl<E: EffectExecutor> Host<E> {
             match result {
                 Ok(outcome) => {
                     issued.pause = reissue;
+                    // The pause after a failure that follows a success is
+                    // twice `reissue`: the first step is the success's.
                     issued.backoff = backoff(reissue);
+                    issued.backoff.next();
                     if !outcome.evicted.is_empty() {
                         tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
                     }

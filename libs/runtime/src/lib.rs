@@ -52,18 +52,21 @@ pub trait Services {
 }
 
 /// Runs `first` through the services: each record goes to every service but
-/// its author, in [`ServiceName::DISPATCH_ORDER`]; decisions are queued behind it.
+/// its author, in [`ServiceName::DISPATCH_ORDER`]; decisions are queued behind
+/// it. `deliver` also gets the record's position in the round (`first` and
+/// then the decisions, in the order they were made, which is the log's).
 async fn dispatch<F, Fut>(first: Vec<Record>, now: i64, mut deliver: F) -> Vec<Record>
 where
-    F: FnMut(ServiceName, Record, i64) -> Fut,
+    F: FnMut(ServiceName, usize, Record, i64) -> Fut,
     Fut: std::future::Future<Output = Vec<DomainEvent>>,
 {
     let mut queue: std::collections::VecDeque<Record> = first.into();
     let mut out = Vec::new();
     while let Some(record) = queue.pop_front() {
+        let position = out.len();
         for service in ServiceName::DISPATCH_ORDER {
             if service != record.actor {
-                for event in deliver(service, record.clone(), now).await {
+                for event in deliver(service, position, record.clone(), now).await {
                     queue.push_back(Record {
                         actor: service,
                         event,
@@ -113,7 +116,7 @@ impl Local {
         now: i64,
     ) -> Vec<Record> {
         let cores = &mut self.cores;
-        dispatch(records(author, events), now, |service, record, now| {
+        dispatch(records(author, events), now, |service, _, record, now| {
             let decisions = cores
                 .iter_mut()
                 .find(|c| c.service() == service)

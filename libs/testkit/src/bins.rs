@@ -29,7 +29,15 @@ pub fn binary(package: &str) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build
-        .args(["build", "--quiet", "--package", package, "--bin", package])
+        .args([
+            "build",
+            "--quiet",
+            "--locked",
+            "--package",
+            package,
+            "--bin",
+            package,
+        ])
         .arg("--target-dir")
         .arg(target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));

@@ -22,11 +22,11 @@ use switchyard_proto::v1::{
     StackAssigned, StackReason, domain_event::Kind, event,
 };
 
-use crate::cluster::Cluster;
-use crate::effects::Effect;
 pub mod handover;
 
+use crate::cluster::Cluster;
 use crate::command::{Command, StartHandover};
+use crate::effects::Effect;
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
 use crate::service::{self, ServiceName};
 use crate::stack_rules::rule;
