@@ -24,7 +24,7 @@ use switchyard_core::command::MoveApplication;
 use switchyard_core::command::StartHandover;
 use switchyard_core::effects::EffectExecutor;
 use switchyard_core::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN};
-use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
+use switchyard_core::rollback::{RollbackRefused, plan_node_rollback, plan_workload_rollback};
 use switchyard_core::stack_assigner::StackAssigner;
 use switchyard_proto::v1::{DomainEvent, HandoverStarted, Stack, WorkloadRef, domain_event::Kind};
 use switchyard_runtime::{Command, CoreState, Record, ServiceName, Services};
@@ -103,6 +103,20 @@ impl States {
         }
         states
     }
+}
+
+/// Why a step of the migration did not get where it goes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StepFailed {
+    /// The service that owns the command refused it, with its reason.
+    #[error("{0}")]
+    Refused(String),
+    /// The log does not allow the rollback.
+    #[error(transparent)]
+    Rollback(#[from] RollbackRefused),
+    /// The cluster settled elsewhere: what it shows instead.
+    #[error("{0}")]
+    NotReached(String),
 }
 
 /// Where the engine appends the migration log as it goes.
@@ -254,12 +268,14 @@ impl<S: Services, L: LogSink> Migration<S, L> {
     }
 
     /// Sends a command and lets the cluster settle; a refusal is the error.
-    async fn run_command(&mut self, command: Command) -> Result<(), String> {
+    async fn run_command(&mut self, command: Command) -> Result<(), StepFailed> {
         let records = self.services.command(command, self.sim.now()).await;
         let decisions = self.record(records);
         match decisions.first().and_then(|d| d.kind.as_ref()) {
-            Some(Kind::HandoverRefused(r)) => return Err(r.reason.clone()),
-            Some(Kind::ApplicationMoveRefused(r)) => return Err(r.reason.clone()),
+            Some(Kind::HandoverRefused(r)) => return Err(StepFailed::Refused(r.reason.clone())),
+            Some(Kind::ApplicationMoveRefused(r)) => {
+                return Err(StepFailed::Refused(r.reason.clone()));
+            }
             _ => {}
         }
         self.pump().await;
@@ -271,7 +287,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
     }
 
     /// Hands `node` over to `group`; Ok once the handover completed.
-    pub async fn hand_over(&mut self, node: &str, group: &str) -> Result<String, String> {
+    pub async fn hand_over(&mut self, node: &str, group: &str) -> Result<String, StepFailed> {
         let id = self.next_id(&format!("handover-{node}"));
         let start = self.log.len();
         let cmd = StartHandover {
@@ -283,7 +299,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         self.handover_outcome(start, &id, node)
     }
 
-    fn handover_outcome(&self, start: usize, id: &str, node: &str) -> Result<String, String> {
+    fn handover_outcome(&self, start: usize, id: &str, node: &str) -> Result<String, StepFailed> {
         let mut stalled = None;
         for event in self.logged_since(start) {
             match &event.kind {
@@ -296,7 +312,9 @@ impl<S: Services, L: LogSink> Migration<S, L> {
                 _ => {}
             }
         }
-        Err(stalled.unwrap_or_else(|| format!("handover {id} of {node} did not complete")))
+        Err(StepFailed::NotReached(stalled.unwrap_or_else(|| {
+            format!("handover {id} of {node} did not complete")
+        })))
     }
 
     /// Moves a workload to `group` with `class`; Ok once verified.
@@ -305,7 +323,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         workload: &WorkloadRef,
         group: &str,
         class: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, StepFailed> {
         let id = self.next_id(&format!("move-{}", workload.name));
         let start = self.log.len();
         let cmd = MoveApplication {
@@ -321,11 +339,11 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         if verified {
             Ok(id)
         } else {
-            Err(format!(
+            Err(StepFailed::NotReached(format!(
                 "{} is not verified: {} pods pending",
                 workload.name,
                 self.sim.pending_pods()
-            ))
+            )))
         }
     }
 
@@ -366,17 +384,18 @@ impl<S: Services, L: LogSink> Migration<S, L> {
     }
 
     /// Rolls the last handover of `node` back; checks the node is exactly as before.
-    pub async fn roll_back_node(&mut self, node: &str) -> Result<String, String> {
+    pub async fn roll_back_node(&mut self, node: &str) -> Result<String, StepFailed> {
         let id = self.next_id(&format!("rollback-{node}"));
-        let planned =
-            plan_node_rollback(&self.log_prefix(), node, &id).map_err(|e| e.to_string())?;
+        let planned = plan_node_rollback(&self.log_prefix(), node, &id)?;
         let restore: Option<HandoverStarted> = match &planned.kind {
             Some(Kind::RollbackStarted(r)) => r.node_restore.as_deref().cloned(),
             _ => None,
         };
         self.run_command(Command::Rollback(planned)).await?;
         if !self.completed(&id) {
-            return Err(format!("rollback {id} of {node} did not complete"));
+            return Err(StepFailed::NotReached(format!(
+                "rollback {id} of {node} did not complete"
+            )));
         }
         if let Some(before) = restore {
             let labels = self.sim.node_labels(node).cloned().unwrap_or_default();
@@ -402,10 +421,9 @@ impl<S: Services, L: LogSink> Migration<S, L> {
     pub async fn roll_back_application(
         &mut self,
         workload: &WorkloadRef,
-    ) -> Result<String, String> {
+    ) -> Result<String, StepFailed> {
         let id = self.next_id(&format!("rollback-{}", workload.name));
-        let planned =
-            plan_workload_rollback(&self.log_prefix(), workload, &id).map_err(|e| e.to_string())?;
+        let planned = plan_workload_rollback(&self.log_prefix(), workload, &id)?;
         let original = match &planned.kind {
             Some(Kind::RollbackStarted(r)) => {
                 r.workload_restore.as_ref().and_then(|w| w.after.clone())
@@ -414,11 +432,11 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         };
         self.run_command(Command::Rollback(planned)).await?;
         if !self.completed(&id) {
-            return Err(format!(
+            return Err(StepFailed::NotReached(format!(
                 "rollback of {} did not complete: {} pods pending",
                 workload.name,
                 self.sim.pending_pods()
-            ));
+            )));
         }
         if self.sim.workload_placement(workload) != original.as_ref() {
             self.violation(
@@ -527,10 +545,10 @@ pub async fn run_reference<S: Services, L: LogSink>(
     const CLASS: &str = "a100";
     let mut m = Migration::new(config, services, sink).await;
     let mut steps = Vec::new();
-    let mut report = |sim: &Simulator, step: String, result: Result<String, String>| {
+    let mut report = |sim: &Simulator, step: String, result: Result<String, StepFailed>| {
         let (ok, detail) = match result {
             Ok(detail) => (true, detail),
-            Err(detail) => (false, detail),
+            Err(failed) => (false, failed.to_string()),
         };
         let report = StepReport {
             step,
@@ -579,7 +597,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
         &m.sim,
         "step 2: create GPU class a100".into(),
         if compiled.is_empty() {
-            Err("the class has no DeviceClass".into())
+            Err(StepFailed::NotReached(
+                "the class has no DeviceClass".into(),
+            ))
         } else {
             Ok(format!(
                 "DeviceClass {}, requested as gpu.deckhouse.io/{CLASS}",
@@ -616,7 +636,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
         report(
             &m.sim,
             format!("step 4: move {}", workload.name),
-            Err("no room on DRA nodes".into()),
+            Err(StepFailed::NotReached("no room on DRA nodes".into())),
         );
     }
 
@@ -633,9 +653,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
                 "{verified}/{total} applications on {TARGET} with claims allocated"
             ))
         } else {
-            Err(format!(
+            Err(StepFailed::NotReached(format!(
                 "{verified}/{total} applications verified, {pending} pods pending"
-            ))
+            )))
         },
     );
 
@@ -650,7 +670,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
         if translated {
             Ok(refusals.join("; "))
         } else {
-            Err(format!("quota not translated: {quota:?}"))
+            Err(StepFailed::NotReached(format!(
+                "quota not translated: {quota:?}"
+            )))
         },
     );
 
@@ -675,9 +697,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
                     nodes.join(", ")
                 ))
             } else {
-                Err(format!(
+                Err(StepFailed::NotReached(format!(
                     "released: {released}, nodes on DRA: {on_dra}, alert cleared: {cleared}"
-                ))
+                )))
             },
         );
     }

@@ -47,7 +47,11 @@ fn limits(resource: &str, count: &str, selector: Option<&str>) -> WorkloadPlacem
 #[tokio::test]
 async fn no_stack_manages_the_node_without_spec_gpu_and_dra_off() {
     let mut m = cluster(false, false).await;
-    let err = m.hand_over("gpu-0", "gpu-dra").await.unwrap_err();
+    let err = m
+        .hand_over("gpu-0", "gpu-dra")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("no stack would manage node gpu-0") && err.contains("sit idle"),
         "{err}"
@@ -123,7 +127,8 @@ async fn the_pod_is_pending_until_the_target_group_has_free_devices() {
     let err = m
         .move_application(&big, "gpu-dra", "a100")
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("pods pending"), "{err}");
     assert!(
         m.sim
@@ -155,7 +160,8 @@ async fn no_resource_claim_without_the_right_class_name() {
     let err = m
         .move_application(&workload, "gpu-dra", "a10O")
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("GPU class a10O does not exist") && err.contains("gpuclass"),
         "{err}"
