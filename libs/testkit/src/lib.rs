@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod bins;
+#[cfg(feature = "grpc")]
+pub mod health;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod nats;

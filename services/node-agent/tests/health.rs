@@ -58,29 +58,9 @@ async fn the_daemonset_command_serves_the_node_and_reports_health() {
             .spawn()
             .expect("start switchyard-node-agent serve"),
     );
-    eventually(
-        "SERVING on gRPC health",
-        Duration::from_secs(30),
-        || async move {
-            let Ok(channel) =
-                tonic::transport::Endpoint::try_from(format!("http://127.0.0.1:{port}"))
-                    .unwrap()
-                    .connect()
-                    .await
-            else {
-                return false;
-            };
-            let answer = tonic_health::pb::health_client::HealthClient::new(channel)
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await;
-            answer.is_ok_and(|a| {
-                a.into_inner().status
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            })
-        },
-    )
+    eventually("SERVING on gRPC health", Duration::from_secs(30), || {
+        switchyard_testkit::health::serving(port)
+    })
     .await
     .unwrap();
     let slices: Vec<ResourceSlice> = Api::all(client.clone())

@@ -733,26 +733,6 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
     );
 }
 
-/// Whether the gRPC health server on `port` answers SERVING.
-async fn serving(port: u16) -> bool {
-    let Ok(endpoint) = tonic::transport::Endpoint::try_from(format!("http://127.0.0.1:{port}"))
-    else {
-        return false;
-    };
-    let Ok(channel) = endpoint.connect().await else {
-        return false;
-    };
-    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await;
-    answer.is_ok_and(|a| {
-        a.into_inner().status
-            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    })
-}
-
 /// Every service as its own binary, as the chart runs them, on one control
 /// plane and one log: each reports SERVING once rebuilt from the log; the
 /// class-compiler publishes a GPU class's DeviceClass and status, the
@@ -799,7 +779,9 @@ async fn every_service_runs_as_its_own_binary() {
     }
     for (name, port) in &ports {
         world
-            .until(&format!("{name} to report SERVING"), || serving(*port))
+            .until(&format!("{name} to report SERVING"), || {
+                switchyard_testkit::health::serving(*port)
+            })
             .await;
     }
     world
