@@ -13,6 +13,7 @@ mod crdgen;
 mod demo;
 mod dra_cmd;
 mod handover;
+mod kube_args;
 mod log_cmd;
 mod output;
 mod rollback;

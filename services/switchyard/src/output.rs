@@ -21,3 +21,24 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// The output of commands that report on the cluster, as kubectl's `-o`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Prints `value` as JSON (one pretty object) or YAML and returns true; for
+/// a table it prints nothing and returns false (the command renders it).
+pub fn write_structured<T: serde::Serialize>(format: Format, value: &T) -> anyhow::Result<bool> {
+    let text = match format {
+        Format::Table => return Ok(false),
+        Format::Json => format!("{}\n", serde_json::to_string_pretty(value)?),
+        Format::Yaml => serde_yaml_ng::to_string(value)?,
+    };
+    write_stdout(&text)?;
+    Ok(true)
+}
