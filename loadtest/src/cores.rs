@@ -141,6 +141,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
             workload: Some(workload.clone()),
             replicas: 1,
             placement: Some(placement),
+            managed_by: String::new(),
         })));
         facts.push(ev(Kind::PodObserved(PodObserved {
             namespace: workload.namespace.clone(),

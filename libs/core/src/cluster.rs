@@ -152,6 +152,9 @@ pub struct PhysicalGpu {
 pub struct Workload {
     pub replicas: u32,
     pub placement: Placement,
+    /// What keeps the manifest (a Helm release, a GitOps controller, an
+    /// operator); empty when nothing is known to.
+    pub managed_by: Box<str>,
 }
 
 /// A workload's placement kept encoded: a few dozen bytes instead of nested
@@ -357,6 +360,7 @@ impl Cluster {
                 Workload {
                     replicas: fact.replicas,
                     placement,
+                    managed_by: fact.managed_by.into(),
                 },
             );
         }

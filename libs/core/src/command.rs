@@ -16,8 +16,11 @@ pub struct StartHandover {
 pub struct MoveApplication {
     pub move_id: String,
     pub workload: WorkloadRef,
+    /// Empty: the one group without `spec.gpu` that has ready nodes.
     pub target_group: String,
     pub gpu_class: String,
+    /// Edit the manifest in place even if something else keeps it.
+    pub allow_managed: bool,
 }
 
 /// An operator's request to complete the migration away from `source_group`.

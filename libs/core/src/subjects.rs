@@ -95,3 +95,28 @@ fn alert(name: &str, labels: &BTreeMap<String, String>) -> String {
         None => format!("alert.{}", token(name)),
     }
 }
+
+/// The process an event is a step of — a handover, an application move or a
+/// rollback — by its id; `None` for facts and one-off decisions. A process's
+/// steps share the correlation id of the command that started it.
+pub fn process_of(event: &DomainEvent) -> Option<&str> {
+    let id = match event.kind.as_ref()? {
+        Kind::HandoverStarted(e) => &e.handover_id,
+        Kind::NodeCordoned(e) => &e.handover_id,
+        Kind::NodeDrained(e) => &e.handover_id,
+        Kind::NodeGroupChanged(e) => &e.handover_id,
+        Kind::NodeReadinessObserved(e) => &e.handover_id,
+        Kind::NodeUncordoned(e) => &e.handover_id,
+        Kind::HandoverCompleted(e) => &e.handover_id,
+        Kind::HandoverStalled(e) => &e.handover_id,
+        Kind::ApplicationMoveStarted(e) => &e.move_id,
+        Kind::WorkloadRewritten(e) => &e.move_id,
+        Kind::WorkloadRestarted(e) => &e.move_id,
+        Kind::ApplicationMoveVerified(e) => &e.move_id,
+        Kind::RollbackStarted(e) => &e.rollback_id,
+        Kind::StepCompensated(e) => &e.rollback_id,
+        Kind::RollbackCompleted(e) => &e.rollback_id,
+        _ => return None,
+    };
+    (!id.is_empty()).then_some(id.as_str())
+}

@@ -51,6 +51,7 @@ fn cluster(with_ready_target: bool) -> ClaimAllocator {
 
 fn move_web(core: &mut ClaimAllocator, class: &str) -> Vec<DomainEvent> {
     let cmd = MoveApplication {
+        allow_managed: false,
         move_id: "m-web".into(),
         workload: web(),
         target_group: "gpu-dra".into(),
@@ -213,6 +214,7 @@ fn a_wrong_class_name_is_refused_with_the_known_classes() {
 fn unknown_workloads_and_workloads_without_gpus_are_refused() {
     let mut core = cluster(true);
     let cmd = MoveApplication {
+        allow_managed: false,
         move_id: "m".into(),
         workload: WorkloadRef {
             name: "ghost".into(),
@@ -243,4 +245,96 @@ fn unknown_workloads_and_workloads_without_gpus_are_refused() {
         panic!()
     };
     assert!(r.reason.contains("nothing to move"), "{}", r.reason);
+}
+
+fn move_web_to(core: &mut ClaimAllocator, target_group: &str) -> Vec<DomainEvent> {
+    let cmd = MoveApplication {
+        allow_managed: false,
+        move_id: "m-web".into(),
+        workload: web(),
+        target_group: target_group.into(),
+        gpu_class: "a100".into(),
+    };
+    core.handle(Input::MoveApplication(&cmd))
+}
+
+#[test]
+fn without_a_target_group_the_one_group_with_ready_nodes_is_taken() {
+    let mut core = cluster(true);
+    let decisions = move_web_to(&mut core, "");
+    let Some(Kind::ApplicationMoveStarted(started)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(started.target_group, "gpu-dra");
+    assert_eq!(started.source_group, "gpu");
+}
+
+#[test]
+fn without_a_target_group_none_or_several_candidates_are_refused() {
+    let mut core = cluster(false);
+    let decisions = move_web_to(&mut core, "");
+    let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert!(
+        r.reason
+            .contains("hand over a node before moving the application"),
+        "{}",
+        r.reason
+    );
+
+    let mut core = cluster(true);
+    for fact in
+        std::iter::once(mk_group("gpu-dra-2", false)).chain(mk_ready_dra_node("d2", "gpu-dra-2", 2))
+    {
+        core.handle(Input::Fact(&fact));
+    }
+    let decisions = move_web_to(&mut core, "");
+    let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(
+        r.reason,
+        "groups gpu-dra, gpu-dra-2 all have ready nodes: name the target group"
+    );
+    // Named, the move goes.
+    assert_eq!(
+        names(&move_web_to(&mut core, "gpu-dra-2")),
+        ["ApplicationMoveStarted", "WorkloadRewritten"]
+    );
+}
+
+#[test]
+fn a_managed_manifest_is_not_edited_in_place_unless_asked() {
+    let mut core = cluster(true);
+    let Some(Kind::WorkloadObserved(mut fact)) = mk_workload("apps", "web", 1, before()).kind
+    else {
+        unreachable!()
+    };
+    fact.managed_by = "Helm release apps/web".into();
+    core.handle(Input::Fact(&DomainEvent {
+        kind: Some(Kind::WorkloadObserved(fact)),
+    }));
+    let decisions = move_web(&mut core, "a100");
+    let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert!(
+        r.reason.starts_with(
+            "Deployment apps/web is managed by Helm release apps/web, which would undo an edit made here"
+        ),
+        "{}",
+        r.reason
+    );
+    let cmd = MoveApplication {
+        allow_managed: true,
+        move_id: "m-web".into(),
+        workload: web(),
+        target_group: "gpu-dra".into(),
+        gpu_class: "a100".into(),
+    };
+    assert_eq!(
+        names(&core.handle(Input::MoveApplication(&cmd))),
+        ["ApplicationMoveStarted", "WorkloadRewritten"]
+    );
 }

@@ -356,6 +356,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         feed(&mut core, &mut log, f);
     }
     let cmd = MoveApplication {
+        allow_managed: false,
         move_id: "m1".into(),
         workload: web(),
         target_group: "gpu-dra".into(),

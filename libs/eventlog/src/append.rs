@@ -47,19 +47,34 @@ pub async fn append_as(
     events: &[DomainEvent],
     at: i64,
 ) -> Result<Vec<u64>, LogError> {
+    let events: Vec<(&DomainEvent, &str)> = events.iter().map(|e| (e, "")).collect();
+    append_attributed(log, actor.as_str(), actor.as_str(), &events, at).await
+}
+
+/// Appends `events`, each with its correlation id (the migration, wave or
+/// process it belongs to), as written by `actor` (a service, or the operator
+/// whose command they answer); ids are `<writer>-<uuid>`. Returns the log
+/// sequence of each event.
+pub async fn append_attributed(
+    log: &dyn EventLog,
+    writer: &str,
+    actor: &str,
+    events: &[(&DomainEvent, &str)],
+    at: i64,
+) -> Result<Vec<u64>, LogError> {
     let mut batch = Vec::with_capacity(events.len());
-    for event in events {
+    for (event, correlation_id) in events {
         let subject = Subject::new(subject_of(event))?;
         batch.push((
             subject,
             NewEvent {
-                id: format!("{actor}-{}", uuid::Uuid::new_v4()),
+                id: format!("{writer}-{}", uuid::Uuid::new_v4()),
                 recorded_at_unix_nanos: at,
-                correlation_id: String::new(),
+                correlation_id: correlation_id.to_string(),
                 causation_id: String::new(),
                 actor: actor.to_string(),
                 trace: None,
-                payload: Payload::Domain(event.clone()),
+                payload: Payload::Domain((*event).clone()),
             },
         ));
     }

@@ -26,7 +26,7 @@ pub mod conformance;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-pub use append::{append_as, append_in_order, now_nanos};
+pub use append::{append_as, append_attributed, append_in_order, now_nanos};
 pub use error::LogError;
 pub use record::{Decoded, NewEvent, Payload, StoredEvent, Subject, UnknownReason};
 pub use switchyard_proto::v1::{DomainEvent, Envelope, TraceContext};

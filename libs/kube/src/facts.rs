@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
@@ -348,9 +349,8 @@ pub fn placement(spec: Option<&PodSpec>) -> WorkloadPlacement {
 pub fn deployment(d: &Deployment) -> DomainEvent {
     let spec = d.spec.as_ref();
     workload(
-        d.namespace().unwrap_or_default(),
+        &d.metadata,
         "Deployment",
-        d.name_any(),
         spec.and_then(|s| s.replicas).unwrap_or(1),
         spec.and_then(|s| s.template.spec.as_ref()),
     )
@@ -359,30 +359,79 @@ pub fn deployment(d: &Deployment) -> DomainEvent {
 pub fn stateful_set(s: &StatefulSet) -> DomainEvent {
     let spec = s.spec.as_ref();
     workload(
-        s.namespace().unwrap_or_default(),
+        &s.metadata,
         "StatefulSet",
-        s.name_any(),
         spec.and_then(|s| s.replicas).unwrap_or(1),
         spec.and_then(|s| s.template.spec.as_ref()),
     )
 }
 
 fn workload(
-    namespace: String,
+    meta: &ObjectMeta,
     kind: &str,
-    name: String,
     replicas: i32,
     template: Option<&PodSpec>,
 ) -> DomainEvent {
     event(Kind::WorkloadObserved(WorkloadObserved {
         workload: Some(WorkloadRef {
-            namespace,
+            namespace: meta.namespace.clone().unwrap_or_default(),
             kind: kind.to_string(),
-            name,
+            name: meta.name.clone().unwrap_or_default(),
         }),
         replicas: replicas.max(0) as u32,
         placement: Some(placement(template)),
+        managed_by: managed_by(meta),
     }))
+}
+
+/// What keeps an object's manifest and would undo an edit made in place: the
+/// controller that owns it (an operator), an Argo CD application, a Flux
+/// Kustomization or HelmRelease, a Helm release — by the labels, annotations
+/// and owner references these tools set; empty when none is found.
+pub fn managed_by(meta: &ObjectMeta) -> String {
+    let labels = meta.labels.as_ref();
+    let annotations = meta.annotations.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).filter(|v| !v.is_empty());
+    let annotation = |key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .filter(|v| !v.is_empty())
+    };
+    let namespaced = |ns: Option<&String>, name: &String| match ns {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.clone(),
+    };
+    if let Some(owner) = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    {
+        return format!("operator {}/{}", owner.kind, owner.name);
+    }
+    if let Some(app) = label("argocd.argoproj.io/instance") {
+        return format!("Argo CD application {app}");
+    }
+    if let Some(tracking) = annotation("argocd.argoproj.io/tracking-id") {
+        let app = tracking.split(':').next().unwrap_or(tracking);
+        return format!("Argo CD application {app}");
+    }
+    if let Some(name) = label("kustomize.toolkit.fluxcd.io/name") {
+        let ns = label("kustomize.toolkit.fluxcd.io/namespace");
+        return format!("Flux Kustomization {}", namespaced(ns, name));
+    }
+    if let Some(name) = label("helm.toolkit.fluxcd.io/name") {
+        let ns = label("helm.toolkit.fluxcd.io/namespace");
+        return format!("Flux HelmRelease {}", namespaced(ns, name));
+    }
+    if let Some(release) = annotation("meta.helm.sh/release-name") {
+        let ns = annotation("meta.helm.sh/release-namespace");
+        return format!("Helm release {}", namespaced(ns, release));
+    }
+    if label("app.kubernetes.io/managed-by").is_some_and(|v| v == "Helm") {
+        return "Helm release (app.kubernetes.io/managed-by: Helm)".to_string();
+    }
+    String::new()
 }
 
 pub fn resource_quota(quota: &ResourceQuota) -> DomainEvent {
@@ -433,7 +482,7 @@ pub fn device_class_removed(class: &DeviceClass) -> DomainEvent {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, Taint as KTaint};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn meta(name: &str) -> ObjectMeta {
         ObjectMeta {
@@ -525,5 +574,80 @@ mod tests {
         };
         assert!(f.dra_enabled && f.feature_gates_ready);
         assert_eq!(f.previous_module_version, "1.9.0");
+    }
+
+    #[test]
+    fn what_keeps_a_manifest_is_named_by_the_tools_own_marks() {
+        let with = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| {
+            let map = |kv: &[(&str, &str)]| {
+                (!kv.is_empty()).then(|| {
+                    kv.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                })
+            };
+            ObjectMeta {
+                labels: map(labels),
+                annotations: map(annotations),
+                ..meta("train")
+            }
+        };
+        assert_eq!(managed_by(&meta("train")), "");
+        assert_eq!(
+            managed_by(&with(
+                &[("app.kubernetes.io/managed-by", "Helm")],
+                &[
+                    ("meta.helm.sh/release-name", "ml"),
+                    ("meta.helm.sh/release-namespace", "team-a")
+                ]
+            )),
+            "Helm release team-a/ml"
+        );
+        assert_eq!(
+            managed_by(&with(&[("argocd.argoproj.io/instance", "ml-prod")], &[])),
+            "Argo CD application ml-prod"
+        );
+        assert_eq!(
+            managed_by(&with(
+                &[],
+                &[(
+                    "argocd.argoproj.io/tracking-id",
+                    "ml-prod:apps/Deployment:team-a/train"
+                )]
+            )),
+            "Argo CD application ml-prod"
+        );
+        // Flux's Helm controller also leaves Helm's marks: Flux is what reverts.
+        assert_eq!(
+            managed_by(&with(
+                &[
+                    ("helm.toolkit.fluxcd.io/name", "ml"),
+                    ("helm.toolkit.fluxcd.io/namespace", "flux-system"),
+                    ("app.kubernetes.io/managed-by", "Helm")
+                ],
+                &[("meta.helm.sh/release-name", "ml")]
+            )),
+            "Flux HelmRelease flux-system/ml"
+        );
+        assert_eq!(
+            managed_by(&with(
+                &[
+                    ("kustomize.toolkit.fluxcd.io/name", "apps"),
+                    ("kustomize.toolkit.fluxcd.io/namespace", "flux-system")
+                ],
+                &[]
+            )),
+            "Flux Kustomization flux-system/apps"
+        );
+        let mut owned = meta("train");
+        owned.owner_references = Some(vec![OwnerReference {
+            api_version: "kubeflow.org/v1".into(),
+            kind: "PyTorchJob".into(),
+            name: "train".into(),
+            uid: "u".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        assert_eq!(managed_by(&owned), "operator PyTorchJob/train");
     }
 }

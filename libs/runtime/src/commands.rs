@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use prost::Message;
-use switchyard_core::command::StartHandover;
+use switchyard_core::command::{Complete, MoveApplication, StartHandover};
 use switchyard_core::{Command, ServiceName};
 use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
 
@@ -40,10 +40,22 @@ pub enum CommandError {
 pub enum CommandRefused {
     #[error("the command is not a ServiceCommand: {0}")]
     Undecodable(#[from] prost::DecodeError),
-    #[error("the command is empty: expected start_handover or rollback")]
+    #[error(
+        "the command is empty: expected start_handover, rollback, move_application or complete"
+    )]
     Empty,
+    #[error("actor: expected the operator's identity, got nothing")]
+    NoActor,
+    #[error("actor: {0:?} is a service's name; expected the operator's identity")]
+    ActorIsAService(String),
     #[error("start_handover: handover_id, node and target_group must all be set")]
     IncompleteHandover,
+    #[error(
+        "move_application: move_id, workload (namespace, kind, name) and gpu_class must all be set"
+    )]
+    IncompleteMove,
+    #[error("complete: source_group and gpu_class must both be set")]
+    IncompleteCompletion,
     #[error("rollback: expected a RollbackStarted event")]
     NotARollback,
     #[error("{service} does not take this command; {owner} does")]
@@ -53,11 +65,37 @@ pub enum CommandRefused {
     },
 }
 
+/// A command as a service takes it: what is asked, by whom, for which
+/// migration or wave.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub command: Command,
+    /// The correlation id of the decisions; empty: each process's own id.
+    pub correlation_id: String,
+    /// Who asks (recorded as the actor of the command's decisions).
+    pub actor: String,
+}
+
 /// Reads a request into a command, or says why it is refused.
-pub fn decode(request: &[u8]) -> Result<Command, CommandRefused> {
-    let Some(command) = ServiceCommand::decode(request)?.command else {
+pub fn decode(request: &[u8]) -> Result<Request, CommandRefused> {
+    let request = ServiceCommand::decode(request)?;
+    if request.actor.is_empty() {
+        return Err(CommandRefused::NoActor);
+    }
+    if request.actor.parse::<ServiceName>().is_ok() {
+        return Err(CommandRefused::ActorIsAService(request.actor));
+    }
+    let Some(command) = request.command else {
         return Err(CommandRefused::Empty);
     };
+    Ok(Request {
+        command: command_of(command)?,
+        correlation_id: request.correlation_id,
+        actor: request.actor,
+    })
+}
+
+fn command_of(command: service_command::Command) -> Result<Command, CommandRefused> {
     match command {
         service_command::Command::StartHandover(c) => {
             if c.node.is_empty() || c.target_group.is_empty() || c.handover_id.is_empty() {
@@ -74,6 +112,34 @@ pub fn decode(request: &[u8]) -> Result<Command, CommandRefused> {
                 return Err(CommandRefused::NotARollback);
             }
             Ok(Command::Rollback(event))
+        }
+        service_command::Command::MoveApplication(c) => {
+            let workload = c.workload.unwrap_or_default();
+            if c.move_id.is_empty()
+                || c.gpu_class.is_empty()
+                || workload.namespace.is_empty()
+                || workload.kind.is_empty()
+                || workload.name.is_empty()
+            {
+                return Err(CommandRefused::IncompleteMove);
+            }
+            Ok(Command::MoveApplication(MoveApplication {
+                move_id: c.move_id,
+                workload,
+                target_group: c.target_group,
+                gpu_class: c.gpu_class,
+                allow_managed: c.allow_managed,
+            }))
+        }
+        service_command::Command::Complete(c) => {
+            if c.source_group.is_empty() || c.gpu_class.is_empty() {
+                return Err(CommandRefused::IncompleteCompletion);
+            }
+            Ok(Command::Complete(Complete {
+                source_group: c.source_group,
+                gpu_class: c.gpu_class,
+                trial_period_over: c.trial_period_over,
+            }))
         }
     }
 }

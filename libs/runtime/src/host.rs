@@ -19,8 +19,9 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
+use switchyard_core::subjects::process_of;
 use switchyard_core::{Core, Input, ServiceName};
-use switchyard_eventlog::{Decoded, EventLog, LogError, append_as, now_nanos};
+use switchyard_eventlog::{Decoded, EventLog, LogError, append_attributed, now_nanos};
 use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
 use tokio::sync::watch;
 
@@ -114,6 +115,22 @@ fn author(actor: &str) -> Option<ServiceName> {
     actor.parse().ok()
 }
 
+/// Keeps the correlation id a process's first recorded step carries, so its
+/// later steps carry it too (also those another service decides).
+fn remember_correlation(
+    correlations: &mut BTreeMap<String, String>,
+    event: &DomainEvent,
+    correlation_id: &str,
+) {
+    if let Some(process) = process_of(event)
+        && !correlation_id.is_empty()
+    {
+        correlations
+            .entry(process.to_string())
+            .or_insert_with(|| correlation_id.to_string());
+    }
+}
+
 /// An effect issued: when, and the pause before it may go again.
 struct Issued {
     at: Instant,
@@ -133,6 +150,9 @@ struct Host<E> {
     issued: BTreeMap<Effect, Issued>,
     /// Eviction refusals already recorded, by pod.
     blocked: BTreeMap<(String, String), DomainEvent>,
+    /// The correlation id of each process (handover, move, rollback) a
+    /// command started: its later steps are recorded with it.
+    correlations: BTreeMap<String, String>,
 }
 
 /// The pauses before an effect that keeps failing is issued again: from
@@ -147,13 +167,30 @@ fn backoff(reissue: Duration) -> ExponentialBackoff {
 
 impl<E: EffectExecutor> Host<E> {
     async fn append(&mut self, decisions: &[DomainEvent]) -> Result<(), HostError> {
+        let service = self.core.service();
+        self.append_by(service.as_str(), decisions).await
+    }
+
+    /// Appends `decisions` as `actor` wrote them, each with the correlation
+    /// id of the process it is a step of.
+    async fn append_by(&mut self, actor: &str, decisions: &[DomainEvent]) -> Result<(), HostError> {
         if decisions.is_empty() {
             return Ok(());
         }
-        let sequences = append_as(
+        let attributed: Vec<(&DomainEvent, &str)> = decisions
+            .iter()
+            .map(|d| {
+                let correlation = process_of(d)
+                    .and_then(|p| self.correlations.get(p))
+                    .map_or("", String::as_str);
+                (d, correlation)
+            })
+            .collect();
+        let sequences = append_attributed(
             self.log.as_ref(),
-            self.core.service(),
-            decisions,
+            self.core.service().as_str(),
+            actor,
+            &attributed,
             now_nanos(),
         )
         .await?;
@@ -166,8 +203,12 @@ impl<E: EffectExecutor> Host<E> {
             decisions: Vec::new(),
             error,
         };
-        let command = match commands::decode(request) {
-            Ok(command) => command,
+        let commands::Request {
+            command,
+            correlation_id,
+            actor,
+        } = match commands::decode(request) {
+            Ok(request) => request,
             Err(why) => return refuse(why.to_string()),
         };
         let service = self.core.service();
@@ -176,7 +217,16 @@ impl<E: EffectExecutor> Host<E> {
             return refuse(commands::CommandRefused::NotOwner { service, owner }.to_string());
         }
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
-        match self.append(&decisions).await {
+        for process in decisions.iter().filter_map(process_of) {
+            let correlation = match correlation_id.as_str() {
+                "" => process,
+                given => given,
+            };
+            self.correlations
+                .entry(process.to_string())
+                .or_insert_with(|| correlation.to_string());
+        }
+        match self.append_by(&actor, &decisions).await {
             Ok(()) => CommandReply {
                 decisions,
                 error: String::new(),
@@ -264,9 +314,11 @@ pub async fn run<E: EffectExecutor>(
     let started = Instant::now();
     let service = core.service();
     let mut last = 0;
+    let mut correlations = BTreeMap::new();
     let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
         if let Decoded::Event(event) = stored.decode() {
             core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+            remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
         }
         last = stored.sequence;
     })
@@ -280,6 +332,7 @@ pub async fn run<E: EffectExecutor>(
         own: BTreeSet::new(),
         issued: BTreeMap::new(),
         blocked: BTreeMap::new(),
+        correlations,
     };
     let due = host.core.catch_up(now_nanos());
     if !due.is_empty() {
@@ -329,6 +382,7 @@ pub async fn run<E: EffectExecutor>(
                         continue;
                     }
                     let Decoded::Event(event) = stored.decode() else { continue };
+                    remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
                     if author(&stored.envelope.actor) == Some(service) {
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);

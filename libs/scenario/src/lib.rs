@@ -327,6 +327,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         let id = self.next_id(&format!("move-{}", workload.name));
         let start = self.log.len();
         let cmd = MoveApplication {
+            allow_managed: false,
             move_id: id.clone(),
             workload: workload.clone(),
             target_group: group.into(),

@@ -33,6 +33,7 @@ impl Simulator {
             workload: Some(workload.clone()),
             replicas: w.replicas,
             placement: Some(w.placement.clone()),
+            managed_by: String::new(),
         })));
     }
 

@@ -128,18 +128,12 @@ impl ClaimAllocatorWrites {
             .map_err(EdgeError::api(format!("read {what}")))?;
         let before = template(&object)
             .ok_or_else(|| EdgeError::Invalid(format!("{what}: spec.template.spec is missing")))?;
-        let mut after = before.clone();
-        edit(&mut after);
-        if after == before {
+        let Some(pod_spec) = spec_patch(&before, edit) else {
             return Ok(());
-        }
-        let selector = label_diff(
-            &before.node_selector.unwrap_or_default(),
-            &after.node_selector.unwrap_or_default(),
-        );
+        };
         let patch = json!({
             "metadata": {"resourceVersion": object.resource_version()},
-            "spec": {"template": {"spec": {"containers": after.containers, "nodeSelector": selector}}},
+            "spec": {"template": {"spec": pod_spec}},
         });
         self.writer
             .merge_patch(api, name, &patch, format!("write {what}"))
@@ -229,7 +223,25 @@ impl ClaimAllocatorWrites {
     }
 }
 
-fn set_placement(spec: &mut PodSpec, placement: &WorkloadPlacement) {
+/// The merge patch of a pod spec that `edit` makes: its containers (a list
+/// is replaced whole) and the node selector's changed keys; `None` when the
+/// edit changes nothing.
+pub fn spec_patch(before: &PodSpec, edit: impl Fn(&mut PodSpec)) -> Option<serde_json::Value> {
+    let mut after = before.clone();
+    edit(&mut after);
+    if after == *before {
+        return None;
+    }
+    let selector = label_diff(
+        &before.node_selector.clone().unwrap_or_default(),
+        &after.node_selector.unwrap_or_default(),
+    );
+    Some(json!({"containers": after.containers, "nodeSelector": selector}))
+}
+
+/// Writes `placement` into a pod spec: each container's limits and requests,
+/// and the node selector; nothing else.
+pub fn set_placement(spec: &mut PodSpec, placement: &WorkloadPlacement) {
     let to_map = |list: Option<&switchyard_proto::v1::ResourceList>| {
         let map: BTreeMap<String, Quantity> = list
             .into_iter()

@@ -18,9 +18,11 @@ pub use edge::ClaimAllocatorEdge;
 pub const SERVICE: ServiceName = ServiceName::ClaimAllocator;
 
 /// What the claim-allocator may do: rewrite and restart workloads (moves),
-/// translate quotas and retire the source group's `spec.gpu` (completion);
-/// it reads what verifying a move needs.
+/// translate quotas, clear nodes' leftover device-plugin labels and retire
+/// the source group's `spec.gpu` (completion); it reads what verifying a move
+/// needs.
 pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("", "nodes", &["get", "patch"]),
     Permission::new("apps", "deployments", &["get", "list", "watch", "patch"]),
     Permission::new("apps", "statefulsets", &["get", "list", "watch", "patch"]),
     Permission::read("", "pods"),

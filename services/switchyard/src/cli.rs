@@ -38,8 +38,15 @@ enum Command {
     Serve(crate::serve::Service),
     /// Hand a node over to another group (a command to the running stack-assigner).
     Handover(crate::handover::HandoverArgs),
-    /// Undo the last handover of a node (planned from the log, carried out by
-    /// the running stack-assigner).
+    /// Move a workload to a GPU class: its nvidia.com/gpu request becomes the
+    /// class's, the binding to the source group goes, it restarts (a command
+    /// to the running claim-allocator); --dry-run prints the change.
+    Move(crate::move_cmd::MoveArgs),
+    /// Complete the migration from a group: quotas, leftover labels, and after
+    /// the trial period the group's spec.gpu (a command to the claim-allocator).
+    Complete(crate::complete::CompleteArgs),
+    /// Undo the last handover of a node or move of a workload (planned from
+    /// the log, carried out by the running stack-assigner or claim-allocator).
     #[command(subcommand)]
     Rollback(crate::rollback::RollbackCommand),
     /// Dynamic Resource Allocation: evaluate device selectors as Kubernetes does.
@@ -56,9 +63,14 @@ impl Cli {
             Command::Crdgen(args) => crate::crdgen::crdgen(args),
             Command::Serve(service) => crate::serve::serve(service).await,
             Command::Handover(args) => crate::handover::handover(args).await,
+            Command::Move(args) => crate::move_cmd::move_workload(args).await,
+            Command::Complete(args) => crate::complete::complete(args).await,
             Command::Dra(command) => crate::dra_cmd::run(command),
             Command::Rollback(crate::rollback::RollbackCommand::Node(args)) => {
                 crate::rollback::rollback_node(args).await
+            }
+            Command::Rollback(crate::rollback::RollbackCommand::App(args)) => {
+                crate::rollback::rollback_app(args).await
             }
             Command::Log(crate::log_cmd::LogCommand::Show(args)) => {
                 crate::log_cmd::show(args).await

@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use switchyard_core::ServiceName;
-use switchyard_proto::v1::{CommandReply, ServiceCommand, StartHandoverCommand, service_command};
-use switchyard_runtime::connect::NatsArgs;
+use switchyard_proto::v1::{StartHandoverCommand, service_command};
+
+use crate::operator::OperatorArgs;
 
 #[derive(Args, Debug)]
 pub struct HandoverArgs {
@@ -19,47 +20,16 @@ pub struct HandoverArgs {
     #[arg(long)]
     pub id: Option<String>,
     #[command(flatten)]
-    pub nats: NatsArgs,
-}
-
-/// Prints a service's answer: each decision as its type and JSON; exit 1 if
-/// the command or the handover was refused.
-pub fn report(reply: CommandReply) -> anyhow::Result<ExitCode> {
-    if !reply.error.is_empty() {
-        eprintln!("refused: {}", reply.error);
-        return Ok(ExitCode::from(1));
-    }
-    let mut refused = false;
-    for decision in &reply.decisions {
-        let Some(kind) = &decision.kind else { continue };
-        let json = serde_json::to_string(decision).unwrap_or_default();
-        println!("{} {json}", kind.type_name());
-        refused |= matches!(
-            kind,
-            switchyard_proto::v1::domain_event::Kind::HandoverRefused(_)
-        );
-    }
-    Ok(if refused {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    pub operator: OperatorArgs,
 }
 
 pub async fn handover(args: HandoverArgs) -> anyhow::Result<ExitCode> {
-    let client = args.nats.client("cli").await?;
-    let command = ServiceCommand {
-        command: Some(service_command::Command::StartHandover(
-            StartHandoverCommand {
-                handover_id: args
-                    .id
-                    .unwrap_or_else(|| format!("handover-{}", uuid::Uuid::new_v4())),
-                node: args.node,
-                target_group: args.to,
-            },
-        )),
-    };
-    let reply =
-        switchyard_runtime::commands::send(&client, ServiceName::StackAssigner, command).await?;
-    report(reply)
+    let command = service_command::Command::StartHandover(StartHandoverCommand {
+        handover_id: args
+            .id
+            .unwrap_or_else(|| format!("handover-{}", uuid::Uuid::new_v4())),
+        node: args.node,
+        target_group: args.to,
+    });
+    args.operator.run(ServiceName::StackAssigner, command).await
 }

@@ -9,10 +9,10 @@ use clap::Args;
 #[derive(Args, Debug, Clone, Default)]
 pub struct KubeArgs {
     /// The kubeconfig file; default: $KUBECONFIG, ~/.kube/config, or in-cluster.
-    #[arg(long, env = "KUBECONFIG", global = true)]
+    #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// The kubeconfig context to use; default: its current context.
-    #[arg(long, env = "SWITCHYARD_CONTEXT", global = true)]
+    #[arg(long, env = "SWITCHYARD_CONTEXT")]
     pub context: Option<String>,
 }
 
@@ -46,7 +46,12 @@ impl KubeArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct NamespaceArgs {
     /// Only this namespace.
-    #[arg(short = 'n', long, env = "SWITCHYARD_NAMESPACE", conflicts_with = "all_namespaces")]
+    #[arg(
+        short = 'n',
+        long,
+        env = "SWITCHYARD_NAMESPACE",
+        conflicts_with = "all_namespaces"
+    )]
     pub namespace: Option<String>,
     /// Every namespace (the default for commands that survey the cluster).
     #[arg(short = 'A', long)]

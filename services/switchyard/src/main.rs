@@ -9,12 +9,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod backend;
 mod cli;
+mod complete;
 mod crdgen;
 mod demo;
 mod dra_cmd;
 mod handover;
 mod kube_args;
 mod log_cmd;
+mod move_cmd;
+mod operator;
 mod output;
 mod rollback;
 mod serve;

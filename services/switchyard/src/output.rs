@@ -29,6 +29,8 @@ pub enum Format {
     Table,
     Json,
     Yaml,
+    /// A merge patch: what `move --dry-run` would change.
+    Patch,
 }
 
 /// Prints `value` as JSON (one pretty object) or YAML and returns true; for
@@ -38,6 +40,7 @@ pub fn write_structured<T: serde::Serialize>(format: Format, value: &T) -> anyho
         Format::Table => return Ok(false),
         Format::Json => format!("{}\n", serde_json::to_string_pretty(value)?),
         Format::Yaml => serde_yaml_ng::to_string(value)?,
+        Format::Patch => anyhow::bail!("-o patch: only `switchyard move --dry-run` prints a patch"),
     };
     write_stdout(&text)?;
     Ok(true)

@@ -1,17 +1,22 @@
-//! `switchyard rollback node`: planned from the log, carried out by the
-//! running stack-assigner.
+//! `switchyard rollback node` and `switchyard rollback app`: planned from the
+//! log, carried out by the running service that owns the node or workload.
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use switchyard_core::ServiceName;
-use switchyard_proto::v1::{ServiceCommand, service_command};
-use switchyard_runtime::connect::NatsArgs;
+use switchyard_core::rollback::RollbackRefused;
+use switchyard_proto::v1::{DomainEvent, WorkloadRef, service_command};
+
+use crate::operator::OperatorArgs;
 
 #[derive(Subcommand, Debug)]
 pub enum RollbackCommand {
-    /// Restore a node's labels, taints and cordon state as before its last handover.
+    /// Restore a node's labels, taints and cordon state as before its last
+    /// handover: cordon, drain, group change, verification.
     Node(RollbackNodeArgs),
+    /// Restore a workload's manifest as before its last move and restart it.
+    App(RollbackAppArgs),
 }
 
 #[derive(Args, Debug)]
@@ -20,32 +25,60 @@ pub struct RollbackNodeArgs {
     #[arg(long)]
     pub node: String,
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub operator: OperatorArgs,
 }
 
-pub async fn rollback_node(args: RollbackNodeArgs) -> anyhow::Result<ExitCode> {
-    let client = args.nats.client("cli").await?;
-    let log = args.nats.log(client.clone()).await?;
+#[derive(Args, Debug)]
+pub struct RollbackAppArgs {
+    /// The workload whose last move to undo: NAMESPACE/KIND/NAME.
+    #[arg(long, value_parser = crate::move_cmd::parse_workload)]
+    pub workload: WorkloadRef,
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+/// Reads the whole log into the prefix a rollback is planned from.
+async fn log_prefix(operator: &OperatorArgs) -> anyhow::Result<Vec<(u64, DomainEvent)>> {
+    let client = operator.nats.client("cli").await?;
+    let log = operator.nats.stream.open(client, false).await?;
     let mut prefix = Vec::new();
-    switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+    switchyard_eventlog::replay(&log, 0, |stored| {
         if let switchyard_eventlog::Decoded::Event(event) = stored.decode() {
             prefix.push((stored.sequence, event));
         }
     })
     .await?;
-    let rollback_id = format!("rollback-{}", uuid::Uuid::new_v4());
-    let planned =
-        match switchyard_core::rollback::plan_node_rollback(&prefix, &args.node, &rollback_id) {
-            Ok(planned) => planned,
-            Err(why) => {
-                eprintln!("refused: {why}");
-                return Ok(ExitCode::from(1));
-            }
-        };
-    let command = ServiceCommand {
-        command: Some(service_command::Command::Rollback(planned)),
-    };
-    let reply =
-        switchyard_runtime::commands::send(&client, ServiceName::StackAssigner, command).await?;
-    crate::handover::report(reply)
+    Ok(prefix)
+}
+
+async fn send(
+    operator: &OperatorArgs,
+    owner: ServiceName,
+    planned: Result<DomainEvent, RollbackRefused>,
+) -> anyhow::Result<ExitCode> {
+    match planned {
+        Ok(planned) => {
+            operator
+                .run(owner, service_command::Command::Rollback(planned))
+                .await
+        }
+        Err(why) => {
+            eprintln!("refused: {why}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+pub async fn rollback_node(args: RollbackNodeArgs) -> anyhow::Result<ExitCode> {
+    let prefix = log_prefix(&args.operator).await?;
+    let id = format!("rollback-{}", uuid::Uuid::new_v4());
+    let planned = switchyard_core::rollback::plan_node_rollback(&prefix, &args.node, &id);
+    send(&args.operator, ServiceName::StackAssigner, planned).await
+}
+
+pub async fn rollback_app(args: RollbackAppArgs) -> anyhow::Result<ExitCode> {
+    let prefix = log_prefix(&args.operator).await?;
+    let id = format!("rollback-{}", uuid::Uuid::new_v4());
+    let planned = switchyard_core::rollback::plan_workload_rollback(&prefix, &args.workload, &id);
+    send(&args.operator, ServiceName::ClaimAllocator, planned).await
 }

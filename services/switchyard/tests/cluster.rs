@@ -626,6 +626,7 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args(args)
             .env("SWITCHYARD_NATS_URL", world.nats.url())
+            .env("SWITCHYARD_ACTOR", "ops@example.com")
             .output()
             .expect("run switchyard");
         (
@@ -638,10 +639,23 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         "handover", "--node", "gpu-1", "--to", "gpu-dra", "--id", "h1",
     ]);
     assert!(
-        ok && out.contains("HandoverStarted"),
+        ok && out.contains("handover h1 of node gpu-1 started: gpu -> gpu-dra"),
         "{out}\n{err}\n{}",
         world.output()
     );
+    // The operator's decision is recorded as theirs; every step of the
+    // handover carries its correlation id (the handover's own, none given).
+    let log = world.log().await;
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log");
+    let started = records
+        .iter()
+        .find(|s| s.envelope.event_type == "HandoverStarted")
+        .expect("HandoverStarted recorded");
+    assert_eq!(started.envelope.actor, "ops@example.com");
+    assert_eq!(started.envelope.correlation_id, "h1");
 
     // web-1 is evicted; db-1 is refused and the refusal recorded with its budget.
     world
@@ -681,6 +695,22 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
             world.events().await.iter().any(|(_, e)| matches!(&e.kind, Some(Kind::HandoverCompleted(h)) if h.handover_id == "h1"))
         })
         .await;
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log");
+    let completed = records
+        .iter()
+        .find(|s| s.envelope.event_type == "HandoverCompleted")
+        .expect("HandoverCompleted recorded");
+    assert_eq!(
+        (
+            completed.envelope.actor.as_str(),
+            completed.envelope.correlation_id.as_str()
+        ),
+        ("stack-assigner", "h1"),
+        "a later step: decided by the service, correlated with the handover"
+    );
     let moved = nodes.get("gpu-1").await.unwrap();
     assert_eq!(
         moved.labels().get(GROUP).map(String::as_str),
@@ -697,7 +727,7 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
     // Roll it back.
     let (ok, out, err) = cli(&["rollback", "node", "--node", "gpu-1"]);
     assert!(
-        ok && out.contains("RollbackStarted"),
+        ok && out.contains("rollback rollback-") && out.contains("started: 3 step(s) to undo"),
         "{out}\n{err}\n{}",
         world.output()
     );

@@ -404,7 +404,8 @@ async fn least_privilege_per_service_account() {
         );
     }
 
-    // claim-allocator rewrites workloads and quotas, never nodes.
+    // claim-allocator rewrites workloads and quotas and clears leftover node
+    // labels (completion); it neither lists nor deletes nodes.
     {
         let client = as_service("claim-allocator");
         let deployments: &Api<Deployment> = &Api::namespaced(client.clone(), "apps");
@@ -421,7 +422,7 @@ async fn least_privilege_per_service_account() {
                 .await,
             "claim-allocator lists ResourceClaims",
         );
-        refused(
+        allowed(
             Api::<Node>::all(client.clone())
                 .patch(
                     "gpu-node-1",
@@ -429,7 +430,19 @@ async fn least_privilege_per_service_account() {
                     &label_patch("x", "y"),
                 )
                 .await,
-            "claim-allocator patches a node",
+            "claim-allocator patches a node's labels",
+        );
+        refused(
+            Api::<Node>::all(client.clone())
+                .list(&ListParams::default())
+                .await,
+            "claim-allocator lists nodes",
+        );
+        refused(
+            Api::<Node>::all(client.clone())
+                .delete("gpu-node-1", &DeleteParams::default())
+                .await,
+            "claim-allocator deletes a node",
         );
         refused(
             deployments

@@ -63,6 +63,18 @@ pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item 
     })
 }
 
+/// Groups a move may go to when none is named: groups without `spec.gpu`
+/// (not the device plugin's) with a ready node, sorted.
+pub fn target_groups(cluster: &Cluster) -> Vec<&str> {
+    cluster
+        .members
+        .keys()
+        .filter(|group| !cluster.has_spec_gpu(group))
+        .filter(|group| ready_nodes(cluster, group).next().is_some())
+        .map(String::as_str)
+        .collect()
+}
+
 impl AppMoves {
     /// Folds this core's own events.
     pub fn apply(&mut self, event: &DomainEvent) {
@@ -205,16 +217,43 @@ impl AppMoves {
                 cmd.gpu_class
             ));
         }
+        if !workload.managed_by.is_empty() && !cmd.allow_managed {
+            return refuse(format!(
+                "{name} is managed by {}, which would undo an edit made here: change the manifest \
+                 where it lives (`switchyard move --dry-run -o patch` prints the change), or move \
+                 it in place anyway with --allow-managed",
+                workload.managed_by
+            ));
+        }
         if !workload.placement.requests_nvidia_gpu() {
             return refuse(format!(
                 "{name} requests no {NVIDIA_GPU}: there is nothing to move"
             ));
         }
-        if ready_nodes(cluster, &cmd.target_group).next().is_none() {
+        let target_group = match cmd.target_group.as_str() {
+            "" => match target_groups(cluster).as_slice() {
+                [one] => one.to_string(),
+                [] => {
+                    return refuse(
+                        "no node of a group without spec.gpu is ready: hand over a node before \
+                         moving the application, otherwise its Pods wait for devices that do not \
+                         exist in the cluster yet"
+                            .to_string(),
+                    );
+                }
+                several => {
+                    return refuse(format!(
+                        "groups {} all have ready nodes: name the target group",
+                        several.join(", ")
+                    ));
+                }
+            },
+            given => given.to_string(),
+        };
+        if ready_nodes(cluster, &target_group).next().is_none() {
             return refuse(format!(
-                "no node of group {} is ready: hand over a node before moving the application, \
-                 otherwise its Pods wait for devices that do not exist in the cluster yet",
-                cmd.target_group
+                "no node of group {target_group} is ready: hand over a node before moving the \
+                 application, otherwise its Pods wait for devices that do not exist in the cluster yet"
             ));
         }
         let placement = workload.placement.get();
@@ -229,7 +268,7 @@ impl AppMoves {
                 move_id: cmd.move_id.clone(),
                 workload: Some(w.clone()),
                 source_group,
-                target_group: cmd.target_group.clone(),
+                target_group,
                 gpu_class: cmd.gpu_class.clone(),
             })),
             event(Kind::WorkloadRewritten(WorkloadRewritten {

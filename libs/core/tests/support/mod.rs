@@ -237,6 +237,7 @@ pub fn mk_workload(
         }),
         replicas,
         placement: Some(placement),
+        managed_by: String::new(),
     }))
 }
 
