@@ -444,12 +444,20 @@ impl Cluster {
 
     /// The pods of a workload (they live in its namespace).
     pub fn pods_of(&self, workload: &WorkloadKey) -> Vec<&Pod> {
+        self.named_pods_of(workload)
+            .into_iter()
+            .map(|(_, pod)| pod)
+            .collect()
+    }
+
+    /// The pods of `workload` with their names.
+    pub fn named_pods_of(&self, workload: &WorkloadKey) -> Vec<(&str, &Pod)> {
         let start = (workload.0.clone(), String::new());
         self.pods
             .range(start..)
             .take_while(|((namespace, _), _)| *namespace == workload.0)
             .filter(|((namespace, _), pod)| pod.owned_by(namespace, workload))
-            .map(|(_, pod)| pod)
+            .map(|((_, name), pod)| (name.as_str(), pod))
             .collect()
     }
 

@@ -1,7 +1,7 @@
 //! Operators' commands: what a person asks a service to do. They are not in
 //! the log; what the owning service decides on one is.
 
-use switchyard_proto::v1::{DomainEvent, WorkloadRef};
+use switchyard_proto::v1::{DomainEvent, MigrationStarted, WorkloadRef};
 
 /// An operator's request to hand `node` over to `target_group`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,12 +33,49 @@ pub struct Complete {
     pub trial_period_over: bool,
 }
 
+/// What an operator does to a running migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrationAction {
+    Pause,
+    Resume,
+    /// End it; the current wave is rolled back (by the rollbacks the
+    /// operator's CLI plans from the log and sends with it).
+    Abort,
+}
+
+/// An operator's request to pause, resume or abort a migration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlMigration {
+    pub migration_id: String,
+    pub action: MigrationAction,
+    pub reason: String,
+}
+
+/// The id of the handover of `node` in wave `wave` (0-based) of a migration.
+pub fn wave_handover_id(migration_id: &str, wave: u32, node: &str) -> String {
+    format!("{migration_id}/wave-{}/{node}", wave + 1)
+}
+
+/// The id of the move of `workload` in wave `wave` (0-based) of a migration.
+pub fn wave_move_id(migration_id: &str, wave: u32, workload: &WorkloadRef) -> String {
+    format!(
+        "{migration_id}/wave-{}/{}/{}/{}",
+        wave + 1,
+        workload.namespace,
+        workload.kind,
+        workload.name
+    )
+}
+
 /// An operator's command, for the service that owns it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     StartHandover(StartHandover),
     MoveApplication(MoveApplication),
     Complete(Complete),
+    /// A migration's plan: its waves, to run by themselves.
+    Migrate(MigrationStarted),
+    ControlMigration(ControlMigration),
     /// A planned rollback (`RollbackStarted`), for the node's or workload's owner.
     Rollback(DomainEvent),
 }

@@ -101,7 +101,10 @@ impl Command {
     pub fn owner(&self) -> ServiceName {
         match self {
             Command::StartHandover(_) => ServiceName::StackAssigner,
-            Command::MoveApplication(_) | Command::Complete(_) => ServiceName::ClaimAllocator,
+            Command::MoveApplication(_)
+            | Command::Complete(_)
+            | Command::Migrate(_)
+            | Command::ControlMigration(_) => ServiceName::ClaimAllocator,
             Command::Rollback(event) => match &event.kind {
                 Some(Kind::RollbackStarted(r)) if r.node_restore.is_some() => {
                     ServiceName::StackAssigner

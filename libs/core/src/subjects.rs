@@ -78,6 +78,14 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::RollbackStarted(e) => format!("rollback.{}", token(&e.rollback_id)),
         Kind::StepCompensated(e) => format!("rollback.{}", token(&e.rollback_id)),
         Kind::RollbackCompleted(e) => format!("rollback.{}", token(&e.rollback_id)),
+        Kind::MigrationStarted(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::MigrationRefused(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::WaveStarted(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::WaveCompleted(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::MigrationPaused(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::MigrationResumed(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::MigrationAborted(e) => format!("migration.{}", token(&e.migration_id)),
+        Kind::MigrationCompleted(e) => format!("migration.{}", token(&e.migration_id)),
         Kind::AlertRaised(e) => alert(&e.alert_name, &e.labels),
         Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
     }
@@ -116,6 +124,13 @@ pub fn process_of(event: &DomainEvent) -> Option<&str> {
         Kind::RollbackStarted(e) => &e.rollback_id,
         Kind::StepCompensated(e) => &e.rollback_id,
         Kind::RollbackCompleted(e) => &e.rollback_id,
+        Kind::MigrationStarted(e) => &e.migration_id,
+        Kind::WaveStarted(e) => &e.migration_id,
+        Kind::WaveCompleted(e) => &e.migration_id,
+        Kind::MigrationPaused(e) => &e.migration_id,
+        Kind::MigrationResumed(e) => &e.migration_id,
+        Kind::MigrationAborted(e) => &e.migration_id,
+        Kind::MigrationCompleted(e) => &e.migration_id,
         _ => return None,
     };
     (!id.is_empty()).then_some(id.as_str())

@@ -23,6 +23,14 @@ pub mod v1 {
         pub fn type_name(&self) -> &'static str {
             use domain_event::Kind::*;
             match self {
+                MigrationStarted(_) => "MigrationStarted",
+                MigrationRefused(_) => "MigrationRefused",
+                WaveStarted(_) => "WaveStarted",
+                WaveCompleted(_) => "WaveCompleted",
+                MigrationPaused(_) => "MigrationPaused",
+                MigrationResumed(_) => "MigrationResumed",
+                MigrationAborted(_) => "MigrationAborted",
+                MigrationCompleted(_) => "MigrationCompleted",
                 NodeObserved(_) => "NodeObserved",
                 NodeRemoved(_) => "NodeRemoved",
                 NodeGroupObserved(_) => "NodeGroupObserved",

@@ -443,11 +443,14 @@ impl Services for Actors {
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
-        let service = ServiceName::StackAssigner;
-        let decisions = self
-            .input(service, "a tick", now, |reply| ServiceMsg::Tick(now, reply))
-            .await;
-        self.spread(service, decisions, now).await
+        let mut records = Vec::new();
+        for service in ServiceName::DISPATCH_ORDER {
+            let decisions = self
+                .input(service, "a tick", now, |reply| ServiceMsg::Tick(now, reply))
+                .await;
+            records.extend(self.spread(service, decisions, now).await);
+        }
+        records
     }
 
     async fn effects(&mut self) -> Vec<Effect> {

@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use prost::Message;
-use switchyard_core::command::{Complete, MoveApplication, StartHandover};
+use switchyard_core::command::{
+    Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
+};
 use switchyard_core::{Command, ServiceName};
+use switchyard_proto::v1::migration_control_command::Action;
 use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
 
 /// How long a command may wait for the service's answer.
@@ -56,6 +59,10 @@ pub enum CommandRefused {
     IncompleteMove,
     #[error("complete: source_group and gpu_class must both be set")]
     IncompleteCompletion,
+    #[error("migrate: migration_id, source_group, target_group and gpu_class must all be set")]
+    IncompleteMigration,
+    #[error("control_migration: migration_id and an action (pause, resume, abort) must be set")]
+    IncompleteControl,
     #[error("rollback: expected a RollbackStarted event")]
     NotARollback,
     #[error("{service} does not take this command; {owner} does")]
@@ -139,6 +146,32 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
                 source_group: c.source_group,
                 gpu_class: c.gpu_class,
                 trial_period_over: c.trial_period_over,
+            }))
+        }
+        service_command::Command::Migrate(plan) => {
+            if plan.migration_id.is_empty()
+                || plan.source_group.is_empty()
+                || plan.target_group.is_empty()
+                || plan.gpu_class.is_empty()
+            {
+                return Err(CommandRefused::IncompleteMigration);
+            }
+            Ok(Command::Migrate(plan))
+        }
+        service_command::Command::ControlMigration(c) => {
+            let action = match Action::try_from(c.action) {
+                Ok(Action::Pause) => MigrationAction::Pause,
+                Ok(Action::Resume) => MigrationAction::Resume,
+                Ok(Action::Abort) => MigrationAction::Abort,
+                Ok(Action::Unspecified) | Err(_) => return Err(CommandRefused::IncompleteControl),
+            };
+            if c.migration_id.is_empty() {
+                return Err(CommandRefused::IncompleteControl);
+            }
+            Ok(Command::ControlMigration(ControlMigration {
+                migration_id: c.migration_id,
+                action,
+                reason: c.reason,
             }))
         }
     }

@@ -142,9 +142,12 @@ impl Services for Local {
     }
 
     async fn tick(&mut self, now: i64) -> Vec<Record> {
-        let service = ServiceName::StackAssigner;
-        let decisions = self.core(service).decide(Input::Tick, now);
-        self.spread(service, decisions, now).await
+        let mut records = Vec::new();
+        for service in ServiceName::DISPATCH_ORDER {
+            let decisions = self.core(service).decide(Input::Tick, now);
+            records.extend(self.spread(service, decisions, now).await);
+        }
+        records
     }
 
     async fn effects(&mut self) -> Vec<Effect> {

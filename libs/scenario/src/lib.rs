@@ -22,11 +22,14 @@ use switchyard_core::cluster::workload_key;
 use switchyard_core::command::Complete;
 use switchyard_core::command::MoveApplication;
 use switchyard_core::command::StartHandover;
+use switchyard_core::command::{ControlMigration, MigrationAction};
 use switchyard_core::effects::EffectExecutor;
 use switchyard_core::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP, STACK_DEVICE_PLUGIN};
 use switchyard_core::rollback::{RollbackRefused, plan_node_rollback, plan_workload_rollback};
 use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_proto::v1::{DomainEvent, HandoverStarted, Stack, WorkloadRef, domain_event::Kind};
+use switchyard_proto::v1::{
+    DomainEvent, HandoverStarted, MigrationStarted, Stack, WorkloadRef, domain_event::Kind,
+};
 use switchyard_runtime::{Command, CoreState, Record, ServiceName, Services};
 use switchyard_sim::{SimConfig, Simulator};
 
@@ -90,7 +93,7 @@ impl States {
     /// Folds one event of the log into every core.
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
-        self.claims.apply(event);
+        self.claims.apply_at(event, at);
         self.alerter.apply(event);
         self.compiler.apply(event);
     }
@@ -346,6 +349,89 @@ impl<S: Services, L: LogSink> Migration<S, L> {
                 self.sim.pending_pods()
             )))
         }
+    }
+
+    /// Starts a migration in waves and lets it run; Ok once it completed, else
+    /// where it stopped (the pause's reason).
+    pub async fn migrate(&mut self, plan: MigrationStarted) -> Result<String, StepFailed> {
+        let id = plan.migration_id.clone();
+        let start = self.log.len();
+        let records = self
+            .services
+            .command(Command::Migrate(plan), self.sim.now())
+            .await;
+        let decisions = self.record(records);
+        if let Some(Kind::MigrationRefused(r)) = decisions.first().and_then(|d| d.kind.as_ref()) {
+            return Err(StepFailed::Refused(r.reason.clone()));
+        }
+        self.pump().await;
+        self.migration_outcome(start, &id)
+    }
+
+    /// Pauses, resumes or aborts a migration and lets the cluster settle; Ok
+    /// once it completed, else where it stands.
+    pub async fn control_migration(
+        &mut self,
+        migration_id: &str,
+        action: MigrationAction,
+    ) -> Result<String, StepFailed> {
+        let start = self.log.len();
+        let cmd = ControlMigration {
+            migration_id: migration_id.into(),
+            action,
+            reason: String::new(),
+        };
+        self.run_command(Command::ControlMigration(cmd)).await?;
+        if let Some(Kind::MigrationRefused(r)) = self
+            .logged_since(start)
+            .next()
+            .and_then(|d| d.kind.as_ref())
+        {
+            return Err(StepFailed::Refused(r.reason.clone()));
+        }
+        self.migration_outcome(start, migration_id)
+    }
+
+    /// Lets `nanos` of time pass (the services tick), then settles.
+    pub async fn wait(&mut self, nanos: i64) {
+        let at = self.sim.now() + nanos;
+        self.sim.advance_to(at);
+        let records = self.services.tick(self.sim.now()).await;
+        self.record(records);
+        self.pump().await;
+    }
+
+    fn migration_outcome(&self, start: usize, id: &str) -> Result<String, StepFailed> {
+        let mut outcome = Err(StepFailed::NotReached(format!(
+            "migration {id} did not complete"
+        )));
+        for event in self.logged_since(start) {
+            match &event.kind {
+                Some(Kind::MigrationCompleted(c)) if c.migration_id == id => {
+                    outcome = Ok(format!("{} wave(s)", c.waves));
+                }
+                Some(Kind::MigrationPaused(p)) if p.migration_id == id => {
+                    outcome = Err(StepFailed::NotReached(format!(
+                        "paused in wave {}: {}",
+                        p.wave + 1,
+                        p.reason
+                    )));
+                }
+                Some(Kind::MigrationResumed(r)) if r.migration_id == id => {
+                    outcome = Err(StepFailed::NotReached(format!(
+                        "migration {id} did not complete"
+                    )));
+                }
+                Some(Kind::MigrationAborted(a)) if a.migration_id == id => {
+                    outcome = Err(StepFailed::NotReached(format!(
+                        "aborted in wave {}",
+                        a.wave + 1
+                    )));
+                }
+                _ => {}
+            }
+        }
+        outcome
     }
 
     /// Runs the completion steps; returns the refusal reasons, if any.

@@ -1,24 +1,31 @@
-//! The claim-allocator core: application moves ([`moves`]) and completion
-//! ([`completion`]) over the cluster facts.
+//! The claim-allocator core: application moves ([`moves`]), migrations in
+//! waves ([`migration`]) and completion ([`completion`]) over the cluster facts.
 
 pub mod completion;
+pub mod migration;
 pub mod moves;
 
 use switchyard_proto::v1::{ApplicationMoveRefused, DomainEvent, domain_event::Kind, event};
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
-use crate::command::{Command, Complete, MoveApplication};
+use crate::command::{Command, Complete, ControlMigration, MigrationAction, MoveApplication};
 use crate::effects::Effect;
 use crate::service::{self, Core, ServiceName};
 use completion::Completion;
+use migration::Migrations;
 use moves::AppMoves;
+use switchyard_proto::v1::{
+    MigrationAborted, MigrationPaused, MigrationRefused, MigrationResumed, MigrationStarted,
+};
 
-/// The claim-allocator core: cluster facts, application moves, completion.
+/// The claim-allocator core: cluster facts, application moves, migrations,
+/// completion.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClaimAllocator {
     pub cluster: Cluster,
     pub moves: AppMoves,
     pub completion: Completion,
+    pub migrations: Migrations,
 }
 
 /// An input of the claim-allocator.
@@ -28,13 +35,25 @@ pub enum Input<'a> {
     MoveApplication(&'a MoveApplication),
     /// A workload rollback planned by `rollback::plan_workload_rollback`.
     Rollback(&'a DomainEvent),
+    /// A migration's plan.
+    Migrate(&'a MigrationStarted),
+    ControlMigration(&'a ControlMigration),
+    /// Time passed: the migrations' circuit breaker.
+    Tick,
 }
 
 impl ClaimAllocator {
+    /// Folds an event; for one without a time (a test's), see [`Self::apply_at`].
     pub fn apply(&mut self, event: &DomainEvent) {
+        self.apply_at(event, 0);
+    }
+
+    /// Folds an event recorded (or decided) at `at`.
+    pub fn apply_at(&mut self, event: &DomainEvent, at: i64) {
         self.cluster.apply(event);
         self.moves.apply(event);
         self.completion.apply(event);
+        self.migrations.apply(event, at);
     }
 
     /// The completion steps an operator asks for (or why not yet), folded.
@@ -54,12 +73,33 @@ impl ClaimAllocator {
         effects
     }
 
-    /// Folds the input, decides, folds the decisions; returns the decisions.
+    /// [`Self::handle_at`] without a time (tests of moves and completion).
     pub fn handle(&mut self, input: Input<'_>) -> Vec<DomainEvent> {
+        self.handle_at(input, 0)
+    }
+
+    /// Folds the input, decides, folds the decisions; returns the decisions.
+    /// `now` is the time of the decision (the migrations' breaker reads it).
+    pub fn handle_at(&mut self, input: Input<'_>, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
+        let mut trigger = None;
         let keys: Vec<WorkloadKey> = match input {
+            Input::Tick => Vec::new(),
+            Input::Migrate(plan) => {
+                let decision = self.migrate(plan);
+                self.apply_at(&decision, now);
+                out.push(decision);
+                Vec::new()
+            }
+            Input::ControlMigration(cmd) => {
+                let decision = self.control(cmd);
+                self.apply_at(&decision, now);
+                out.push(decision);
+                Vec::new()
+            }
             Input::Fact(fact) => {
-                self.apply(fact);
+                trigger = Some(fact);
+                self.apply_at(fact, now);
                 match &fact.kind {
                     Some(Kind::WorkloadObserved(f)) => {
                         f.workload.iter().map(workload_key).collect()
@@ -98,27 +138,149 @@ impl ClaimAllocator {
                     )));
                     return out;
                 }
-                self.apply(started);
+                self.apply_at(started, now);
                 out.push(started.clone());
                 vec![key]
             }
         };
-        self.follow(keys, &mut out);
+        self.follow(keys, now, &mut out);
+        self.run_migrations(trigger, now, &mut out);
         out
+    }
+
+    /// A migration's plan checked: recorded as started, or refused.
+    fn migrate(&self, plan: &MigrationStarted) -> DomainEvent {
+        let refuse = |reason: String| {
+            event(Kind::MigrationRefused(MigrationRefused {
+                migration_id: plan.migration_id.clone(),
+                reason,
+            }))
+        };
+        if self.migrations.active.contains_key(&plan.migration_id)
+            || self.migrations.ended.contains(&plan.migration_id)
+        {
+            return refuse(format!("migration {} exists already", plan.migration_id));
+        }
+        if let Some(other) = self.migrations.active.values().find(|m| {
+            m.plan.source_group == plan.source_group || m.plan.target_group == plan.target_group
+        }) {
+            return refuse(format!(
+                "migration {} from {} to {} is running: finish, pause or abort it first",
+                other.plan.migration_id, other.plan.source_group, other.plan.target_group
+            ));
+        }
+        if plan.waves.is_empty() {
+            return refuse("the plan has no waves: nothing to migrate".into());
+        }
+        if plan.max_unavailable == 0 {
+            return refuse("max_unavailable: expected at least 1".into());
+        }
+        for (i, wave) in plan.waves.iter().enumerate() {
+            if wave.nodes.len() > plan.max_unavailable as usize {
+                return refuse(format!(
+                    "waves[{i}]: {} nodes, more than max_unavailable {}",
+                    wave.nodes.len(),
+                    plan.max_unavailable
+                ));
+            }
+        }
+        if !self.cluster.gpu_classes.contains_key(&plan.gpu_class) {
+            let known: Vec<&str> = self
+                .cluster
+                .gpu_classes
+                .keys()
+                .map(String::as_str)
+                .collect();
+            return refuse(format!(
+                "GPU class {} does not exist (known: {})",
+                plan.gpu_class,
+                known.join(", ")
+            ));
+        }
+        event(Kind::MigrationStarted(plan.clone()))
+    }
+
+    /// Pause, resume or abort, as the operator asks — or why not.
+    fn control(&self, cmd: &ControlMigration) -> DomainEvent {
+        let id = &cmd.migration_id;
+        let Some(m) = self.migrations.active.get(id) else {
+            return event(Kind::MigrationRefused(MigrationRefused {
+                migration_id: id.clone(),
+                reason: if self.migrations.ended.contains(id) {
+                    format!("migration {id} has ended")
+                } else {
+                    format!("migration {id} does not exist")
+                },
+            }));
+        };
+        let wave = m.wave.unwrap_or(m.next);
+        let reason = match cmd.reason.as_str() {
+            "" => "asked by the operator".to_string(),
+            given => given.to_string(),
+        };
+        match cmd.action {
+            MigrationAction::Pause => event(Kind::MigrationPaused(MigrationPaused {
+                migration_id: id.clone(),
+                wave,
+                reason,
+                tripped: false,
+            })),
+            MigrationAction::Resume => event(Kind::MigrationResumed(MigrationResumed {
+                migration_id: id.clone(),
+                wave,
+            })),
+            MigrationAction::Abort => event(Kind::MigrationAborted(MigrationAborted {
+                migration_id: id.clone(),
+                wave,
+                reason,
+            })),
+        }
+    }
+
+    /// Moves every running migration on as far as the facts allow.
+    fn run_migrations(
+        &mut self,
+        trigger: Option<&DomainEvent>,
+        now: i64,
+        out: &mut Vec<DomainEvent>,
+    ) {
+        if self.migrations.active.is_empty() {
+            return;
+        }
+        let mut trigger = trigger;
+        // A wave's end and the next wave's start can follow from one fact.
+        for _ in 0..4 {
+            let decisions = self
+                .migrations
+                .decide(&self.cluster, &self.moves, trigger.take(), now);
+            if decisions.is_empty() {
+                break;
+            }
+            for decision in decisions {
+                self.apply_at(&decision, now);
+                out.push(decision);
+            }
+        }
     }
 
     /// After a rebuild from the log: the next steps of the moves in progress
     /// that the facts already allow (a late start or a crash kept them from
     /// being recorded), folded.
     pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+        self.catch_up_at(0)
+    }
+
+    /// [`Self::catch_up`] at `now`.
+    pub fn catch_up_at(&mut self, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
         let keys: Vec<WorkloadKey> = self.moves.active.keys().cloned().collect();
-        self.follow(keys, &mut out);
+        self.follow(keys, now, &mut out);
+        self.run_migrations(None, now, &mut out);
         out
     }
 
     /// Moves each workload of `keys` on as far as the facts allow.
-    fn follow(&mut self, keys: Vec<WorkloadKey>, out: &mut Vec<DomainEvent>) {
+    fn follow(&mut self, keys: Vec<WorkloadKey>, now: i64, out: &mut Vec<DomainEvent>) {
         for key in keys {
             // Rewrite seen -> restarted -> verified can follow from one fact.
             for _ in 0..3 {
@@ -127,7 +289,7 @@ impl ClaimAllocator {
                     break;
                 }
                 for decision in decisions {
-                    self.apply(&decision);
+                    self.apply_at(&decision, now);
                     out.push(decision);
                 }
             }
@@ -139,26 +301,35 @@ impl Core for ClaimAllocator {
     fn service(&self) -> ServiceName {
         ServiceName::ClaimAllocator
     }
-    fn fold(&mut self, event: &DomainEvent, _at: i64) {
-        self.apply(event);
+    fn fold(&mut self, event: &DomainEvent, at: i64) {
+        self.apply_at(event, at);
     }
-    fn decide(&mut self, input: service::Input<'_>, _now: i64) -> Vec<DomainEvent> {
+    fn decide(&mut self, input: service::Input<'_>, now: i64) -> Vec<DomainEvent> {
         match input {
-            service::Input::Record(event) => self.handle(Input::Fact(event)),
+            service::Input::Record(event) => self.handle_at(Input::Fact(event), now),
             service::Input::Command(Command::MoveApplication(cmd)) => {
-                self.handle(Input::MoveApplication(cmd))
+                self.handle_at(Input::MoveApplication(cmd), now)
             }
             service::Input::Command(Command::Rollback(planned)) => {
-                self.handle(Input::Rollback(planned))
+                self.handle_at(Input::Rollback(planned), now)
             }
             service::Input::Command(Command::Complete(cmd)) => self.complete(cmd),
+            service::Input::Command(Command::Migrate(plan)) => {
+                self.handle_at(Input::Migrate(plan), now)
+            }
+            service::Input::Command(Command::ControlMigration(cmd)) => {
+                self.handle_at(Input::ControlMigration(cmd), now)
+            }
+            service::Input::Tick if !self.migrations.active.is_empty() => {
+                self.handle_at(Input::Tick, now)
+            }
             service::Input::Command(Command::StartHandover(_))
             | service::Input::Observed(_)
             | service::Input::Tick => Vec::new(),
         }
     }
-    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
-        ClaimAllocator::catch_up(self)
+    fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        ClaimAllocator::catch_up_at(self, now)
     }
     fn effects(&self) -> Vec<Effect> {
         ClaimAllocator::effects(self)

@@ -25,7 +25,7 @@ use switchyard_proto::v1::{
 pub mod handover;
 
 use crate::cluster::Cluster;
-use crate::command::{Command, StartHandover};
+use crate::command::{Command, StartHandover, wave_handover_id};
 use crate::effects::Effect;
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
 use crate::service::{self, ServiceName};
@@ -54,6 +54,9 @@ pub struct StackAssigner {
     pub holds_due: BTreeMap<String, String>,
     pub assignments: BTreeMap<String, Assignment>,
     pub handovers: Handovers,
+    /// Handovers a migration's wave asks for (`WaveStarted`, decided by the
+    /// claim-allocator) that are not started or refused yet, by handover id.
+    pub waves_due: BTreeMap<String, StartHandover>,
 }
 
 /// An input of the stack-assigner.
@@ -79,6 +82,7 @@ impl StackAssigner {
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.apply_own(event, at);
         self.track_holds_due(event);
+        self.track_waves_due(event);
         if Self::needs(event) {
             self.cluster.apply(event);
         }
@@ -88,9 +92,53 @@ impl StackAssigner {
     pub fn apply_owned(&mut self, event: DomainEvent, at: i64) {
         self.apply_own(&event, at);
         self.track_holds_due(&event);
+        self.track_waves_due(&event);
         if Self::needs(&event) {
             self.cluster.apply_owned(event);
         }
+    }
+
+    /// Keeps [`Self::waves_due`]: a wave's handovers are due until each is
+    /// started or refused, or the migration is aborted.
+    fn track_waves_due(&mut self, event: &DomainEvent) {
+        match &event.kind {
+            Some(Kind::WaveStarted(wave)) => {
+                for node in &wave.nodes {
+                    let id = wave_handover_id(&wave.migration_id, wave.wave, node);
+                    self.waves_due.insert(
+                        id.clone(),
+                        StartHandover {
+                            handover_id: id,
+                            node: node.clone(),
+                            target_group: wave.target_group.clone(),
+                        },
+                    );
+                }
+            }
+            Some(Kind::HandoverStarted(started)) => {
+                self.waves_due.remove(&started.handover_id);
+            }
+            Some(Kind::HandoverRefused(refused)) => {
+                self.waves_due.retain(|_, h| h.node != refused.node);
+            }
+            Some(Kind::MigrationAborted(aborted)) => {
+                let prefix = format!("{}/", aborted.migration_id);
+                self.waves_due.retain(|id, _| !id.starts_with(&prefix));
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts the handovers migrations' waves ask for.
+    fn start_waves_due(&mut self, now: i64, out: &mut Vec<DomainEvent>) -> Vec<String> {
+        let due: Vec<StartHandover> = self.waves_due.values().cloned().collect();
+        let mut nodes = Vec::new();
+        for cmd in due {
+            let decisions = self.handovers.start(&self.cluster, &self.held, &cmd);
+            self.fold(decisions, now, out);
+            nodes.push(cmd.node);
+        }
+        nodes
     }
 
     /// Keeps [`Self::holds_due`]; called before the cluster folds `event`.
@@ -303,7 +351,11 @@ impl StackAssigner {
                 self.apply(fact, now);
                 let decisions = self.decide(fact);
                 self.fold(decisions, now, &mut out);
-                self.handovers_touched_by(fact)
+                let mut nodes = self.handovers_touched_by(fact);
+                if matches!(fact.kind, Some(Kind::WaveStarted(_))) {
+                    nodes.extend(self.start_waves_due(now, &mut out));
+                }
+                nodes
             }
             Input::Tick => self.handovers.active.keys().cloned().collect(),
             Input::StartHandover(cmd) => {
@@ -369,6 +421,7 @@ impl StackAssigner {
         self.fold(decisions, now, &mut out);
         let rollbacks = self.handovers.rollbacks_due();
         self.fold(rollbacks, now, &mut out);
+        self.start_waves_due(now, &mut out);
         out.extend(self.handle(Input::Tick, now));
         out
     }
