@@ -491,4 +491,26 @@ async fn dra_extended_resource_and_claim_template_pods_get_allocated_claims_and_
         devices[0], devices[1],
         "two claims, two devices: {devices:?}"
     );
+
+    // Deleting the pod ends its claim too: kwok finishes the pod's deletion and
+    // the controller manager removes the claim the scheduler made for it.
+    pods.delete("extended", &DeleteParams::default())
+        .await
+        .expect("delete pod extended");
+    cluster
+        .eventually(
+            &format!("pod extended and its claim {extended_claim} to be gone"),
+            || async {
+                pods.get_opt("extended")
+                    .await
+                    .expect("get pod extended")
+                    .is_none()
+                    && claims
+                        .get_opt(&extended_claim)
+                        .await
+                        .expect("get the claim")
+                        .is_none()
+            },
+        )
+        .await;
 }
