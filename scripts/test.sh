@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs the pinned nats-server and
-# builds the Kubernetes control plane the tests start (both cached, idempotent;
-# the control plane takes about 6 minutes the first time), then runs every test
-# of the workspace.
+# The whole test suite, on a fresh machine: installs the pinned nats-server,
+# builds the Kubernetes control plane the tests start, helm, kwok and the Go
+# reference programs (all cached, idempotent; the control plane takes about 6
+# minutes the first time, kwok about 3), then runs every test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
@@ -11,5 +11,6 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
 scripts/install-nats-server.sh
 scripts/control-plane.sh
 scripts/install-helm.sh
+scripts/install-kwok.sh
 scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

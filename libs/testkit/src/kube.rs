@@ -1,7 +1,8 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver (RBAC on,
 //! a static admin token, a self-signed serving certificate made per run), on
 //! free loopback ports in a temp dir, stopped when dropped. Nodes are API
-//! objects without kubelets, as scheduler_perf and kwok do.
+//! objects without kubelets, as scheduler_perf and kwok do; `crate::kwok`
+//! gives them (and their pods) a lifecycle.
 //!
 //! The binaries come from `scripts/control-plane.sh` (official Go modules,
 //! cached by version). A missing binary is a test failure that says how to
@@ -51,7 +52,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+pub(crate) fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child, String> {
     let out = File::create(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
     Command::new(binary)
@@ -62,7 +63,7 @@ fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child, String> {
         .map_err(|e| format!("start {}: {e}", binary.display()))
 }
 
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
@@ -160,6 +161,11 @@ impl ControlPlane {
                 path("sa.key").display()
             ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
+            // DRA's 1.36 features are on by default (pkg/features/kube_features.go
+            // of k8s.io/kubernetes v1.36.3): DRAExtendedResource, DRAConsumableCapacity,
+            // DRAPartitionableDevices, DRADeviceBindingConditions beta since 1.36,
+            // DRAResourceClaimDeviceStatus since 1.33 — so no --feature-gates here,
+            // on the scheduler or on the controller manager.
             "--runtime-config=resource.k8s.io/v1=true".into(),
             "--enable-priority-and-fairness=false".into(),
             // Nodes here have no kubelet and no node-lifecycle controller to lift
@@ -244,6 +250,12 @@ impl ControlPlane {
                 .unwrap_or_else(|e| panic!("{e}"));
             self.others.push(child);
         }
+    }
+
+    /// The plane's directory: its components' logs, its kubeconfig, and the
+    /// logs of processes started beside it (kwok).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// The last lines of a component's log, for failure messages.

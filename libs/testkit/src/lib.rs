@@ -11,6 +11,8 @@ pub mod bins;
 pub mod health;
 #[cfg(feature = "kube")]
 pub mod kube;
+#[cfg(feature = "kube")]
+pub mod kwok;
 pub mod nats;
 
 use std::time::{Duration, Instant};
