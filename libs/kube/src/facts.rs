@@ -287,7 +287,16 @@ pub fn pod(pod: &Pod) -> DomainEvent {
         _ => PodPhase::Unspecified,
     };
     let node = spec.node_name.clone().unwrap_or_default();
-    let claims_needed = spec.resource_claims.as_ref().map_or(0, Vec::len) as u32;
+    // The pod's own claims, and the one the scheduler makes for its extended
+    // resources backed by a DeviceClass (`gpu.deckhouse.io/<class>: N`),
+    // named in the pod's status once made.
+    let extended = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .is_some_and(|s| !s.resource_claim_name.is_empty());
+    let claims_needed =
+        spec.resource_claims.as_ref().map_or(0, Vec::len) as u32 + u32::from(extended);
     // The scheduler binds a pod only once all its claims are allocated and
     // reserved for it: a scheduled pod has them all.
     let claims_allocated = if node.is_empty() { 0 } else { claims_needed };
@@ -555,6 +564,34 @@ mod tests {
             ("Deployment", "train")
         );
         assert_eq!(f.phase(), PodPhase::Unspecified);
+    }
+
+    #[test]
+    fn the_claim_the_scheduler_makes_for_an_extended_resource_is_counted() {
+        use k8s_openapi::api::core::v1::{PodExtendedResourceClaimStatus, PodStatus};
+        let mut p = Pod {
+            metadata: meta("train-0"),
+            ..Pod::default()
+        };
+        let counts = |p: &Pod| match pod(p).kind {
+            Some(Kind::PodObserved(f)) => (f.claims_needed, f.claims_allocated),
+            _ => panic!("a PodObserved"),
+        };
+        // Pending, not yet given its claim: nothing to count, nothing allocated.
+        assert_eq!(counts(&p), (0, 0));
+        p.status = Some(PodStatus {
+            extended_resource_claim_status: Some(PodExtendedResourceClaimStatus {
+                resource_claim_name: "train-0-extended-resources-abcde".into(),
+                request_mappings: Vec::new(),
+            }),
+            ..PodStatus::default()
+        });
+        assert_eq!(counts(&p), (1, 0), "made, not yet bound");
+        p.spec = Some(PodSpec {
+            node_name: Some("gpu-0".into()),
+            ..PodSpec::default()
+        });
+        assert_eq!(counts(&p), (1, 1), "bound: the scheduler allocated it first");
     }
 
     #[test]

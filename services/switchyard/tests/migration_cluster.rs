@@ -1,0 +1,430 @@
+//! The reference migration on a real cluster: etcd, kube-apiserver,
+//! kube-scheduler and kube-controller-manager, kwok giving the kubelet-less
+//! GPU nodes and their pods a lifecycle, JetStream, Switchyard's services as
+//! their own processes and a node agent per GPU node on a fixture GPU
+//! source — driven only by the commands a platform engineer types:
+//! `switchyard handover`, `move` (and `--dry-run -o patch`), `rollback app`
+//! and `complete`, each with `--wait`.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_testkit::KillOnDrop;
+use switchyard_testkit::kube::{Components, create_namespace};
+use switchyard_testkit::kwok::{Kwok, kwok_node};
+
+use support::*;
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/fixtures/h100-8x.yaml");
+
+/// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
+/// after a node's group changes, its preparation label goes and comes back
+/// once the node has its new stack label.
+async fn prepare_nodes(client: Client) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut groups = std::collections::BTreeMap::new();
+    loop {
+        if let Ok(list) = nodes.list(&ListParams::default()).await {
+            for node in list {
+                let name = node.name_any();
+                let labels = node.labels();
+                let group = labels.get(GROUP).cloned().unwrap_or_default();
+                let moved = groups.insert(name.clone(), group.clone()).is_some_and(|g| g != group);
+                let patch = if moved {
+                    Some(json!({"metadata": {"labels": {SETUP: null}}}))
+                } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
+                    Some(json!({"metadata": {"labels": {SETUP: "true"}}}))
+                } else {
+                    None
+                };
+                if let Some(patch) = patch {
+                    let _ = nodes
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await;
+                }
+            }
+        }
+        // The player's own pace; the test waits on conditions, not on it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The DRA side's DaemonSets, as a cluster runs them: kwok runs their pods
+/// on the nodes the stack-assigner labels `dra`.
+async fn create_dra_daemonsets(client: &Client) {
+    create_namespace(client, "d8-nvidia-gpu").await;
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "d8-nvidia-gpu");
+    for app in ["gpu-node-agent", "nvidia-dra-adapter"] {
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": app},
+            "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app}},
+                    "spec": {
+                        "nodeSelector": {STACK: "dra"},
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "registry.example.com/agent:1"}],
+                    },
+                },
+            },
+        }))
+        .expect("daemonset");
+        api.create(&PostParams::default(), &ds)
+            .await
+            .unwrap_or_else(|e| panic!("create {app}: {e}"));
+    }
+}
+
+fn gpu_node(name: &str) -> Node {
+    kwok_node(
+        name,
+        &[
+            (GROUP, "gpu"),
+            ("node-role.kubernetes.io/gpu", ""),
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("node.deckhouse.io/device-gpu.config", "exclusive"),
+        ],
+        &[
+            ("nvidia.com/gpu", "8"),
+            ("cpu", "64"),
+            ("memory", "512Gi"),
+            ("pods", "110"),
+        ],
+        Vec::new(),
+    )
+}
+
+/// A node agent for `node` on the fixture, with a kubelet of its own.
+fn node_agent(
+    world: &World,
+    node: &str,
+) -> (KillOnDrop, switchyard_kubelet::fake::Kubelet, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("kubelet dir");
+    let kubelet = switchyard_kubelet::fake::Kubelet::default();
+    kubelet.serve(dir.path()).expect("serve the kubelet's sockets");
+    let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
+        .expect("agent log");
+    let agent = Command::new(switchyard_testkit::bins::binary("switchyard-node-agent"))
+        .args(["serve", "--node-name", node, "--gpu-source"])
+        .arg(format!("fixture:{FIXTURE}"))
+        .arg("--kubelet-dir")
+        .arg(dir.path())
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .env("SWITCHYARD_LOG_LEVEL", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the node agent");
+    (KillOnDrop(agent), kubelet, dir)
+}
+
+/// Runs `switchyard` as the operator `ops@example.com`.
+fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .env("SWITCHYARD_NATS_URL", world.nats.url())
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .env("SWITCHYARD_ACTOR", "ops@example.com")
+        .env("SWITCHYARD_TIMEOUT", "90s")
+        .output()
+        .expect("run switchyard");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), "ml")
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+fn running_on(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
+    let mut world = World::start(Components {
+        scheduler: true,
+        controller_manager: true,
+    })
+    .await;
+    let c = world.client.clone();
+    let mut kwok = Kwok::start(&world.plane);
+    create_group(&c, "gpu", true).await;
+    create_group(&c, "gpu-dra", false).await;
+    set_module_config(&c, true, None).await;
+    for node in ["gpu-0", "gpu-1"] {
+        kwok.create_node(&c, &gpu_node(node), WAIT).await;
+    }
+    let _agents: Vec<_> = ["gpu-0", "gpu-1"]
+        .iter()
+        .map(|n| node_agent(&world, n))
+        .collect();
+    create_dra_daemonsets(&c).await;
+    let bashible = tokio::spawn(prepare_nodes(c.clone()));
+    for service in [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+        "alerter",
+    ] {
+        world.serve(service);
+    }
+
+    // Step 2: the class, from the PhysicalGPUs' device label.
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
+    }))
+    .unwrap();
+    Api::<switchyard_api::GPUClass>::all(c.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the GPUClass");
+
+    // An application on the device plugin, and its quota.
+    create_namespace(&c, "ml").await;
+    let train: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "train", "labels": {"team": "ml"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "train"}},
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": {
+                    "nodeSelector": {GROUP: "gpu"},
+                    "containers": [{
+                        "name": "main", "image": "registry.example.com/train:1",
+                        "env": [{"name": "EPOCHS", "value": "3"}],
+                        "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
+    deployments
+        .create(&PostParams::default(), &train)
+        .await
+        .expect("create train");
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-quota"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "4"}},
+    }))
+    .unwrap();
+    Api::<ResourceQuota>::namespaced(c.clone(), "ml")
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    world
+        .until("train running on the device plugin", || async {
+            running_on(&pods_of(&c, "train").await).len() == 1
+        })
+        .await;
+    let original = deployments.get("train").await.unwrap();
+
+    // Step 4 before Step 3 is refused with the reference's reason.
+    let (code, _, err) = cli(
+        &world,
+        &["move", "--workload", "ml/Deployment/train", "--class", "h100"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("hand over a node before moving the application"),
+        "{err}"
+    );
+
+    // Step 3: hand gpu-0 over; --wait prints each step until it is done.
+    let (code, out, err) = cli(
+        &world,
+        &["handover", "--node", "gpu-0", "--to", "gpu-dra", "--id", "h-gpu-0", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    for step in [
+        "handover h-gpu-0 of node gpu-0 started: gpu -> gpu-dra",
+        "node gpu-0 cordoned",
+        "node gpu-0 drained",
+        "node gpu-0 moved from group gpu to gpu-dra",
+        "node gpu-0 uncordoned",
+        "handover h-gpu-0 done: node gpu-0 serves group gpu-dra",
+    ] {
+        assert!(out.contains(step), "{step:?} missing from\n{out}");
+    }
+    // The node agent publishes gpu-0's cards as DRA devices.
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    world
+        .until("gpu-0's ResourceSlices", || async {
+            slices.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|s| s.spec.node_name.as_deref() == Some("gpu-0"))
+            })
+        })
+        .await;
+
+    // Step 4, dry run: the change as a merge patch, nothing written.
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "move", "--workload", "ml/Deployment/train", "--class", "h100", "--dry-run", "-o",
+            "patch",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let patch: serde_json::Value = serde_json::from_str(out.trim()).expect("a JSON patch");
+    assert_eq!(
+        patch["spec"]["template"]["spec"]["nodeSelector"],
+        json!({GROUP: null})
+    );
+    assert_eq!(
+        patch["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"],
+        json!({"cpu": "2", "gpu.deckhouse.io/h100": "1"})
+    );
+    assert_eq!(
+        deployments.get("train").await.unwrap().spec,
+        original.spec,
+        "a dry run changes nothing"
+    );
+
+    // Step 4 and Step 5: moved, restarted, verified on gpu-dra with its claim.
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "move", "--workload", "ml/Deployment/train", "--class", "h100", "--id", "m-train",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains("move m-train done: Deployment ml/train runs on gpu-0 with 1 claim(s) allocated"),
+        "{out}"
+    );
+    let moved = deployments.get("train").await.unwrap();
+    let spec = moved.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(spec.node_selector, None, "the binding to the source group is gone");
+    let limits = spec.containers[0].resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(
+        limits.keys().collect::<Vec<_>>(),
+        ["cpu", "gpu.deckhouse.io/h100"],
+        "nvidia.com/gpu replaced, the rest kept"
+    );
+    assert_eq!(spec.containers[0].env, train.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].env);
+    let pods = pods_of(&c, "train").await;
+    assert_eq!(running_on(&pods), ["gpu-0"]);
+    let running = pods
+        .iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .unwrap();
+    let claim_name = running
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.clone())
+        .expect("the scheduler made the pod's claim");
+    let claim = Api::<ResourceClaim>::namespaced(c.clone(), "ml")
+        .get(&claim_name)
+        .await
+        .expect("the claim");
+    let allocation = claim.status.and_then(|s| s.allocation).expect("allocated");
+    assert_eq!(allocation.devices.unwrap().results[0].driver, "gpu.deckhouse.io");
+
+    // The application's rollback: the manifest as it was, byte for byte, and
+    // its pod back on the device plugin.
+    let (code, out, err) = cli(
+        &world,
+        &["rollback", "app", "--workload", "ml/Deployment/train", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(out.contains("done"), "{out}");
+    let restored = deployments.get("train").await.unwrap();
+    let pod_spec = |d: &Deployment| {
+        serde_json::to_string(&d.spec.as_ref().unwrap().template.spec).unwrap()
+    };
+    assert_eq!(pod_spec(&restored), pod_spec(&original));
+    world
+        .until("train back on gpu-1", || async {
+            running_on(&pods_of(&c, "train").await) == ["gpu-1"]
+        })
+        .await;
+
+    // Completion is refused while device-plugin nodes and workloads remain.
+    let (code, _, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused"), "{err}");
+
+    // Move it again, hand over the last node, then complete.
+    let (code, out, err) = cli(
+        &world,
+        &["move", "--workload", "ml/Deployment/train", "--class", "h100", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    let (code, out, err) = cli(
+        &world,
+        &["handover", "--node", "gpu-1", "--to", "gpu-dra", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    let (code, out, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    let quotas: Api<ResourceQuota> = Api::namespaced(c.clone(), "ml");
+    world
+        .until("the quota translated with the same value", || async {
+            let hard = quotas
+                .get("gpu-quota")
+                .await
+                .ok()
+                .and_then(|q| q.spec)
+                .and_then(|s| s.hard)
+                .unwrap_or_default();
+            hard.get("requests.gpu.deckhouse.io/h100").map(|q| q.0.as_str()) == Some("4")
+                && !hard.contains_key("requests.nvidia.com/gpu")
+        })
+        .await;
+    let nodes: Api<Node> = Api::all(c.clone());
+    world
+        .until("leftover device-plugin labels cleared", || async {
+            let mut clear = true;
+            for n in ["gpu-0", "gpu-1"] {
+                clear &= nodes.get(n).await.is_ok_and(|node| {
+                    let labels = node.labels();
+                    !labels.contains_key("node.deckhouse.io/device-gpu.config")
+                        && !labels.keys().any(|k| k.starts_with("nvidia.com/"))
+                });
+            }
+            clear
+        })
+        .await;
+    // The source group keeps spec.gpu for the trial period.
+    let group = Api::<switchyard_api::NodeGroup>::all(c.clone())
+        .get("gpu")
+        .await
+        .unwrap();
+    assert!(group.spec.gpu.is_some(), "kept until --trial-over");
+    bashible.abort();
+    let _ = Api::<Pod>::namespaced(c.clone(), "ml")
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    drop(kwok);
+}

@@ -1,0 +1,271 @@
+//! The harness of the tests that run Switchyard's services as processes on a
+//! real control plane and JetStream: a service's process, the world they
+//! run in, and the objects the tests make.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_api::{ModuleConfig, NodeGroup, crds};
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
+use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
+use switchyard_testkit::eventually;
+use switchyard_testkit::kube::{
+    Components, ControlPlane, create_namespace, fake_node, install_crds,
+};
+use switchyard_testkit::nats::NatsServer;
+
+pub const STACK: &str = "node.deckhouse.io/gpu-stack";
+pub const GROUP: &str = "node.deckhouse.io/group";
+pub const SETUP: &str = "node.deckhouse.io/gpu-setup-complete";
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A service's process (`switchyard-<name>`), killed when dropped; its log
+/// kept for failures.
+pub struct Service {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    pub fn start(
+        name: &'static str,
+        plane: &ControlPlane,
+        nats: &NatsServer,
+        dir: &std::path::Path,
+        health: Option<u16>,
+    ) -> Service {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("service log");
+        let binary = switchyard_testkit::bins::binary(&format!("switchyard-{name}"));
+        let mut command = Command::new(binary);
+        if let Some(port) = health {
+            command.env("SWITCHYARD_HEALTH_LISTEN", format!("127.0.0.1:{port}"));
+        }
+        let child = command
+            .env("SWITCHYARD_TICK", "200ms")
+            .env("SWITCHYARD_REISSUE", "500ms")
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("SWITCHYARD_NATS_URL", nats.url())
+            .env(
+                "SWITCHYARD_LOG_LEVEL",
+                "info,switchyard_runtime=debug,switchyard_kube=debug,kube_client::client::tls=error",
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start switchyard-{name}: {e}"));
+        Service { name, child, log }
+    }
+
+    pub fn output(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!(
+            "--- {} (last lines) ---\n{}",
+            self.name,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub struct World {
+    pub plane: ControlPlane,
+    pub nats: NatsServer,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+    pub services: Vec<Service>,
+}
+
+impl World {
+    pub async fn start(components: Components) -> World {
+        let plane = ControlPlane::start_with(components).await;
+        let client = plane.client();
+        install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
+        World {
+            plane,
+            nats: NatsServer::start(),
+            client,
+            dir: tempfile::tempdir().expect("temp dir"),
+            services: Vec::new(),
+        }
+    }
+
+    pub fn serve(&mut self, name: &'static str) {
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), None);
+        self.services.push(service);
+    }
+
+    /// Starts a service with gRPC health on a free loopback port; returns the port.
+    pub fn serve_with_health(&mut self, name: &'static str) -> u16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), Some(port));
+        self.services.push(service);
+        port
+    }
+
+    pub fn stop(&mut self, name: &str) {
+        self.services.retain(|s| s.name != name);
+    }
+
+    /// Services' logs, for a failure message.
+    pub fn output(&self) -> String {
+        self.services
+            .iter()
+            .map(Service::output)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub async fn log(&self) -> Arc<dyn EventLog> {
+        Arc::new(
+            NatsLog::connect(
+                &self.nats.url(),
+                NatsOptions {
+                    create: true,
+                    ..NatsOptions::default()
+                },
+            )
+            .await
+            .expect("open the log"),
+        )
+    }
+
+    pub async fn events(&self) -> Vec<(String, DomainEvent)> {
+        let log = self.log().await;
+        log.read(ReadRequest::default())
+            .await
+            .expect("read the log")
+            .into_iter()
+            .filter_map(|s| match s.decode() {
+                Decoded::Event(e) => Some((s.envelope.actor.clone(), e)),
+                Decoded::Unknown { .. } => None,
+            })
+            .collect()
+    }
+
+    pub async fn until<F, Fut>(&self, what: &str, condition: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        if let Err(err) = eventually(what, WAIT, condition).await {
+            let events: Vec<String> = self
+                .events()
+                .await
+                .iter()
+                .map(|(actor, e)| {
+                    format!("{actor}: {}", serde_json::to_string(e).unwrap_or_default())
+                })
+                .collect();
+            panic!(
+                "{err}\n{}\n--- the log ---\n{}",
+                self.output(),
+                events.join("\n")
+            );
+        }
+    }
+
+    pub async fn labels(&self, node: &str) -> BTreeMap<String, String> {
+        Api::<Node>::all(self.client.clone())
+            .get(node)
+            .await
+            .expect("node")
+            .labels()
+            .clone()
+    }
+
+    /// Waits until `node`'s labels are exactly `want`.
+    pub async fn labels_become(&self, node: &str, want: &BTreeMap<String, String>) {
+        self.until(&format!("node {node} labelled {want:?}"), || async {
+            self.labels(node).await == *want
+        })
+        .await;
+    }
+}
+
+pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)], taints: Vec<Taint>) {
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &fake_node(name, labels, taints))
+        .await
+        .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+}
+
+pub async fn create_group(client: &Client, name: &str, gpu: bool) {
+    let group: NodeGroup = serde_json::from_value(json!({
+        "apiVersion": "deckhouse.io/v1", "kind": "NodeGroup",
+        "metadata": {"name": name},
+        "spec": if gpu {
+            json!({"nodeType": "Static", "gpu": {"sharing": "Exclusive"}})
+        } else {
+            json!({"nodeType": "Static"})
+        },
+    }))
+    .expect("group");
+    Api::<NodeGroup>::all(client.clone())
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap_or_else(|e| panic!("create group {name}: {e}"));
+}
+
+pub async fn set_module_config(client: &Client, dra: bool, previous_version: Option<&str>) {
+    let mut config = json!({
+        "apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig",
+        "metadata": {"name": "gpu"},
+        "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}},
+    });
+    if let Some(v) = previous_version {
+        config["metadata"]["annotations"] = json!({"gpu.deckhouse.io/previous-module-version": v});
+    }
+    Api::<ModuleConfig>::all(client.clone())
+        .patch(
+            "gpu",
+            &PatchParams::apply("test-operator").force(),
+            &Patch::Apply(&config),
+        )
+        .await
+        .expect("module config");
+}
+
+pub fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> usize {
+    events
+        .iter()
+        .filter(|(_, e)| e.kind.as_ref().is_some_and(&pred))
+        .count()
+}
+
