@@ -11,6 +11,7 @@ mod backend;
 mod cli;
 mod crdgen;
 mod demo;
+mod doctor;
 mod dra_cmd;
 mod handover;
 mod kube_args;
