@@ -9,7 +9,7 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -69,13 +69,17 @@ where
 {
     let object: K = serde_json::from_value(value.clone())
         .unwrap_or_else(|e| panic!("{}: {e}: {value}", K::kind(&())));
-    let api: Api<K> = match object.meta().namespace.as_deref() {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = match object.meta().namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
     };
-    api.create(&PostParams::default(), &object)
+    let dynamic: DynamicObject = serde_json::from_value(serde_json::to_value(&object).unwrap()).unwrap();
+    let created = api
+        .create(&PostParams::default(), &dynamic)
         .await
-        .unwrap_or_else(|e| panic!("create {} {value}: {e}", K::kind(&())))
+        .unwrap_or_else(|e| panic!("create {} {value}: {e}", K::kind(&())));
+    serde_json::from_value(serde_json::to_value(created).unwrap()).unwrap()
 }
 
 async fn node(client: &Client, name: &str, labels: &[(&str, &str)], gpus: Option<&str>, taint: Option<(&str, &str)>) {
@@ -91,7 +95,8 @@ async fn node(client: &Client, name: &str, labels: &[(&str, &str)], gpus: Option
         .unwrap_or_default();
     let mut n = fake_node(name, labels, taints);
     if let Some(gpus) = gpus {
-        for map in [&mut n.status.as_mut().unwrap().allocatable, &mut n.status.as_mut().unwrap().capacity] {
+        let status = n.status.as_mut().unwrap();
+        for map in [&mut status.allocatable, &mut status.capacity] {
             map.get_or_insert_default().insert(
                 "nvidia.com/gpu".into(),
                 k8s_openapi::apimachinery::pkg::api::resource::Quantity(gpus.into()),
@@ -172,6 +177,29 @@ async fn pod(client: &Client, name: &str, container: Value, extra: Value) {
         spec[k] = v;
     }
     create::<Pod>(client, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"}, "spec": spec})).await;
+}
+
+/// The `add` and `remove` operations of a JSON patch (RFC 6902), as the API
+/// server applies them.
+fn json_patch(object: &mut Value, ops: &[Value]) {
+    for op in ops {
+        let path = op["path"].as_str().unwrap();
+        let (parent, last) = path.rsplit_once('/').unwrap();
+        let key = last.replace("~1", "/").replace("~0", "~");
+        let parent = object.pointer_mut(parent).unwrap_or_else(|| panic!("{path}: no parent"));
+        match (op["op"].as_str().unwrap(), parent) {
+            ("remove", Value::Object(map)) => {
+                map.remove(&key).unwrap_or_else(|| panic!("{path}: nothing to remove"));
+            }
+            ("remove", Value::Array(items)) => {
+                items.remove(key.parse::<usize>().unwrap());
+            }
+            ("add", Value::Object(map)) => {
+                map.insert(key, op["value"].clone());
+            }
+            (other, _) => panic!("{other} {path}"),
+        }
+    }
 }
 
 const TEMPLATE: &str = r#"{"labels": {"team": "ml"}, "taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}"#;
@@ -294,8 +322,9 @@ async fn every_other_row_on_one_broken_cluster() {
     assert_eq!(objects(&f), ["Deployment/ml/legacy", "NodeGroup/gpu"]);
     assert_eq!(
         f["fix"],
-        r#"kubectl -n ml patch deployment legacy --type json -p '[{"op":"remove","path":"/spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu"},{"op":"add","path":"/spec/template/spec/containers/0/resources/limits/gpu.deckhouse.io~1a100","value":"1"},{"op":"remove","path":"/spec/template/spec/containers/0/resources/requests/nvidia.com~1gpu"},{"op":"add","path":"/spec/template/spec/containers/0/resources/requests/gpu.deckhouse.io~1a100","value":"1"},{"op":"remove","path":"/spec/template/spec/nodeSelector/node.deckhouse.io~1group"}]'"#
+        r#"kubectl -n ml patch deployment legacy --type json -p '[{"op":"remove","path":"/spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu"},{"op":"add","path":"/spec/template/spec/containers/0/resources/limits/gpu.deckhouse.io~1a100","value":"1"},{"op":"remove","path":"/spec/template/spec/nodeSelector/node.deckhouse.io~1group"}]'"#
     );
+    let legacy_fix = f["fix"].as_str().unwrap().to_string();
 
     let f = one("pod-pending");
     assert_eq!(objects(&f), ["Pod/ml/waiting", "DeviceClass/a100.gpu.deckhouse.io"]);
@@ -308,6 +337,9 @@ async fn every_other_row_on_one_broken_cluster() {
     assert_eq!(objects(&f), ["Deployment/ml/typo"]);
     let cause = f["cause"].as_str().unwrap();
     assert!(cause.contains("requests gpu.deckhouse.io/a10, which no DeviceClass publishes; known class resources: gpu.deckhouse.io/a100 (GPU classes: GPUClass/a100; check with kubectl get gpuclass)"), "{cause}");
+
+    let typo_fix = f["fix"].as_str().unwrap().to_string();
+    assert!(typo_fix.starts_with("kubectl -n ml patch deployment typo --type json -p '"), "{typo_fix}");
 
     let f = one("no-card-visible");
     assert_eq!(objects(&f), ["Pod/ml/sneaky"]);
@@ -346,9 +378,26 @@ async fn every_other_row_on_one_broken_cluster() {
         .patch("gpu-dra-2", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("apply the fix");
+    // So do the deployments' JSON patches.
+    for (name, fix) in [("legacy", &legacy_fix), ("typo", &typo_fix)] {
+        let ops = fix
+            .split_once(" --type json -p '")
+            .and_then(|(_, p)| p.strip_suffix('\''))
+            .unwrap_or_else(|| panic!("{fix}"));
+        let ops: Vec<Value> = serde_json::from_str(ops).unwrap();
+        let api = Api::<Deployment>::namespaced(client.clone(), "ml");
+        let mut object = serde_json::to_value(api.get(name).await.unwrap()).unwrap();
+        json_patch(&mut object, &ops);
+        let object: Deployment = serde_json::from_value(object).unwrap();
+        api.replace(name, &PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("apply {fix}: {e}"));
+    }
     let (_, findings) = doctor(&plane);
-    assert!(rows(&findings, "target-group-differs").is_empty(), "{findings:#?}");
-    assert_eq!(findings.len(), 9, "{findings:#?}");
+    for row in ["target-group-differs", "pod-stays-on-old-nodes", "no-resource-claim"] {
+        assert!(rows(&findings, row).is_empty(), "{row}: {findings:#?}");
+    }
+    assert_eq!(findings.len(), 7, "{findings:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
