@@ -189,7 +189,9 @@ pub struct NodeTemplate {
 }
 
 /// A taint of a group's node template (a Node taint without `timeAdded`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeTemplateTaint {
     pub key: String,

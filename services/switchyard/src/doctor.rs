@@ -134,7 +134,12 @@ pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
     let snapshot = snapshot(&client).await?;
     let findings = doctor::diagnose(&snapshot);
-    if !write_structured(args.output, &Report { findings: &findings })? {
+    if !write_structured(
+        args.output,
+        &Report {
+            findings: &findings,
+        },
+    )? {
         write_stdout(&findings_table(&findings))?;
     }
     Ok(ExitCode::from(if findings.is_empty() { 0 } else { 1 }))
@@ -187,12 +192,20 @@ pub async fn explain(command: ExplainCommand) -> anyhow::Result<ExitCode> {
     if !write_structured(args.output, &explanation)? {
         write_stdout(&explanation_table(&explanation))?;
     }
-    Ok(ExitCode::from(if explanation.fits.is_empty() { 1 } else { 0 }))
+    Ok(ExitCode::from(if explanation.fits.is_empty() {
+        1
+    } else {
+        0
+    }))
 }
 
 fn explanation_table(e: &PodExplanation) -> String {
     let mut out = String::new();
-    let phase = if e.phase.is_empty() { "no phase" } else { &e.phase };
+    let phase = if e.phase.is_empty() {
+        "no phase"
+    } else {
+        &e.phase
+    };
     let _ = write!(out, "pod {} ({phase}", e.pod);
     if let Some(node) = &e.bound_to {
         let _ = write!(out, ", bound to {node}");

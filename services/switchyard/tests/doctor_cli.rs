@@ -38,7 +38,10 @@ fn doctor(plane: &ControlPlane) -> (i32, Vec<Value>) {
     let (code, out, err) = switchyard(plane, &["doctor", "-o", "json"]);
     assert!(code == 0 || code == 1, "exit {code}\n{out}\n{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    (code, report["findings"].as_array().cloned().unwrap_or_default())
+    (
+        code,
+        report["findings"].as_array().cloned().unwrap_or_default(),
+    )
 }
 
 fn rows<'a>(findings: &'a [Value], row: &str) -> Vec<&'a Value> {
@@ -74,7 +77,8 @@ where
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    let dynamic: DynamicObject = serde_json::from_value(serde_json::to_value(&object).unwrap()).unwrap();
+    let dynamic: DynamicObject =
+        serde_json::from_value(serde_json::to_value(&object).unwrap()).unwrap();
     let created = api
         .create(&PostParams::default(), &dynamic)
         .await
@@ -82,7 +86,13 @@ where
     serde_json::from_value(serde_json::to_value(created).unwrap()).unwrap()
 }
 
-async fn node(client: &Client, name: &str, labels: &[(&str, &str)], gpus: Option<&str>, taint: Option<(&str, &str)>) {
+async fn node(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+    gpus: Option<&str>,
+    taint: Option<(&str, &str)>,
+) {
     let taints = taint
         .map(|(k, v)| {
             vec![k8s_openapi::api::core::v1::Taint {
@@ -109,7 +119,13 @@ async fn node(client: &Client, name: &str, labels: &[(&str, &str)], gpus: Option
         .unwrap_or_else(|e| panic!("create node {name}: {e}"));
 }
 
-async fn group(client: &Client, name: &str, spec_gpu: bool, template: Value, kubelet: Option<Value>) {
+async fn group(
+    client: &Client,
+    name: &str,
+    spec_gpu: bool,
+    template: Value,
+    kubelet: Option<Value>,
+) {
     let mut spec = json!({"nodeType": "Static", "nodeTemplate": template});
     if spec_gpu {
         spec["gpu"] = json!({"sharing": "Exclusive"});
@@ -124,7 +140,11 @@ async fn module(client: &Client, dra: bool) {
     let config = json!({"apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig", "metadata": {"name": "gpu"},
         "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}}});
     Api::<ModuleConfig>::all(client.clone())
-        .patch("gpu", &PatchParams::apply("test").force(), &Patch::Apply(&config))
+        .patch(
+            "gpu",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&config),
+        )
         .await
         .expect("apply the ModuleConfig");
 }
@@ -186,10 +206,13 @@ fn json_patch(object: &mut Value, ops: &[Value]) {
         let path = op["path"].as_str().unwrap();
         let (parent, last) = path.rsplit_once('/').unwrap();
         let key = last.replace("~1", "/").replace("~0", "~");
-        let parent = object.pointer_mut(parent).unwrap_or_else(|| panic!("{path}: no parent"));
+        let parent = object
+            .pointer_mut(parent)
+            .unwrap_or_else(|| panic!("{path}: no parent"));
         match (op["op"].as_str().unwrap(), parent) {
             ("remove", Value::Object(map)) => {
-                map.remove(&key).unwrap_or_else(|| panic!("{path}: nothing to remove"));
+                map.remove(&key)
+                    .unwrap_or_else(|| panic!("{path}: nothing to remove"));
             }
             ("remove", Value::Array(items)) => {
                 items.remove(key.parse::<usize>().unwrap());
@@ -210,13 +233,50 @@ const TEMPLATE: &str = r#"{"labels": {"team": "ml"}, "taints": [{"key": "dedicat
 async fn healthy(client: &Client) {
     let template: Value = serde_json::from_str(TEMPLATE).unwrap();
     module(client, true).await;
-    group(client, "gpu", true, template.clone(), Some(json!({"maxPods": 64}))).await;
-    group(client, "gpu-dra", false, template, Some(json!({"maxPods": 64}))).await;
-    node(client, "gpu-1", &[("node.deckhouse.io/group", "gpu-dra"), ("node.deckhouse.io/gpu-stack", "dra")], None, Some(("dedicated", "gpu"))).await;
-    node(client, "cpu-1", &[("node.deckhouse.io/group", "workers")], None, None).await;
+    group(
+        client,
+        "gpu",
+        true,
+        template.clone(),
+        Some(json!({"maxPods": 64})),
+    )
+    .await;
+    group(
+        client,
+        "gpu-dra",
+        false,
+        template,
+        Some(json!({"maxPods": 64})),
+    )
+    .await;
+    node(
+        client,
+        "gpu-1",
+        &[
+            ("node.deckhouse.io/group", "gpu-dra"),
+            ("node.deckhouse.io/gpu-stack", "dra"),
+        ],
+        None,
+        Some(("dedicated", "gpu")),
+    )
+    .await;
+    node(
+        client,
+        "cpu-1",
+        &[("node.deckhouse.io/group", "workers")],
+        None,
+        None,
+    )
+    .await;
     slice(client, "gpu-1", 2).await;
     class_a100(client).await;
-    deployment(client, "train", container(Some("gpu.deckhouse.io/a100")), json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]})).await;
+    deployment(
+        client,
+        "train",
+        container(Some("gpu.deckhouse.io/a100")),
+        json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}),
+    )
+    .await;
     create::<StatefulSet>(client, json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db", "namespace": "ml"},
         "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}}, "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [container(None)]}}}})).await;
 }
@@ -239,18 +299,55 @@ async fn no_stack_manages_a_gpu_node_while_dra_is_off() {
     let (plane, client) = start().await;
     module(&client, false).await;
     group(&client, "workers", false, json!({}), None).await;
-    node(&client, "gpu-7", &[("node.deckhouse.io/group", "workers"), ("nvidia.com/gpu.present", "true")], None, None).await;
+    node(
+        &client,
+        "gpu-7",
+        &[
+            ("node.deckhouse.io/group", "workers"),
+            ("nvidia.com/gpu.present", "true"),
+        ],
+        None,
+        None,
+    )
+    .await;
     create::<PhysicalGPU>(&client, json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "metadata": {"name": "gpu-8-0"},
         "spec": {"node": "gpu-8", "index": 0, "uuid": "GPU-4b8e0c9a", "product": "NVIDIA A100-SXM4-40GB"}})).await;
-    node(&client, "gpu-8", &[("node.deckhouse.io/group", "workers")], None, None).await;
-    node(&client, "cpu-1", &[("node.deckhouse.io/group", "workers")], None, None).await;
+    node(
+        &client,
+        "gpu-8",
+        &[("node.deckhouse.io/group", "workers")],
+        None,
+        None,
+    )
+    .await;
+    node(
+        &client,
+        "cpu-1",
+        &[("node.deckhouse.io/group", "workers")],
+        None,
+        None,
+    )
+    .await;
     let (code, findings) = doctor(&plane);
     assert_eq!(code, 1);
     let f = rows(&findings, "no-stack-manages-node");
     assert_eq!(f.len(), 1, "{findings:#?}");
-    assert_eq!(objects(f[0]), ["NodeGroup/workers", "Node/gpu-7", "Node/gpu-8", "ModuleConfig/gpu"]);
+    assert_eq!(
+        objects(f[0]),
+        [
+            "NodeGroup/workers",
+            "Node/gpu-7",
+            "Node/gpu-8",
+            "ModuleConfig/gpu"
+        ]
+    );
     assert_eq!(f[0]["observation"], "No stack manages the node");
-    assert!(f[0]["cause"].as_str().unwrap().contains("has no spec.gpu, and dra.enabled is off"));
+    assert!(
+        f[0]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("has no spec.gpu, and dra.enabled is off")
+    );
     assert_eq!(
         f[0]["fix"],
         r#"kubectl patch moduleconfig gpu --type merge -p '{"spec":{"settings":{"dra":{"enabled":true}}}}'"#
@@ -266,20 +363,66 @@ async fn every_other_row_on_one_broken_cluster() {
     let (plane, client) = start().await;
     healthy(&client).await;
     // DRA is not deployed: the opt-out label on a GPU node of the target group.
-    node(&client, "gpu-2", &[("node.deckhouse.io/group", "gpu-dra"), ("gpu.deckhouse.io/enabled", "false"), ("nvidia.com/gpu.present", "true")], None, None).await;
+    node(
+        &client,
+        "gpu-2",
+        &[
+            ("node.deckhouse.io/group", "gpu-dra"),
+            ("gpu.deckhouse.io/enabled", "false"),
+            ("nvidia.com/gpu.present", "true"),
+        ],
+        None,
+        None,
+    )
+    .await;
     // Held on DRA: a node of the spec.gpu group served by DRA, publishing its slice.
-    node(&client, "gpu-legacy-0", &[("node.deckhouse.io/group", "gpu"), ("node.deckhouse.io/gpu-stack", "dra")], None, None).await;
+    node(
+        &client,
+        "gpu-legacy-0",
+        &[
+            ("node.deckhouse.io/group", "gpu"),
+            ("node.deckhouse.io/gpu-stack", "dra"),
+        ],
+        None,
+        None,
+    )
+    .await;
     slice(&client, "gpu-legacy-0", 1).await;
     // A device-plugin node of the source group (the next to hand over).
-    node(&client, "gpu-old-0", &[("node.deckhouse.io/group", "gpu"), ("node.deckhouse.io/gpu-stack", "device-plugin")], Some("8"), None).await;
+    node(
+        &client,
+        "gpu-old-0",
+        &[
+            ("node.deckhouse.io/group", "gpu"),
+            ("node.deckhouse.io/gpu-stack", "device-plugin"),
+        ],
+        Some("8"),
+        None,
+    )
+    .await;
     // The Pod stays on the old nodes: nvidia.com/gpu and the source group's selector.
-    deployment(&client, "legacy", container(Some("nvidia.com/gpu")), json!({"nodeSelector": {"node.deckhouse.io/group": "gpu"}})).await;
+    deployment(
+        &client,
+        "legacy",
+        container(Some("nvidia.com/gpu")),
+        json!({"nodeSelector": {"node.deckhouse.io/group": "gpu"}}),
+    )
+    .await;
     // No ResourceClaim was created: a class name no DeviceClass publishes.
-    deployment(&client, "typo", container(Some("gpu.deckhouse.io/a10")), json!({})).await;
+    deployment(
+        &client,
+        "typo",
+        container(Some("gpu.deckhouse.io/a10")),
+        json!({}),
+    )
+    .await;
     // The Pod runs but sees no card: NVIDIA_VISIBLE_DEVICES instead of a request.
     pod(&client, "sneaky", json!({"name": "app", "image": "cuda", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}), json!({"nodeName": "gpu-1"})).await;
     // The Pod is Pending: three A100 wanted, the target group has three cards, two of them taken.
-    for (i, (node, dev)) in [("gpu-1", "gpu-0"), ("gpu-legacy-0", "gpu-0")].iter().enumerate() {
+    for (i, (node, dev)) in [("gpu-1", "gpu-0"), ("gpu-legacy-0", "gpu-0")]
+        .iter()
+        .enumerate()
+    {
         let name = format!("taken-{i}");
         create::<ResourceClaim>(&client, json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "ml"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}}})).await;
@@ -296,11 +439,38 @@ async fn every_other_row_on_one_broken_cluster() {
     create::<ResourceClaim>(&client, json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "h100", "namespace": "ml"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io",
             "selectors": [{"cel": {"expression": "device.attributes[\"gpu.deckhouse.io\"].device == \"a100-pcie-40gb\""}}]}}]}}})).await;
-    node(&client, "gpu-3", &[("node.deckhouse.io/group", "gpu-dra"), ("node.deckhouse.io/gpu-stack", "dra")], None, None).await;
-    node(&client, "gpu-4", &[("node.deckhouse.io/group", "gpu-dra"), ("node.deckhouse.io/gpu-stack", "dra")], Some("1"), None).await;
+    node(
+        &client,
+        "gpu-3",
+        &[
+            ("node.deckhouse.io/group", "gpu-dra"),
+            ("node.deckhouse.io/gpu-stack", "dra"),
+        ],
+        None,
+        None,
+    )
+    .await;
+    node(
+        &client,
+        "gpu-4",
+        &[
+            ("node.deckhouse.io/group", "gpu-dra"),
+            ("node.deckhouse.io/gpu-stack", "dra"),
+        ],
+        Some("1"),
+        None,
+    )
+    .await;
     slice(&client, "gpu-4", 0).await;
     // Step 1: a second target group that was not given the source's template.
-    group(&client, "gpu-dra-2", false, json!({"labels": {"team": "research"}}), None).await;
+    group(
+        &client,
+        "gpu-dra-2",
+        false,
+        json!({"labels": {"team": "research"}}),
+        None,
+    )
+    .await;
 
     let (code, findings) = doctor(&plane);
     assert_eq!(code, 1);
@@ -311,12 +481,18 @@ async fn every_other_row_on_one_broken_cluster() {
     };
     let f = one("dra-not-deployed");
     assert_eq!(objects(&f), ["NodeGroup/gpu-dra", "Node/gpu-2"]);
-    assert_eq!(f["fix"], "kubectl label node gpu-2 gpu.deckhouse.io/enabled-");
+    assert_eq!(
+        f["fix"],
+        "kubectl label node gpu-2 gpu.deckhouse.io/enabled-"
+    );
 
     let f = one("held-on-dra");
     assert_eq!(f["observation"], "D8GpuNodeGroupHeldOnDra is firing");
     assert_eq!(objects(&f), ["NodeGroup/gpu", "Node/gpu-legacy-0"]);
-    assert_eq!(f["fix"], r#"kubectl patch nodegroup gpu --type json -p '[{"op":"remove","path":"/spec/gpu"}]'"#);
+    assert_eq!(
+        f["fix"],
+        r#"kubectl patch nodegroup gpu --type json -p '[{"op":"remove","path":"/spec/gpu"}]'"#
+    );
 
     let f = one("pod-stays-on-old-nodes");
     assert_eq!(objects(&f), ["Deployment/ml/legacy", "NodeGroup/gpu"]);
@@ -327,11 +503,23 @@ async fn every_other_row_on_one_broken_cluster() {
     let legacy_fix = f["fix"].as_str().unwrap().to_string();
 
     let f = one("pod-pending");
-    assert_eq!(objects(&f), ["Pod/ml/waiting", "DeviceClass/a100.gpu.deckhouse.io"]);
+    assert_eq!(
+        objects(&f),
+        ["Pod/ml/waiting", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
     let cause = f["cause"].as_str().unwrap();
-    assert!(cause.starts_with("there are no free devices of the requested kind in the target group"), "{cause}");
-    assert!(cause.contains("gpu.deckhouse.io/gpu-1/gpu-0 (in use: allocated to another claim)"), "{cause}");
-    assert_eq!(f["fix"], r#"switchyard handover --node gpu-old-0 --to gpu-dra --nats-url "$SWITCHYARD_NATS_URL""#);
+    assert!(
+        cause.starts_with("there are no free devices of the requested kind in the target group"),
+        "{cause}"
+    );
+    assert!(
+        cause.contains("gpu.deckhouse.io/gpu-1/gpu-0 (in use: allocated to another claim)"),
+        "{cause}"
+    );
+    assert_eq!(
+        f["fix"],
+        r#"switchyard handover --node gpu-old-0 --to gpu-dra --nats-url "$SWITCHYARD_NATS_URL""#
+    );
 
     let f = one("no-resource-claim");
     assert_eq!(objects(&f), ["Deployment/ml/typo"]);
@@ -339,20 +527,43 @@ async fn every_other_row_on_one_broken_cluster() {
     assert!(cause.contains("requests gpu.deckhouse.io/a10, which no DeviceClass publishes; known class resources: gpu.deckhouse.io/a100 (GPU classes: GPUClass/a100; check with kubectl get gpuclass)"), "{cause}");
 
     let typo_fix = f["fix"].as_str().unwrap().to_string();
-    assert!(typo_fix.starts_with("kubectl -n ml patch deployment typo --type json -p '"), "{typo_fix}");
+    assert!(
+        typo_fix.starts_with("kubectl -n ml patch deployment typo --type json -p '"),
+        "{typo_fix}"
+    );
 
     let f = one("no-card-visible");
     assert_eq!(objects(&f), ["Pod/ml/sneaky"]);
-    assert!(f["fix"].as_str().unwrap().contains(r#"{"op":"remove","path":"/spec/containers/0/env/0"}"#));
+    assert!(
+        f["fix"]
+            .as_str()
+            .unwrap()
+            .contains(r#"{"op":"remove","path":"/spec/containers/0/env/0"}"#)
+    );
 
     let f = one("claim-selector-matches-no-device");
-    assert_eq!(objects(&f), ["ResourceClaim/ml/h100", "DeviceClass/a100.gpu.deckhouse.io"]);
-    assert!(f["cause"].as_str().unwrap().contains("matches none of the 3 published devices"), "{f}");
+    assert_eq!(
+        objects(&f),
+        ["ResourceClaim/ml/h100", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
+    assert!(
+        f["cause"]
+            .as_str()
+            .unwrap()
+            .contains("matches none of the 3 published devices"),
+        "{f}"
+    );
     assert_eq!(f["fix"], "kubectl get resourceslice -o yaml");
 
     let f = one("no-resource-slices");
-    assert_eq!(objects(&f), ["Node/gpu-3", "DeviceClass/a100.gpu.deckhouse.io"]);
-    assert_eq!(f["fix"], "kubectl -n d8-nvidia-gpu get pods -o wide --field-selector spec.nodeName=gpu-3");
+    assert_eq!(
+        objects(&f),
+        ["Node/gpu-3", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
+    assert_eq!(
+        f["fix"],
+        "kubectl -n d8-nvidia-gpu get pods -o wide --field-selector spec.nodeName=gpu-3"
+    );
 
     let f = one("device-plugin-on-dra-node");
     assert_eq!(objects(&f), ["Node/gpu-4", "ResourceSlice/gpu-4-gpus"]);
@@ -394,7 +605,11 @@ async fn every_other_row_on_one_broken_cluster() {
             .unwrap_or_else(|e| panic!("apply {fix}: {e}"));
     }
     let (_, findings) = doctor(&plane);
-    for row in ["target-group-differs", "pod-stays-on-old-nodes", "no-resource-claim"] {
+    for row in [
+        "target-group-differs",
+        "pod-stays-on-old-nodes",
+        "no-resource-claim",
+    ] {
         assert!(rows(&findings, row).is_empty(), "{row}: {findings:#?}");
     }
     assert_eq!(findings.len(), 7, "{findings:#?}");
@@ -406,8 +621,19 @@ async fn explain_pod_names_the_reason_per_node_and_device() {
     module(&client, true).await;
     // gpu-1: the MIG example's card, both 3g.20gb slices taken — the whole
     // card's counters are exhausted, the slices are in use.
-    node(&client, "gpu-1", &[("node.deckhouse.io/gpu-stack", "dra")], None, None).await;
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/examples/dra-a100-mig.yaml")).unwrap();
+    node(
+        &client,
+        "gpu-1",
+        &[("node.deckhouse.io/gpu-stack", "dra")],
+        None,
+        None,
+    )
+    .await;
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/examples/dra-a100-mig.yaml"
+    ))
+    .unwrap();
     for doc in serde_yaml_ng::Deserializer::from_str(&example) {
         let value: Value = serde::Deserialize::deserialize(doc).unwrap();
         match value["kind"].as_str() {
@@ -416,7 +642,10 @@ async fn explain_pod_names_the_reason_per_node_and_device() {
             _ => {}
         }
     }
-    for (name, device) in [("notebook", "gpu-0-mig-3g-20gb-0"), ("notebook-2", "gpu-0-mig-3g-20gb-1")] {
+    for (name, device) in [
+        ("notebook", "gpu-0-mig-3g-20gb-0"),
+        ("notebook-2", "gpu-0-mig-3g-20gb-1"),
+    ] {
         create::<ResourceClaim>(&client, json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "ml"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100-mig-3g.20gb.gpu.deckhouse.io"}}]}}})).await;
         Api::<ResourceClaim>::namespaced(client.clone(), "ml")
@@ -426,9 +655,22 @@ async fn explain_pod_names_the_reason_per_node_and_device() {
             .expect("allocate");
     }
     // gpu-2: a free card, but a taint the pod does not tolerate.
-    node(&client, "gpu-2", &[("node.deckhouse.io/gpu-stack", "dra")], None, Some(("dedicated", "research"))).await;
+    node(
+        &client,
+        "gpu-2",
+        &[("node.deckhouse.io/gpu-stack", "dra")],
+        None,
+        Some(("dedicated", "research")),
+    )
+    .await;
     slice(&client, "gpu-2", 1).await;
-    pod(&client, "train", container(Some("gpu.deckhouse.io/a100")), json!({})).await;
+    pod(
+        &client,
+        "train",
+        container(Some("gpu.deckhouse.io/a100")),
+        json!({}),
+    )
+    .await;
 
     let (code, out, err) = switchyard(&plane, &["explain", "pod", "ml/train"]);
     assert_eq!(code, 1, "{out}\n{err}");
@@ -449,10 +691,18 @@ async fn explain_pod_names_the_reason_per_node_and_device() {
         assert!(out.lines().any(|l| l == line), "{line:?} in\n{out}");
     }
     // The selector: with the slices free, the MIG devices are passed over by the class's selector.
-    let (code, out, _) = switchyard(&plane, &["explain", "pod", "train", "-n", "ml", "-o", "json"]);
+    let (code, out, _) = switchyard(
+        &plane,
+        &["explain", "pod", "train", "-n", "ml", "-o", "json"],
+    );
     assert_eq!(code, 1);
     let e: Value = serde_json::from_str(&out).unwrap();
-    let gpu1 = e["nodes"].as_array().unwrap().iter().find(|n| n["node"] == "gpu-1").unwrap();
+    let gpu1 = e["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "gpu-1")
+        .unwrap();
     assert_eq!(gpu1["fits"], false);
     assert_eq!(gpu1["devices"]["result"], "unschedulable");
     Api::<ResourceClaim>::namespaced(client.clone(), "ml")

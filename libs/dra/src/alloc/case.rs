@@ -9,9 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    AllocateError, AllocatedState, Allocator, InputError, RequestExplanation, claim_name,
-};
+use super::{AllocateError, AllocatedState, Allocator, InputError, RequestExplanation, claim_name};
 use crate::cel::Compiler;
 
 /// The objects of a case.

@@ -22,13 +22,19 @@ pub(crate) fn pod_pending(v: &View<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for pod in &v.s.pods {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+        let bound = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some();
         if bound || !matches!(phase, None | Some("Pending")) {
             continue;
         }
         let (claims, problems) = pod_claims(v.s, pod);
-        let unknown_class = problems.iter().any(|p| p.contains("no DeviceClass publishes it"));
-        if claims.iter().all(|c| is_allocated(&c.claim)) && problems.is_empty() || unknown_class {
+        let unknown_class = problems
+            .iter()
+            .any(|p| p.contains("no DeviceClass publishes it"));
+        if (claims.iter().all(|c| is_allocated(&c.claim)) && problems.is_empty()) || unknown_class {
             continue; // not waiting for devices, or the class name is wrong (its own row)
         }
         let ns = namespace_of(&pod.metadata);
@@ -39,10 +45,12 @@ pub(crate) fn pod_pending(v: &View<'_>) -> Vec<Finding> {
             .flat_map(|c| c.claim.spec.devices.iter())
             .flat_map(|d| d.requests.iter().flatten())
             .flat_map(|r| {
-                r.exactly
-                    .iter()
-                    .map(|e| e.device_class_name.clone())
-                    .chain(r.first_available.iter().flatten().map(|s| s.device_class_name.clone()))
+                r.exactly.iter().map(|e| e.device_class_name.clone()).chain(
+                    r.first_available
+                        .iter()
+                        .flatten()
+                        .map(|s| s.device_class_name.clone()),
+                )
             })
             .collect();
         objects.extend(classes.iter().map(|c| format!("DeviceClass/{c}")));
@@ -111,7 +119,12 @@ pub(crate) fn pod_pending(v: &View<'_>) -> Vec<Finding> {
                     per_node.join("; ")
                 )
             };
-            out.push(Finding::new(Row::PodPending, objects, cause, next_handover(v).unwrap_or(explain)));
+            out.push(Finding::new(
+                Row::PodPending,
+                objects,
+                cause,
+                next_handover(v).unwrap_or(explain),
+            ));
         } else {
             let blocked: Vec<String> = explanation
                 .nodes
@@ -136,12 +149,11 @@ pub(crate) fn pod_pending(v: &View<'_>) -> Vec<Finding> {
 /// "Hand over the next node": a device-plugin node to the group whose nodes
 /// publish devices.
 fn next_handover(v: &View<'_>) -> Option<String> {
-    let target = v
-        .s
-        .nodes
-        .iter()
-        .filter(|n| !v.slices_on(name_of(&n.metadata)).is_empty())
-        .find_map(|n| v.group_of(n).filter(|g| !v.spec_gpu.contains(*g)))?;
+    let target =
+        v.s.nodes
+            .iter()
+            .filter(|n| !v.slices_on(name_of(&n.metadata)).is_empty())
+            .find_map(|n| v.group_of(n).filter(|g| !v.spec_gpu.contains(*g)))?;
     // A node the device plugin still serves: in a spec.gpu group, not on DRA.
     let node = v.s.nodes.iter().find(|n| {
         !is_control_plane(n)
@@ -155,6 +167,18 @@ fn next_handover(v: &View<'_>) -> Option<String> {
         sh(name_of(&node.metadata)),
         sh(target)
     ))
+}
+
+/// What one request (or subrequest) of a claim met across the nodes.
+#[derive(Default)]
+struct Seen {
+    class: String,
+    /// Candidate devices.
+    devices: usize,
+    /// Devices the selectors let through.
+    passing: usize,
+    /// Why the others were passed over.
+    selector_reasons: BTreeSet<String>,
 }
 
 /// NVIDIA guide, "ResourceClaim Remains Pending": a claim whose class or
@@ -193,24 +217,28 @@ pub(crate) fn claim_selector_matches_no_device(v: &View<'_>) -> Vec<Finding> {
         let ns = namespace_of(&claim.metadata);
         let name = name_of(&claim.metadata);
         let mut missing_class = None;
-        // request → (devices seen, devices passing the selectors, the selector reasons)
-        let mut seen: BTreeMap<String, (usize, usize, BTreeSet<String>, String)> = BTreeMap::new();
+        let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
         for node in &nodes {
             let r = report(&allocator, node, &[claim]);
-            if let Some(e) = r.error.as_deref().filter(|e| e.contains("could not retrieve device class")) {
+            if let Some(e) = r
+                .error
+                .as_deref()
+                .filter(|e| e.contains("could not retrieve device class"))
+            {
                 missing_class = Some(e.to_string());
             }
             for req in &r.requests {
-                let entry = seen
-                    .entry(req.request.clone())
-                    .or_insert_with(|| (0, 0, BTreeSet::new(), req.class.clone()));
+                let entry = seen.entry(req.request.clone()).or_insert_with(|| Seen {
+                    class: req.class.clone(),
+                    ..Seen::default()
+                });
                 for c in &req.candidates {
-                    entry.0 += 1;
+                    entry.devices += 1;
                     match c.reason.as_deref() {
                         Some(reason) if reason.starts_with("selector ") => {
-                            entry.2.insert(reason.to_string());
+                            entry.selector_reasons.insert(reason.to_string());
                         }
-                        _ => entry.1 += 1,
+                        _ => entry.passing += 1,
                     }
                 }
             }
@@ -227,23 +255,22 @@ pub(crate) fn claim_selector_matches_no_device(v: &View<'_>) -> Vec<Finding> {
         }
         // A claim with a subrequest that can match is not stuck on selectors:
         // only requests (all their alternatives) that match nothing.
-        let mut by_request: BTreeMap<&str, Vec<(&String, &(usize, usize, BTreeSet<String>, String))>> =
-            BTreeMap::new();
-        for (request, entry) in &seen {
+        let mut by_request: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
+        for (request, seen) in &seen {
             let top = request.split('/').next().unwrap_or(request);
-            by_request.entry(top).or_default().push((request, entry));
+            by_request.entry(top).or_default().push(seen);
         }
         for (request, alternatives) in by_request {
-            let total: usize = alternatives.iter().map(|(_, e)| e.0).sum();
-            let passing: usize = alternatives.iter().map(|(_, e)| e.1).sum();
+            let total = alternatives.iter().map(|e| e.devices).max().unwrap_or(0);
+            let passing: usize = alternatives.iter().map(|e| e.passing).sum();
             if total == 0 || passing > 0 {
                 continue;
             }
             let mut objects = vec![object.clone()];
             let mut reasons = Vec::new();
-            for (_, e) in &alternatives {
-                objects.push(format!("DeviceClass/{}", e.3));
-                reasons.extend(e.2.iter().cloned());
+            for e in &alternatives {
+                objects.push(format!("DeviceClass/{}", e.class));
+                reasons.extend(e.selector_reasons.iter().cloned());
             }
             objects.dedup();
             out.push(Finding::new(

@@ -210,9 +210,11 @@ impl<'a> View<'a> {
         self.s.physical_gpus.iter().any(|g| g.spec.node == name)
             || advertised_gpus(node) > 0
             || node.metadata.labels.iter().flatten().any(|(k, v)| {
-                (k == "nvidia.com/gpu.present" && v == "true")
-                    || (k == "feature.node.kubernetes.io/pci-10de.present" && v == "true")
-                    || k == names::GPU_STACK_LABEL
+                let nfd = matches!(
+                    k.as_str(),
+                    "nvidia.com/gpu.present" | "feature.node.kubernetes.io/pci-10de.present"
+                );
+                (nfd && v == "true") || k == names::GPU_STACK_LABEL
             })
             || !self.slices_on(name).is_empty()
     }

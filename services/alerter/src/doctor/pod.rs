@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Taint, Toleration};
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
-    DeviceClaim,
+    DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
@@ -153,7 +152,10 @@ pub fn pod_claims(s: &Snapshot, pod: &Pod) -> (Vec<PodClaim>, Vec<String>) {
 
 /// The DeviceClass publishing `resource` as its extended resource
 /// (`spec.extendedResourceName` or the implicit `deviceclass.resource.kubernetes.io/<class>`).
-pub fn class_for_resource<'a>(classes: &'a [DeviceClass], resource: &str) -> Option<&'a DeviceClass> {
+pub fn class_for_resource<'a>(
+    classes: &'a [DeviceClass],
+    resource: &str,
+) -> Option<&'a DeviceClass> {
     classes
         .iter()
         .find(|c| c.spec.extended_resource_name.as_deref() == Some(resource))
@@ -276,7 +278,9 @@ pub fn explain_pod(s: &Snapshot, pod: &Pod) -> Result<PodExplanation, InputError
     let spec = pod.spec.clone().unwrap_or_default();
     let mut nodes = Vec::new();
     for node in &s.nodes {
-        nodes.push(node_fit(s, &allocator, pod, &spec, &claims, node, &problems));
+        nodes.push(node_fit(
+            s, &allocator, pod, &spec, &claims, node, &problems,
+        ));
     }
     let fits = nodes
         .iter()
@@ -336,7 +340,12 @@ fn node_fit(
                 .filter(|(_, r)| allocatable.contains_key(r))
                 .map(|(req, _)| req.as_str())
                 .collect();
-            if let Some(requests) = claim.spec.devices.as_mut().and_then(|d| d.requests.as_mut()) {
+            if let Some(requests) = claim
+                .spec
+                .devices
+                .as_mut()
+                .and_then(|d| d.requests.as_mut())
+            {
                 requests.retain(|r| !on_node.contains(&r.name.as_str()));
                 if requests.is_empty() {
                     continue;
@@ -408,13 +417,16 @@ pub fn node_reasons(s: &Snapshot, pod: &Pod, spec: &PodSpec, node: &Node) -> Vec
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     if let Some(selector) = required {
         match selector_matches(node, selector) {
             Ok(true) => {}
-            Ok(false) => reasons.push(
-                "required node affinity does not match the node's labels".into(),
-            ),
+            Ok(false) => {
+                reasons.push("required node affinity does not match the node's labels".into())
+            }
             Err(e) => reasons.push(format!("required node affinity is invalid: {e}")),
         }
     }
@@ -505,7 +517,9 @@ pub fn tolerated(taint: &Taint, tolerations: &[Toleration]) -> bool {
         }
         match operator {
             "Exists" => true,
-            _ => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+            _ => {
+                t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+            }
         }
     })
 }

@@ -95,7 +95,11 @@ pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
                 Row::DraNotDeployed,
                 objects(Vec::new()),
                 format!("the node is labeled {}=false", names::GPU_ENABLED_LABEL),
-                format!("kubectl label node {} {}-", sh(name), names::GPU_ENABLED_LABEL),
+                format!(
+                    "kubectl label node {} {}-",
+                    sh(name),
+                    names::GPU_ENABLED_LABEL
+                ),
             ));
         } else if !v.s.dra_api_served {
             gates.push(format!("Node/{name}"));
@@ -134,17 +138,25 @@ pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
     // DRA requests bound to a group that the device plugin serves.
     let class_resources = v.class_resources();
     for w in workloads(v) {
-        let Some(group) = w.spec.node_selector.as_ref().and_then(|s| s.get(names::GROUP_LABEL))
+        let Some(group) = w
+            .spec
+            .node_selector
+            .as_ref()
+            .and_then(|s| s.get(names::GROUP_LABEL))
         else {
             continue;
         };
-        let held = v.nodes_of(group).any(|n| {
-            label(&n.metadata, names::GPU_STACK_LABEL) == Some(names::STACK_DRA)
-        });
+        let held = v
+            .nodes_of(group)
+            .any(|n| label(&n.metadata, names::GPU_STACK_LABEL) == Some(names::STACK_DRA));
         if !v.spec_gpu.contains(group.as_str()) || held {
             continue;
         }
-        let wants_dra = w.spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+        let wants_dra = w
+            .spec
+            .resource_claims
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
             || super::pod::extended_resources(w.spec)
                 .iter()
                 .any(|(_, r, _)| class_resources.contains(r));
@@ -196,8 +208,7 @@ pub(crate) fn target_group_differs(v: &View<'_>) -> Vec<Finding> {
         .filter(|g| {
             let mut nodes = v.nodes_of(name_of(&g.metadata)).peekable();
             nodes.peek().is_none()
-                || v
-                    .nodes_of(name_of(&g.metadata))
+                || v.nodes_of(name_of(&g.metadata))
                     .any(|n| v.is_gpu_node(n) && !is_control_plane(n))
         })
         .collect();
@@ -233,7 +244,8 @@ pub fn template_differences(source: &NodeGroup, target: &NodeGroup) -> Vec<Strin
     let st = source.spec.node_template.clone().unwrap_or_default();
     let tt = target.spec.node_template.clone().unwrap_or_default();
     let mut out = Vec::new();
-    let keys: std::collections::BTreeSet<&String> = st.labels.keys().chain(tt.labels.keys()).collect();
+    let keys: std::collections::BTreeSet<&String> =
+        st.labels.keys().chain(tt.labels.keys()).collect();
     for key in keys {
         match (st.labels.get(key), tt.labels.get(key)) {
             (Some(a), Some(b)) if a == b => {}
@@ -245,7 +257,12 @@ pub fn template_differences(source: &NodeGroup, target: &NodeGroup) -> Vec<Strin
         }
     }
     let taint = |x: &switchyard_api::NodeTemplateTaint| {
-        format!("{}={}:{}", x.key, x.value.as_deref().unwrap_or_default(), x.effect)
+        format!(
+            "{}={}:{}",
+            x.key,
+            x.value.as_deref().unwrap_or_default(),
+            x.effect
+        )
     };
     for x in &st.taints {
         if !tt.taints.contains(x) {

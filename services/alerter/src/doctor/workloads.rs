@@ -100,13 +100,12 @@ fn token(s: &str) -> String {
 /// The class resource to suggest: the one whole-card class if there is only
 /// one, else a placeholder.
 fn suggested_class(v: &View<'_>) -> String {
-    let whole: Vec<String> = v
-        .s
-        .gpu_classes
-        .iter()
-        .map(|c| format!("{}{}", names::CLASS_RESOURCE_PREFIX, name_of(&c.metadata)))
-        .filter(|r| v.class_resources().contains(r))
-        .collect();
+    let whole: Vec<String> =
+        v.s.gpu_classes
+            .iter()
+            .map(|c| format!("{}{}", names::CLASS_RESOURCE_PREFIX, name_of(&c.metadata)))
+            .filter(|r| v.class_resources().contains(r))
+            .collect();
     match whole.as_slice() {
         [one] => one.clone(),
         _ => match v.class_resources().iter().collect::<Vec<_>>().as_slice() {
@@ -127,7 +126,13 @@ fn known(v: &View<'_>) -> String {
 }
 
 /// Ops renaming resource `from` to `to` in container `c`'s limits and requests.
-fn rename_ops(w: &WorkloadRef<'_>, c: usize, container: &Container, from: &str, to: &str) -> Vec<Value> {
+fn rename_ops(
+    w: &WorkloadRef<'_>,
+    c: usize,
+    container: &Container,
+    from: &str,
+    to: &str,
+) -> Vec<Value> {
     let mut ops = Vec::new();
     let resources = container.resources.as_ref();
     for (field, map) in [
@@ -150,11 +155,10 @@ pub(crate) fn stays_on_old_nodes(v: &View<'_>) -> Vec<Finding> {
     if v.class_resources().is_empty() {
         return Vec::new();
     }
-    let bridged = v
-        .s
-        .device_classes
-        .iter()
-        .any(|c| c.spec.extended_resource_name.as_deref() == Some(names::NVIDIA_GPU));
+    let bridged =
+        v.s.device_classes
+            .iter()
+            .any(|c| c.spec.extended_resource_name.as_deref() == Some(names::NVIDIA_GPU));
     let class = suggested_class(v);
     let mut out = Vec::new();
     for w in workloads(v) {
@@ -210,26 +214,25 @@ pub(crate) fn stays_on_old_nodes(v: &View<'_>) -> Vec<Finding> {
 /// "No ResourceClaim was created": a manifest requests `gpu.deckhouse.io/<x>`
 /// that no DeviceClass publishes — the class name is wrong.
 pub(crate) fn no_resource_claim(v: &View<'_>) -> Vec<Finding> {
-    let published: std::collections::BTreeSet<String> = v
-        .s
-        .device_classes
-        .iter()
-        .filter_map(|c| c.spec.extended_resource_name.clone())
-        .collect();
+    let published: std::collections::BTreeSet<String> =
+        v.s.device_classes
+            .iter()
+            .filter_map(|c| c.spec.extended_resource_name.clone())
+            .collect();
     let mut out = Vec::new();
     for w in workloads(v) {
         for (c, resource, _) in extended_resources(w.spec) {
-            if !resource.starts_with(names::CLASS_RESOURCE_PREFIX) || published.contains(&resource) {
+            if !resource.starts_with(names::CLASS_RESOURCE_PREFIX) || published.contains(&resource)
+            {
                 continue;
             }
             let container = &w.spec.containers[c];
             let to = closest(&resource, &v.class_resources()).unwrap_or_else(|| suggested_class(v));
-            let classes: Vec<String> = v
-                .s
-                .gpu_classes
-                .iter()
-                .map(|g| format!("GPUClass/{}", name_of(&g.metadata)))
-                .collect();
+            let classes: Vec<String> =
+                v.s.gpu_classes
+                    .iter()
+                    .map(|g| format!("GPUClass/{}", name_of(&g.metadata)))
+                    .collect();
             out.push(Finding::new(
                 Row::NoResourceClaim,
                 vec![w.object()],
@@ -250,7 +253,12 @@ pub(crate) fn no_resource_claim(v: &View<'_>) -> Vec<Finding> {
 fn closest(wrong: &str, known: &std::collections::BTreeSet<String>) -> Option<String> {
     known
         .iter()
-        .max_by_key(|k| k.chars().zip(wrong.chars()).take_while(|(a, b)| a == b).count())
+        .max_by_key(|k| {
+            k.chars()
+                .zip(wrong.chars())
+                .take_while(|(a, b)| a == b)
+                .count()
+        })
         .cloned()
 }
 
