@@ -11,6 +11,8 @@
 
 pub mod rbac;
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
@@ -164,6 +166,47 @@ pub struct NodeGroupSpec {
     /// Present: the group's nodes are served by the device plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<NodeGroupGpu>,
+    /// What every node of the group carries (labels, annotations, taints):
+    /// Step 1 copies it from the source group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_template: Option<NodeTemplate>,
+    /// The group's kubelet settings (`maxPods`, `containerLogMaxSize`, ...),
+    /// kept as written: Switchyard only compares them between groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub kubelet: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTemplate {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<NodeTemplateTaint>,
+}
+
+/// A taint of a group's node template (a Node taint without `timeAdded`).
+#[derive(
+    Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTemplateTaint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// An object whose fields the API server keeps as given.
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -52,6 +52,13 @@ enum Command {
     /// Dynamic Resource Allocation: evaluate device selectors as Kubernetes does.
     #[command(subcommand)]
     Dra(crate::dra_cmd::DraCommand),
+    /// Diagnose the reference's "Common mistakes" (and the NVIDIA guide's
+    /// troubleshooting list) on the live cluster, read-only: each finding
+    /// with its objects, cause and fix. Exit 0 nothing found, 1 findings, 2 error.
+    Doctor(crate::doctor::DoctorArgs),
+    /// Why an object is as it is, from what the API server holds.
+    #[command(subcommand)]
+    Explain(crate::doctor::ExplainCommand),
 }
 
 impl Cli {
@@ -66,6 +73,8 @@ impl Cli {
             Command::Move(args) => crate::move_cmd::move_workload(args).await,
             Command::Complete(args) => crate::complete::complete(args).await,
             Command::Dra(command) => crate::dra_cmd::run(command),
+            Command::Doctor(args) => crate::doctor::doctor(args).await,
+            Command::Explain(command) => crate::doctor::explain(command).await,
             Command::Rollback(crate::rollback::RollbackCommand::Node(args)) => {
                 crate::rollback::rollback_node(args).await
             }

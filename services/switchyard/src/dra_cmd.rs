@@ -13,10 +13,10 @@ use clap::{Args, Subcommand};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Deserialize;
 use switchyard_dra::Quantity;
-use switchyard_dra::alloc::Objects;
+use switchyard_dra::alloc::{NodeReport, Objects};
 use switchyard_dra::cel::{Attribute, Compiler, Device, SelectorError};
 
-use crate::output::Output;
+use crate::output::{Output, write_stdout};
 
 #[derive(Subcommand, Debug)]
 pub enum DraCommand {
@@ -112,51 +112,41 @@ fn allocate(args: AllocateArgs) -> anyhow::Result<ExitCode> {
 
 fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let objects = Objects::from_values(documents(&args.files)?)?;
-    let compiler = Arc::new(Compiler::default());
-    let outcome = objects.allocate(&args.node, compiler.clone());
-    let allocator = objects.allocator(compiler)?;
-    let pending = objects.pending();
-    let explanation = allocator
-        .explain(&objects.node(&args.node), &pending)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let report = objects.explain(&args.node, Arc::new(Compiler::default()))?;
     match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "node": args.node,
-                "result": outcome.result,
-                "error": outcome.error,
-                "requests": explanation.requests,
-            }))?
-        ),
-        Output::Table => {
-            let verdict = match &outcome.error {
-                Some(e) => format!("{} ({e})", outcome.result),
-                None => outcome.result.clone(),
-            };
-            println!("node {}: {verdict}", args.node);
-            for r in &explanation.requests {
-                println!(
-                    "claim {} request {} (class {}, wants {}):",
-                    r.claim, r.request, r.class, r.wants
-                );
-                if r.candidates.is_empty() {
-                    println!("  no devices on this node");
-                }
-                for c in &r.candidates {
-                    match &c.reason {
-                        Some(reason) => println!("  {}: {reason}", c.device),
-                        None => println!("  {}: fits on its own", c.device),
-                    }
-                }
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Table => write_stdout(&report_table(&report, ""))?,
+    }
+    Ok(ExitCode::from(if report.allocated() { 0 } else { 1 }))
+}
+
+/// A node's report as `dra explain` prints it, each line after `indent`:
+/// the verdict, then per request every candidate device and its reason.
+pub fn report_table(report: &NodeReport, indent: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let verdict = match &report.error {
+        Some(e) => format!("{} ({e})", report.result),
+        None => report.result.clone(),
+    };
+    let _ = writeln!(out, "{indent}node {}: {verdict}", report.node);
+    for r in &report.requests {
+        let _ = writeln!(
+            out,
+            "{indent}claim {} request {} (class {}, wants {}):",
+            r.claim, r.request, r.class, r.wants
+        );
+        if r.candidates.is_empty() {
+            let _ = writeln!(out, "{indent}  no devices on this node");
+        }
+        for c in &r.candidates {
+            match &c.reason {
+                Some(reason) => _ = writeln!(out, "{indent}  {}: {reason}", c.device),
+                None => _ = writeln!(out, "{indent}  {}: fits on its own", c.device),
             }
         }
     }
-    Ok(ExitCode::from(if outcome.result == "allocated" {
-        0
-    } else {
-        1
-    }))
+    out
 }
 
 #[derive(Args, Debug)]

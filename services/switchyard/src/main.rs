@@ -12,6 +12,7 @@ mod cli;
 mod complete;
 mod crdgen;
 mod demo;
+mod doctor;
 mod dra_cmd;
 mod handover;
 mod kube_args;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use serde::{Deserialize, Serialize};
 
-use super::{AllocateError, AllocatedState, Allocator, InputError, claim_name};
+use super::{AllocateError, AllocatedState, Allocator, InputError, RequestExplanation, claim_name};
 use crate::cel::Compiler;
 
 /// The objects of a case.
@@ -118,44 +118,90 @@ impl Objects {
 
     /// Allocates the pending claims together on `node`.
     pub fn allocate(&self, node: &str, compiler: Arc<Compiler>) -> Outcome {
-        let mut outcome = Outcome {
-            node: node.to_string(),
-            result: "error".into(),
-            allocations: Vec::new(),
-            error: None,
-        };
-        let allocator = match self.allocator(compiler) {
-            Ok(a) => a,
-            Err(e) => {
-                outcome.error = Some(e.to_string());
-                return outcome;
-            }
-        };
-        let pending = self.pending();
-        match allocator.allocate(&self.node(node), &pending) {
-            Ok(Some(results)) => {
-                outcome.result = "allocated".into();
-                outcome.allocations = pending
-                    .iter()
-                    .zip(results)
-                    .map(|(c, allocation)| ClaimAllocation {
-                        claim: claim_name(c),
-                        allocation,
-                    })
-                    .collect();
-            }
-            Ok(None) => outcome.result = "unschedulable".into(),
-            Err(AllocateError::FailedOnNode(e)) => {
-                outcome.result = "unschedulable".into();
-                outcome.error = Some(e);
-            }
-            Err(AllocateError::Fatal(e)) => outcome.error = Some(e),
+        match self.allocator(compiler) {
+            Ok(allocator) => outcome(&allocator, &self.node(node), &self.pending()),
+            Err(e) => Outcome {
+                node: node.to_string(),
+                result: "error".into(),
+                allocations: Vec::new(),
+                error: Some(e.to_string()),
+            },
         }
-        outcome
+    }
+
+    /// Why the pending claims do or do not fit `node` (`dra explain`).
+    pub fn explain(&self, node: &str, compiler: Arc<Compiler>) -> Result<NodeReport, InputError> {
+        let allocator = self.allocator(compiler)?;
+        Ok(report(&allocator, &self.node(node), &self.pending()))
     }
 }
 
-fn is_allocated(claim: &ResourceClaim) -> bool {
+/// What the allocator decides for `pending` (one pod's claims, allocated
+/// together) on `node`, on top of the allocator's existing allocations.
+pub fn outcome(allocator: &Allocator, node: &Node, pending: &[&ResourceClaim]) -> Outcome {
+    let mut outcome = Outcome {
+        node: node.metadata.name.clone().unwrap_or_default(),
+        result: "error".into(),
+        allocations: Vec::new(),
+        error: None,
+    };
+    match allocator.allocate(node, pending) {
+        Ok(Some(results)) => {
+            outcome.result = "allocated".into();
+            outcome.allocations = pending
+                .iter()
+                .zip(results)
+                .map(|(c, allocation)| ClaimAllocation {
+                    claim: claim_name(c),
+                    allocation,
+                })
+                .collect();
+        }
+        Ok(None) => outcome.result = "unschedulable".into(),
+        Err(AllocateError::FailedOnNode(e)) => {
+            outcome.result = "unschedulable".into();
+            outcome.error = Some(e);
+        }
+        Err(AllocateError::Fatal(e)) => outcome.error = Some(e),
+    }
+    outcome
+}
+
+/// Why claims do or do not fit one node: the allocator's verdict and, for
+/// every request, every candidate device with the first reason it was passed
+/// over — the engine of `dra explain` and `explain pod`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeReport {
+    pub node: String,
+    /// `allocated`, `unschedulable` or `error`.
+    pub result: String,
+    pub error: Option<String>,
+    pub requests: Vec<RequestExplanation>,
+}
+
+impl NodeReport {
+    pub fn allocated(&self) -> bool {
+        self.result == "allocated"
+    }
+}
+
+/// The [`NodeReport`] of `pending` on `node`.
+pub fn report(allocator: &Allocator, node: &Node, pending: &[&ResourceClaim]) -> NodeReport {
+    let outcome = outcome(allocator, node, pending);
+    let (requests, explain_error) = match allocator.explain(node, pending) {
+        Ok(explanation) => (explanation.requests, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    NodeReport {
+        node: outcome.node,
+        result: outcome.result,
+        error: outcome.error.or(explain_error),
+        requests,
+    }
+}
+
+/// Whether the claim has `status.allocation`.
+pub fn is_allocated(claim: &ResourceClaim) -> bool {
     claim
         .status
         .as_ref()

@@ -39,7 +39,9 @@ use k8s_openapi::api::resource::v1::{
 use crate::cel::{self, Compiler, EvalError, PreparedDevice};
 use crate::quantity::Quantity;
 
-pub use case::{ClaimAllocation, Objects, Outcome, apply_defaults};
+pub use case::{
+    ClaimAllocation, NodeReport, Objects, Outcome, apply_defaults, is_allocated, outcome, report,
+};
 pub use explain::{Candidate, Explanation, RequestExplanation};
 pub use nodes::{node_matches, selector_matches};
 

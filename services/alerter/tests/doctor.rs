@@ -1,0 +1,522 @@
+//! The doctor's rows as pure functions: each built from a small snapshot
+//! with mk_* helpers, the finding and its objects and fix asserted; a healthy
+//! cluster gives none.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::{Value, json};
+use switchyard_alerter::doctor::{Finding, Row, Snapshot, diagnose, explain_pod};
+use switchyard_api::{GPUClass, ModuleConfig, NodeGroup};
+
+fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("a valid object")
+}
+
+fn mk_node(name: &str, group: &str, stack: Option<&str>) -> Node {
+    let mut labels = json!({"node.deckhouse.io/group": group});
+    if let Some(stack) = stack {
+        labels["node.deckhouse.io/gpu-stack"] = json!(stack);
+    }
+    from(
+        json!({"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {"allocatable": {"cpu": "32"}}}),
+    )
+}
+
+fn with_label(mut node: Node, key: &str, value: &str) -> Node {
+    node.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(key.into(), value.into());
+    node
+}
+
+fn with_gpus(mut node: Node, n: &str) -> Node {
+    let status = node.status.get_or_insert_default();
+    status.allocatable.get_or_insert_default().insert(
+        "nvidia.com/gpu".into(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity(n.into()),
+    );
+    node
+}
+
+fn with_taint(mut node: Node, key: &str, value: &str) -> Node {
+    node.spec
+        .get_or_insert_default()
+        .taints
+        .get_or_insert_default()
+        .push(from(
+            json!({"key": key, "value": value, "effect": "NoSchedule"}),
+        ));
+    node
+}
+
+fn mk_group(name: &str, spec_gpu: bool, template: Value) -> NodeGroup {
+    let mut spec = json!({"nodeType": "Static", "nodeTemplate": template});
+    if spec_gpu {
+        spec["gpu"] = json!({"sharing": "Exclusive"});
+    }
+    from(
+        json!({"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": name}, "spec": spec}),
+    )
+}
+
+fn mk_module(dra: bool) -> ModuleConfig {
+    from(
+        json!({"apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig", "metadata": {"name": "gpu"},
+        "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}}}),
+    )
+}
+
+fn mk_gpu_class(name: &str) -> GPUClass {
+    from(
+        json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "a100-sxm4-40gb"}}}}),
+    )
+}
+
+const A100: &str = r#"device.driver == "gpu.deckhouse.io" && device.attributes["gpu.deckhouse.io"].device == "a100-sxm4-40gb""#;
+
+fn mk_device_class(name: &str, resource: &str, expression: &str) -> DeviceClass {
+    from(
+        json!({"metadata": {"name": name}, "spec": {"extendedResourceName": resource,
+        "selectors": [{"cel": {"expression": expression}}]}}),
+    )
+}
+
+fn mk_slice(node: &str, models: &[&str]) -> ResourceSlice {
+    let devices: Vec<Value> = models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| json!({"name": format!("gpu-{i}"), "attributes": {"type": {"string": "gpu"}, "device": {"string": m}}}))
+        .collect();
+    from(
+        json!({"metadata": {"name": format!("{node}-gpus")}, "spec": {"driver": "gpu.deckhouse.io", "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}),
+    )
+}
+
+fn mk_pod(ns: &str, name: &str, container: Value, extra: Value) -> Pod {
+    let mut spec = json!({"containers": [container]});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        spec[k] = v;
+    }
+    from(
+        json!({"metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")}, "spec": spec, "status": {"phase": "Pending"}}),
+    )
+}
+
+fn gpu_container(resource: &str) -> Value {
+    json!({"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}})
+}
+
+fn mk_deployment(ns: &str, name: &str, container: Value, extra: Value) -> Deployment {
+    let mut spec = json!({"containers": [container]});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        spec[k] = v;
+    }
+    from(
+        json!({"metadata": {"name": name, "namespace": ns}, "spec": {"selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}),
+    )
+}
+
+fn mk_claim(ns: &str, name: &str, class: &str, selector: Option<&str>) -> ResourceClaim {
+    let mut exactly = json!({"deviceClassName": class, "allocationMode": "ExactCount", "count": 1});
+    if let Some(s) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": s}}]);
+    }
+    from(
+        json!({"metadata": {"name": name, "namespace": ns}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}),
+    )
+}
+
+/// A migrated cluster: gpu (spec.gpu, empty of nodes) and gpu-dra with the
+/// same template, one DRA node publishing an A100, class a100, a workload on it.
+fn healthy() -> Snapshot {
+    let template = json!({"labels": {"team": "ml"}, "taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]});
+    let mut running = mk_pod(
+        "ml",
+        "train-0",
+        gpu_container("gpu.deckhouse.io/a100"),
+        json!({"nodeName": "gpu-1"}),
+    );
+    running.status.as_mut().unwrap().phase = Some("Running".into());
+    Snapshot {
+        nodes: vec![mk_node("gpu-1", "gpu-dra", Some("dra"))],
+        node_groups: vec![
+            mk_group("gpu", true, template.clone()),
+            mk_group("gpu-dra", false, template),
+        ],
+        module_config: Some(mk_module(true)),
+        dra_api_served: true,
+        gpu_classes: vec![mk_gpu_class("a100")],
+        device_classes: vec![mk_device_class(
+            "a100.gpu.deckhouse.io",
+            "gpu.deckhouse.io/a100",
+            A100,
+        )],
+        slices: vec![mk_slice("gpu-1", &["a100-sxm4-40gb"])],
+        pods: vec![running],
+        deployments: vec![mk_deployment(
+            "ml",
+            "train",
+            gpu_container("gpu.deckhouse.io/a100"),
+            json!({}),
+        )],
+        ..Default::default()
+    }
+}
+
+fn only(findings: &[Finding], row: Row) -> Vec<&Finding> {
+    findings.iter().filter(|f| f.row == row).collect()
+}
+
+#[test]
+fn a_healthy_cluster_has_no_findings() {
+    assert_eq!(diagnose(&healthy()), Vec::new());
+}
+
+#[test]
+fn no_stack_manages_a_gpu_node_of_a_group_without_spec_gpu_while_dra_is_off() {
+    let mut s = healthy();
+    s.module_config = Some(mk_module(false));
+    s.nodes.push(with_label(
+        mk_node("gpu-7", "workers", None),
+        "nvidia.com/gpu.present",
+        "true",
+    ));
+    s.nodes.push(mk_node("cpu-1", "workers", None)); // not a GPU node
+    let f = diagnose(&s);
+    let rows = only(&f, Row::NoStackManagesNode);
+    assert_eq!(rows.len(), 2, "{f:#?}"); // workers (gpu-7) and gpu-dra (gpu-1)
+    let workers = rows
+        .iter()
+        .find(|f| f.objects.contains(&"Node/gpu-7".into()))
+        .unwrap();
+    assert_eq!(
+        workers.objects,
+        ["NodeGroup/workers", "Node/gpu-7", "ModuleConfig/gpu"]
+    );
+    assert!(
+        workers
+            .cause
+            .contains("has no spec.gpu, and dra.enabled is off")
+    );
+    assert!(
+        workers.fix.contains(r#"{"dra":{"enabled":true}}"#),
+        "{}",
+        workers.fix
+    );
+}
+
+#[test]
+fn dra_is_not_deployed_for_the_opt_out_label_the_gates_and_a_spec_gpu_group() {
+    let mut s = healthy();
+    s.nodes.push(with_label(
+        mk_node("gpu-2", "gpu-dra", None),
+        "gpu.deckhouse.io/enabled",
+        "false",
+    ));
+    s.physical_gpus.push(from(json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "metadata": {"name": "gpu-2-0"},
+        "spec": {"node": "gpu-2", "index": 0, "uuid": "GPU-1", "product": "NVIDIA A100"}})));
+    s.nodes.push(with_gpus(
+        mk_node("gpu-9", "gpu", Some("device-plugin")),
+        "8",
+    ));
+    s.deployments.push(mk_deployment(
+        "ml",
+        "pinned",
+        gpu_container("gpu.deckhouse.io/a100"),
+        json!({"nodeSelector": {"node.deckhouse.io/group": "gpu"}}),
+    ));
+    let f = diagnose(&s);
+    let rows = only(&f, Row::DraNotDeployed);
+    assert_eq!(rows.len(), 2, "{f:#?}");
+    assert!(
+        rows.iter()
+            .any(|r| r.objects == ["NodeGroup/gpu-dra", "Node/gpu-2"]
+                && r.fix == "kubectl label node gpu-2 gpu.deckhouse.io/enabled-")
+    );
+    let pinned = rows
+        .iter()
+        .find(|r| r.objects[0] == "Deployment/ml/pinned")
+        .unwrap();
+    assert!(pinned.cause.contains("has spec.gpu"));
+    assert!(
+        pinned
+            .fix
+            .contains("/spec/template/spec/nodeSelector/node.deckhouse.io~1group"),
+        "{}",
+        pinned.fix
+    );
+
+    s.dra_api_served = false;
+    let f = diagnose(&s);
+    let gates = only(&f, Row::DraNotDeployed)
+        .into_iter()
+        .find(|r| r.cause.contains("feature gates are not ready"))
+        .expect("the gates row");
+    assert_eq!(gates.objects, ["Node/gpu-1"]);
+    assert!(gates.fix.contains("get module gpu"));
+}
+
+#[test]
+fn held_on_dra_is_a_spec_gpu_group_whose_nodes_dra_serves() {
+    let mut s = healthy();
+    s.nodes.push(mk_node("gpu-legacy-0", "gpu", Some("dra")));
+    s.slices.push(mk_slice("gpu-legacy-0", &["a100-sxm4-40gb"]));
+    let f = diagnose(&s);
+    let rows = only(&f, Row::HeldOnDra);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(rows[0].objects, ["NodeGroup/gpu", "Node/gpu-legacy-0"]);
+    assert_eq!(
+        rows[0].fix,
+        r#"kubectl patch nodegroup gpu --type json -p '[{"op":"remove","path":"/spec/gpu"}]'"#
+    );
+}
+
+#[test]
+fn the_pod_stays_on_the_old_nodes_for_its_request_or_its_binding() {
+    let mut s = healthy();
+    s.deployments.push(mk_deployment(
+        "ml",
+        "legacy",
+        gpu_container("nvidia.com/gpu"),
+        json!({"nodeSelector": {"node.deckhouse.io/group": "gpu"}}),
+    ));
+    let f = diagnose(&s);
+    let rows = only(&f, Row::PodStaysOnOldNodes);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(rows[0].objects, ["Deployment/ml/legacy", "NodeGroup/gpu"]);
+    assert!(
+        rows[0]
+            .cause
+            .contains("still has the nvidia.com/gpu request")
+    );
+    assert!(rows[0].cause.contains("binding to the source group"));
+    assert!(
+        rows[0]
+            .fix
+            .starts_with("kubectl -n ml patch deployment legacy --type json -p"),
+        "{}",
+        rows[0].fix
+    );
+    assert!(rows[0].fix.contains(r#""path":"/spec/template/spec/containers/0/resources/limits/gpu.deckhouse.io~1a100","value":"1""#), "{}", rows[0].fix);
+    // Without a DRA class there is nowhere to move to yet.
+    s.device_classes.clear();
+    assert!(only(&diagnose(&s), Row::PodStaysOnOldNodes).is_empty());
+}
+
+#[test]
+fn the_pod_is_pending_when_no_device_of_its_kind_is_free() {
+    let mut s = healthy();
+    // The one A100 is taken by a claim.
+    let mut taken = mk_claim("ml", "taken", "a100.gpu.deckhouse.io", None);
+    taken.status = Some(from(json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.deckhouse.io", "pool": "gpu-1", "device": "gpu-0"}]}}})));
+    s.claims.push(taken);
+    s.pods.push(mk_pod(
+        "ml",
+        "waiting",
+        gpu_container("gpu.deckhouse.io/a100"),
+        json!({}),
+    ));
+    s.nodes.push(with_gpus(
+        mk_node("gpu-0", "gpu", Some("device-plugin")),
+        "1",
+    ));
+    let f = diagnose(&s);
+    let rows = only(&f, Row::PodPending);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(
+        rows[0].objects,
+        ["Pod/ml/waiting", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
+    assert!(
+        rows[0]
+            .cause
+            .contains("no free devices of the requested kind"),
+        "{}",
+        rows[0].cause
+    );
+    assert!(
+        rows[0]
+            .cause
+            .contains("gpu-1: gpu.deckhouse.io/gpu-1/gpu-0 (in use: allocated to another claim)"),
+        "{}",
+        rows[0].cause
+    );
+    assert!(
+        rows[0]
+            .fix
+            .starts_with("switchyard handover --node gpu-0 --to gpu-dra"),
+        "{}",
+        rows[0].fix
+    );
+
+    let e = explain_pod(&s, &s.pods[1]).unwrap();
+    assert!(e.fits.is_empty());
+    assert_eq!(
+        e.claims,
+        [
+            "waiting-extended-resources (pending): the scheduler's claim for gpu.deckhouse.io/a100 (DRAExtendedResource)"
+        ]
+    );
+}
+
+#[test]
+fn explain_pod_names_the_taint_the_selector_and_the_node_selector() {
+    let mut s = healthy();
+    s.nodes[0] = with_taint(s.nodes[0].clone(), "dedicated", "gpu");
+    s.nodes.push(mk_node("gpu-2", "gpu-dra", Some("dra")));
+    s.slices.push(mk_slice("gpu-2", &["h100-sxm5-80gb"]));
+    let pod = mk_pod(
+        "ml",
+        "p",
+        gpu_container("gpu.deckhouse.io/a100"),
+        json!({"nodeSelector": {"team": "ml"}}),
+    );
+    let e = explain_pod(&s, &pod).unwrap();
+    let gpu1 = e.nodes.iter().find(|n| n.node == "gpu-1").unwrap();
+    assert!(!gpu1.fits);
+    assert!(
+        gpu1.reasons
+            .contains(&"taint not tolerated: dedicated=gpu:NoSchedule".to_string()),
+        "{:?}",
+        gpu1.reasons
+    );
+    assert!(
+        gpu1.reasons
+            .iter()
+            .any(|r| r.contains("node selector team=ml does not match"))
+    );
+    assert!(
+        gpu1.devices.as_ref().unwrap().allocated(),
+        "its card itself is free"
+    );
+    let gpu2 = e.nodes.iter().find(|n| n.node == "gpu-2").unwrap();
+    let reason = gpu2.devices.as_ref().unwrap().requests[0].candidates[0]
+        .reason
+        .clone()
+        .unwrap();
+    assert!(
+        reason.starts_with("selector false: class a100.gpu.deckhouse.io selector #0"),
+        "{reason}"
+    );
+    // Tolerating the taint and dropping the selector: gpu-1 fits.
+    let pod = mk_pod(
+        "ml",
+        "p",
+        gpu_container("gpu.deckhouse.io/a100"),
+        json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}),
+    );
+    assert_eq!(explain_pod(&s, &pod).unwrap().fits, ["gpu-1"]);
+}
+
+#[test]
+fn no_resource_claim_for_a_class_name_no_device_class_publishes() {
+    let mut s = healthy();
+    s.deployments.push(mk_deployment(
+        "ml",
+        "typo",
+        gpu_container("gpu.deckhouse.io/a10"),
+        json!({}),
+    ));
+    let f = diagnose(&s);
+    let rows = only(&f, Row::NoResourceClaim);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(rows[0].objects, ["Deployment/ml/typo"]);
+    assert!(rows[0].cause.contains("gpu.deckhouse.io/a10, which no DeviceClass publishes; known class resources: gpu.deckhouse.io/a100"), "{}", rows[0].cause);
+    assert!(rows[0].cause.contains("kubectl get gpuclass"));
+    assert!(
+        rows[0].fix.contains("gpu.deckhouse.io~1a100"),
+        "{}",
+        rows[0].fix
+    );
+}
+
+#[test]
+fn no_card_visible_when_nvidia_visible_devices_replaces_a_request() {
+    let mut s = healthy();
+    let container = json!({"name": "app", "image": "cuda", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]});
+    let mut pod = mk_pod("ml", "sneaky", container, json!({"nodeName": "gpu-1"}));
+    pod.status.as_mut().unwrap().phase = Some("Running".into());
+    s.pods.push(pod);
+    let f = diagnose(&s);
+    let rows = only(&f, Row::NoCardVisible);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(rows[0].objects, ["Pod/ml/sneaky"]);
+    assert!(rows[0].cause.contains("NVIDIA_VISIBLE_DEVICES=all"));
+    assert!(
+        rows[0]
+            .fix
+            .contains(r#"{"op":"remove","path":"/spec/containers/0/env/0"}"#),
+        "{}",
+        rows[0].fix
+    );
+}
+
+#[test]
+fn nvidia_guide_rows_slices_selectors_dual_advertisement() {
+    let mut s = healthy();
+    s.nodes.push(mk_node("gpu-3", "gpu-dra", Some("dra"))); // DRA, no slices
+    s.nodes[0] = with_gpus(s.nodes[0].clone(), "1"); // gpu-1 also advertises nvidia.com/gpu
+    s.claims.push(mk_claim(
+        "ml",
+        "h100",
+        "a100.gpu.deckhouse.io",
+        Some(r#"device.attributes["gpu.deckhouse.io"].device == "a100-pcie""#),
+    ));
+    let f = diagnose(&s);
+    let slices = only(&f, Row::NoResourceSlices);
+    assert_eq!(slices.len(), 1, "{f:#?}");
+    assert_eq!(
+        slices[0].objects,
+        ["Node/gpu-3", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
+    let selector = only(&f, Row::ClaimSelectorMatchesNoDevice);
+    assert_eq!(selector.len(), 1, "{f:#?}");
+    assert_eq!(
+        selector[0].objects,
+        ["ResourceClaim/ml/h100", "DeviceClass/a100.gpu.deckhouse.io"]
+    );
+    assert!(selector[0].cause.contains("request gpu: a selector is syntactically valid but matches none of the 1 published devices"), "{}", selector[0].cause);
+    let dual = only(&f, Row::DevicePluginOnDraNode);
+    assert_eq!(dual.len(), 1, "{f:#?}");
+    assert_eq!(dual[0].objects, ["Node/gpu-1", "ResourceSlice/gpu-1-gpus"]);
+    assert!(dual[0].fix.starts_with("kubectl cordon gpu-1"));
+}
+
+#[test]
+fn the_target_group_is_compared_with_the_source_group() {
+    let mut s = healthy();
+    s.node_groups[1] = mk_group(
+        "gpu-dra",
+        false,
+        json!({"labels": {"team": "research", "extra": "x"}}),
+    );
+    s.node_groups[0].spec.kubelet = Some([("maxPods".to_string(), json!(64))].into());
+    let f = diagnose(&s);
+    let rows = only(&f, Row::TargetGroupDiffers);
+    assert_eq!(rows.len(), 1, "{f:#?}");
+    assert_eq!(rows[0].objects, ["NodeGroup/gpu", "NodeGroup/gpu-dra"]);
+    for part in [
+        r#"label extra: gpu has none, gpu-dra has "x""#,
+        r#"label team: gpu has "ml", gpu-dra has "research""#,
+        "taint dedicated=gpu:NoSchedule: on gpu, not on gpu-dra",
+        "kubelet maxPods: gpu has 64, gpu-dra has none",
+    ] {
+        assert!(rows[0].cause.contains(part), "{part} in {}", rows[0].cause);
+    }
+    assert!(
+        rows[0]
+            .fix
+            .starts_with("kubectl patch nodegroup gpu-dra --type merge -p")
+    );
+    assert!(
+        rows[0].fix.contains(r#""extra":null"#) && rows[0].fix.contains(r#""maxPods":64"#),
+        "{}",
+        rows[0].fix
+    );
+}
