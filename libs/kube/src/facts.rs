@@ -591,7 +591,11 @@ mod tests {
             node_name: Some("gpu-0".into()),
             ..PodSpec::default()
         });
-        assert_eq!(counts(&p), (1, 1), "bound: the scheduler allocated it first");
+        assert_eq!(
+            counts(&p),
+            (1, 1),
+            "bound: the scheduler allocated it first"
+        );
     }
 
     #[test]

@@ -23,7 +23,10 @@ use switchyard_testkit::kwok::{Kwok, kwok_node};
 
 use support::*;
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/fixtures/h100-8x.yaml");
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/fixtures/h100-8x.yaml"
+);
 
 /// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
 /// after a node's group changes, its preparation label goes and comes back
@@ -37,7 +40,9 @@ async fn prepare_nodes(client: Client) {
                 let name = node.name_any();
                 let labels = node.labels();
                 let group = labels.get(GROUP).cloned().unwrap_or_default();
-                let moved = groups.insert(name.clone(), group.clone()).is_some_and(|g| g != group);
+                let moved = groups
+                    .insert(name.clone(), group.clone())
+                    .is_some_and(|g| g != group);
                 let patch = if moved {
                     Some(json!({"metadata": {"labels": {SETUP: null}}}))
                 } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
@@ -107,10 +112,16 @@ fn gpu_node(name: &str) -> Node {
 fn node_agent(
     world: &World,
     node: &str,
-) -> (KillOnDrop, switchyard_kubelet::fake::Kubelet, tempfile::TempDir) {
+) -> (
+    KillOnDrop,
+    switchyard_kubelet::fake::Kubelet,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().expect("kubelet dir");
     let kubelet = switchyard_kubelet::fake::Kubelet::default();
-    kubelet.serve(dir.path()).expect("serve the kubelet's sockets");
+    kubelet
+        .serve(dir.path())
+        .expect("serve the kubelet's sockets");
     let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
         .expect("agent log");
     let agent = Command::new(switchyard_testkit::bins::binary("switchyard-node-agent"))
@@ -249,7 +260,13 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     // Step 4 before Step 3 is refused with the reference's reason.
     let (code, _, err) = cli(
         &world,
-        &["move", "--workload", "ml/Deployment/train", "--class", "h100"],
+        &[
+            "move",
+            "--workload",
+            "ml/Deployment/train",
+            "--class",
+            "h100",
+        ],
     );
     assert_eq!(code, 1, "{err}");
     assert!(
@@ -260,7 +277,9 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     // Step 3: hand gpu-0 over; --wait prints each step until it is done.
     let (code, out, err) = cli(
         &world,
-        &["handover", "--node", "gpu-0", "--to", "gpu-dra", "--id", "h-gpu-0", "--wait"],
+        &[
+            "handover", "--node", "gpu-0", "--to", "gpu-dra", "--id", "h-gpu-0", "--wait",
+        ],
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     for step in [
@@ -289,7 +308,13 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     let (code, out, err) = cli(
         &world,
         &[
-            "move", "--workload", "ml/Deployment/train", "--class", "h100", "--dry-run", "-o",
+            "move",
+            "--workload",
+            "ml/Deployment/train",
+            "--class",
+            "h100",
+            "--dry-run",
+            "-o",
             "patch",
         ],
     );
@@ -313,25 +338,54 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     let (code, out, err) = cli(
         &world,
         &[
-            "move", "--workload", "ml/Deployment/train", "--class", "h100", "--id", "m-train",
+            "move",
+            "--workload",
+            "ml/Deployment/train",
+            "--class",
+            "h100",
+            "--id",
+            "m-train",
             "--wait",
         ],
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     assert!(
-        out.contains("move m-train done: Deployment ml/train runs on gpu-0 with 1 claim(s) allocated"),
+        out.contains(
+            "move m-train done: Deployment ml/train runs on gpu-0 with 1 claim(s) allocated"
+        ),
         "{out}"
     );
     let moved = deployments.get("train").await.unwrap();
     let spec = moved.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    assert_eq!(spec.node_selector, None, "the binding to the source group is gone");
-    let limits = spec.containers[0].resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(
+        spec.node_selector, None,
+        "the binding to the source group is gone"
+    );
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .clone()
+        .unwrap();
     assert_eq!(
         limits.keys().collect::<Vec<_>>(),
         ["cpu", "gpu.deckhouse.io/h100"],
         "nvidia.com/gpu replaced, the rest kept"
     );
-    assert_eq!(spec.containers[0].env, train.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].env);
+    assert_eq!(
+        spec.containers[0].env,
+        train
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .env
+    );
     let pods = pods_of(&c, "train").await;
     assert_eq!(running_on(&pods), ["gpu-0"]);
     let running = pods
@@ -349,20 +403,28 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .await
         .expect("the claim");
     let allocation = claim.status.and_then(|s| s.allocation).expect("allocated");
-    assert_eq!(allocation.devices.unwrap().results[0].driver, "gpu.deckhouse.io");
+    assert_eq!(
+        allocation.devices.unwrap().results.unwrap()[0].driver,
+        "gpu.deckhouse.io"
+    );
 
     // The application's rollback: the manifest as it was, byte for byte, and
     // its pod back on the device plugin.
     let (code, out, err) = cli(
         &world,
-        &["rollback", "app", "--workload", "ml/Deployment/train", "--wait"],
+        &[
+            "rollback",
+            "app",
+            "--workload",
+            "ml/Deployment/train",
+            "--wait",
+        ],
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     assert!(out.contains("done"), "{out}");
     let restored = deployments.get("train").await.unwrap();
-    let pod_spec = |d: &Deployment| {
-        serde_json::to_string(&d.spec.as_ref().unwrap().template.spec).unwrap()
-    };
+    let pod_spec =
+        |d: &Deployment| serde_json::to_string(&d.spec.as_ref().unwrap().template.spec).unwrap();
     assert_eq!(pod_spec(&restored), pod_spec(&original));
     world
         .until("train back on gpu-1", || async {
@@ -378,7 +440,14 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     // Move it again, hand over the last node, then complete.
     let (code, out, err) = cli(
         &world,
-        &["move", "--workload", "ml/Deployment/train", "--class", "h100", "--wait"],
+        &[
+            "move",
+            "--workload",
+            "ml/Deployment/train",
+            "--class",
+            "h100",
+            "--wait",
+        ],
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     let (code, out, err) = cli(
@@ -398,7 +467,9 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
                 .and_then(|q| q.spec)
                 .and_then(|s| s.hard)
                 .unwrap_or_default();
-            hard.get("requests.gpu.deckhouse.io/h100").map(|q| q.0.as_str()) == Some("4")
+            hard.get("requests.gpu.deckhouse.io/h100")
+                .map(|q| q.0.as_str())
+                == Some("4")
                 && !hard.contains_key("requests.nvidia.com/gpu")
         })
         .await;

@@ -268,4 +268,3 @@ pub fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> 
         .filter(|(_, e)| e.kind.as_ref().is_some_and(&pred))
         .count()
 }
-
