@@ -258,6 +258,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
                 handover_id: format!("w{wave}-{node}"),
                 node: node.clone(),
                 target_group: "gpu-dra".into(),
+                force: false,
             };
             log.extend(stack.handle(Input::StartHandover(&cmd), 3));
         }

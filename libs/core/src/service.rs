@@ -160,6 +160,7 @@ impl Effect {
             | Effect::Drain { .. }
             | Effect::MoveToGroup { .. }
             | Effect::RestoreNode { .. }
+            | Effect::NodeEvent { .. }
             | Effect::SetStackLabel { .. } => ServiceName::StackAssigner,
             Effect::SetPlacement { .. }
             | Effect::RestartWorkload { .. }

@@ -80,6 +80,8 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::RollbackCompleted(e) => format!("rollback.{}", token(&e.rollback_id)),
         Kind::AlertRaised(e) => alert(&e.alert_name, &e.labels),
         Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
+        Kind::ReadinessSelectorsConfigured(_) => "cluster.readiness-selectors".into(),
+        Kind::StackSwitchHeld(e) => format!("node.{}", token(&e.node)),
     }
 }
 

@@ -93,6 +93,7 @@ fn handed_over() -> (StackAssigner, Log) {
         handover_id: "h1".into(),
         node: "w1".into(),
         target_group: "gpu-dra".into(),
+        force: false,
     };
     let d = core.handle(Input::StartHandover(&cmd), 0);
     log.push(d);
@@ -310,6 +311,7 @@ fn node_rollbacks_need_a_completed_handover() {
         handover_id: "h1".into(),
         node: "w1".into(),
         target_group: "gpu-dra".into(),
+        force: false,
     };
     let d = core.handle(Input::StartHandover(&cmd), 0);
     log.push(d);

@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
-use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
+use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX};
 use switchyard_proto::v1::{
     DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuClassRemoved,
     GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved,
@@ -30,8 +30,15 @@ pub const PREVIOUS_VERSION_ANNOTATION: &str = "gpu.deckhouse.io/previous-module-
 /// Annotation the node agent writes on its node: how many GPUs it found.
 pub const GPU_COUNT_ANNOTATION: &str = "gpu.deckhouse.io/physical-gpus";
 
-/// A Node: labels, taints, `spec.unschedulable`, how it was provisioned and
-/// how many GPUs it carries.
+/// Whether an extended resource is one the device plugin publishes for GPUs:
+/// `nvidia.com/gpu`, its time-slicing `nvidia.com/gpu.shared`, MIG partitions
+/// `nvidia.com/mig-<profile>`.
+pub fn is_device_plugin_gpu_resource(name: &str) -> bool {
+    name == NVIDIA_GPU || name == NVIDIA_GPU_SHARED || name.starts_with(NVIDIA_MIG_PREFIX)
+}
+
+/// A Node: labels, taints, `spec.unschedulable`, how it was provisioned,
+/// how many GPUs it carries and the device plugin's allocatable GPU resources.
 pub fn node(node: &Node) -> DomainEvent {
     let spec = node.spec.clone().unwrap_or_default();
     let taints = spec
@@ -61,6 +68,18 @@ pub fn node(node: &Node) -> DomainEvent {
         .and_then(|s| s.capacity.as_ref())
         .and_then(|c| c.get(NVIDIA_GPU))
         .and_then(|q| q.0.parse::<u32>().ok());
+    // Extended resources are whole numbers (the API server refuses others);
+    // 0 is left out, as the device plugin having gone.
+    let gpu_allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| is_device_plugin_gpu_resource(name))
+        .filter_map(|(name, q)| Some((name.clone(), q.0.parse::<u32>().ok()?)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     event(Kind::NodeObserved(NodeObserved {
         node: node.name_any(),
         labels: node.labels().clone(),
@@ -68,6 +87,7 @@ pub fn node(node: &Node) -> DomainEvent {
         unschedulable: spec.unschedulable.unwrap_or(false),
         provisioning: provisioning as i32,
         gpu_count: from_agent.or(from_plugin).unwrap_or(0),
+        gpu_allocatable,
     }))
 }
 
@@ -217,8 +237,66 @@ pub fn gpu_class_removed(class: &GPUClass) -> DomainEvent {
     }))
 }
 
-/// A ResourceClaim: the DeviceClasses its requests (and their alternatives) name.
+/// The node an allocated claim's devices are on: `status.allocation.nodeSelector`
+/// naming one node (by `metadata.name` field or the `kubernetes.io/hostname`
+/// label), else the node of a pod it is reserved for (`pod_node` looks a pod
+/// up by namespace and name). Empty while not allocated, or allocated on
+/// devices that are not one node's.
+pub fn claim_node(claim: &ResourceClaim, pod_node: impl Fn(&str, &str) -> Option<String>) -> String {
+    let Some(status) = claim.status.as_ref() else {
+        return String::new();
+    };
+    let Some(allocation) = status.allocation.as_ref() else {
+        return String::new();
+    };
+    let single = |values: &Option<Vec<String>>| match values.as_deref() {
+        Some([one]) => Some(one.clone()),
+        _ => None,
+    };
+    let from_selector = allocation
+        .node_selector
+        .as_ref()
+        .and_then(|s| match s.node_selector_terms.as_slice() {
+            [term] => term
+                .match_fields
+                .iter()
+                .flatten()
+                .find(|r| r.key == "metadata.name" && r.operator == "In")
+                .and_then(|r| single(&r.values))
+                .or_else(|| {
+                    term.match_expressions
+                        .iter()
+                        .flatten()
+                        .find(|r| r.key == "kubernetes.io/hostname" && r.operator == "In")
+                        .and_then(|r| single(&r.values))
+                }),
+            _ => None,
+        });
+    let namespace = claim.namespace().unwrap_or_default();
+    from_selector
+        .or_else(|| {
+            status
+                .reserved_for
+                .iter()
+                .flatten()
+                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+                .find_map(|r| pod_node(&namespace, &r.name))
+        })
+        .unwrap_or_default()
+}
+
+/// A ResourceClaim: the DeviceClasses its requests (and their alternatives)
+/// name, and the node it is allocated on ([`claim_node`]).
 pub fn resource_claim(claim: &ResourceClaim) -> DomainEvent {
+    resource_claim_on(claim, |_, _| None)
+}
+
+/// [`resource_claim`] with a lookup of pods' nodes, for claims allocated
+/// without a node selector.
+pub fn resource_claim_on(
+    claim: &ResourceClaim,
+    pod_node: impl Fn(&str, &str) -> Option<String>,
+) -> DomainEvent {
     let mut classes: Vec<String> = claim
         .spec
         .devices
@@ -241,6 +319,7 @@ pub fn resource_claim(claim: &ResourceClaim) -> DomainEvent {
         namespace: claim.namespace().unwrap_or_default(),
         name: claim.name_any(),
         device_classes: classes,
+        node: claim_node(claim, pod_node),
     }))
 }
 
@@ -290,11 +369,19 @@ pub fn pod(pod: &Pod) -> DomainEvent {
     // The scheduler binds a pod only once all its claims are allocated and
     // reserved for it: a scheduled pod has them all.
     let claims_allocated = if node.is_empty() { 0 } else { claims_needed };
+    let owner = pod_owner(pod);
+    // The stacks' pods (DaemonSet pods) carry their labels, for the
+    // readiness selectors; other pods' labels no core reads.
+    let labels = match &owner {
+        Some(o) if o.kind == "DaemonSet" => pod.labels().clone(),
+        _ => BTreeMap::new(),
+    };
     event(Kind::PodObserved(PodObserved {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         node,
-        owner: pod_owner(pod),
+        owner,
+        labels,
         phase: phase as i32,
         app: pod.labels().get("app").cloned().unwrap_or_default(),
         claims_allocated,

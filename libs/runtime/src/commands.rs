@@ -67,6 +67,7 @@ pub fn decode(request: &[u8]) -> Result<Command, CommandRefused> {
                 handover_id: c.handover_id,
                 node: c.node,
                 target_group: c.target_group,
+                force: c.force,
             }))
         }
         service_command::Command::Rollback(event) => {
