@@ -571,6 +571,99 @@ mod tests {
     }
 
     #[test]
+    fn a_node_carries_the_device_plugins_allocatable_gpu_resources() {
+        let n = Node {
+            metadata: meta("gpu-1"),
+            spec: None,
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    [
+                        (NVIDIA_GPU.to_string(), Quantity("0".into())),
+                        ("nvidia.com/mig-1g.5gb".to_string(), Quantity("14".into())),
+                        ("cpu".to_string(), Quantity("64".into())),
+                        ("gpu.deckhouse.io/a100".to_string(), Quantity("8".into())),
+                    ]
+                    .into(),
+                ),
+                ..NodeStatus::default()
+            }),
+        };
+        let Some(Kind::NodeObserved(f)) = node(&n).kind else {
+            panic!("a NodeObserved")
+        };
+        assert_eq!(
+            f.gpu_allocatable,
+            [("nvidia.com/mig-1g.5gb".to_string(), 14)].into(),
+            "nvidia.com/gpu at 0 is the device plugin gone; DRA's resources are not its"
+        );
+    }
+
+    #[test]
+    fn a_daemon_set_pod_carries_its_labels_and_others_do_not() {
+        let labels: BTreeMap<String, String> = [
+            ("app.kubernetes.io/component".to_string(), "node-agent".to_string()),
+            ("pod-template-hash".to_string(), "7d9f8".to_string()),
+        ]
+        .into();
+        let mut p = Pod {
+            metadata: meta("agent-abcde"),
+            ..Pod::default()
+        };
+        p.metadata.labels = Some(labels.clone());
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "DaemonSet".into(),
+            name: "switchyard-node-agent".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        assert_eq!(f.labels, labels);
+        p.metadata.owner_references.as_mut().unwrap()[0].kind = "ReplicaSet".into();
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        assert!(f.labels.is_empty());
+    }
+
+    #[test]
+    fn an_allocated_claim_names_its_node() {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0-gpu", "namespace": "ml"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
+            "status": {"allocation": {
+                "devices": {"results": []},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["gpu-1"]}]}]},
+            }},
+        }))
+        .unwrap();
+        let Some(Kind::ResourceClaimObserved(f)) = resource_claim(&claim).kind else {
+            panic!("a ResourceClaimObserved")
+        };
+        assert_eq!(f.node, "gpu-1");
+        assert_eq!(f.device_classes, ["a100.gpu.deckhouse.io"]);
+        // Without a node selector, the node of the pod it is reserved for.
+        let mut reserved = claim.clone();
+        let status = reserved.status.as_mut().unwrap();
+        status.allocation.as_mut().unwrap().node_selector = None;
+        status.reserved_for = Some(vec![serde_json::from_value(serde_json::json!(
+            {"resource": "pods", "name": "train-0", "uid": "u1"}
+        ))
+        .unwrap()]);
+        assert_eq!(claim_node(&reserved, |_, _| None), "");
+        assert_eq!(
+            claim_node(&reserved, |ns, pod| (ns == "ml" && pod == "train-0").then(|| "gpu-2".into())),
+            "gpu-2"
+        );
+        // Not allocated: no node.
+        let mut pending = claim;
+        pending.status = None;
+        assert_eq!(claim_node(&pending, |_, _| Some("x".into())), "");
+    }
+
+    #[test]
     fn a_replica_set_pod_belongs_to_its_deployment() {
         let mut p = Pod {
             metadata: meta("train-7d9f8-abcde"),
