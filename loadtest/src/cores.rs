@@ -361,7 +361,13 @@ fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> 
         })));
     }
     // Moved: preparation for DRA has started (gpu-setup-complete taken away).
-    facts.push(node_fact(node, "gpu-dra", true, &[(GPU_STACK_LABEL, "dra")], gpus));
+    facts.push(node_fact(
+        node,
+        "gpu-dra",
+        true,
+        &[(GPU_STACK_LABEL, "dra")],
+        gpus,
+    ));
     for app in [NODE_AGENT_APP, VENDOR_ADAPTER_APP] {
         // The node agent as Switchyard's chart labels it.
         let labels = if app == NODE_AGENT_APP {

@@ -262,8 +262,8 @@ impl Default for ReadinessSelectors {
 impl ReadinessSelectors {
     /// Parses the two flags, naming the one that is not a selector.
     pub fn parse(node_agent: &str, vendor_adapter: &str) -> Result<Self, String> {
-        let node_agent = PodSelector::parse(node_agent)
-            .map_err(|e| format!("--node-agent-selector: {e}"))?;
+        let node_agent =
+            PodSelector::parse(node_agent).map_err(|e| format!("--node-agent-selector: {e}"))?;
         if node_agent.selector.is_none() {
             return Err("--node-agent-selector: must not be empty: readiness needs the node agent's pod (e.g. app.kubernetes.io/component=node-agent)".into());
         }

@@ -137,10 +137,7 @@ pub fn parse(selector: &str) -> Result<Option<LabelSelector>, SelectorError> {
 }
 
 /// Whether `selector` selects an object with `labels`.
-pub fn matches<'a>(
-    selector: &LabelSelector,
-    labels: impl Fn(&str) -> Option<&'a str>,
-) -> bool {
+pub fn matches<'a>(selector: &LabelSelector, labels: impl Fn(&str) -> Option<&'a str>) -> bool {
     selector
         .match_labels
         .iter()
@@ -163,9 +160,10 @@ mod tests {
 
     #[test]
     fn the_kubectl_syntax_parses_and_matches() {
-        let s = parse("app.kubernetes.io/component=node-agent, tier in (gpu,cpu),!legacy,zone!=b,x")
-            .unwrap()
-            .unwrap();
+        let s =
+            parse("app.kubernetes.io/component=node-agent, tier in (gpu,cpu),!legacy,zone!=b,x")
+                .unwrap()
+                .unwrap();
         let labels = [
             ("app.kubernetes.io/component", "node-agent"),
             ("tier", "gpu"),

@@ -470,9 +470,17 @@ fn dp_cluster(cards: u32) -> Vec<DomainEvent> {
 
 /// Cordons, drains and moves w1 into `to`; the node after the move has
 /// `labels` and reports `gpus` (its nvidia.com/gpu capacity on DRA: 0).
-fn moved(core: &mut StackAssigner, to: &str, labels: &'static [(&'static str, &'static str)], gpus: u32) {
+fn moved(
+    core: &mut StackAssigner,
+    to: &str,
+    labels: &'static [(&'static str, &'static str)],
+    gpus: u32,
+) {
     let cmd = handover_cmd("w1", to, false);
-    assert_eq!(names(&core.handle(Input::StartHandover(&cmd), 0)), ["HandoverStarted"]);
+    assert_eq!(
+        names(&core.handle(Input::StartHandover(&cmd), 0)),
+        ["HandoverStarted"]
+    );
     let from = core.handovers.active["w1"].source_group.clone();
     let cordoned = NodeSpec {
         labels: DP_LABELS,
@@ -488,7 +496,10 @@ fn moved(core: &mut StackAssigner, to: &str, labels: &'static [(&'static str, &'
         ..NodeSpec::new("w1", to)
     };
     let decisions = core.handle_fact(&after.fact(), 2 * S);
-    assert!(names(&decisions).contains(&"NodeGroupChanged"), "{decisions:?}");
+    assert!(
+        names(&decisions).contains(&"NodeGroupChanged"),
+        "{decisions:?}"
+    );
 }
 
 #[test]
@@ -521,7 +532,10 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
         unschedulable: true,
         ..NodeSpec::new("w1", "gpu-dra")
     };
-    assert_eq!(names(&core.handle_fact(&prepared.fact(), 5 * S)), ["NodeReadinessObserved"]);
+    assert_eq!(
+        names(&core.handle_fact(&prepared.fact(), 5 * S)),
+        ["NodeReadinessObserved"]
+    );
 }
 
 #[test]
@@ -534,7 +548,10 @@ fn a_refreshed_setup_label_counts_as_written_after_the_move() {
         unschedulable: true,
         ..NodeSpec::new("w1", "gpu-dra")
     };
-    assert_eq!(names(&core.handle_fact(&refreshed.fact(), 3 * S)), ["NodeReadinessObserved"]);
+    assert_eq!(
+        names(&core.handle_fact(&refreshed.fact(), 3 * S)),
+        ["NodeReadinessObserved"]
+    );
 }
 
 #[test]
@@ -542,12 +559,15 @@ fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
     // given a device-plugin node with 8 Ready PhysicalGPUs
     let mut core = given(dp_cluster(8));
     assert_eq!(
-        core.handle(Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)), 0)
-            .iter()
-            .find_map(|d| match &d.kind {
-                Some(Kind::HandoverStarted(h)) => Some(h.cards_before),
-                _ => None,
-            }),
+        core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        )
+        .iter()
+        .find_map(|d| match &d.kind {
+            Some(Kind::HandoverStarted(h)) => Some(h.cards_before),
+            _ => None,
+        }),
         Some(8),
         "the before-image records the cards"
     );
@@ -557,10 +577,12 @@ fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
     moved(&mut core, "gpu-dra", MOVED_UNPREPARED, 0);
     let mut gone: Vec<DomainEvent> = (0..8)
         .map(|i| {
-            ev(Kind::PhysicalGpuRemoved(switchyard_proto::v1::PhysicalGpuRemoved {
-                name: format!("w1-gpu-{i}"),
-                node: "w1".into(),
-            }))
+            ev(Kind::PhysicalGpuRemoved(
+                switchyard_proto::v1::PhysicalGpuRemoved {
+                    name: format!("w1-gpu-{i}"),
+                    node: "w1".into(),
+                },
+            ))
         })
         .collect();
     gone.push(
@@ -578,9 +600,17 @@ fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
         panic!("{stalled:?}")
     };
-    assert!(stalled.reason.contains("0 of 8 PhysicalGPU objects are Ready"), "{}", stalled.reason);
+    assert!(
+        stalled
+            .reason
+            .contains("0 of 8 PhysicalGPU objects are Ready"),
+        "{}",
+        stalled.reason
+    );
     // 7 Ready are still too few
-    let seven: Vec<DomainEvent> = (0..7).map(|i| mk_gpu(&format!("w1-gpu-{i}"), "w1", true)).collect();
+    let seven: Vec<DomainEvent> = (0..7)
+        .map(|i| mk_gpu(&format!("w1-gpu-{i}"), "w1", true))
+        .collect();
     assert!(when_facts(&mut core, seven, 4 * S).is_empty());
     let decisions = core.handle_fact(&mk_gpu("w1-gpu-7", "w1", true), 5 * S);
     let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
@@ -602,7 +632,12 @@ fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
         ..NodeSpec::new("w1", "gpu-dra")
     };
     // a Deckhouse-labelled agent pod is not the chart's node agent
-    let deckhouse_agent = mk_daemon_pod(MODULE_NAMESPACE, "agent-w1", "w1", &[("app", NODE_AGENT_APP)]);
+    let deckhouse_agent = mk_daemon_pod(
+        MODULE_NAMESPACE,
+        "agent-w1",
+        "w1",
+        &[("app", NODE_AGENT_APP)],
+    );
     assert!(when_facts(&mut core, vec![prepared.fact(), deckhouse_agent], 3 * S).is_empty());
     let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
@@ -613,7 +648,11 @@ fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
         "{}",
         stalled.reason
     );
-    assert!(!stalled.reason.contains("vendor adapter"), "{}", stalled.reason);
+    assert!(
+        !stalled.reason.contains("vendor adapter"),
+        "{}",
+        stalled.reason
+    );
     // when the chart's node agent runs, then ready
     let decisions = core.handle_fact(&mk_node_agent_pod("w1"), 4 * S);
     let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
@@ -644,7 +683,10 @@ fn the_configured_selectors_are_recorded_once_and_decide_the_same_on_replay() {
     assert_eq!(replayed.cluster.selectors, deckhouse);
     // a selector that is not one is refused, naming the flag
     let err = switchyard_core::cluster::ReadinessSelectors::parse("app in gpu", "").unwrap_err();
-    assert!(err.contains("--node-agent-selector") && err.contains("parentheses"), "{err}");
+    assert!(
+        err.contains("--node-agent-selector") && err.contains("parentheses"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -666,7 +708,10 @@ fn handing_back_to_the_device_plugin_waits_for_allocatable_nvidia_gpu() {
     assert_eq!(core.stack_of("w1"), Some(Stack::DevicePlugin));
     // when both labels are fresh but nothing is allocatable, then not ready
     let labelled = NodeSpec {
-        labels: &[(GPU_STACK_LABEL, "device-plugin"), (GPU_SETUP_COMPLETE_LABEL, "")],
+        labels: &[
+            (GPU_STACK_LABEL, "device-plugin"),
+            (GPU_SETUP_COMPLETE_LABEL, ""),
+        ],
         unschedulable: true,
         ..NodeSpec::new("w1", "gpu")
     };
@@ -676,7 +721,9 @@ fn handing_back_to_the_device_plugin_waits_for_allocatable_nvidia_gpu() {
         panic!("{stalled:?}")
     };
     assert!(
-        stalled.reason.contains("0 of 2 nvidia.com/gpu (or MIG, time-slicing) resources are allocatable"),
+        stalled
+            .reason
+            .contains("0 of 2 nvidia.com/gpu (or MIG, time-slicing) resources are allocatable"),
         "{}",
         stalled.reason
     );
@@ -718,7 +765,10 @@ fn a_switch_to_the_device_plugin_is_held_while_dra_claims_are_allocated() {
     assert_eq!(held.claims, ["ml/train-0-gpu"]);
     assert!(held.reason.contains("drain it first"), "{}", held.reason);
     assert_eq!(core.stack_of("n1"), Some(Stack::Dra), "the stack stays");
-    assert!(core.rule_violations().is_empty(), "a held switch is no violation");
+    assert!(
+        core.rule_violations().is_empty(),
+        "a held switch is no violation"
+    );
     assert!(
         core.effects().iter().any(|e| matches!(e,
             Effect::NodeEvent { node, reason, message }
@@ -727,14 +777,25 @@ fn a_switch_to_the_device_plugin_is_held_while_dra_claims_are_allocated() {
         core.effects()
     );
     // a relabel of the node, or an unrelated claim, decides nothing new
-    assert!(core.handle_fact(&NodeSpec::new("n1", "gpu-x").fact(), 2 * S).is_empty());
-    assert!(core.handle_fact(&mk_claim_removed("ml", "elsewhere"), 2 * S).is_empty());
+    assert!(
+        core.handle_fact(&NodeSpec::new("n1", "gpu-x").fact(), 2 * S)
+            .is_empty()
+    );
+    assert!(
+        core.handle_fact(&mk_claim_removed("ml", "elsewhere"), 2 * S)
+            .is_empty()
+    );
     // when the claim goes, then the switch happens
     let decisions = core.handle_fact(&mk_claim_removed("ml", "train-0-gpu"), 3 * S);
     assert_eq!(names(&decisions), ["StackAssigned"]);
     assert_eq!(core.stack_of("n1"), Some(Stack::DevicePlugin));
     assert!(core.switch_holds.is_empty());
-    assert!(!core.effects().iter().any(|e| matches!(e, Effect::NodeEvent { .. })));
+    assert!(
+        !core
+            .effects()
+            .iter()
+            .any(|e| matches!(e, Effect::NodeEvent { .. }))
+    );
 }
 
 #[test]
@@ -743,7 +804,10 @@ fn the_last_device_plugin_node_is_refused_while_nvidia_gpu_workloads_need_it_unl
         "ml",
         "train",
         2,
-        mk_placement(&[("nvidia.com/gpu", "1")], &[("node.deckhouse.io/group", "gpu")]),
+        mk_placement(
+            &[("nvidia.com/gpu", "1")],
+            &[("node.deckhouse.io/group", "gpu")],
+        ),
     );
     let mut facts = dp_cluster(2);
     facts.retain(|f| !matches!(&f.kind, Some(Kind::NodeObserved(n)) if n.node == "w2"));
@@ -751,7 +815,10 @@ fn the_last_device_plugin_node_is_refused_while_nvidia_gpu_workloads_need_it_unl
     // given w1, the only device-plugin node, and a workload asking for nvidia.com/gpu
     let mut core = given(facts.clone());
     // when handed over without force, then refused naming the workload
-    let decisions = core.handle(Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)), 0);
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+        0,
+    );
     let Some(Kind::HandoverRefused(refused)) = &decisions[0].kind else {
         panic!("{decisions:?}")
     };
@@ -764,18 +831,45 @@ fn the_last_device_plugin_node_is_refused_while_nvidia_gpu_workloads_need_it_unl
             .collect::<Vec<_>>(),
         ["ml/Deployment/train"]
     );
-    assert!(refused.reason.contains("last device-plugin node") && refused.reason.contains("force"), "{}", refused.reason);
+    assert!(
+        refused.reason.contains("last device-plugin node") && refused.reason.contains("force"),
+        "{}",
+        refused.reason
+    );
     assert!(core.handovers.active.is_empty());
     // when forced, then started
-    let decisions = core.handle(Input::StartHandover(&handover_cmd("w1", "gpu-dra", true)), 0);
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", true)),
+        0,
+    );
     assert_eq!(names(&decisions)[0], "HandoverStarted");
     // with another device-plugin node left, no force is needed
-    let mut core = given(dp_cluster(2).into_iter().chain([workload.clone()]).collect());
-    assert_eq!(names(&core.handle(Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)), 0))[0], "HandoverStarted");
+    let mut core = given(
+        dp_cluster(2)
+            .into_iter()
+            .chain([workload.clone()])
+            .collect(),
+    );
+    assert_eq!(
+        names(&core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        ))[0],
+        "HandoverStarted"
+    );
     // ... but w2 is then the last one
-    let decisions = core.handle(Input::StartHandover(&handover_cmd("w2", "gpu-dra", false)), 0);
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w2", "gpu-dra", false)),
+        0,
+    );
     assert_eq!(names(&decisions), ["HandoverRefused"]);
     // and without nvidia.com/gpu workloads the last node goes
     let mut core = given(facts.into_iter().filter(|f| *f != workload).collect());
-    assert_eq!(names(&core.handle(Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)), 0))[0], "HandoverStarted");
+    assert_eq!(
+        names(&core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        ))[0],
+        "HandoverStarted"
+    );
 }

@@ -273,7 +273,14 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
         }
         .fact()
     };
-    assert!(fact(&mut core, &mut log, on_device_plugin(&ORIGINAL[..2], &[], true)).is_empty());
+    assert!(
+        fact(
+            &mut core,
+            &mut log,
+            on_device_plugin(&ORIGINAL[..2], &[], true)
+        )
+        .is_empty()
+    );
     assert!(
         fact(&mut core, &mut log, on_device_plugin(ORIGINAL, &[], true)).is_empty(),
         "not before nvidia.com/gpu is allocatable"

@@ -242,7 +242,10 @@ pub fn gpu_class_removed(class: &GPUClass) -> DomainEvent {
 /// label), else the node of a pod it is reserved for (`pod_node` looks a pod
 /// up by namespace and name). Empty while not allocated, or allocated on
 /// devices that are not one node's.
-pub fn claim_node(claim: &ResourceClaim, pod_node: impl Fn(&str, &str) -> Option<String>) -> String {
+pub fn claim_node(
+    claim: &ResourceClaim,
+    pod_node: impl Fn(&str, &str) -> Option<String>,
+) -> String {
     let Some(status) = claim.status.as_ref() else {
         return String::new();
     };
@@ -253,25 +256,26 @@ pub fn claim_node(claim: &ResourceClaim, pod_node: impl Fn(&str, &str) -> Option
         Some([one]) => Some(one.clone()),
         _ => None,
     };
-    let from_selector = allocation
-        .node_selector
-        .as_ref()
-        .and_then(|s| match s.node_selector_terms.as_slice() {
-            [term] => term
-                .match_fields
-                .iter()
-                .flatten()
-                .find(|r| r.key == "metadata.name" && r.operator == "In")
-                .and_then(|r| single(&r.values))
-                .or_else(|| {
-                    term.match_expressions
-                        .iter()
-                        .flatten()
-                        .find(|r| r.key == "kubernetes.io/hostname" && r.operator == "In")
-                        .and_then(|r| single(&r.values))
-                }),
-            _ => None,
-        });
+    let from_selector =
+        allocation
+            .node_selector
+            .as_ref()
+            .and_then(|s| match s.node_selector_terms.as_slice() {
+                [term] => term
+                    .match_fields
+                    .iter()
+                    .flatten()
+                    .find(|r| r.key == "metadata.name" && r.operator == "In")
+                    .and_then(|r| single(&r.values))
+                    .or_else(|| {
+                        term.match_expressions
+                            .iter()
+                            .flatten()
+                            .find(|r| r.key == "kubernetes.io/hostname" && r.operator == "In")
+                            .and_then(|r| single(&r.values))
+                    }),
+                _ => None,
+            });
     let namespace = claim.namespace().unwrap_or_default();
     from_selector
         .or_else(|| {
@@ -601,7 +605,10 @@ mod tests {
     #[test]
     fn a_daemon_set_pod_carries_its_labels_and_others_do_not() {
         let labels: BTreeMap<String, String> = [
-            ("app.kubernetes.io/component".to_string(), "node-agent".to_string()),
+            (
+                "app.kubernetes.io/component".to_string(),
+                "node-agent".to_string(),
+            ),
             ("pod-template-hash".to_string(), "7d9f8".to_string()),
         ]
         .into();
@@ -648,13 +655,16 @@ mod tests {
         let mut reserved = claim.clone();
         let status = reserved.status.as_mut().unwrap();
         status.allocation.as_mut().unwrap().node_selector = None;
-        status.reserved_for = Some(vec![serde_json::from_value(serde_json::json!(
-            {"resource": "pods", "name": "train-0", "uid": "u1"}
-        ))
-        .unwrap()]);
+        status.reserved_for = Some(vec![
+            serde_json::from_value(serde_json::json!(
+                {"resource": "pods", "name": "train-0", "uid": "u1"}
+            ))
+            .unwrap(),
+        ]);
         assert_eq!(claim_node(&reserved, |_, _| None), "");
         assert_eq!(
-            claim_node(&reserved, |ns, pod| (ns == "ml" && pod == "train-0").then(|| "gpu-2".into())),
+            claim_node(&reserved, |ns, pod| (ns == "ml" && pod == "train-0")
+                .then(|| "gpu-2".into())),
             "gpu-2"
         );
         // Not allocated: no node.

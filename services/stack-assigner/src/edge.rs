@@ -237,7 +237,12 @@ impl StackAssignerWrites {
 
     /// A Warning Event on the Node. Its name comes from the node, reason and
     /// message, so recording it again (after a restart) finds it there.
-    async fn node_event(&self, node: &str, reason: &str, message: &str) -> Result<Outcome, EdgeError> {
+    async fn node_event(
+        &self,
+        node: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<Outcome, EdgeError> {
         let hash = blake3::hash(format!("{node}\0{reason}\0{message}").as_bytes()).to_hex();
         let name = format!("{node}.{}.{}", reason.to_ascii_lowercase(), &hash[..16]);
         if self.recorded.lock().expect("not poisoned").contains(&name) {

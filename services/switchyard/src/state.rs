@@ -398,6 +398,9 @@ mod tests {
             json["handovers_in_progress"][0]["evictions_refused"][0]["pod"],
             "apps/web-1"
         );
-        assert_eq!(json["stack_switches_held"][0]["claims"][0], "ml/train-0-gpu");
+        assert_eq!(
+            json["stack_switches_held"][0]["claims"][0],
+            "ml/train-0-gpu"
+        );
     }
 }

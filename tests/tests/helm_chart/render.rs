@@ -294,7 +294,10 @@ fn the_readiness_selectors_select_the_charts_node_agent_pods() {
         labels,
         ..Pod::default()
     };
-    assert!(agent.selects(&pod), "{agent:?} does not select the node agent's pods");
+    assert!(
+        agent.selects(&pod),
+        "{agent:?} does not select the node agent's pods"
+    );
     // Other components' pods are not the node agent.
     let mut other = pod.clone();
     for (k, v) in other.labels.iter_mut() {
@@ -310,6 +313,12 @@ fn the_readiness_selectors_select_the_charts_node_agent_pods() {
     ]);
     let args = command(&docs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_eq!(flag(&args, "--node-agent-selector"), Some("app=gpu-node-agent"));
-    assert_eq!(flag(&args, "--vendor-adapter-selector"), Some("app=nvidia-dra-adapter"));
+    assert_eq!(
+        flag(&args, "--node-agent-selector"),
+        Some("app=gpu-node-agent")
+    );
+    assert_eq!(
+        flag(&args, "--vendor-adapter-selector"),
+        Some("app=nvidia-dra-adapter")
+    );
 }

@@ -25,11 +25,10 @@ use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
     DomainEvent, HandoverCompleted, HandoverRefused, HandoverStalled, HandoverStarted,
-    HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeProvisioning,
+    HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeObserved, NodeProvisioning,
     NodeReadinessObserved, NodeUncordoned, PodRef, RollbackCompleted, Stack, StepCompensated,
     Taint, domain_event::Kind, event,
 };
-use switchyard_proto::v1::NodeObserved;
 
 use crate::cluster::{Cluster, Node};
 use crate::command::StartHandover;

@@ -154,12 +154,8 @@ impl StackAssigner {
             let Some(facts) = self.cluster.nodes.get(name) else {
                 return true;
             };
-            let moved = handover::stack_in_group(
-                &self.cluster,
-                facts,
-                group,
-                self.held.contains(group),
-            );
+            let moved =
+                handover::stack_in_group(&self.cluster, facts, group, self.held.contains(group));
             moved.0 != Stack::DevicePlugin
         };
         if !leaves(node, target_group) {

@@ -153,8 +153,20 @@ pub fn mk_pod(
 }
 
 /// A running DaemonSet pod with these labels (the stacks' pods).
-pub fn mk_daemon_pod(namespace: &str, name: &str, node: &str, labels: &[(&str, &str)]) -> DomainEvent {
-    let mut pod = mk_pod(namespace, name, node, ("DaemonSet", name), "", PodPhase::Running);
+pub fn mk_daemon_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: &[(&str, &str)],
+) -> DomainEvent {
+    let mut pod = mk_pod(
+        namespace,
+        name,
+        node,
+        ("DaemonSet", name),
+        "",
+        PodPhase::Running,
+    );
     if let Some(Kind::PodObserved(p)) = &mut pod.kind {
         p.labels = labels
             .iter()
