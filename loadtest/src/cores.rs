@@ -9,7 +9,7 @@ use switchyard_core::claim_allocator::{self, ClaimAllocator};
 use switchyard_core::command::StartHandover;
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP,
-    NODE_ROLE_PREFIX, VENDOR_ADAPTER_APP,
+    NODE_AGENT_POD_LABELS, NODE_ROLE_PREFIX, VENDOR_ADAPTER_APP,
 };
 use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
@@ -70,6 +70,7 @@ fn node_fact(
         unschedulable,
         provisioning: NodeProvisioning::Manual as i32,
         gpu_count: gpus,
+        ..Default::default()
     }))
 }
 
@@ -259,6 +260,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
                 handover_id: format!("w{wave}-{node}"),
                 node: node.clone(),
                 target_group: "gpu-dra".into(),
+                force: false,
             };
             log.extend(stack.handle(Input::StartHandover(&cmd), 3));
         }
@@ -359,14 +361,24 @@ fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> 
             name: key.1,
         })));
     }
+    // Moved: preparation for DRA has started (gpu-setup-complete taken away).
     facts.push(node_fact(
         node,
         "gpu-dra",
         true,
-        &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "")],
+        &[(GPU_STACK_LABEL, "dra")],
         gpus,
     ));
     for app in [NODE_AGENT_APP, VENDOR_ADAPTER_APP] {
+        // The node agent as Switchyard's chart labels it.
+        let labels = if app == NODE_AGENT_APP {
+            NODE_AGENT_POD_LABELS
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        } else {
+            [("app".to_string(), app.to_string())].into()
+        };
         facts.push(ev(Kind::PodObserved(PodObserved {
             namespace: MODULE_NAMESPACE.into(),
             name: format!("{app}-{node}"),
@@ -378,9 +390,17 @@ fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> 
             }),
             phase: PodPhase::Running as i32,
             app: app.into(),
+            labels,
             ..Default::default()
         })));
     }
+    facts.push(node_fact(
+        node,
+        "gpu-dra",
+        true,
+        &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "")],
+        gpus,
+    ));
     facts.push(node_fact(
         node,
         "gpu-dra",

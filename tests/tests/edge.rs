@@ -419,3 +419,45 @@ async fn a_restricted_class_is_refused_outside_its_namespaces() {
     // Retiring again finds nothing to delete, and is fine.
     edge.execute_one(&retire).await.unwrap();
 }
+
+/// A held stack switch becomes a Warning Event on the Node, recorded once:
+/// issued again (by this process or after a restart) it finds it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_switch_is_an_event_on_the_node() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::ListParams;
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &fake_node("n1", &[("node.deckhouse.io/group", "gpu-x")], Vec::new()),
+        )
+        .await
+        .unwrap();
+    let effect = Effect::NodeEvent {
+        node: "n1".into(),
+        reason: "StackSwitchHeld".into(),
+        message: "DRA claims are allocated on the node: ml/train-0-gpu".into(),
+    };
+    let writer = || Writer::new(plane.config(), ServiceName::StackAssigner).unwrap();
+    let edge = StackAssignerEdge::new(writer());
+    edge.execute_one(&effect).await.expect("recorded");
+    edge.execute_one(&effect).await.expect("again: nothing");
+    StackAssignerEdge::new(writer())
+        .execute_one(&effect)
+        .await
+        .expect("after a restart: found");
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let listed = events
+        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1, "{listed:?}");
+    let event = &listed.items[0];
+    assert_eq!(event.reason.as_deref(), Some("StackSwitchHeld"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.involved_object.kind.as_deref(), Some("Node"));
+    assert!(event.message.as_deref().unwrap().contains("ml/train-0-gpu"));
+}

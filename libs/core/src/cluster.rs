@@ -3,15 +3,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PhysicalGpuObserved,
-    PodObserved, PodPhase, Taint, WorkloadObserved, WorkloadPlacement, WorkloadRef,
-    domain_event::Kind,
+    DomainEvent, GpuPhase, GpuSpec, LabelSelector, NodeObserved, NodeProvisioning,
+    PhysicalGpuObserved, PodObserved, PodPhase, ReadinessSelectorsConfigured, Taint,
+    WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
 use crate::names::{
     CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL,
-    NODE_AGENT_APP, STACK_DRA, VENDOR_ADAPTER_APP,
+    NODE_AGENT_SELECTOR, STACK_DRA, VENDOR_ADAPTER_SELECTOR,
 };
+use crate::selector;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
@@ -20,6 +21,9 @@ pub struct Node {
     pub unschedulable: bool,
     pub gpu_count: u32,
     pub provisioning: NodeProvisioning,
+    /// The device plugin's allocatable GPU resources, summed: nvidia.com/gpu,
+    /// its time-slicing replicas and MIG partitions.
+    pub device_plugin_allocatable: u32,
 }
 
 /// A node's labels: a sorted vector (nodes have a handful, and tens of
@@ -113,7 +117,8 @@ pub struct Pod {
     pub owner_kind: Box<str>,
     pub owner_name: Box<str>,
     pub phase: PodPhase,
-    pub app: Box<str>,
+    /// The labels of a DaemonSet's pod (the stacks' pods); empty for others.
+    pub labels: Box<[(Box<str>, Box<str>)]>,
     pub claims_allocated: u32,
     pub claims_needed: u32,
 }
@@ -122,6 +127,14 @@ impl Pod {
     /// DaemonSet pods stay on a drained node.
     pub fn is_daemon(&self) -> bool {
         &*self.owner_kind == "DaemonSet"
+    }
+
+    /// The value of one of the pod's labels (DaemonSet pods only).
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
     }
 
     /// The owning workload, given the pod's namespace.
@@ -202,15 +215,110 @@ pub fn workload_key(workload: &WorkloadRef) -> WorkloadKey {
 /// (namespace, name) of a namespaced object.
 pub type ObjectKey = (String, String);
 
+/// One stack pod the readiness condition looks for: the selector as
+/// configured and parsed (`None`: this deployment has no such pod).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSelector {
+    pub text: String,
+    pub selector: Option<LabelSelector>,
+}
+
+impl PodSelector {
+    /// From label-selector syntax.
+    pub fn parse(text: &str) -> Result<Self, selector::SelectorError> {
+        Ok(PodSelector {
+            text: text.trim().to_string(),
+            selector: selector::parse(text)?,
+        })
+    }
+
+    fn of(text: &str) -> Self {
+        PodSelector::parse(text).expect("a built-in selector parses")
+    }
+
+    /// Whether a pod has the selected labels.
+    pub fn selects(&self, pod: &Pod) -> bool {
+        self.selector
+            .as_ref()
+            .is_some_and(|s| selector::matches(s, |k| pod.label(k)))
+    }
+}
+
+/// Which pods are "the gpu-node-agent and vendor adapter Pods" of the
+/// reference's readiness condition. By default those of Switchyard's own
+/// chart: its node agent serves both stacks, so there is no vendor adapter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadinessSelectors {
+    pub node_agent: PodSelector,
+    pub vendor_adapter: PodSelector,
+}
+
+impl Default for ReadinessSelectors {
+    fn default() -> Self {
+        ReadinessSelectors {
+            node_agent: PodSelector::of(NODE_AGENT_SELECTOR),
+            vendor_adapter: PodSelector::of(VENDOR_ADAPTER_SELECTOR),
+        }
+    }
+}
+
+impl ReadinessSelectors {
+    /// Parses the two flags, naming the one that is not a selector.
+    pub fn parse(node_agent: &str, vendor_adapter: &str) -> Result<Self, String> {
+        let node_agent =
+            PodSelector::parse(node_agent).map_err(|e| format!("--node-agent-selector: {e}"))?;
+        if node_agent.selector.is_none() {
+            return Err("--node-agent-selector: must not be empty: readiness needs the node agent's pod (e.g. app.kubernetes.io/component=node-agent)".into());
+        }
+        let vendor_adapter = PodSelector::parse(vendor_adapter)
+            .map_err(|e| format!("--vendor-adapter-selector: {e}"))?;
+        Ok(ReadinessSelectors {
+            node_agent,
+            vendor_adapter,
+        })
+    }
+
+    /// As recorded in the log.
+    pub fn to_event(&self) -> ReadinessSelectorsConfigured {
+        ReadinessSelectorsConfigured {
+            node_agent: self.node_agent.text.clone(),
+            node_agent_selector: self.node_agent.selector.clone(),
+            vendor_adapter: self.vendor_adapter.text.clone(),
+            vendor_adapter_selector: self.vendor_adapter.selector.clone(),
+        }
+    }
+
+    pub fn from_event(e: &ReadinessSelectorsConfigured) -> Self {
+        ReadinessSelectors {
+            node_agent: PodSelector {
+                text: e.node_agent.clone(),
+                selector: e.node_agent_selector.clone(),
+            },
+            vendor_adapter: PodSelector {
+                text: e.vendor_adapter.clone(),
+                selector: e.vendor_adapter_selector.clone(),
+            },
+        }
+    }
+}
+
 /// The four readiness conditions of a node handed over to DRA.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Readiness {
+    /// `gpu-setup-complete` is present (whether it was written after the
+    /// group change is the handover's to judge: `Handover::setup_label_fresh`).
     pub gpu_setup_complete: bool,
     pub gpu_stack_dra: bool,
     pub ready_physical_gpus: u32,
+    /// The cards the node had before the handover (at least one Ready
+    /// PhysicalGPU each); never fewer than the PhysicalGPUs it has now.
     pub expected_physical_gpus: u32,
     pub node_agent_running: bool,
+    /// True as well when the deployment has no vendor adapter.
     pub vendor_adapter_running: bool,
+    /// The selectors the pods were matched with, for the reasons.
+    pub node_agent_selector: String,
+    pub vendor_adapter_selector: String,
 }
 
 impl Readiness {
@@ -240,10 +348,16 @@ impl Readiness {
             ));
         }
         if !self.node_agent_running {
-            missing.push(format!("no running {NODE_AGENT_APP} pod on the node"));
+            missing.push(format!(
+                "no running gpu-node-agent pod ({}) on the node",
+                self.node_agent_selector
+            ));
         }
         if !self.vendor_adapter_running {
-            missing.push(format!("no running {VENDOR_ADAPTER_APP} pod on the node"));
+            missing.push(format!(
+                "no running vendor adapter pod ({}) on the node",
+                self.vendor_adapter_selector
+            ));
         }
         missing
     }
@@ -270,6 +384,12 @@ pub struct Cluster {
     /// Pods the Eviction API refused to evict, with its answer and the
     /// PodDisruptionBudgets that cover them; forgotten when the pod goes.
     pub eviction_blocks: BTreeMap<ObjectKey, String>,
+    /// The selectors of the readiness condition's pods, as last recorded.
+    pub selectors: ReadinessSelectors,
+    /// Allocated ResourceClaims -> the node they are allocated on.
+    pub claim_nodes: BTreeMap<ObjectKey, String>,
+    /// Node -> the ResourceClaims allocated on it.
+    pub claims_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
 }
 
 impl Cluster {
@@ -304,6 +424,10 @@ impl Cluster {
             taints: fact.taints,
             unschedulable: fact.unschedulable,
             gpu_count: fact.gpu_count,
+            device_plugin_allocatable: fact
+                .gpu_allocatable
+                .values()
+                .fold(0u32, |sum, n| sum.saturating_add(*n)),
         };
         if let Some(group) = node.group() {
             self.members
@@ -324,15 +448,28 @@ impl Cluster {
                 on_node.insert(i, key.clone());
             }
         }
-        let (owner_kind, owner_name) = fact
+        let (owner_kind, owner_name): (Box<str>, Box<str>) = fact
             .owner
             .map_or_else(Default::default, |o| (o.kind.into(), o.name.into()));
+        // Only a DaemonSet's pods are matched against the readiness
+        // selectors. A fact recorded before pods carried labels has the `app`
+        // label alone: upcast to it.
+        let labels: Box<[(Box<str>, Box<str>)]> = if &*owner_kind != "DaemonSet" {
+            Box::default()
+        } else if fact.labels.is_empty() && !fact.app.is_empty() {
+            Box::new([("app".into(), fact.app.into())])
+        } else {
+            fact.labels
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect()
+        };
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,
             owner_name,
             phase,
-            app: fact.app.into(),
+            labels,
             claims_allocated: fact.claims_allocated,
             claims_needed: fact.claims_needed,
         };
@@ -416,6 +553,23 @@ impl Cluster {
                     format!("{}{budgets}", fact.reason),
                 );
             }
+            Kind::ReadinessSelectorsConfigured(fact) => {
+                self.selectors = ReadinessSelectors::from_event(fact);
+            }
+            Kind::ResourceClaimObserved(fact) => {
+                let key = (fact.namespace.clone(), fact.name.clone());
+                self.unindex_claim(&key);
+                if !fact.node.is_empty() {
+                    self.claims_by_node
+                        .entry(fact.node.clone())
+                        .or_default()
+                        .insert(key.clone());
+                    self.claim_nodes.insert(key, fact.node.clone());
+                }
+            }
+            Kind::ResourceClaimRemoved(fact) => {
+                self.unindex_claim(&(fact.namespace.clone(), fact.name.clone()));
+            }
             Kind::GpuClassObserved(fact) => {
                 self.gpu_classes
                     .insert(fact.name.clone(), fact.device_class_names.clone());
@@ -487,15 +641,60 @@ impl Cluster {
             .map(|key| (key, &self.pods[key]))
     }
 
-    /// The four readiness conditions of `node` (reference, step 3).
-    pub fn readiness(&self, node: &str) -> Readiness {
+    fn unindex_claim(&mut self, key: &ObjectKey) {
+        let Some(node) = self.claim_nodes.remove(key) else {
+            return;
+        };
+        if let Some(claims) = self.claims_by_node.get_mut(&node) {
+            claims.remove(key);
+            if claims.is_empty() {
+                self.claims_by_node.remove(&node);
+            }
+        }
+    }
+
+    /// The ResourceClaims allocated on `node`, as `namespace/name`.
+    pub fn claims_on(&self, node: &str) -> Vec<String> {
+        self.claims_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|(ns, name)| format!("{ns}/{name}"))
+            .collect()
+    }
+
+    /// The node's cards as the facts show them now: its PhysicalGPU objects,
+    /// or the GPUs it reports if more.
+    pub fn cards(&self, node: &str) -> u32 {
+        let objects = self.gpus.get(node).map_or(0, Vec::len) as u32;
+        let reported = self.nodes.get(node).map_or(0, |n| n.gpu_count);
+        objects.max(reported)
+    }
+
+    /// The pods of `node` whose eviction was refused, with the answer and budgets.
+    pub fn blocked_evictions(&self, node: &str) -> Vec<(String, String)> {
+        self.pods_on(node)
+            .filter_map(|(key, _)| {
+                self.eviction_blocks
+                    .get(key)
+                    .map(|why| (format!("{}/{}", key.0, key.1), why.clone()))
+            })
+            .collect()
+    }
+
+    /// The four readiness conditions of `node` (reference, step 3), expecting
+    /// `cards` Ready PhysicalGPUs — the cards it had before its handover
+    /// (never fewer than it has PhysicalGPUs now: a card's capacity is no
+    /// count on a DRA node, whose nvidia.com/gpu capacity is 0).
+    pub fn readiness(&self, node: &str, cards: u32) -> Readiness {
         let Some(facts) = self.nodes.get(node) else {
             return Readiness::default();
         };
-        let running = |app: &str| {
+        let running = |selector: &PodSelector| {
             self.pods_on(node)
-                .any(|(_, p)| &*p.app == app && p.phase == PodPhase::Running)
+                .any(|(_, p)| p.phase == PodPhase::Running && selector.selects(p))
         };
+        let selectors = &self.selectors;
         Readiness {
             gpu_setup_complete: facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL),
             gpu_stack_dra: facts
@@ -505,9 +704,12 @@ impl Cluster {
             ready_physical_gpus: self.gpus.get(node).map_or(0, |gpus| {
                 gpus.iter().filter(|g| g.phase == GpuPhase::Ready).count() as u32
             }),
-            expected_physical_gpus: facts.gpu_count,
-            node_agent_running: running(NODE_AGENT_APP),
-            vendor_adapter_running: running(VENDOR_ADAPTER_APP),
+            expected_physical_gpus: cards.max(self.gpus.get(node).map_or(0, Vec::len) as u32),
+            node_agent_running: running(&selectors.node_agent),
+            vendor_adapter_running: selectors.vendor_adapter.selector.is_none()
+                || running(&selectors.vendor_adapter),
+            node_agent_selector: selectors.node_agent.text.clone(),
+            vendor_adapter_selector: selectors.vendor_adapter.text.clone(),
         }
     }
 

@@ -9,6 +9,9 @@ pub struct StartHandover {
     pub handover_id: String,
     pub node: String,
     pub target_group: String,
+    /// Hand the last device-plugin node over even though `nvidia.com/gpu`
+    /// workloads would go Pending.
+    pub force: bool,
 }
 
 /// An operator's request to move a workload to `target_group`, requesting `gpu_class`.

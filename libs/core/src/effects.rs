@@ -42,6 +42,13 @@ pub enum Effect {
         node: String,
         stack: Option<String>,
     },
+    /// Record a Kubernetes Event on the Node (type Warning), e.g. why its
+    /// stack switch is held; the same event is recorded once.
+    NodeEvent {
+        node: String,
+        reason: String,
+        message: String,
+    },
     /// Remove these labels from the node.
     RemoveNodeLabels {
         node: String,
@@ -97,6 +104,7 @@ impl Effect {
             | Effect::MoveToGroup { node, .. }
             | Effect::RestoreNode { node, .. }
             | Effect::SetStackLabel { node, .. }
+            | Effect::NodeEvent { node, .. }
             | Effect::RemoveNodeLabels { node, .. } => format!("node/{node}"),
             Effect::SetPlacement { workload, .. } | Effect::RestartWorkload { workload, .. } => {
                 format!("{}/{}/{}", workload.kind, workload.namespace, workload.name)

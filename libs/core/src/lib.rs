@@ -25,6 +25,7 @@ pub mod inventory;
 pub mod names;
 pub mod placement;
 pub mod rollback;
+pub mod selector;
 pub mod service;
 pub mod stack_assigner;
 pub mod stack_rules;

@@ -28,10 +28,27 @@ pub const ALERT_LABEL_NODE_GROUP: &str = "node_group";
 
 /// Namespace of the GPU module's pods.
 pub const MODULE_NAMESPACE: &str = "d8-nvidia-gpu";
-/// `app` label of the gpu-node-agent pods.
+/// `app` label of Deckhouse's gpu-node-agent pods.
 pub const NODE_AGENT_APP: &str = "gpu-node-agent";
-/// `app` label of the vendor adapter pods (the NVIDIA DRA kubelet plugin).
+/// `app` label of Deckhouse's vendor adapter pods (the NVIDIA DRA kubelet plugin).
 pub const VENDOR_ADAPTER_APP: &str = "nvidia-dra-adapter";
+/// The node agent's pods as Switchyard's chart labels them
+/// (deploy/helm/switchyard, `switchyard.selectorLabels` of the node-agent
+/// DaemonSet): the default `--node-agent-selector`.
+pub const NODE_AGENT_SELECTOR: &str =
+    "app.kubernetes.io/name=switchyard,app.kubernetes.io/component=node-agent";
+/// The default `--vendor-adapter-selector`: none, Switchyard's node agent is
+/// the kubelet plugin of both stacks.
+pub const VENDOR_ADAPTER_SELECTOR: &str = "";
+/// The labels of the chart's node agent pods that [`NODE_AGENT_SELECTOR`] selects.
+pub const NODE_AGENT_POD_LABELS: [(&str, &str); 2] = [
+    ("app.kubernetes.io/name", "switchyard"),
+    ("app.kubernetes.io/component", "node-agent"),
+];
+/// Prefix of the device plugin's MIG resources, e.g. `nvidia.com/mig-1g.5gb`.
+pub const NVIDIA_MIG_PREFIX: &str = "nvidia.com/mig-";
+/// The device plugin's time-slicing resource with `renameByDefault`.
+pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 
 /// The device-plugin resource name.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";

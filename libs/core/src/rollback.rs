@@ -112,6 +112,7 @@ pub fn plan_node_rollback(
             labels_before: handover.labels_before.clone(),
             taints_before: handover.taints_before.clone(),
             was_unschedulable: handover.was_unschedulable,
+            cards_before: handover.cards_before,
         }),
         None,
         Some(changed),

@@ -163,6 +163,7 @@ impl Effect {
             | Effect::Drain { .. }
             | Effect::MoveToGroup { .. }
             | Effect::RestoreNode { .. }
+            | Effect::NodeEvent { .. }
             | Effect::SetStackLabel { .. } => ServiceName::StackAssigner,
             Effect::SetPlacement { .. }
             | Effect::RestartWorkload { .. }

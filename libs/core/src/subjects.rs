@@ -88,6 +88,8 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::MigrationCompleted(e) => format!("migration.{}", token(&e.migration_id)),
         Kind::AlertRaised(e) => alert(&e.alert_name, &e.labels),
         Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
+        Kind::ReadinessSelectorsConfigured(_) => "cluster.readiness-selectors".into(),
+        Kind::StackSwitchHeld(e) => format!("node.{}", token(&e.node)),
     }
 }
 

@@ -337,6 +337,7 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
         namespace: "ml".into(),
         name: "train-gpu".into(),
         device_classes: vec!["a100.gpu.deckhouse.io".into()],
+        node: String::new(),
     };
     core.handle(&ev(Kind::ResourceClaimObserved(claim.clone())));
 

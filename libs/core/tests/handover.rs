@@ -46,6 +46,8 @@ fn cluster() -> StackAssigner {
         ..NodeSpec::new("w1", "gpu")
     };
     for fact in [
+        // These tests run with Deckhouse's gpu-node-agent and vendor adapter.
+        mk_deckhouse_selectors(),
         mk_settings(true, true, ""),
         mk_group("gpu", true),
         mk_group("gpu-dra", false),
@@ -77,6 +79,7 @@ fn start(core: &mut StackAssigner, node: &str, target: &str, now: i64) -> Vec<Do
         handover_id: format!("h-{node}"),
         node: node.into(),
         target_group: target.into(),
+        force: false,
     };
     core.handle(Input::StartHandover(&cmd), now)
 }
@@ -396,5 +399,477 @@ fn handovers_are_refused_with_the_reference_explanation() {
     assert!(
         reason.contains("no stack would manage") && reason.contains("sit idle"),
         "{reason}"
+    );
+}
+
+// ---------------------------------------------------------------- readiness gates
+//
+// given(facts) → when(input) → then(expected decisions), as cqrs-es tests read.
+
+/// A core that has seen `facts` (deciding on them as the service would).
+fn given(facts: Vec<DomainEvent>) -> StackAssigner {
+    let mut core = StackAssigner::default();
+    for fact in facts {
+        core.handle_fact(&fact, 0);
+    }
+    core
+}
+
+fn handover_cmd(node: &str, target: &str, force: bool) -> StartHandover {
+    StartHandover {
+        handover_id: format!("h-{node}"),
+        node: node.into(),
+        target_group: target.into(),
+        force,
+    }
+}
+
+fn when_facts(core: &mut StackAssigner, facts: Vec<DomainEvent>, now: i64) -> Vec<DomainEvent> {
+    facts
+        .into_iter()
+        .flat_map(|f| core.handle_fact(&f, now))
+        .collect()
+}
+
+const DP_LABELS: &[(&str, &str)] = &[
+    (GPU_STACK_LABEL, "device-plugin"),
+    (GPU_SETUP_COMPLETE_LABEL, ""),
+    ("node-role.kubernetes.io/gpu", ""),
+];
+/// The stale device-plugin-era label, still there after the move; the stack label already says dra.
+const MOVED_STALE: &[(&str, &str)] = &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "")];
+const MOVED_UNPREPARED: &[(&str, &str)] = &[(GPU_STACK_LABEL, "dra")];
+
+/// w1 on the device plugin with `cards` Ready PhysicalGPUs and the chart's
+/// node agent; gpu-dra empty; another device-plugin node w2 keeps the group
+/// served.
+fn dp_cluster(cards: u32) -> Vec<DomainEvent> {
+    let mut facts = vec![
+        mk_settings(true, true, ""),
+        mk_group("gpu", true),
+        mk_group("gpu-dra", false),
+        NodeSpec {
+            labels: DP_LABELS,
+            gpus: cards,
+            allocatable: &[("nvidia.com/gpu", 8)],
+            ..NodeSpec::new("w1", "gpu")
+        }
+        .fact(),
+        NodeSpec {
+            labels: DP_LABELS,
+            ..NodeSpec::new("w2", "gpu")
+        }
+        .fact(),
+        mk_node_agent_pod("w1"),
+    ];
+    for i in 0..cards {
+        facts.push(mk_gpu(&format!("w1-gpu-{i}"), "w1", true));
+    }
+    facts
+}
+
+/// Cordons, drains and moves w1 into `to`; the node after the move has
+/// `labels` and reports `gpus` (its nvidia.com/gpu capacity on DRA: 0).
+fn moved(
+    core: &mut StackAssigner,
+    to: &str,
+    labels: &'static [(&'static str, &'static str)],
+    gpus: u32,
+) {
+    let cmd = handover_cmd("w1", to, false);
+    assert_eq!(
+        names(&core.handle(Input::StartHandover(&cmd), 0)),
+        ["HandoverStarted"]
+    );
+    let from = core.handovers.active["w1"].source_group.clone();
+    let cordoned = NodeSpec {
+        labels: DP_LABELS,
+        unschedulable: true,
+        gpus,
+        ..NodeSpec::new("w1", if from == "gpu" { "gpu" } else { "gpu-dra" })
+    };
+    core.handle_fact(&cordoned.fact(), S);
+    let after = NodeSpec {
+        labels,
+        unschedulable: true,
+        gpus,
+        ..NodeSpec::new("w1", to)
+    };
+    let decisions = core.handle_fact(&after.fact(), 2 * S);
+    assert!(
+        names(&decisions).contains(&"NodeGroupChanged"),
+        "{decisions:?}"
+    );
+}
+
+#[test]
+fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
+    // given a node handed over whose gpu-setup-complete survived the move
+    let mut core = given(dp_cluster(2));
+    moved(&mut core, "gpu-dra", MOVED_STALE, 2);
+    // when everything else holds, then nothing: the label is not fresh
+    assert!(core.handle(Input::Tick, 3 * S).is_empty());
+    let decisions = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let Some(Kind::HandoverStalled(stalled)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert!(
+        stalled
+            .reason
+            .contains("node.deckhouse.io/gpu-setup-complete is left from before the group change"),
+        "{}",
+        stalled.reason
+    );
+    // when preparation takes it away and writes it again, then ready
+    let unprepared = NodeSpec {
+        labels: MOVED_UNPREPARED,
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    assert!(core.handle_fact(&unprepared.fact(), 4 * S).is_empty());
+    let prepared = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    assert_eq!(
+        names(&core.handle_fact(&prepared.fact(), 5 * S)),
+        ["NodeReadinessObserved"]
+    );
+}
+
+#[test]
+fn a_refreshed_setup_label_counts_as_written_after_the_move() {
+    let mut core = given(dp_cluster(2));
+    moved(&mut core, "gpu-dra", MOVED_STALE, 2);
+    // preparation refreshes the value (a new generation) without removing it first
+    let refreshed = NodeSpec {
+        labels: &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "2")],
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    assert_eq!(
+        names(&core.handle_fact(&refreshed.fact(), 3 * S)),
+        ["NodeReadinessObserved"]
+    );
+}
+
+#[test]
+fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
+    // given a device-plugin node with 8 Ready PhysicalGPUs
+    let mut core = given(dp_cluster(8));
+    assert_eq!(
+        core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        )
+        .iter()
+        .find_map(|d| match &d.kind {
+            Some(Kind::HandoverStarted(h)) => Some(h.cards_before),
+            _ => None,
+        }),
+        Some(8),
+        "the before-image records the cards"
+    );
+    let mut core = given(dp_cluster(8));
+    // the node comes back from the move with nvidia.com/gpu capacity 0 and
+    // its PhysicalGPUs re-discovered: none of them yet
+    moved(&mut core, "gpu-dra", MOVED_UNPREPARED, 0);
+    let mut gone: Vec<DomainEvent> = (0..8)
+        .map(|i| {
+            ev(Kind::PhysicalGpuRemoved(
+                switchyard_proto::v1::PhysicalGpuRemoved {
+                    name: format!("w1-gpu-{i}"),
+                    node: "w1".into(),
+                },
+            ))
+        })
+        .collect();
+    gone.push(
+        NodeSpec {
+            labels: MOVED_STALE,
+            unschedulable: true,
+            gpus: 0,
+            ..NodeSpec::new("w1", "gpu-dra")
+        }
+        .fact(),
+    );
+    // when everything else holds, then no readiness with 0 of 0
+    assert!(when_facts(&mut core, gone, 3 * S).is_empty());
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
+        panic!("{stalled:?}")
+    };
+    assert!(
+        stalled
+            .reason
+            .contains("0 of 8 PhysicalGPU objects are Ready"),
+        "{}",
+        stalled.reason
+    );
+    // 7 Ready are still too few
+    let seven: Vec<DomainEvent> = (0..7)
+        .map(|i| mk_gpu(&format!("w1-gpu-{i}"), "w1", true))
+        .collect();
+    assert!(when_facts(&mut core, seven, 4 * S).is_empty());
+    let decisions = core.handle_fact(&mk_gpu("w1-gpu-7", "w1", true), 5 * S);
+    let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!((r.ready_physical_gpus, r.expected_physical_gpus), (8, 8));
+}
+
+#[test]
+fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
+    // given the default selectors (Switchyard's chart: no vendor adapter)
+    let mut facts = dp_cluster(2);
+    facts.retain(|f| !matches!(&f.kind, Some(Kind::PodObserved(_))));
+    let mut core = given(facts);
+    moved(&mut core, "gpu-dra", MOVED_UNPREPARED, 2);
+    let prepared = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    // a Deckhouse-labelled agent pod is not the chart's node agent
+    let deckhouse_agent = mk_daemon_pod(
+        MODULE_NAMESPACE,
+        "agent-w1",
+        "w1",
+        &[("app", NODE_AGENT_APP)],
+    );
+    assert!(when_facts(&mut core, vec![prepared.fact(), deckhouse_agent], 3 * S).is_empty());
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
+        panic!("{stalled:?}")
+    };
+    assert!(
+        stalled.reason.contains("no running gpu-node-agent pod (app.kubernetes.io/name=switchyard,app.kubernetes.io/component=node-agent)"),
+        "{}",
+        stalled.reason
+    );
+    assert!(
+        !stalled.reason.contains("vendor adapter"),
+        "{}",
+        stalled.reason
+    );
+    // when the chart's node agent runs, then ready
+    let decisions = core.handle_fact(&mk_node_agent_pod("w1"), 4 * S);
+    let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert!(r.node_agent_running && r.vendor_adapter_running);
+}
+
+#[test]
+fn the_configured_selectors_are_recorded_once_and_decide_the_same_on_replay() {
+    let deckhouse = switchyard_core::cluster::ReadinessSelectors::parse(
+        &format!("app={NODE_AGENT_APP}"),
+        &format!("app={VENDOR_ADAPTER_APP}"),
+    )
+    .unwrap();
+    let mut core = StackAssigner::with_selectors(deckhouse.clone());
+    let recorded = core.catch_up(0);
+    assert_eq!(names(&recorded), ["ReadinessSelectorsConfigured"]);
+    assert_eq!(core.cluster.selectors, deckhouse);
+    // a restart with the same flags records nothing; a replay without flags decides the same
+    let mut restarted = StackAssigner::with_selectors(deckhouse.clone());
+    let mut replayed = StackAssigner::default();
+    for e in &recorded {
+        restarted.apply(e, 0);
+        replayed.apply(e, 0);
+    }
+    assert!(restarted.catch_up(1).is_empty());
+    assert_eq!(replayed.cluster.selectors, deckhouse);
+    // a selector that is not one is refused, naming the flag
+    let err = switchyard_core::cluster::ReadinessSelectors::parse("app in gpu", "").unwrap_err();
+    assert!(
+        err.contains("--node-agent-selector") && err.contains("parentheses"),
+        "{err}"
+    );
+}
+
+#[test]
+fn handing_back_to_the_device_plugin_waits_for_allocatable_nvidia_gpu() {
+    // given w1 on DRA in gpu-dra (2 cards), handed over to gpu (spec.gpu)
+    let mut core = given(vec![
+        mk_settings(true, true, ""),
+        mk_group("gpu", true),
+        mk_group("gpu-dra", false),
+        NodeSpec {
+            labels: &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "")],
+            ..NodeSpec::new("w1", "gpu-dra")
+        }
+        .fact(),
+        mk_gpu("w1-gpu-0", "w1", true),
+        mk_gpu("w1-gpu-1", "w1", true),
+    ]);
+    moved(&mut core, "gpu", &[(GPU_STACK_LABEL, "device-plugin")], 2);
+    assert_eq!(core.stack_of("w1"), Some(Stack::DevicePlugin));
+    // when both labels are fresh but nothing is allocatable, then not ready
+    let labelled = NodeSpec {
+        labels: &[
+            (GPU_STACK_LABEL, "device-plugin"),
+            (GPU_SETUP_COMPLETE_LABEL, ""),
+        ],
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu")
+    };
+    assert!(core.handle_fact(&labelled.fact(), 3 * S).is_empty());
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
+        panic!("{stalled:?}")
+    };
+    assert!(
+        stalled
+            .reason
+            .contains("0 of 2 nvidia.com/gpu (or MIG, time-slicing) resources are allocatable"),
+        "{}",
+        stalled.reason
+    );
+    // one card's worth is not the node's
+    let one = NodeSpec {
+        allocatable: &[("nvidia.com/gpu", 1)],
+        ..labelled
+    };
+    assert!(core.handle_fact(&one.fact(), 4 * S).is_empty());
+    // when nvidia.com/gpu returns to allocatable (here as MIG partitions), then ready
+    let back = NodeSpec {
+        allocatable: &[("nvidia.com/mig-1g.5gb", 14)],
+        ..one
+    };
+    let decisions = core.handle_fact(&back.fact(), 5 * S);
+    let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(r.device_plugin_allocatable, 14);
+}
+
+#[test]
+fn a_switch_to_the_device_plugin_is_held_while_dra_claims_are_allocated() {
+    // given a DRA node of a group without spec.gpu, with an allocated claim
+    let mut core = given(vec![
+        mk_settings(true, true, ""),
+        mk_group("gpu-x", false),
+        NodeSpec::new("n1", "gpu-x").fact(),
+        mk_claim("ml", "train-0-gpu", "n1"),
+        mk_claim("ml", "elsewhere", "n2"),
+    ]);
+    assert_eq!(core.stack_of("n1"), Some(Stack::Dra));
+    // when spec.gpu is set again, then the switch is held, naming the claim
+    let decisions = core.handle_fact(&mk_group("gpu-x", true), S);
+    assert_eq!(names(&decisions), ["StackSwitchHeld"]);
+    let Some(Kind::StackSwitchHeld(held)) = &decisions[0].kind else {
+        unreachable!()
+    };
+    assert_eq!(held.claims, ["ml/train-0-gpu"]);
+    assert!(held.reason.contains("drain it first"), "{}", held.reason);
+    assert_eq!(core.stack_of("n1"), Some(Stack::Dra), "the stack stays");
+    assert!(
+        core.rule_violations().is_empty(),
+        "a held switch is no violation"
+    );
+    assert!(
+        core.effects().iter().any(|e| matches!(e,
+            Effect::NodeEvent { node, reason, message }
+                if node == "n1" && reason == "StackSwitchHeld" && message.contains("ml/train-0-gpu"))),
+        "an Event on the Node: {:?}",
+        core.effects()
+    );
+    // a relabel of the node, or an unrelated claim, decides nothing new
+    assert!(
+        core.handle_fact(&NodeSpec::new("n1", "gpu-x").fact(), 2 * S)
+            .is_empty()
+    );
+    assert!(
+        core.handle_fact(&mk_claim_removed("ml", "elsewhere"), 2 * S)
+            .is_empty()
+    );
+    // when the claim goes, then the switch happens
+    let decisions = core.handle_fact(&mk_claim_removed("ml", "train-0-gpu"), 3 * S);
+    assert_eq!(names(&decisions), ["StackAssigned"]);
+    assert_eq!(core.stack_of("n1"), Some(Stack::DevicePlugin));
+    assert!(core.switch_holds.is_empty());
+    assert!(
+        !core
+            .effects()
+            .iter()
+            .any(|e| matches!(e, Effect::NodeEvent { .. }))
+    );
+}
+
+#[test]
+fn the_last_device_plugin_node_is_refused_while_nvidia_gpu_workloads_need_it_unless_forced() {
+    let workload = mk_workload(
+        "ml",
+        "train",
+        2,
+        mk_placement(
+            &[("nvidia.com/gpu", "1")],
+            &[("node.deckhouse.io/group", "gpu")],
+        ),
+    );
+    let mut facts = dp_cluster(2);
+    facts.retain(|f| !matches!(&f.kind, Some(Kind::NodeObserved(n)) if n.node == "w2"));
+    facts.push(workload.clone());
+    // given w1, the only device-plugin node, and a workload asking for nvidia.com/gpu
+    let mut core = given(facts.clone());
+    // when handed over without force, then refused naming the workload
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+        0,
+    );
+    let Some(Kind::HandoverRefused(refused)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(
+        refused
+            .would_go_pending
+            .iter()
+            .map(|w| format!("{}/{}/{}", w.namespace, w.kind, w.name))
+            .collect::<Vec<_>>(),
+        ["ml/Deployment/train"]
+    );
+    assert!(
+        refused.reason.contains("last device-plugin node") && refused.reason.contains("force"),
+        "{}",
+        refused.reason
+    );
+    assert!(core.handovers.active.is_empty());
+    // when forced, then started
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", true)),
+        0,
+    );
+    assert_eq!(names(&decisions)[0], "HandoverStarted");
+    // with another device-plugin node left, no force is needed
+    let mut core = given(
+        dp_cluster(2)
+            .into_iter()
+            .chain([workload.clone()])
+            .collect(),
+    );
+    assert_eq!(
+        names(&core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        ))[0],
+        "HandoverStarted"
+    );
+    // ... but w2 is then the last one
+    let decisions = core.handle(
+        Input::StartHandover(&handover_cmd("w2", "gpu-dra", false)),
+        0,
+    );
+    assert_eq!(names(&decisions), ["HandoverRefused"]);
+    // and without nvidia.com/gpu workloads the last node goes
+    let mut core = given(facts.into_iter().filter(|f| *f != workload).collect());
+    assert_eq!(
+        names(&core.handle(
+            Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+            0
+        ))[0],
+        "HandoverStarted"
     );
 }

@@ -93,6 +93,7 @@ fn handed_over() -> (StackAssigner, Log) {
         handover_id: "h1".into(),
         node: "w1".into(),
         target_group: "gpu-dra".into(),
+        force: false,
     };
     let d = core.handle(Input::StartHandover(&cmd), 0);
     log.push(d);
@@ -108,6 +109,10 @@ fn handed_over() -> (StackAssigner, Log) {
         (GPU_SETUP_COMPLETE_LABEL, ""),
         (GPU_STACK_LABEL, "dra"),
     ];
+    fact(&mut core, &mut log, w1("gpu-dra", &dra, true));
+    // Node preparation starts over for DRA (the old label goes) and writes it again.
+    let preparing = [("nvidia.com/gpu.product", "A100"), (GPU_STACK_LABEL, "dra")];
+    fact(&mut core, &mut log, w1("gpu-dra", &preparing, true));
     fact(&mut core, &mut log, w1("gpu-dra", &dra, true));
     for f in mk_ready_dra_node("w1", "gpu-dra", 2).into_iter().skip(1) {
         fact(&mut core, &mut log, f);
@@ -255,17 +260,41 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
         "before: as the forward handover left it"
     );
 
-    // Verification on the device plugin, then uncordon: the node is exactly as before.
+    // Verification on the device plugin: preparation starts over (the label
+    // left from DRA goes), writes it again, and nvidia.com/gpu is allocatable
+    // again; then uncordon: the node is exactly as before.
+    let on_device_plugin = |labels, allocatable, unschedulable| {
+        NodeSpec {
+            labels,
+            taints: vec![taint()],
+            unschedulable,
+            allocatable,
+            ..NodeSpec::new("w1", "gpu")
+        }
+        .fact()
+    };
+    assert!(
+        fact(
+            &mut core,
+            &mut log,
+            on_device_plugin(&ORIGINAL[..2], &[], true)
+        )
+        .is_empty()
+    );
+    assert!(
+        fact(&mut core, &mut log, on_device_plugin(ORIGINAL, &[], true)).is_empty(),
+        "not before nvidia.com/gpu is allocatable"
+    );
     let d = fact(
         &mut core,
         &mut log,
-        w1("gpu", ORIGINAL, vec![taint()], true),
+        on_device_plugin(ORIGINAL, &[("nvidia.com/gpu", 2)], true),
     );
     assert_eq!(names(&d), ["NodeReadinessObserved"]);
     let d = fact(
         &mut core,
         &mut log,
-        w1("gpu", ORIGINAL, vec![taint()], false),
+        on_device_plugin(ORIGINAL, &[("nvidia.com/gpu", 2)], false),
     );
     assert_eq!(
         names(&d),
@@ -310,6 +339,7 @@ fn node_rollbacks_need_a_completed_handover() {
         handover_id: "h1".into(),
         node: "w1".into(),
         target_group: "gpu-dra".into(),
+        force: false,
     };
     let d = core.handle(Input::StartHandover(&cmd), 0);
     log.push(d);

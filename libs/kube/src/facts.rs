@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
-use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU};
+use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX};
 use switchyard_proto::v1::{
     DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuClassRemoved,
     GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved,
@@ -31,8 +31,15 @@ pub const PREVIOUS_VERSION_ANNOTATION: &str = "gpu.deckhouse.io/previous-module-
 /// Annotation the node agent writes on its node: how many GPUs it found.
 pub const GPU_COUNT_ANNOTATION: &str = "gpu.deckhouse.io/physical-gpus";
 
-/// A Node: labels, taints, `spec.unschedulable`, how it was provisioned and
-/// how many GPUs it carries.
+/// Whether an extended resource is one the device plugin publishes for GPUs:
+/// `nvidia.com/gpu`, its time-slicing `nvidia.com/gpu.shared`, MIG partitions
+/// `nvidia.com/mig-<profile>`.
+pub fn is_device_plugin_gpu_resource(name: &str) -> bool {
+    name == NVIDIA_GPU || name == NVIDIA_GPU_SHARED || name.starts_with(NVIDIA_MIG_PREFIX)
+}
+
+/// A Node: labels, taints, `spec.unschedulable`, how it was provisioned,
+/// how many GPUs it carries and the device plugin's allocatable GPU resources.
 pub fn node(node: &Node) -> DomainEvent {
     let spec = node.spec.clone().unwrap_or_default();
     let taints = spec
@@ -62,6 +69,18 @@ pub fn node(node: &Node) -> DomainEvent {
         .and_then(|s| s.capacity.as_ref())
         .and_then(|c| c.get(NVIDIA_GPU))
         .and_then(|q| q.0.parse::<u32>().ok());
+    // Extended resources are whole numbers (the API server refuses others);
+    // 0 is left out, as the device plugin having gone.
+    let gpu_allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| is_device_plugin_gpu_resource(name))
+        .filter_map(|(name, q)| Some((name.clone(), q.0.parse::<u32>().ok()?)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     event(Kind::NodeObserved(NodeObserved {
         node: node.name_any(),
         labels: node.labels().clone(),
@@ -69,6 +88,7 @@ pub fn node(node: &Node) -> DomainEvent {
         unschedulable: spec.unschedulable.unwrap_or(false),
         provisioning: provisioning as i32,
         gpu_count: from_agent.or(from_plugin).unwrap_or(0),
+        gpu_allocatable,
     }))
 }
 
@@ -218,8 +238,70 @@ pub fn gpu_class_removed(class: &GPUClass) -> DomainEvent {
     }))
 }
 
-/// A ResourceClaim: the DeviceClasses its requests (and their alternatives) name.
+/// The node an allocated claim's devices are on: `status.allocation.nodeSelector`
+/// naming one node (by `metadata.name` field or the `kubernetes.io/hostname`
+/// label), else the node of a pod it is reserved for (`pod_node` looks a pod
+/// up by namespace and name). Empty while not allocated, or allocated on
+/// devices that are not one node's.
+pub fn claim_node(
+    claim: &ResourceClaim,
+    pod_node: impl Fn(&str, &str) -> Option<String>,
+) -> String {
+    let Some(status) = claim.status.as_ref() else {
+        return String::new();
+    };
+    let Some(allocation) = status.allocation.as_ref() else {
+        return String::new();
+    };
+    let single = |values: &Option<Vec<String>>| match values.as_deref() {
+        Some([one]) => Some(one.clone()),
+        _ => None,
+    };
+    let from_selector =
+        allocation
+            .node_selector
+            .as_ref()
+            .and_then(|s| match s.node_selector_terms.as_slice() {
+                [term] => term
+                    .match_fields
+                    .iter()
+                    .flatten()
+                    .find(|r| r.key == "metadata.name" && r.operator == "In")
+                    .and_then(|r| single(&r.values))
+                    .or_else(|| {
+                        term.match_expressions
+                            .iter()
+                            .flatten()
+                            .find(|r| r.key == "kubernetes.io/hostname" && r.operator == "In")
+                            .and_then(|r| single(&r.values))
+                    }),
+                _ => None,
+            });
+    let namespace = claim.namespace().unwrap_or_default();
+    from_selector
+        .or_else(|| {
+            status
+                .reserved_for
+                .iter()
+                .flatten()
+                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+                .find_map(|r| pod_node(&namespace, &r.name))
+        })
+        .unwrap_or_default()
+}
+
+/// A ResourceClaim: the DeviceClasses its requests (and their alternatives)
+/// name, and the node it is allocated on ([`claim_node`]).
 pub fn resource_claim(claim: &ResourceClaim) -> DomainEvent {
+    resource_claim_on(claim, |_, _| None)
+}
+
+/// [`resource_claim`] with a lookup of pods' nodes, for claims allocated
+/// without a node selector.
+pub fn resource_claim_on(
+    claim: &ResourceClaim,
+    pod_node: impl Fn(&str, &str) -> Option<String>,
+) -> DomainEvent {
     let mut classes: Vec<String> = claim
         .spec
         .devices
@@ -242,6 +324,7 @@ pub fn resource_claim(claim: &ResourceClaim) -> DomainEvent {
         namespace: claim.namespace().unwrap_or_default(),
         name: claim.name_any(),
         device_classes: classes,
+        node: claim_node(claim, pod_node),
     }))
 }
 
@@ -300,11 +383,19 @@ pub fn pod(pod: &Pod) -> DomainEvent {
     // The scheduler binds a pod only once all its claims are allocated and
     // reserved for it: a scheduled pod has them all.
     let claims_allocated = if node.is_empty() { 0 } else { claims_needed };
+    let owner = pod_owner(pod);
+    // The stacks' pods (DaemonSet pods) carry their labels, for the
+    // readiness selectors; other pods' labels no core reads.
+    let labels = match &owner {
+        Some(o) if o.kind == "DaemonSet" => pod.labels().clone(),
+        _ => BTreeMap::new(),
+    };
     event(Kind::PodObserved(PodObserved {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         node,
-        owner: pod_owner(pod),
+        owner,
+        labels,
         phase: phase as i32,
         app: pod.labels().get("app").cloned().unwrap_or_default(),
         claims_allocated,
@@ -539,6 +630,105 @@ mod tests {
         };
         assert_eq!(f.gpu_count, 4);
         assert_eq!(f.provisioning(), NodeProvisioning::Manual);
+    }
+
+    #[test]
+    fn a_node_carries_the_device_plugins_allocatable_gpu_resources() {
+        let n = Node {
+            metadata: meta("gpu-1"),
+            spec: None,
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    [
+                        (NVIDIA_GPU.to_string(), Quantity("0".into())),
+                        ("nvidia.com/mig-1g.5gb".to_string(), Quantity("14".into())),
+                        ("cpu".to_string(), Quantity("64".into())),
+                        ("gpu.deckhouse.io/a100".to_string(), Quantity("8".into())),
+                    ]
+                    .into(),
+                ),
+                ..NodeStatus::default()
+            }),
+        };
+        let Some(Kind::NodeObserved(f)) = node(&n).kind else {
+            panic!("a NodeObserved")
+        };
+        assert_eq!(
+            f.gpu_allocatable,
+            [("nvidia.com/mig-1g.5gb".to_string(), 14)].into(),
+            "nvidia.com/gpu at 0 is the device plugin gone; DRA's resources are not its"
+        );
+    }
+
+    #[test]
+    fn a_daemon_set_pod_carries_its_labels_and_others_do_not() {
+        let labels: BTreeMap<String, String> = [
+            (
+                "app.kubernetes.io/component".to_string(),
+                "node-agent".to_string(),
+            ),
+            ("pod-template-hash".to_string(), "7d9f8".to_string()),
+        ]
+        .into();
+        let mut p = Pod {
+            metadata: meta("agent-abcde"),
+            ..Pod::default()
+        };
+        p.metadata.labels = Some(labels.clone());
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "DaemonSet".into(),
+            name: "switchyard-node-agent".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        assert_eq!(f.labels, labels);
+        p.metadata.owner_references.as_mut().unwrap()[0].kind = "ReplicaSet".into();
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        assert!(f.labels.is_empty());
+    }
+
+    #[test]
+    fn an_allocated_claim_names_its_node() {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0-gpu", "namespace": "ml"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
+            "status": {"allocation": {
+                "devices": {"results": []},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["gpu-1"]}]}]},
+            }},
+        }))
+        .unwrap();
+        let Some(Kind::ResourceClaimObserved(f)) = resource_claim(&claim).kind else {
+            panic!("a ResourceClaimObserved")
+        };
+        assert_eq!(f.node, "gpu-1");
+        assert_eq!(f.device_classes, ["a100.gpu.deckhouse.io"]);
+        // Without a node selector, the node of the pod it is reserved for.
+        let mut reserved = claim.clone();
+        let status = reserved.status.as_mut().unwrap();
+        status.allocation.as_mut().unwrap().node_selector = None;
+        status.reserved_for = Some(vec![
+            serde_json::from_value(serde_json::json!(
+                {"resource": "pods", "name": "train-0", "uid": "u1"}
+            ))
+            .unwrap(),
+        ]);
+        assert_eq!(claim_node(&reserved, |_, _| None), "");
+        assert_eq!(
+            claim_node(&reserved, |ns, pod| (ns == "ml" && pod == "train-0")
+                .then(|| "gpu-2".into())),
+            "gpu-2"
+        );
+        // Not allocated: no node.
+        let mut pending = claim;
+        pending.status = None;
+        assert_eq!(claim_node(&pending, |_, _| Some("x".into())), "");
     }
 
     #[test]

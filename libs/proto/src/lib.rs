@@ -79,6 +79,8 @@ pub mod v1 {
                 RollbackCompleted(_) => "RollbackCompleted",
                 AlertRaised(_) => "AlertRaised",
                 AlertCleared(_) => "AlertCleared",
+                ReadinessSelectorsConfigured(_) => "ReadinessSelectorsConfigured",
+                StackSwitchHeld(_) => "StackSwitchHeld",
             }
         }
     }

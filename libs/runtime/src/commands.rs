@@ -112,6 +112,7 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
                 handover_id: c.handover_id,
                 node: c.node,
                 target_group: c.target_group,
+                force: c.force,
             }))
         }
         service_command::Command::Rollback(event) => {

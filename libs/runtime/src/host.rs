@@ -436,6 +436,21 @@ where
     E: EffectExecutor,
     F: std::future::Future<Output = Result<E, E::Error>>,
 {
+    serve_core(service.core(), args, executor).await
+}
+
+/// [`serve`] with a core the service configured from its own flags (what it
+/// records of them goes to the log, so a replay needs no flags).
+pub async fn serve_core<E, F>(
+    core: Box<dyn Core>,
+    args: &ServiceArgs,
+    executor: F,
+) -> Result<(), ServeError<E::Error>>
+where
+    E: EffectExecutor,
+    F: std::future::Future<Output = Result<E, E::Error>>,
+{
+    let service = core.service();
     let executor = executor.await.map_err(ServeError::Service)?;
     let client = args.nats.service_client(service.as_str()).await?;
     let log = args.nats.log(client.clone()).await?;
@@ -443,7 +458,7 @@ where
     crate::health::spawn(args.host.health_listen, service.as_str(), watching);
     tracing::info!(%service, "starting");
     run(
-        service.core(),
+        core,
         log,
         executor,
         Some(client),

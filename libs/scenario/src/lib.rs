@@ -297,6 +297,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             handover_id: id.clone(),
             node: node.into(),
             target_group: group.into(),
+            force: false,
         };
         self.run_command(Command::StartHandover(cmd)).await?;
         self.handover_outcome(start, &id, node)

@@ -4,7 +4,7 @@ use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_core::effects::Effect;
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, MODULE_NAMESPACE, NODE_ROLE_PREFIX,
-    PREPARATION_LABELS, STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
+    NVIDIA_GPU, PREPARATION_LABELS, STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
 };
 use switchyard_proto::v1::{
     GpuPhase, NodeObserved, NodeProvisioning, ResourceQuotaObserved, WorkloadRef,
@@ -132,7 +132,10 @@ impl Simulator {
                 if stack(n) == stack(before) {
                     return false;
                 }
+                // Preparation starts over: the label goes, and with the
+                // device plugin stopping its resources are no longer allocatable.
                 n.labels.remove(GPU_SETUP_COMPLETE_LABEL);
+                n.allocatable = 0;
                 true
             }
             _ => false,
@@ -149,6 +152,10 @@ impl Simulator {
             unschedulable: n.unschedulable,
             provisioning: NodeProvisioning::Manual as i32,
             gpu_count: n.gpus,
+            gpu_allocatable: (n.allocatable > 0)
+                .then(|| (NVIDIA_GPU.to_string(), n.allocatable))
+                .into_iter()
+                .collect(),
         })
     }
 
@@ -318,9 +325,13 @@ impl Simulator {
                     _ => {}
                 }
                 if stack.is_some() {
+                    let serving = stack.as_deref() == Some(STACK_DEVICE_PLUGIN);
                     self.edit_node(&node, |n| {
                         n.labels
                             .insert(GPU_SETUP_COMPLETE_LABEL.into(), String::new());
+                        if serving {
+                            n.allocatable = n.gpus;
+                        }
                     });
                 }
                 self.schedule();

@@ -96,6 +96,9 @@ struct SimNode {
     device: String,
     /// Bumped on every stack change, so a stale preparation timer does nothing.
     generation: u64,
+    /// `nvidia.com/gpu` allocatable: the cards while the device plugin serves
+    /// the node, 0 once preparation for another stack starts.
+    allocatable: u32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -108,6 +111,10 @@ struct SimPod {
     claims_allocated: u32,
     /// GPUs the pod holds on its node.
     gpus: u32,
+    /// The pod's labels (reported for DaemonSet pods).
+    labels: BTreeMap<String, String>,
+    /// The DeviceClass of its ResourceClaim `<pod>-gpu`, while allocated.
+    claim: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -283,6 +290,7 @@ impl Simulator {
                 .into(),
                 gpus: config.gpus_per_node,
                 device: GPU_DEVICE.into(),
+                allocatable: config.gpus_per_node,
                 ..SimNode::default()
             };
             sim.nodes.insert(name.clone(), node);

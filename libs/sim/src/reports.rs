@@ -24,6 +24,11 @@ impl Simulator {
             app: p.app.clone(),
             claims_allocated: p.claims_allocated,
             claims_needed: p.claims_needed,
+            labels: if p.owner.kind == "DaemonSet" {
+                p.labels.clone()
+            } else {
+                Default::default()
+            },
         })));
     }
 

@@ -1,17 +1,36 @@
 //! Pods and scheduling: DaemonSet and workload pods, bound where their stack allows.
 
+use std::collections::BTreeMap;
+
 use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_core::names::{
     CONTROL_PLANE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE,
-    STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
+    NODE_AGENT_APP, NODE_AGENT_POD_LABELS, STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
 };
-use switchyard_proto::v1::{PodPhase, PodRemoved, WorkloadRef, domain_event::Kind};
+use switchyard_proto::v1::{
+    PodPhase, PodRemoved, ResourceClaimObserved, ResourceClaimRemoved, WorkloadRef,
+    domain_event::Kind,
+};
+
+/// The ResourceClaim generated for a pod from its claim template.
+fn claim_name(pod: &str) -> String {
+    format!("{pod}-gpu")
+}
 
 use crate::{DEVICE_PLUGIN_APP, SimNode, SimPod, Simulator, class_selects, ev, gpu_request};
 
 impl Simulator {
     pub(crate) fn start_daemon(&mut self, node: &str, app: &str) {
         let key = (MODULE_NAMESPACE.to_string(), format!("{app}-{node}"));
+        // The node agent is Switchyard's, labelled as its chart labels it.
+        let mut labels: BTreeMap<String, String> = [("app".to_string(), app.to_string())].into();
+        if app == NODE_AGENT_APP {
+            labels.extend(
+                NODE_AGENT_POD_LABELS
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+        }
         let pod = SimPod {
             node: node.into(),
             owner: WorkloadRef {
@@ -24,6 +43,8 @@ impl Simulator {
             claims_needed: 0,
             claims_allocated: 0,
             gpus: 0,
+            labels,
+            claim: None,
         };
         if self.pods.get(&key) != Some(&pod) {
             self.pods.insert(key.clone(), pod);
@@ -45,17 +66,27 @@ impl Simulator {
             claims_needed: 0,
             claims_allocated: 0,
             gpus: 0,
+            labels: [("app".to_string(), owner.name.clone())].into(),
+            claim: None,
         };
         self.pods.insert(key.clone(), pod);
         self.report_pod(&key);
     }
 
     pub(crate) fn remove_pod(&mut self, key: &ObjectKey) {
-        if self.pods.remove(key).is_some() {
+        if let Some(pod) = self.pods.remove(key) {
             self.out.push(ev(Kind::PodRemoved(PodRemoved {
                 namespace: key.0.clone(),
                 name: key.1.clone(),
             })));
+            // The claim generated for the pod goes with it.
+            if pod.claim.is_some() {
+                self.out
+                    .push(ev(Kind::ResourceClaimRemoved(ResourceClaimRemoved {
+                        namespace: key.0.clone(),
+                        name: claim_name(&key.1),
+                    })));
+            }
         }
     }
 
@@ -133,6 +164,17 @@ impl Simulator {
                 pod.gpus = need;
                 pod.claims_needed = u32::from(class.is_some());
                 pod.claims_allocated = u32::from(class.is_some());
+                // The claim is allocated on the node the pod is bound to.
+                pod.claim = class.as_ref().map(|c| format!("{c}.gpu.deckhouse.io"));
+                let claim = pod.claim.clone().map(|device_class| ResourceClaimObserved {
+                    namespace: key.0.clone(),
+                    name: claim_name(&key.1),
+                    device_classes: vec![device_class],
+                    node: pod.node.clone(),
+                });
+                if let Some(claim) = claim {
+                    self.out.push(ev(Kind::ResourceClaimObserved(claim)));
+                }
                 self.report_pod(&key);
             }
         }

@@ -1,14 +1,16 @@
 //! The stack-assigner's writers: the node's `gpu-stack` label and
 //! `spec.unschedulable` (Server-Side Apply, owned), the handover's group move
 //! and a rollback's restore (read-decide-write), drains through the Eviction
-//! API with the PodDisruptionBudgets that refuse them.
+//! API with the PodDisruptionBudgets that refuse them, and the Events on a
+//! Node that say why its stack switch is held.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
-use kube::api::{Api, EvictParams, ListParams};
+use kube::api::{Api, EvictParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
@@ -26,13 +28,21 @@ pub type StackAssignerEdge = Edge<StackAssignerWrites>;
 #[derive(Clone)]
 pub struct StackAssignerWrites {
     writer: Writer,
+    /// Events this process recorded: an effect issued again records nothing.
+    recorded: Arc<Mutex<BTreeSet<String>>>,
 }
+
+/// Namespace of the Events about Nodes (cluster-scoped objects).
+const NODE_EVENT_NAMESPACE: &str = "default";
 
 impl Writes for StackAssignerWrites {
     const SERVICE: ServiceName = SERVICE;
 
     fn new(writer: Writer) -> Self {
-        StackAssignerWrites { writer }
+        StackAssignerWrites {
+            writer,
+            recorded: Arc::default(),
+        }
     }
 
     fn writer(&self) -> &Writer {
@@ -66,6 +76,11 @@ impl Writes for StackAssignerWrites {
                 taints,
             } => self.restore_node(node, labels, taints).await,
             Effect::Drain { node } => self.drain(node).await,
+            Effect::NodeEvent {
+                node,
+                reason,
+                message,
+            } => self.node_event(node, reason, message).await,
             other => not_owned::<Self>(other),
         }
     }
@@ -218,6 +233,48 @@ impl StackAssignerWrites {
             }
         }
         Ok(outcome)
+    }
+
+    /// A Warning Event on the Node. Its name comes from the node, reason and
+    /// message, so recording it again (after a restart) finds it there.
+    async fn node_event(
+        &self,
+        node: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<Outcome, EdgeError> {
+        let hash = blake3::hash(format!("{node}\0{reason}\0{message}").as_bytes()).to_hex();
+        let name = format!("{node}.{}.{}", reason.to_ascii_lowercase(), &hash[..16]);
+        if self.recorded.lock().expect("not poisoned").contains(&name) {
+            return Ok(Outcome::default());
+        }
+        let current = self.writer.read_node(node).await?;
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let event: Event = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NODE_EVENT_NAMESPACE},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": self.writer.field_manager()},
+            "reportingComponent": self.writer.field_manager(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }))
+        .map_err(|e| EdgeError::Invalid(format!("event {name}: {e}")))?;
+        let events: Api<Event> = Api::namespaced(self.writer.client(), NODE_EVENT_NAMESPACE);
+        match events.create(&PostParams::default(), &event).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => {
+                return Err(EdgeError::api(format!(
+                    "record event {reason} on node {node}"
+                ))(err));
+            }
+        }
+        self.recorded.lock().expect("not poisoned").insert(name);
+        Ok(Outcome::default())
     }
 
     async fn budgets_covering(&self, pod: &Pod) -> Result<Vec<String>, EdgeError> {

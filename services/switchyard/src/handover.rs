@@ -19,6 +19,10 @@ pub struct HandoverArgs {
     /// Id of the handover; default: a new one.
     #[arg(long)]
     pub id: Option<String>,
+    /// Hand the last device-plugin node over even though nvidia.com/gpu
+    /// workloads still need it (they go Pending until moved).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub operator: OperatorArgs,
 }
@@ -30,6 +34,7 @@ pub async fn handover(args: HandoverArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| format!("handover-{}", uuid::Uuid::new_v4())),
         node: args.node,
         target_group: args.to,
+        force: args.force,
     });
     args.operator.run(ServiceName::StackAssigner, command).await
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Value, json};
 use switchyard_eventlog::{Decoded, EventLog};
-use switchyard_proto::v1::{Stack, domain_event::Kind};
+use switchyard_proto::v1::{HandoverStep, Stack, domain_event::Kind};
 use switchyard_scenario::States;
 
 use crate::backend::{Backend, open};
@@ -64,6 +64,17 @@ impl Folded {
         }
     }
 
+    /// The drain of a handover in progress: its pods the Eviction API refused.
+    fn blocked_evictions(
+        &self,
+        h: &switchyard_core::stack_assigner::handover::Handover,
+    ) -> Vec<(String, String)> {
+        if h.step != HandoverStep::Drain {
+            return Vec::new();
+        }
+        self.states.stack.cluster.blocked_evictions(&h.node)
+    }
+
     fn stack_name(stack: Option<Stack>) -> &'static str {
         match stack {
             Some(Stack::DevicePlugin) => "device-plugin",
@@ -96,9 +107,22 @@ impl Folded {
             .active
             .values()
             .map(|h| {
+                let blocked: Vec<Value> = self
+                    .blocked_evictions(h)
+                    .into_iter()
+                    .map(|(pod, why)| json!({"pod": pod, "refused": why}))
+                    .collect();
                 json!({"id": h.id, "node": h.node, "from": h.source_group, "to": h.target_group,
-                       "step": h.step.as_str_name(), "stalled": h.stalled, "rollback": h.rollback.is_some()})
+                       "step": h.step.as_str_name(), "stalled": h.stalled, "rollback": h.rollback.is_some(),
+                       "evictions_refused": blocked})
             })
+            .collect();
+        let switches_held: Vec<Value> = self
+            .states
+            .stack
+            .switch_holds
+            .iter()
+            .map(|(node, claims)| json!({"node": node, "claims": claims}))
             .collect();
         let moves: Vec<Value> = self
             .states
@@ -115,6 +139,7 @@ impl Folded {
             "held_groups": self.states.stack.held,
                         "alerts": self.states.alerter.firing.iter().map(|((name, l), summary)| json!({"alert": name, "labels": labels(l), "summary": summary})).collect::<Vec<_>>(),
             "handovers_in_progress": handovers,
+            "stack_switches_held": switches_held,
             "handovers_completed": self.states.stack.handovers.completed.len(),
             "moves_in_progress": moves,
             "moves_verified": self.states.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id})).collect::<Vec<_>>(),
@@ -181,6 +206,19 @@ impl Folded {
                 h.source_group,
                 h.target_group,
                 h.step.as_str_name()
+            )
+            .unwrap();
+            // The drain's refusals, as soon as they are recorded: no need to
+            // wait for the stall deadline to learn which budget keeps a pod.
+            for (pod, why) in self.blocked_evictions(h) {
+                writeln!(out, "    eviction of {pod} refused: {why}").unwrap();
+            }
+        }
+        for (node, claims) in &self.states.stack.switch_holds {
+            writeln!(
+                out,
+                "stack switch held: {node} stays on DRA while claims are allocated on it: {}; drain it first",
+                claims.join(", ")
             )
             .unwrap();
         }
@@ -252,4 +290,117 @@ pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitC
     };
     write_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::v1::{
+        EvictionBlocked, GpuSharing, GpuSpec, HandoverStarted, ModuleSettingsObserved,
+        NodeCordoned, NodeGroupObserved, NodeObserved, PodObserved, PodPhase, PodRef,
+        ResourceClaimObserved, StackAssigned, StackSwitchHeld, WorkloadRef, event,
+    };
+
+    #[test]
+    fn status_shows_the_refused_evictions_at_once_and_the_held_switches() {
+        let mut folded = Folded::default();
+        let pod = PodRef {
+            namespace: "apps".into(),
+            name: "web-1".into(),
+            owner: None,
+        };
+        for e in [
+            event(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
+                dra_enabled: true,
+                feature_gates_ready: true,
+                ..Default::default()
+            })),
+            event(Kind::NodeGroupObserved(NodeGroupObserved {
+                group: "gpu".into(),
+                gpu: Some(GpuSpec {
+                    sharing: GpuSharing::Exclusive as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+            event(Kind::NodeObserved(NodeObserved {
+                node: "w1".into(),
+                labels: [("node.deckhouse.io/group".to_string(), "gpu".to_string())].into(),
+                unschedulable: true,
+                ..Default::default()
+            })),
+            event(Kind::PodObserved(PodObserved {
+                namespace: "apps".into(),
+                name: "web-1".into(),
+                node: "w1".into(),
+                owner: Some(WorkloadRef {
+                    namespace: "apps".into(),
+                    kind: "Deployment".into(),
+                    name: "web".into(),
+                }),
+                phase: PodPhase::Running as i32,
+                ..Default::default()
+            })),
+            event(Kind::HandoverStarted(HandoverStarted {
+                handover_id: "h1".into(),
+                node: "w1".into(),
+                source_group: "gpu".into(),
+                target_group: "gpu-dra".into(),
+                ..Default::default()
+            })),
+            event(Kind::NodeCordoned(NodeCordoned {
+                handover_id: "h1".into(),
+                node: "w1".into(),
+                was_unschedulable: false,
+                to_evict: vec![pod],
+            })),
+            event(Kind::EvictionBlocked(EvictionBlocked {
+                node: "w1".into(),
+                namespace: "apps".into(),
+                pod: "web-1".into(),
+                reason: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+                disruption_budgets: vec!["apps/web".into()],
+            })),
+            event(Kind::StackAssigned(StackAssigned {
+                node: "n1".into(),
+                group: "gpu-x".into(),
+                stack: Stack::Dra as i32,
+                ..Default::default()
+            })),
+            event(Kind::ResourceClaimObserved(ResourceClaimObserved {
+                namespace: "ml".into(),
+                name: "train-0-gpu".into(),
+                node: "n1".into(),
+                ..Default::default()
+            })),
+            event(Kind::StackSwitchHeld(StackSwitchHeld {
+                node: "n1".into(),
+                group: "gpu-x".into(),
+                stack: Stack::DevicePlugin as i32,
+                claims: vec!["ml/train-0-gpu".into()],
+                reason: String::new(),
+            })),
+        ] {
+            // One second in: long before the drain's stall deadline.
+            folded.apply(&e, 1_000_000_000);
+        }
+        let table = folded.render_table();
+        assert!(
+            table.contains("eviction of apps/web-1 refused: Cannot evict pod as it would violate the pod's disruption budget. (PodDisruptionBudget apps/web)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("stack switch held: n1 stays on DRA while claims are allocated on it: ml/train-0-gpu"),
+            "{table}"
+        );
+        let json = folded.to_json();
+        assert_eq!(
+            json["handovers_in_progress"][0]["evictions_refused"][0]["pod"],
+            "apps/web-1"
+        );
+        assert_eq!(
+            json["stack_switches_held"][0]["claims"][0],
+            "ml/train-0-gpu"
+        );
+    }
 }

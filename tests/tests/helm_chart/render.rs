@@ -259,3 +259,66 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         plane.startup
     );
 }
+
+/// The stack-assigner's readiness selectors come from the chart: by default
+/// its --node-agent-selector selects exactly the node-agent DaemonSet's pods
+/// and there is no vendor adapter; values override both.
+#[test]
+fn the_readiness_selectors_select_the_charts_node_agent_pods() {
+    use switchyard_core::cluster::{Pod, PodSelector};
+    let docs = render(&[NATS_URL, "nodeAgent.enabled=true"]);
+    let command = |docs: &[Value]| -> Vec<String> {
+        let (_, spec) = workloads(docs)
+            .into_iter()
+            .find(|(c, _)| c == "stack-assigner")
+            .expect("the stack-assigner");
+        strings(&spec["containers"][0]["command"])
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    };
+    let args = command(&docs);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = PodSelector::parse(flag(&args, "--node-agent-selector").expect("the flag"))
+        .expect("a selector");
+    assert_eq!(flag(&args, "--vendor-adapter-selector"), Some(""));
+    let daemon_set = of_kind(&docs, "DaemonSet")[0];
+    let labels = daemon_set["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str().into(), v.as_str().unwrap().into()))
+        .collect();
+    let pod = Pod {
+        owner_kind: "DaemonSet".into(),
+        labels,
+        ..Pod::default()
+    };
+    assert!(
+        agent.selects(&pod),
+        "{agent:?} does not select the node agent's pods"
+    );
+    // Other components' pods are not the node agent.
+    let mut other = pod.clone();
+    for (k, v) in other.labels.iter_mut() {
+        if &**k == "app.kubernetes.io/component" {
+            *v = "stack-assigner".into();
+        }
+    }
+    assert!(!agent.selects(&other));
+    let docs = render(&[
+        NATS_URL,
+        "stackAssigner.readiness.nodeAgentSelector=app=gpu-node-agent",
+        "stackAssigner.readiness.vendorAdapterSelector=app=nvidia-dra-adapter",
+    ]);
+    let args = command(&docs);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(
+        flag(&args, "--node-agent-selector"),
+        Some("app=gpu-node-agent")
+    );
+    assert_eq!(
+        flag(&args, "--vendor-adapter-selector"),
+        Some("app=nvidia-dra-adapter")
+    );
+}

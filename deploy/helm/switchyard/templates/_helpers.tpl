@@ -118,6 +118,18 @@ containers:
       - --nats-creds
       - /etc/switchyard/nats/{{ $creds.key }}
       {{- end }}
+      {{- if eq .component "stack-assigner" }}
+      {{- $readiness := $root.Values.stackAssigner.readiness | default dict }}
+      {{- $agent := include "switchyard.selectorLabels" (dict "root" $root "component" "node-agent") | fromYaml }}
+      {{- $agentSelector := list }}
+      {{- range $k := keys $agent | sortAlpha }}
+      {{- $agentSelector = append $agentSelector (printf "%s=%s" $k (get $agent $k)) }}
+      {{- end }}
+      - --node-agent-selector
+      - {{ default (join "," $agentSelector) $readiness.nodeAgentSelector | quote }}
+      - --vendor-adapter-selector
+      - {{ default "" $readiness.vendorAdapterSelector | quote }}
+      {{- end }}
       {{- end }}
       - --health-listen
       - 0.0.0.0:8086

@@ -59,7 +59,8 @@ pub struct AppMoves {
 pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item = &'a String> + 'a {
     let members = cluster.members.get(group).into_iter().flatten();
     members.filter(move |node| {
-        !cluster.nodes[node.as_str()].unschedulable && cluster.readiness(node).is_ready()
+        !cluster.nodes[node.as_str()].unschedulable
+            && cluster.readiness(node, cluster.cards(node)).is_ready()
     })
 }
 

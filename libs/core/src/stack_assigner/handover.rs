@@ -10,12 +10,22 @@
 //! restart the effects are simply issued again (they are idempotent). A step that
 //! does not finish within its deadline — time comes from the events — yields one
 //! `HandoverStalled` with the reason.
+//!
+//! Readiness is observed after the group change, never carried over from
+//! before it: `node.deckhouse.io/gpu-setup-complete` counts only once it was
+//! written after the `NodeGroupChanged` — the label was seen absent since
+//! (node preparation takes it away when it starts over), or its value differs
+//! from the one the group change found (preparation refreshed it). The cards
+//! expected are the node's before-image (`HandoverStarted.cards_before`), not
+//! its `nvidia.com/gpu` capacity, which is 0 on a DRA node. Handing back to
+//! the device plugin waits for `nvidia.com/gpu` (or its MIG and time-slicing
+//! resources) to be allocatable on the node again, one per card at least.
 
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
     DomainEvent, HandoverCompleted, HandoverRefused, HandoverStalled, HandoverStarted,
-    HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeProvisioning,
+    HandoverStep, NodeCordoned, NodeDrained, NodeGroupChanged, NodeObserved, NodeProvisioning,
     NodeReadinessObserved, NodeUncordoned, PodRef, RollbackCompleted, Stack, StepCompensated,
     Taint, domain_event::Kind, event,
 };
@@ -24,8 +34,8 @@ use crate::cluster::{Cluster, Node};
 use crate::command::StartHandover;
 use crate::effects::Effect;
 use crate::names::{
-    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
-    STACK_DEVICE_PLUGIN,
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU,
+    PREPARATION_LABELS, STACK_DEVICE_PLUGIN,
 };
 use crate::stack_rules;
 
@@ -85,6 +95,23 @@ pub struct Handover {
     /// The uncordon is recorded; the completion that follows it may not be
     /// (a stop between the two).
     pub uncordoned: bool,
+    /// Before-image: the cards the node had (`HandoverStarted.cards_before`).
+    pub cards_before: u32,
+    /// The `gpu-setup-complete` value the group change found on the node,
+    /// until the label is seen absent: a label still carrying it is left
+    /// from before the move and does not count as prepared.
+    pub stale_setup_label: Option<String>,
+}
+
+impl Handover {
+    /// Whether `gpu-setup-complete` was written after the group change.
+    pub fn setup_label_fresh(&self, facts: &Node) -> bool {
+        self.step >= HandoverStep::WaitReady
+            && facts
+                .labels
+                .get(GPU_SETUP_COMPLETE_LABEL)
+                .is_some_and(|v| self.stale_setup_label.as_ref() != Some(v))
+    }
 }
 
 /// A handover back to the source group, restoring the before-image
@@ -149,7 +176,7 @@ pub struct Handovers {
 }
 
 /// The stack `node` would get as a member of `group`.
-fn stack_in_group(
+pub(crate) fn stack_in_group(
     cluster: &Cluster,
     node: &Node,
     group: &str,
@@ -196,6 +223,8 @@ impl Handovers {
                         to_evict: Vec::new(),
                         rollback: None,
                         uncordoned: false,
+                        cards_before: e.cards_before,
+                        stale_setup_label: None,
                     },
                 );
             }
@@ -230,6 +259,8 @@ impl Handovers {
                                 .unwrap_or_default(),
                         }),
                         uncordoned: false,
+                        cards_before: back.cards_before,
+                        stale_setup_label: None,
                     },
                 );
             }
@@ -246,7 +277,20 @@ impl Handovers {
             }
             Kind::NodeDrained(e) => advance(&mut self.active, &e.node, HandoverStep::MoveGroup),
             Kind::NodeGroupChanged(e) => {
-                advance(&mut self.active, &e.node, HandoverStep::WaitReady)
+                advance(&mut self.active, &e.node, HandoverStep::WaitReady);
+                if let Some(h) = self.active.get_mut(&e.node) {
+                    h.stale_setup_label = e.labels_after.get(GPU_SETUP_COMPLETE_LABEL).cloned();
+                }
+            }
+            Kind::NodeObserved(NodeObserved { node, labels, .. }) => {
+                // Preparation took the label away after the move: whatever
+                // it writes next is fresh.
+                if let Some(h) = self.active.get_mut(node)
+                    && h.step >= HandoverStep::WaitReady
+                    && !labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                {
+                    h.stale_setup_label = None;
+                }
             }
             Kind::NodeReadinessObserved(e) => {
                 advance(&mut self.active, &e.node, HandoverStep::Uncordon)
@@ -286,6 +330,7 @@ impl Handovers {
                 node: cmd.node.clone(),
                 target_group: cmd.target_group.clone(),
                 reason,
+                would_go_pending: Vec::new(),
             }))]
         };
         let Some(node) = cluster.nodes.get(&cmd.node) else {
@@ -346,6 +391,7 @@ impl Handovers {
             labels_before: node.labels.to_map(),
             taints_before: node.taints.clone(),
             was_unschedulable: node.unschedulable,
+            cards_before: cluster.cards(&cmd.node),
         }))]
     }
 
@@ -465,14 +511,20 @@ impl Handovers {
                     &h.target_group,
                     held.contains(&h.target_group),
                 );
-                let readiness = cluster.readiness(node);
+                let mut readiness = cluster.readiness(node, h.cards_before);
+                readiness.gpu_setup_complete = h.setup_label_fresh(facts);
+                // Back on the device plugin: its resources allocatable again,
+                // one per card at least ("confirm that nvidia.com/gpu returns
+                // to node allocatable capacity").
+                let allocatable = facts.device_plugin_allocatable;
+                let wanted = readiness.expected_physical_gpus.max(1);
+                let device_plugin_stack = facts
+                    .labels
+                    .get(GPU_STACK_LABEL)
+                    .is_some_and(|v| v == STACK_DEVICE_PLUGIN);
                 let ready = match stack {
                     Stack::DevicePlugin => {
-                        facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
-                            && facts
-                                .labels
-                                .get(GPU_STACK_LABEL)
-                                .is_some_and(|v| v == STACK_DEVICE_PLUGIN)
+                        readiness.gpu_setup_complete && device_plugin_stack && allocatable >= wanted
                     }
                     _ => readiness.is_ready(),
                 };
@@ -486,14 +538,41 @@ impl Handovers {
                         expected_physical_gpus: readiness.expected_physical_gpus,
                         node_agent_running: readiness.node_agent_running,
                         vendor_adapter_running: readiness.vendor_adapter_running,
+                        device_plugin_allocatable: allocatable,
                     }))]
                 } else {
-                    let missing = match stack {
-                        Stack::DevicePlugin => vec![format!(
-                            "labels {GPU_SETUP_COMPLETE_LABEL} and {GPU_STACK_LABEL}={STACK_DEVICE_PLUGIN} are not both present"
-                        )],
+                    let mut missing = match stack {
+                        Stack::DevicePlugin => {
+                            let mut missing = Vec::new();
+                            if !device_plugin_stack {
+                                missing.push(format!(
+                                    "label {GPU_STACK_LABEL}={STACK_DEVICE_PLUGIN} is not present"
+                                ));
+                            }
+                            if allocatable < wanted {
+                                missing.push(format!(
+                                    "{allocatable} of {wanted} {NVIDIA_GPU} (or MIG, time-slicing) resources are allocatable on the node"
+                                ));
+                            }
+                            if !readiness.gpu_setup_complete {
+                                missing.push(format!(
+                                    "label {GPU_SETUP_COMPLETE_LABEL} is not present"
+                                ));
+                            }
+                            missing
+                        }
                         _ => readiness.missing(),
                     };
+                    if facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                        && !readiness.gpu_setup_complete
+                    {
+                        let label = format!("label {GPU_SETUP_COMPLETE_LABEL} is not present");
+                        for m in missing.iter_mut().filter(|m| **m == label) {
+                            *m = format!(
+                                "label {GPU_SETUP_COMPLETE_LABEL} is left from before the group change (not written by node preparation since)"
+                            );
+                        }
+                    }
                     self.stall(
                         h,
                         now,

@@ -14,17 +14,29 @@
 //! alerter fires `D8GpuNodeGroupHeldOnDra` for it). Removing `spec.gpu` releases the group
 //! (it stays on DRA, the alert clears); turning `dra.enabled` off releases all;
 //! setting `spec.gpu` again after the release moves the group to the device plugin.
+//!
+//! Two guards ("drain first"): a node the rules move from DRA to the device
+//! plugin while DRA claims are allocated on it keeps its stack
+//! (`StackSwitchHeld`, naming the claims, and a Kubernetes Event on the Node)
+//! until they are gone; and the last device-plugin node is not handed over
+//! while `nvidia.com/gpu` workloads still need it, unless the command says
+//! `force` (`HandoverRefused` names the workloads that would go Pending).
+//!
+//! Which pods the readiness condition counts as the node agent and the
+//! vendor adapter comes from the service's flags, recorded in the log
+//! (`ReadinessSelectorsConfigured`) when they differ from the last record, so
+//! a replay decides the same whatever flags it runs with.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
     DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason, Stack,
-    StackAssigned, StackReason, domain_event::Kind, event,
+    StackAssigned, StackReason, StackSwitchHeld, WorkloadRef, domain_event::Kind, event,
 };
 
 pub mod handover;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ReadinessSelectors, WorkloadKey, workload_key};
 use crate::command::{Command, StartHandover, wave_handover_id};
 use crate::effects::Effect;
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
@@ -55,8 +67,18 @@ pub struct StackAssigner {
     pub assignments: BTreeMap<String, Assignment>,
     pub handovers: Handovers,
     /// Handovers a migration's wave asks for (`WaveStarted`, decided by the
-    /// claim-allocator) that are not started or refused yet, by handover id.
-    pub waves_due: BTreeMap<String, StartHandover>,
+    /// claim-allocator) that are not started or refused yet, by handover id,
+    /// with the workloads the wave moves once its nodes are handed over.
+    pub waves_due: BTreeMap<String, (StartHandover, Vec<WorkloadRef>)>,
+    /// Workloads asking for `nvidia.com/gpu`, with their replicas: what the
+    /// last device-plugin node serves.
+    pub device_plugin_workloads: BTreeMap<WorkloadKey, u32>,
+    /// Nodes whose switch to the device plugin is held, with the claims
+    /// allocated on them as last recorded (`StackSwitchHeld`).
+    pub switch_holds: BTreeMap<String, Vec<String>>,
+    /// The readiness selectors this service was started with (its flags);
+    /// recorded when they differ from the log's. Not folded.
+    pub configured: Option<ReadinessSelectors>,
 }
 
 /// An input of the stack-assigner.
@@ -83,6 +105,7 @@ impl StackAssigner {
         self.apply_own(event, at);
         self.track_holds_due(event);
         self.track_waves_due(event);
+        self.track_device_plugin_workloads(event);
         if Self::needs(event) {
             self.cluster.apply(event);
         }
@@ -93,6 +116,7 @@ impl StackAssigner {
         self.apply_own(&event, at);
         self.track_holds_due(&event);
         self.track_waves_due(&event);
+        self.track_device_plugin_workloads(&event);
         if Self::needs(&event) {
             self.cluster.apply_owned(event);
         }
@@ -105,21 +129,21 @@ impl StackAssigner {
             Some(Kind::WaveStarted(wave)) => {
                 for node in &wave.nodes {
                     let id = wave_handover_id(&wave.migration_id, wave.wave, node);
-                    self.waves_due.insert(
-                        id.clone(),
-                        StartHandover {
-                            handover_id: id,
-                            node: node.clone(),
-                            target_group: wave.target_group.clone(),
-                        },
-                    );
+                    let start = StartHandover {
+                        handover_id: id.clone(),
+                        node: node.clone(),
+                        target_group: wave.target_group.clone(),
+                        force: false,
+                    };
+                    self.waves_due
+                        .insert(id, (start, wave.workloads.clone()));
                 }
             }
             Some(Kind::HandoverStarted(started)) => {
                 self.waves_due.remove(&started.handover_id);
             }
             Some(Kind::HandoverRefused(refused)) => {
-                self.waves_due.retain(|_, h| h.node != refused.node);
+                self.waves_due.retain(|_, (h, _)| h.node != refused.node);
             }
             Some(Kind::MigrationAborted(aborted)) => {
                 let prefix = format!("{}/", aborted.migration_id);
@@ -129,16 +153,90 @@ impl StackAssigner {
         }
     }
 
-    /// Starts the handovers migrations' waves ask for.
+    /// Starts the handovers migrations' waves ask for. The last device-plugin
+    /// node goes only if the workloads it leaves without one are all moved by
+    /// the wave right after (the reference's order: the node first).
     fn start_waves_due(&mut self, now: i64, out: &mut Vec<DomainEvent>) -> Vec<String> {
-        let due: Vec<StartHandover> = self.waves_due.values().cloned().collect();
+        let due: Vec<(StartHandover, Vec<WorkloadRef>)> =
+            self.waves_due.values().cloned().collect();
         let mut nodes = Vec::new();
-        for cmd in due {
+        for (mut cmd, moved) in due {
+            cmd.force = self
+                .would_go_pending(&cmd.node, &cmd.target_group)
+                .iter()
+                .all(|w| moved.contains(w));
             let decisions = self.handovers.start(&self.cluster, &self.held, &cmd);
             self.fold(decisions, now, out);
             nodes.push(cmd.node);
         }
         nodes
+    }
+
+    /// A started service with these readiness selectors (its flags).
+    pub fn with_selectors(selectors: ReadinessSelectors) -> Self {
+        StackAssigner {
+            configured: Some(selectors),
+            ..StackAssigner::default()
+        }
+    }
+
+    /// Keeps [`Self::device_plugin_workloads`]: only the workloads that ask
+    /// for `nvidia.com/gpu`, and their replicas.
+    fn track_device_plugin_workloads(&mut self, event: &DomainEvent) {
+        if let Some(Kind::WorkloadObserved(w)) = &event.kind
+            && let Some(workload) = &w.workload
+        {
+            let key = workload_key(workload);
+            let asks = w
+                .placement
+                .as_ref()
+                .is_some_and(crate::placement::requests_nvidia_gpu);
+            if asks && w.replicas > 0 {
+                self.device_plugin_workloads.insert(key, w.replicas);
+            } else {
+                self.device_plugin_workloads.remove(&key);
+            }
+        }
+    }
+
+    /// The `nvidia.com/gpu` workloads that would go Pending if `node` left
+    /// the device plugin for `target_group`: all of them when it is the last
+    /// device-plugin node (others being handed away from it not counted).
+    pub fn would_go_pending(&self, node: &str, target_group: &str) -> Vec<WorkloadRef> {
+        if self.stack_of(node) != Some(Stack::DevicePlugin) {
+            return Vec::new();
+        }
+        let leaves = |name: &str, group: &str| {
+            let Some(facts) = self.cluster.nodes.get(name) else {
+                return true;
+            };
+            let moved =
+                handover::stack_in_group(&self.cluster, facts, group, self.held.contains(group));
+            moved.0 != Stack::DevicePlugin
+        };
+        if !leaves(node, target_group) {
+            return Vec::new();
+        }
+        let others = self.assignments.iter().any(|(name, a)| {
+            name != node
+                && a.stack == Stack::DevicePlugin
+                && self
+                    .handovers
+                    .active
+                    .get(name)
+                    .is_none_or(|h| !leaves(name, &h.target_group))
+        });
+        if others {
+            return Vec::new();
+        }
+        self.device_plugin_workloads
+            .keys()
+            .map(|(namespace, kind, name)| WorkloadRef {
+                namespace: namespace.clone(),
+                kind: kind.clone(),
+                name: name.clone(),
+            })
+            .collect()
     }
 
     /// Keeps [`Self::holds_due`]; called before the cluster folds `event`.
@@ -241,8 +339,14 @@ impl StackAssigner {
         match kind {
             Kind::NodeRemoved(fact) => {
                 self.assignments.remove(&fact.node);
+                self.switch_holds.remove(&fact.node);
+            }
+            Kind::StackSwitchHeld(decision) => {
+                self.switch_holds
+                    .insert(decision.node.clone(), decision.claims.clone());
             }
             Kind::StackAssigned(decision) => {
+                self.switch_holds.remove(&decision.node);
                 let assignment = Assignment {
                     group: decision.group.clone(),
                     stack: decision.stack(),
@@ -305,6 +409,10 @@ impl StackAssigner {
                 .map(|(k, _)| k)
                 .into_iter()
                 .collect(),
+            // A held switch goes ahead once the node's claims are gone.
+            Kind::ResourceClaimObserved(_) | Kind::ResourceClaimRemoved(_) => {
+                self.switch_holds.keys().collect()
+            }
             _ => Vec::new(),
         };
         decisions.extend(
@@ -330,7 +438,30 @@ impl StackAssigner {
         let previous = self.assignments.get(name);
         let unchanged =
             previous.is_some_and(|p| p.stack == stack && p.reason == reason && p.group == group);
-        (!unchanged).then(|| {
+        if unchanged {
+            return None;
+        }
+        // Drain first: DRA claims allocated on the node keep it on DRA.
+        let claims = self.cluster.claims_on(name);
+        if stack == Stack::DevicePlugin
+            && previous.is_some_and(|p| p.stack == Stack::Dra)
+            && !claims.is_empty()
+        {
+            if self.switch_holds.get(name) == Some(&claims) {
+                return None;
+            }
+            return Some(event(Kind::StackSwitchHeld(StackSwitchHeld {
+                node: name.to_string(),
+                group: group.to_string(),
+                stack: stack as i32,
+                reason: format!(
+                    "node {name}: group {group} moves it to the device plugin, but DRA claims are allocated on it: {}; drain it first — the stack switches once they are gone",
+                    claims.join(", ")
+                ),
+                claims,
+            })));
+        }
+        Some({
             event(Kind::StackAssigned(StackAssigned {
                 node: name.to_string(),
                 group: group.to_string(),
@@ -359,7 +490,28 @@ impl StackAssigner {
             }
             Input::Tick => self.handovers.active.keys().cloned().collect(),
             Input::StartHandover(cmd) => {
-                let decisions = self.handovers.start(&self.cluster, &self.held, cmd);
+                let mut decisions = self.handovers.start(&self.cluster, &self.held, cmd);
+                let started = matches!(
+                    decisions.first().and_then(|d| d.kind.as_ref()),
+                    Some(Kind::HandoverStarted(_))
+                );
+                let pending = self.would_go_pending(&cmd.node, &cmd.target_group);
+                if started && !cmd.force && !pending.is_empty() {
+                    let names: Vec<String> = pending
+                        .iter()
+                        .map(|w| format!("{}/{}/{}", w.namespace, w.kind, w.name))
+                        .collect();
+                    decisions = vec![event(Kind::HandoverRefused(HandoverRefused {
+                        node: cmd.node.clone(),
+                        target_group: cmd.target_group.clone(),
+                        reason: format!(
+                            "node {} is the last device-plugin node and nvidia.com/gpu workloads still need it: {} would go Pending; move them first, or hand it over with force",
+                            cmd.node,
+                            names.join(", ")
+                        ),
+                        would_go_pending: pending,
+                    }))];
+                }
                 self.fold(decisions, now, &mut out);
                 vec![cmd.node.clone()]
             }
@@ -380,6 +532,7 @@ impl StackAssigner {
                             h.id,
                             h.step.as_str_name()
                         ),
+                        would_go_pending: Vec::new(),
                     })));
                     return out;
                 }
@@ -408,6 +561,12 @@ impl StackAssigner {
     /// the handovers' next steps. Empty when the log was complete.
     pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
+        if let Some(wanted) = &self.configured
+            && *wanted != self.cluster.selectors
+        {
+            let recorded = event(Kind::ReadinessSelectorsConfigured(wanted.to_event()));
+            self.fold(vec![recorded], now, &mut out);
+        }
         let mut held = self.held.clone();
         let mut holds = self.due_holds(&mut held);
         holds.extend(self.due_releases(&mut held));
@@ -467,6 +626,16 @@ impl StackAssigner {
             .keys()
             .filter_map(|node| self.stack_label_effect(node))
             .collect();
+        effects.extend(self.switch_holds.iter().map(|(node, held)| {
+            Effect::NodeEvent {
+                node: node.clone(),
+                reason: "StackSwitchHeld".into(),
+                message: format!(
+                    "Switchyard holds the switch to the device plugin while DRA claims are allocated on the node: {}. Drain the node; the stack switches once they are gone.",
+                    held.join(", ")
+                ),
+            }
+        }));
         effects.extend(self.handovers.effects());
         effects
     }
@@ -503,6 +672,8 @@ impl StackAssigner {
             let expected = rule(node, &self.cluster, self.held.contains(group));
             match self.assignments.get(name) {
                 Some(a) if (a.stack, a.reason) == expected => {}
+                // Held while DRA claims are allocated on it ("drain first").
+                Some(_) if self.switch_holds.contains_key(name) => {}
                 other => wrong.push(format!(
                     "node {name}: decided {other:?}, rules say {expected:?}"
                 )),

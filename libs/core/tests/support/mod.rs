@@ -88,6 +88,8 @@ pub struct NodeSpec<'a> {
     pub unschedulable: bool,
     pub gpus: u32,
     pub provisioning: NodeProvisioning,
+    /// The device plugin's allocatable GPU resources (status.allocatable).
+    pub allocatable: &'a [(&'a str, u32)],
 }
 
 impl<'a> NodeSpec<'a> {
@@ -100,6 +102,7 @@ impl<'a> NodeSpec<'a> {
             unschedulable: false,
             gpus: 2,
             provisioning: NodeProvisioning::Manual,
+            allocatable: &[],
         }
     }
 
@@ -117,6 +120,11 @@ impl<'a> NodeSpec<'a> {
             unschedulable: self.unschedulable,
             provisioning: self.provisioning as i32,
             gpu_count: self.gpus,
+            gpu_allocatable: self
+                .allocatable
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
         }))
     }
 }
@@ -144,6 +152,70 @@ pub fn mk_pod(
     }))
 }
 
+/// A running DaemonSet pod with these labels (the stacks' pods).
+pub fn mk_daemon_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: &[(&str, &str)],
+) -> DomainEvent {
+    let mut pod = mk_pod(
+        namespace,
+        name,
+        node,
+        ("DaemonSet", name),
+        "",
+        PodPhase::Running,
+    );
+    if let Some(Kind::PodObserved(p)) = &mut pod.kind {
+        p.labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+    pod
+}
+
+/// The node agent's pod as Switchyard's chart labels it.
+pub fn mk_node_agent_pod(node: &str) -> DomainEvent {
+    mk_daemon_pod(
+        MODULE_NAMESPACE,
+        &format!("switchyard-node-agent-{node}"),
+        node,
+        &NODE_AGENT_POD_LABELS,
+    )
+}
+
+/// Deckhouse's selectors of its gpu-node-agent and vendor adapter pods.
+pub fn mk_deckhouse_selectors() -> DomainEvent {
+    let selectors = ReadinessSelectors::parse(
+        &format!("app={NODE_AGENT_APP}"),
+        &format!("app={VENDOR_ADAPTER_APP}"),
+    )
+    .expect("selectors");
+    ev(Kind::ReadinessSelectorsConfigured(selectors.to_event()))
+}
+
+pub fn mk_claim(namespace: &str, name: &str, node: &str) -> DomainEvent {
+    ev(Kind::ResourceClaimObserved(
+        switchyard_proto::v1::ResourceClaimObserved {
+            namespace: namespace.into(),
+            name: name.into(),
+            device_classes: vec!["a100.gpu.deckhouse.io".into()],
+            node: node.into(),
+        },
+    ))
+}
+
+pub fn mk_claim_removed(namespace: &str, name: &str) -> DomainEvent {
+    ev(Kind::ResourceClaimRemoved(
+        switchyard_proto::v1::ResourceClaimRemoved {
+            namespace: namespace.into(),
+            name: name.into(),
+        },
+    ))
+}
+
 pub fn mk_pod_removed(namespace: &str, name: &str) -> DomainEvent {
     ev(Kind::PodRemoved(PodRemoved {
         namespace: namespace.into(),
@@ -165,8 +237,10 @@ pub fn mk_gpu(name: &str, node: &str, ready: bool) -> DomainEvent {
     }))
 }
 
+use switchyard_core::cluster::ReadinessSelectors;
 use switchyard_core::names::{
-    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP, VENDOR_ADAPTER_APP,
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE, NODE_AGENT_APP,
+    NODE_AGENT_POD_LABELS, VENDOR_ADAPTER_APP,
 };
 use switchyard_proto::v1::{GpuClassObserved, ResourceList, WorkloadObserved, WorkloadPlacement};
 
@@ -179,7 +253,8 @@ pub fn mk_class(name: &str) -> DomainEvent {
 }
 
 /// Facts of a node of `group` that passed its DRA preparation: labels, Ready
-/// PhysicalGPUs, node agent and vendor adapter running.
+/// PhysicalGPUs, the node agent running (as the chart labels it; the chart has
+/// no vendor adapter).
 pub fn mk_ready_dra_node(name: &str, group: &str, gpus: u32) -> Vec<DomainEvent> {
     let labels = [(GPU_SETUP_COMPLETE_LABEL, ""), (GPU_STACK_LABEL, "dra")];
     let mut facts = vec![
@@ -193,16 +268,7 @@ pub fn mk_ready_dra_node(name: &str, group: &str, gpus: u32) -> Vec<DomainEvent>
     for i in 0..gpus {
         facts.push(mk_gpu(&format!("{name}-gpu-{i}"), name, true));
     }
-    for app in [NODE_AGENT_APP, VENDOR_ADAPTER_APP] {
-        facts.push(mk_pod(
-            MODULE_NAMESPACE,
-            &format!("{app}-{name}"),
-            name,
-            ("DaemonSet", app),
-            app,
-            PodPhase::Running,
-        ));
-    }
+    facts.push(mk_node_agent_pod(name));
     facts
 }
 
