@@ -62,18 +62,23 @@ async fn prepare_nodes(client: Client) {
     }
 }
 
-/// The DRA side's DaemonSets, as a cluster runs them: kwok runs their pods
-/// on the nodes the stack-assigner labels `dra`.
-async fn create_dra_daemonsets(client: &Client) {
-    create_namespace(client, "d8-nvidia-gpu").await;
-    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "d8-nvidia-gpu");
-    for app in ["gpu-node-agent", "nvidia-dra-adapter"] {
+/// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
+/// pods on the nodes the stack-assigner labels `dra` (in this test the
+/// agents themselves run as processes beside it, one per node).
+async fn create_node_agent_daemonset(client: &Client) {
+    create_namespace(client, "switchyard").await;
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "switchyard");
+    let labels = json!({
+        "app.kubernetes.io/name": "switchyard",
+        "app.kubernetes.io/component": "node-agent",
+    });
+    {
         let ds: DaemonSet = serde_json::from_value(json!({
-            "metadata": {"name": app},
+            "metadata": {"name": "switchyard-node-agent"},
             "spec": {
-                "selector": {"matchLabels": {"app": app}},
+                "selector": {"matchLabels": labels},
                 "template": {
-                    "metadata": {"labels": {"app": app}},
+                    "metadata": {"labels": labels},
                     "spec": {
                         "nodeSelector": {STACK: "dra"},
                         "tolerations": [{"operator": "Exists"}],
@@ -85,7 +90,7 @@ async fn create_dra_daemonsets(client: &Client) {
         .expect("daemonset");
         api.create(&PostParams::default(), &ds)
             .await
-            .unwrap_or_else(|e| panic!("create {app}: {e}"));
+            .expect("create the node agent's DaemonSet");
     }
 }
 
@@ -192,7 +197,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .iter()
         .map(|n| node_agent(&world, n))
         .collect();
-    create_dra_daemonsets(&c).await;
+    create_node_agent_daemonset(&c).await;
     let bashible = tokio::spawn(prepare_nodes(c.clone()));
     for service in [
         "inventory",

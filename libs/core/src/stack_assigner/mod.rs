@@ -135,8 +135,7 @@ impl StackAssigner {
                         target_group: wave.target_group.clone(),
                         force: false,
                     };
-                    self.waves_due
-                        .insert(id, (start, wave.workloads.clone()));
+                    self.waves_due.insert(id, (start, wave.workloads.clone()));
                 }
             }
             Some(Kind::HandoverStarted(started)) => {
