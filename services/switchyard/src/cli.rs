@@ -45,6 +45,11 @@ enum Command {
     /// Dynamic Resource Allocation: evaluate device selectors as Kubernetes does.
     #[command(subcommand)]
     Dra(crate::dra_cmd::DraCommand),
+    /// The migration-wave register and the proposed waves, from the live
+    /// cluster (read only): which nodes of --from to hand over to --to in
+    /// which order, and which workloads then fit, as the scheduler would
+    /// allocate them. Exit 0: complete; 1: something stays; 2: an error.
+    Plan(crate::plan::PlanArgs),
 }
 
 impl Cli {
@@ -57,6 +62,7 @@ impl Cli {
             Command::Serve(service) => crate::serve::serve(service).await,
             Command::Handover(args) => crate::handover::handover(args).await,
             Command::Dra(command) => crate::dra_cmd::run(command),
+            Command::Plan(args) => crate::plan::run(args).await,
             Command::Rollback(crate::rollback::RollbackCommand::Node(args)) => {
                 crate::rollback::rollback_node(args).await
             }

@@ -16,6 +16,7 @@ mod handover;
 mod kube_args;
 mod log_cmd;
 mod output;
+mod plan;
 mod rollback;
 mod serve;
 mod state;

@@ -197,7 +197,7 @@ pub enum Mode {
 #[serde(rename_all = "camelCase")]
 pub struct GpuModel {
     pub product: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u64>,
     /// `PhysicalGPU` or `NFD` (the node's `nvidia.com/gpu.*` labels).
     pub source: String,

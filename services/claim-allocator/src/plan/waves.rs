@@ -155,6 +155,21 @@ enum Undo {
     Shared(DeviceId, String, Option<BTreeMap<String, Quantity>>),
 }
 
+/// One scheduler attempt for `claim` on `node`, on top of `state`.
+fn allocate(
+    inventory: &Arc<Inventory>,
+    compiler: &Arc<Compiler>,
+    state: &mut AllocatedState,
+    node: &Node,
+    claim: &ResourceClaim,
+) -> Result<Option<Vec<AllocationResult>>, AllocateError> {
+    let allocator =
+        Allocator::with_inventory(inventory.clone(), std::mem::take(state), compiler.clone());
+    let result = allocator.allocate(node, &[claim]);
+    *state = allocator.into_state();
+    result
+}
+
 impl Planner<'_> {
     fn fits_node(&self, shape: &Shape, node: &Node) -> Result<(), Option<String>> {
         let labels = node.metadata.labels.as_ref();
@@ -218,20 +233,6 @@ impl Planner<'_> {
         }
     }
 
-    fn allocate(
-        &mut self,
-        node: &Node,
-        claim: &ResourceClaim,
-    ) -> Result<Option<Vec<AllocationResult>>, AllocateError> {
-        let allocator = Allocator::with_inventory(
-            self.inventory.clone(),
-            std::mem::take(&mut self.state),
-            self.compiler.clone(),
-        );
-        let result = allocator.allocate(node, &[claim]);
-        self.state = allocator.into_state();
-        result
-    }
 
     fn add(&mut self, allocation: &AllocationResult, undo: &mut Vec<Undo>) {
         for r in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
@@ -301,8 +302,8 @@ impl Planner<'_> {
                     });
                     break 'pods;
                 }
-                let node = self.target.nodes[at].clone();
-                if let Err(taint) = self.fits_node(&self.shapes[s], &node) {
+                let node = &self.target.nodes[at];
+                if let Err(taint) = self.fits_node(&self.shapes[s], node) {
                     let c = &mut self.cursors[s];
                     match taint {
                         None => c.selector += 1,
@@ -314,7 +315,7 @@ impl Planner<'_> {
                     c.next += 1;
                     continue;
                 }
-                match self.allocate(&node, &claim) {
+                match allocate(&self.inventory, &self.compiler, &mut self.state, node, &claim) {
                     Ok(Some(results)) => {
                         let mut devices = Vec::new();
                         for r in &results {
@@ -840,8 +841,7 @@ pub(crate) fn plan(
             if exhausted.get(&q) == Some(&count) {
                 continue;
             }
-            let members: Vec<usize> = queues[&q].iter().copied().collect();
-            for i in members {
+            while let Some(&i) = queues[&q].first() {
                 match planner.try_move(&workloads[i], i, false) {
                     Ok(m) => {
                         moves.push(m);
