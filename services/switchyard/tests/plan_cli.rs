@@ -256,8 +256,9 @@ async fn the_register_and_the_waves_of_a_real_cluster() {
     assert_eq!(waves[0]["moves"][0]["requests"], json!({"gpu.deckhouse.io/a100": 1}));
     assert_eq!(waves[1]["handovers"][0]["evicts"], json!([{"namespace": "ml", "kind": "Deployment", "name": "infer"}]));
     assert_eq!(waves[1]["handovers"][0]["budgets"], json!(["ml/infer"]));
+    // First fit: the card gpu-4 has left, then the handed-over gpu-1.
     assert_eq!(waves[1]["moves"][0]["pods"], json!([
-        {"node": "gpu-1", "devices": ["gpu-0"]}, {"node": "gpu-1", "devices": ["gpu-1"]}]));
+        {"node": "gpu-4", "devices": ["gpu-1"]}, {"node": "gpu-1", "devices": ["gpu-0"]}]));
     assert_eq!(waves[0]["sourceAfter"]["nvidia.com/gpu"], json!({"available": 6, "needed": 4}));
     assert!(waves.iter().all(|w| w["pending"] == json!([])));
     assert_eq!(p["complete"], json!(true));
@@ -284,7 +285,7 @@ async fn the_register_and_the_waves_of_a_real_cluster() {
     assert!(table.contains("ml         Deployment   chart"), "{table}");
     assert!(table.contains("Helm:trainer"), "{table}");
     assert!(table.contains("wave 1\n  hand over gpu-4 (nvidia.com/gpu=2)"), "{table}");
-    assert!(table.contains("move ml/Deployment/infer (gpu.deckhouse.io/a100=1) -> gpu-1,gpu-1"), "{table}");
+    assert!(table.contains("move ml/Deployment/infer (gpu.deckhouse.io/a100=1) -> gpu-4,gpu-1"), "{table}");
 
     // Only one namespace, an unknown group, an unknown class.
     let (code, out, _) = plan(&plane, &["-o", "json", "-n", "other"]);

@@ -286,7 +286,10 @@ impl Planner<'_> {
         if let Some(reason) = self.fatal.get(&s) {
             return Err(reason.clone());
         }
-        let saved = self.cursors[s].clone();
+        // What the first pod's scan learns holds on the committed state and
+        // is kept; what later pods learn depends on this workload's own
+        // tentative pods and goes with them.
+        let mut saved = None;
         let mut undo = Vec::new();
         let mut pods = Vec::new();
         let mut failure = None;
@@ -327,6 +330,9 @@ impl Planner<'_> {
                             );
                             self.add(r, &mut undo);
                         }
+                        if pod == 0 {
+                            saved = Some(self.cursors[s].clone());
+                        }
                         pods.push(PodPlacement {
                             node: self.target.names[at].clone(),
                             devices,
@@ -364,7 +370,9 @@ impl Planner<'_> {
             }),
             Some(reason) => {
                 self.undo(undo);
-                self.cursors[s] = saved;
+                if let Some(saved) = saved {
+                    self.cursors[s] = saved;
+                }
                 Err(reason)
             }
         }
