@@ -349,15 +349,24 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         .iter()
         .filter_map(|g| Some((g.metadata.name.as_deref()?, g)))
         .collect();
-    let mut budgets_by_ns: BTreeMap<&str, Vec<&PodDisruptionBudget>> = BTreeMap::new();
+    // Budgets by namespace, indexed by their first matchLabels pair.
+    type ByLabel<'a> = HashMap<(&'a str, &'a str), Vec<&'a PodDisruptionBudget>>;
+    let mut budgets_by_ns: HashMap<&str, (ByLabel<'_>, Vec<&PodDisruptionBudget>)> =
+        HashMap::new();
     for b in &snapshot.pod_disruption_budgets {
-        budgets_by_ns
+        let (by_label, others) = budgets_by_ns
             .entry(b.metadata.namespace.as_deref().unwrap_or_default())
-            .or_default()
-            .push(b);
-    }
-    for list in budgets_by_ns.values_mut() {
-        list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            .or_default();
+        let first = b
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|l| l.iter().next());
+        match first {
+            Some((k, v)) => by_label.entry((k.as_str(), v.as_str())).or_default().push(b),
+            None => others.push(b),
+        }
     }
 
     let mut built = Built {
@@ -438,7 +447,20 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
 
         let mut budgets = Vec::new();
         let mut entry_budgets = Vec::new();
-        for b in budgets_by_ns.get(id.namespace.as_str()).into_iter().flatten() {
+        // Candidates: budgets keyed by one of the template's labels, and
+        // those without matchLabels; each is then matched in full.
+        let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
+        if let Some((by_label, others)) = budgets_by_ns.get(id.namespace.as_str()) {
+            for (k, v) in &template_labels {
+                if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
+                    candidates.extend(list.iter().copied());
+                }
+            }
+            candidates.extend(others.iter().copied());
+        }
+        candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+        for b in candidates {
             let selects = b
                 .spec
                 .as_ref()
