@@ -59,6 +59,7 @@ mod eventlog;
 mod kube;
 mod kubelet;
 mod node_agent;
+mod plan;
 mod quantity;
 
 use clap::{Parser, Subcommand};
@@ -94,6 +95,9 @@ enum Command {
     /// The node agent as a process on a real control plane: memory with 8
     /// GPUs, and the time to switch stacks.
     NodeAgent(node_agent::Args),
+    /// `switchyard plan` at scale: the register and the waves for N nodes x G
+    /// GPUs and W workloads, from the snapshot.
+    Plan(plan::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         Command::Allocate(args) => Box::pin(allocate::run(args)),
         Command::Kubelet(args) => Box::pin(kubelet::run(args)),
         Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
+        Command::Plan(args) => Box::pin(plan::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -423,3 +423,51 @@ pub fn physical_gpus(node: &str, machine: &Machine) -> Vec<PhysicalGPU> {
         })
         .collect()
 }
+
+/// The machine a node's PhysicalGPU reports describe — the inverse of
+/// [`physical_gpus`], so that what a node would publish can be predicted
+/// from the cluster (a migration plan) before its agent publishes it. What
+/// the reports do not carry is left neutral: the driver versions
+/// (`driver_version`, `cuda_driver_version` as given), the brand (`NVIDIA`),
+/// the PCI bus id (empty) and MIG mode (off: the cards' MIG layout is the
+/// agent's to find; MIG-capable cards still partition with
+/// [`Layout::Partitionable`]). Cards are ordered by index; a `Failed` card is
+/// unhealthy.
+pub fn machine_from_physical_gpus<'a>(
+    reports: impl IntoIterator<Item = &'a PhysicalGPU>,
+    driver_version: &str,
+    cuda_driver_version: &str,
+) -> Machine {
+    let mut gpus: Vec<Gpu> = reports
+        .into_iter()
+        .map(|report| {
+            let status = report.status.as_ref();
+            let capabilities = status.and_then(|s| s.capabilities.as_ref());
+            Gpu {
+                index: report.spec.index,
+                uuid: report.spec.uuid.clone(),
+                product_name: report.spec.product.clone(),
+                brand: "NVIDIA".into(),
+                architecture: capabilities
+                    .map(|c| c.architecture.clone())
+                    .unwrap_or_default(),
+                compute_capability: capabilities
+                    .map(|c| c.compute_capability.clone())
+                    .unwrap_or_default(),
+                memory_mib: capabilities.map_or(0, |c| c.memory_mib),
+                pci_bus_id: String::new(),
+                mig_capable: capabilities
+                    .is_some_and(|c| c.partition_support.iter().any(|p| p == "MIG")),
+                mig_enabled: false,
+                mig_devices: Vec::new(),
+                healthy: status.and_then(|s| s.phase) != Some(GpuPhase::Failed),
+            }
+        })
+        .collect();
+    gpus.sort_by_key(|g| g.index);
+    Machine {
+        driver_version: driver_version.to_string(),
+        cuda_driver_version: cuda_driver_version.to_string(),
+        gpus,
+    }
+}

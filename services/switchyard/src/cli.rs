@@ -59,6 +59,15 @@ enum Command {
     /// Why an object is as it is, from what the API server holds.
     #[command(subcommand)]
     Explain(crate::doctor::ExplainCommand),
+    /// The migration-wave register and the proposed waves, from the live
+    /// cluster (read only): which nodes of --from to hand over to --to in
+    /// which order, and which workloads then fit, as the scheduler would
+    /// allocate them. Exit 0: complete; 1: something stays; 2: an error.
+    Plan(crate::plan::PlanArgs),
+    /// Run the plan's waves by themselves: hand over, move what now fits,
+    /// verify, next (a migration the running claim-allocator drives from the
+    /// log); `pause`, `resume`, `abort` (which rolls the current wave back).
+    Migrate(crate::migrate::MigrateArgs),
 }
 
 impl Cli {
@@ -75,6 +84,8 @@ impl Cli {
             Command::Dra(command) => crate::dra_cmd::run(command),
             Command::Doctor(args) => crate::doctor::doctor(args).await,
             Command::Explain(command) => crate::doctor::explain(command).await,
+            Command::Plan(args) => crate::plan::run(args).await,
+            Command::Migrate(args) => crate::migrate::migrate(args).await,
             Command::Rollback(crate::rollback::RollbackCommand::Node(args)) => {
                 crate::rollback::rollback_node(args).await
             }

@@ -129,10 +129,15 @@ impl OperatorArgs {
             .filter_map(process_of)
             .map(str::to_string)
             .collect();
-        let nodes: BTreeSet<String> = reply.decisions.iter().filter_map(node_of).collect();
+        let mut nodes: BTreeSet<String> = reply.decisions.iter().filter_map(node_of).collect();
         // The reply's decisions are printed already; they come again first.
         let mut printed: Vec<&DomainEvent> = reply.decisions.iter().collect();
-        for done in reply.decisions.iter().filter(|d| ends_process(d)) {
+        let paused = |d: &DomainEvent| matches!(d.kind, Some(Kind::MigrationPaused(_)));
+        for done in reply
+            .decisions
+            .iter()
+            .filter(|d| ends_process(d) || paused(d))
+        {
             if let Some(p) = process_of(done) {
                 open.remove(p);
             }
@@ -157,16 +162,28 @@ impl OperatorArgs {
             let Decoded::Event(event) = next.decode() else {
                 continue;
             };
-            let ours = process_of(&event).is_some_and(|p| open.contains(p))
-                || matches!(&event.kind, Some(Kind::EvictionBlocked(b)) if nodes.contains(&b.node));
+            // A migration's own steps, and the handovers and moves of its
+            // waves (their ids start with the migration's).
+            let ours = process_of(&event).is_some_and(|p| {
+                open.contains(p) || open.iter().any(|o| p.starts_with(&format!("{o}/")))
+            }) || matches!(&event.kind, Some(Kind::EvictionBlocked(b)) if nodes.contains(&b.node));
             if !ours {
                 continue;
             }
+            nodes.extend(node_of(&event));
             if let Some(i) = printed.iter().position(|p| **p == event) {
                 printed.swap_remove(i);
                 continue;
             }
             self.print(&event)?;
+            if let Some(Kind::MigrationPaused(p)) = &event.kind {
+                // A pause ends the wait: the breaker's says why it stopped.
+                return Ok(if p.tripped {
+                    ExitCode::from(REFUSED)
+                } else {
+                    ExitCode::SUCCESS
+                });
+            }
             if ends_process(&event)
                 && let Some(p) = process_of(&event)
             {
@@ -181,7 +198,10 @@ fn is_refusal(event: &DomainEvent) -> bool {
     matches!(
         &event.kind,
         Some(
-            Kind::HandoverRefused(_) | Kind::ApplicationMoveRefused(_) | Kind::CompletionRefused(_)
+            Kind::HandoverRefused(_)
+                | Kind::ApplicationMoveRefused(_)
+                | Kind::CompletionRefused(_)
+                | Kind::MigrationRefused(_)
         )
     )
 }
@@ -194,6 +214,8 @@ fn ends_process(event: &DomainEvent) -> bool {
             Kind::HandoverCompleted(_)
                 | Kind::ApplicationMoveVerified(_)
                 | Kind::RollbackCompleted(_)
+                | Kind::MigrationCompleted(_)
+                | Kind::MigrationAborted(_)
         )
     )
 }
@@ -323,6 +345,57 @@ pub fn describe(event: &DomainEvent) -> String {
             format!("rollback {}: undone: {what}", e.rollback_id)
         }
         Kind::RollbackCompleted(e) => format!("rollback {} done", e.rollback_id),
+        Kind::MigrationStarted(e) => format!(
+            "migration {} started: {} -> {}, class {}, {} wave(s) of at most {} node(s)",
+            e.migration_id,
+            e.source_group,
+            e.target_group,
+            e.gpu_class,
+            e.waves.len(),
+            e.max_unavailable
+        ),
+        Kind::MigrationRefused(e) => format!("migration {} refused: {}", e.migration_id, e.reason),
+        Kind::WaveStarted(e) => format!(
+            "migration {}: wave {} started: nodes {}; then moves {}",
+            e.migration_id,
+            e.wave + 1,
+            e.nodes.join(", "),
+            e.workloads
+                .iter()
+                .map(|w| format!("{} {}/{}", w.kind, w.namespace, w.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Kind::WaveCompleted(e) => {
+            format!("migration {}: wave {} done", e.migration_id, e.wave + 1)
+        }
+        Kind::MigrationPaused(e) => format!(
+            "migration {} paused in wave {}{}: {}",
+            e.migration_id,
+            e.wave + 1,
+            if e.tripped {
+                " by the circuit breaker"
+            } else {
+                ""
+            },
+            e.reason
+        ),
+        Kind::MigrationResumed(e) => {
+            format!(
+                "migration {} resumed in wave {}",
+                e.migration_id,
+                e.wave + 1
+            )
+        }
+        Kind::MigrationAborted(e) => format!(
+            "migration {} aborted in wave {}: {}",
+            e.migration_id,
+            e.wave + 1,
+            e.reason
+        ),
+        Kind::MigrationCompleted(e) => {
+            format!("migration {} done: {} wave(s)", e.migration_id, e.waves)
+        }
         other => other.type_name().to_string(),
     }
 }

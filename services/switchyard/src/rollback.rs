@@ -38,7 +38,7 @@ pub struct RollbackAppArgs {
 }
 
 /// Reads the whole log into the prefix a rollback is planned from.
-async fn log_prefix(operator: &OperatorArgs) -> anyhow::Result<Vec<(u64, DomainEvent)>> {
+pub(crate) async fn log_prefix(operator: &OperatorArgs) -> anyhow::Result<Vec<(u64, DomainEvent)>> {
     let client = operator.nats.client("cli").await?;
     let log = operator.nats.stream.open(client, false).await?;
     let mut prefix = Vec::new();

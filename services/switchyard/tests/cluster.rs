@@ -5,9 +5,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
@@ -15,15 +13,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use switchyard_api::{ModuleConfig, NodeGroup, crds};
-use switchyard_eventlog::nats::{NatsLog, NatsOptions};
-use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
-use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
-use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{
-    Components, ControlPlane, create_namespace, fake_node, install_crds,
-};
-use switchyard_testkit::nats::NatsServer;
+use switchyard_api::NodeGroup;
+use switchyard_eventlog::ReadRequest;
+use switchyard_proto::v1::domain_event::Kind;
+use switchyard_testkit::kube::{Components, create_namespace};
 
 use support::*;
 /// The reference's stack rules on real Node objects: spec.gpu groups get the

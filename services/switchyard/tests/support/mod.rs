@@ -9,9 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use switchyard_api::{ModuleConfig, NodeGroup, crds};
@@ -19,9 +18,7 @@ use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{
-    Components, ControlPlane, create_namespace, fake_node, install_crds,
-};
+use switchyard_testkit::kube::{Components, ControlPlane, fake_node, install_crds};
 use switchyard_testkit::nats::NatsServer;
 
 pub const STACK: &str = "node.deckhouse.io/gpu-stack";

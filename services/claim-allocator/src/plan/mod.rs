@@ -1,0 +1,337 @@
+//! The migration-wave register and the waves Switchyard proposes, as a pure
+//! function of a snapshot of the cluster (`switchyard plan`).
+//!
+//! - [`register`]: every workload using device-plugin GPUs (`nvidia.com/gpu`,
+//!   `nvidia.com/gpu.shared`, `nvidia.com/mig-*`) with what the NVIDIA guide
+//!   says to record before a migration — owner and controller kind,
+//!   replicas, GPUs per pod and in total, node selectors, affinity and
+//!   tolerations, the GPU product and memory it runs on, MIG or sharing
+//!   mode, the PodDisruptionBudgets that select it, and whether something
+//!   else owns its manifest (Helm, Argo CD, Flux, an operator).
+//! - [`waves`]: which nodes of the source group to hand over in which order
+//!   (at most `max_unavailable` a wave, the source group left able to run
+//!   what has not moved), and which workloads then fit on the target group,
+//!   predicted with the scheduler-exact allocator on the cluster's
+//!   DeviceClasses and the slices the handed-over nodes would publish
+//!   (libs/gpu's publication of their PhysicalGPUs).
+//!
+//! No I/O, no clock, no hash-ordered output: the same snapshot gives the same
+//! plan, byte for byte.
+
+mod register;
+mod waves;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde::Serialize;
+use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
+use switchyard_gpu::publish::Layout;
+
+pub use register::{gpu_resources, is_gpu_resource};
+
+/// What the plan is computed from: the objects as the API server lists them.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    pub node_groups: Vec<NodeGroup>,
+    pub physical_gpus: Vec<PhysicalGPU>,
+    pub gpu_classes: Vec<GPUClass>,
+    pub device_classes: Vec<DeviceClass>,
+    pub resource_slices: Vec<ResourceSlice>,
+    pub resource_claims: Vec<ResourceClaim>,
+    pub pods: Vec<Pod>,
+    pub deployments: Vec<Deployment>,
+    pub replica_sets: Vec<ReplicaSet>,
+    pub stateful_sets: Vec<StatefulSet>,
+    pub daemon_sets: Vec<DaemonSet>,
+    pub jobs: Vec<Job>,
+    pub cron_jobs: Vec<CronJob>,
+    pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
+}
+
+/// What to plan.
+#[derive(Clone, Debug)]
+pub struct PlanRequest {
+    /// The source group (device plugin).
+    pub from: String,
+    /// The target group (DRA).
+    pub to: String,
+    /// The GPUClass the moved workloads request; `None`: the only one.
+    pub class: Option<String>,
+    /// Nodes handed over at once, at most (at least 1).
+    pub max_unavailable: usize,
+    /// How handed-over nodes publish their cards (the node agent's `--layout`).
+    pub layout: Layout,
+    /// Only move (and list) the workloads of this namespace; the others still
+    /// need room in the source group.
+    pub namespace: Option<String>,
+}
+
+/// An input the plan cannot use, named by object and field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("{object}: {field}: {message}")]
+    Invalid {
+        object: String,
+        field: String,
+        message: String,
+    },
+    #[error("node group {0:?} does not exist (node groups: {1})")]
+    UnknownGroup(String, String),
+    #[error("the source and target group are the same ({0})")]
+    SameGroup(String),
+    #[error("GPU class {0:?} does not exist (GPU classes: {1})")]
+    UnknownClass(String, String),
+    #[error("no GPUClass in the cluster: create one first (Step 2)")]
+    NoClass,
+    #[error("several GPU classes ({0}): choose one with --class")]
+    SeveralClasses(String),
+    #[error("the DRA inventory: {0}")]
+    Inventory(#[from] switchyard_dra::alloc::InputError),
+}
+
+/// A workload, as the operator knows it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct WorkloadRef {
+    pub namespace: String,
+    pub kind: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for WorkloadRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.kind, self.name)
+    }
+}
+
+/// The plan: the register, then the waves.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub from: String,
+    pub to: String,
+    pub class: String,
+    pub max_unavailable: usize,
+    /// Every workload using device-plugin GPUs, sorted by namespace, kind, name.
+    pub register: Vec<RegisterEntry>,
+    pub waves: Vec<Wave>,
+    /// Every node of the source group handed over and every workload of it moved.
+    pub complete: bool,
+    /// Nodes of the source group the plan could not hand over, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<Blocked>,
+    /// Workloads of the source group the plan did not move, and why.
+    pub remaining: Vec<Pending>,
+    /// DaemonSets on the source group: their pods go with their nodes; they
+    /// are moved by rewriting their manifest, not planned into a wave.
+    pub follow_nodes: Vec<WorkloadRef>,
+}
+
+/// One row of the migration-wave register.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisterEntry {
+    pub namespace: String,
+    /// The controller kind: Deployment, StatefulSet, DaemonSet, Job, CronJob,
+    /// ReplicaSet, Pod, or an operator's kind for pods it controls directly.
+    pub kind: String,
+    pub name: String,
+    /// The controller above the workload (an operator's object), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<OwnerRef>,
+    pub replicas: u32,
+    /// Device-plugin resources a pod requests.
+    pub gpus_per_pod: BTreeMap<String, u64>,
+    /// `gpus_per_pod` summed over the resources, times `replicas`.
+    pub gpus_total: u64,
+    pub mode: Mode,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Nodes its pods run on, and their groups.
+    pub nodes: Vec<String>,
+    pub groups: Vec<String>,
+    /// The cards of those nodes: product and memory.
+    pub gpu_models: Vec<GpuModel>,
+    pub pod_disruption_budgets: Vec<Budget>,
+    /// What owns the manifest besides the cluster (Switchyard must not edit
+    /// it in place: the change goes to the chart, the repository, the CR).
+    pub managed_by: Vec<Manager>,
+    pub editable_in_place: bool,
+    /// Runs on (or is bound to) the source group: the plan moves it.
+    pub in_plan: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct OwnerRef {
+    pub kind: String,
+    pub name: String,
+}
+
+/// How a workload uses its cards today.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Whole cards (`nvidia.com/gpu` on a group without sharing).
+    Exclusive,
+    /// MIG devices (`nvidia.com/mig-<profile>`, or a group in MIG mode).
+    Mig,
+    /// Time-sliced replicas of a card (a group with time-slicing).
+    TimeSliced,
+    /// `nvidia.com/gpu.shared` (the device plugin's renamed shared resource).
+    Shared,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuModel {
+    pub product: String,
+    #[serde(rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// `PhysicalGPU` or `NFD` (the node's `nvidia.com/gpu.*` labels).
+    pub source: String,
+}
+
+/// A PodDisruptionBudget selecting a workload's pods.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+    /// Pods it lets a drain evict at once (its status, or from its spec).
+    pub disruptions_allowed: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Manager {
+    /// `Helm`, `ArgoCD`, `Flux` or `Operator`.
+    pub kind: String,
+    /// The release, application, Kustomization / HelmRelease, or owner object.
+    pub name: String,
+}
+
+/// One wave: hand these nodes over, then move these workloads.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Wave {
+    pub number: usize,
+    pub handovers: Vec<Handover>,
+    pub moves: Vec<Move>,
+    /// Workloads evicted by this wave's drains that do not fit on the target
+    /// group yet: they are rescheduled in the source group.
+    pub pending: Vec<Pending>,
+    /// The source group after the wave, per resource: what its nodes offer and
+    /// what the workloads not moved need.
+    pub source_after: BTreeMap<String, SourceCapacity>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handover {
+    pub node: String,
+    /// The node's device-plugin resources.
+    pub capacity: BTreeMap<String, u64>,
+    /// Workloads (not moved yet) with pods on the node, which its drain evicts.
+    pub evicts: Vec<WorkloadRef>,
+    /// Budgets the drain has to respect (namespace/name).
+    pub budgets: Vec<String>,
+    /// Budgets whose allowance this node's drain alone exceeds: it waits for
+    /// the evicted pods to run elsewhere.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budget_waits: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    pub workload: WorkloadRef,
+    /// The extended resources the rewritten manifest requests, per pod.
+    pub requests: BTreeMap<String, u64>,
+    /// Where the allocator puts each pod, and the devices it allocates.
+    pub pods: Vec<PodPlacement>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PodPlacement {
+    pub node: String,
+    pub devices: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Pending {
+    pub workload: WorkloadRef,
+    /// Why it would stay Pending on the target group (the allocator's reason).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Blocked {
+    pub nodes: Vec<String>,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceCapacity {
+    pub available: u64,
+    pub needed: u64,
+}
+
+/// The register and the waves for `request` over `snapshot`.
+pub fn plan(snapshot: &Snapshot, request: &PlanRequest) -> Result<Plan, PlanError> {
+    let groups: Vec<&str> = snapshot
+        .node_groups
+        .iter()
+        .filter_map(|g| g.metadata.name.as_deref())
+        .collect();
+    for group in [&request.from, &request.to] {
+        if !groups.contains(&group.as_str()) {
+            let mut known = groups.clone();
+            known.sort_unstable();
+            return Err(PlanError::UnknownGroup(group.clone(), known.join(", ")));
+        }
+    }
+    if request.from == request.to {
+        return Err(PlanError::SameGroup(request.from.clone()));
+    }
+    let class = choose_class(snapshot, request.class.as_deref())?;
+    let register = register::build(snapshot, request)?;
+    waves::plan(snapshot, request, class, register)
+}
+
+fn choose_class<'a>(snapshot: &'a Snapshot, name: Option<&str>) -> Result<&'a GPUClass, PlanError> {
+    let mut classes: Vec<&GPUClass> = snapshot.gpu_classes.iter().collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let names = || {
+        classes
+            .iter()
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match name {
+        Some(name) => classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .copied()
+            .ok_or_else(|| PlanError::UnknownClass(name.to_string(), names())),
+        None => match classes.as_slice() {
+            [] => Err(PlanError::NoClass),
+            [one] => Ok(one),
+            _ => Err(PlanError::SeveralClasses(names())),
+        },
+    }
+}

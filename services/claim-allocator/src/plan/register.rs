@@ -1,0 +1,669 @@
+//! The migration-wave register: the workloads that depend on the device
+//! plugin's extended resources, read from their controllers and their pods.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use switchyard_api::{GpuSharing, NodeGroup, PhysicalGPU};
+use switchyard_core::names::{GROUP_LABEL, NVIDIA_GPU};
+
+use super::{
+    Budget, GpuModel, Manager, Mode, OwnerRef, PlanError, PlanRequest, RegisterEntry, Snapshot,
+    WorkloadRef,
+};
+
+/// The device plugin's time-sliced resource when it is renamed.
+pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
+/// MIG devices under the device plugin's `mixed` strategy.
+pub const NVIDIA_MIG_PREFIX: &str = "nvidia.com/mig-";
+const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+const WORKLOAD_KINDS: [&str; 6] = [
+    "Deployment",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "Job",
+    "CronJob",
+];
+
+/// Whether a resource name is a device-plugin GPU resource.
+pub fn is_gpu_resource(name: &str) -> bool {
+    name == NVIDIA_GPU || name == NVIDIA_GPU_SHARED || name.starts_with(NVIDIA_MIG_PREFIX)
+}
+
+/// The device-plugin GPUs a pod asks for, as the scheduler counts them: the
+/// containers summed, the largest init container if that is more. `object`
+/// and `path` name where the spec is, for errors.
+pub fn gpu_resources(
+    spec: &PodSpec,
+    object: &str,
+    path: &str,
+) -> Result<BTreeMap<String, u64>, PlanError> {
+    let read = |containers: &[k8s_openapi::api::core::v1::Container],
+                list: &str|
+     -> Result<Vec<BTreeMap<String, u64>>, PlanError> {
+        let mut out = Vec::new();
+        for (i, c) in containers.iter().enumerate() {
+            let mut wants = BTreeMap::new();
+            let resources = c.resources.as_ref();
+            for (kind, quantities) in [
+                ("limits", resources.and_then(|r| r.limits.as_ref())),
+                ("requests", resources.and_then(|r| r.requests.as_ref())),
+            ] {
+                for (name, q) in quantities.into_iter().flatten() {
+                    if !is_gpu_resource(name) || wants.contains_key(name) {
+                        continue;
+                    }
+                    let invalid = |message: String| PlanError::Invalid {
+                        object: object.to_string(),
+                        field: format!("{path}.{list}[{i}].resources.{kind}[{name}]"),
+                        message,
+                    };
+                    let parsed = switchyard_dra::Quantity::parse(&q.0)
+                        .map_err(|e| invalid(format!("{:?} is not a quantity: {e}", q.0)))?;
+                    let n = parsed
+                        .as_i64()
+                        .and_then(|n| u64::try_from(n).ok())
+                        .ok_or_else(|| {
+                            invalid(format!("{:?} is not a whole number of devices", q.0))
+                        })?;
+                    wants.insert(name.clone(), n);
+                }
+            }
+            out.push(wants);
+        }
+        Ok(out)
+    };
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for wants in read(&spec.containers, "containers")? {
+        for (name, n) in wants {
+            *total.entry(name).or_default() += n;
+        }
+    }
+    for wants in read(
+        spec.init_containers.as_deref().unwrap_or_default(),
+        "initContainers",
+    )? {
+        for (name, n) in wants {
+            let entry = total.entry(name).or_default();
+            *entry = (*entry).max(n);
+        }
+    }
+    total.retain(|_, n| *n > 0);
+    Ok(total)
+}
+
+/// A workload of the register with what planning needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Workload {
+    pub id: WorkloadRef,
+    pub spec: PodSpec,
+    pub per_pod: BTreeMap<String, u64>,
+    pub replicas: u32,
+    /// The node of every live pod (one entry a pod), sorted.
+    pub pod_nodes: Vec<String>,
+    pub mode: Mode,
+    /// Runs on (or is bound to) the source group.
+    pub on_source: bool,
+    /// On the source group and in the namespace asked for: the plan moves it.
+    pub in_plan: bool,
+    /// Indices into [`Built::budgets`].
+    pub budgets: Vec<usize>,
+}
+
+pub(crate) struct Built {
+    pub entries: Vec<RegisterEntry>,
+    pub workloads: Vec<Workload>,
+    /// Budgets by `namespace/name`, with their allowance.
+    pub budgets: Vec<(String, u32)>,
+}
+
+struct Found {
+    meta: ObjectMeta,
+    template: Option<PodTemplateSpec>,
+    replicas: Option<u32>,
+    pods: Vec<String>,
+    pod_count: u32,
+    object: String,
+    path: &'static str,
+}
+
+fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
+fn key(namespace: &str, kind: &str, name: &str) -> WorkloadRef {
+    WorkloadRef {
+        namespace: namespace.to_string(),
+        kind: kind.to_string(),
+        name: name.to_string(),
+    }
+}
+
+fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn live(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built, PlanError> {
+    let mut found: BTreeMap<WorkloadRef, Found> = BTreeMap::new();
+    let mut add = |kind: &str,
+                   meta: &ObjectMeta,
+                   template: Option<&PodTemplateSpec>,
+                   replicas: Option<u32>,
+                   path: &'static str| {
+        let (ns, name) = ns_name(meta);
+        let id = key(ns, kind, name);
+        found.insert(
+            id.clone(),
+            Found {
+                object: format!("{kind} {ns}/{name}"),
+                meta: meta.clone(),
+                template: template.cloned(),
+                replicas,
+                pods: Vec::new(),
+                pod_count: 0,
+                path,
+            },
+        );
+    };
+    let replicas = |r: Option<i32>| Some(r.unwrap_or(1).max(0) as u32);
+    for d in &snapshot.deployments {
+        let spec = d.spec.as_ref();
+        add(
+            "Deployment",
+            &d.metadata,
+            spec.map(|s| &s.template),
+            replicas(spec.and_then(|s| s.replicas)),
+            "spec.template.spec",
+        );
+    }
+    for rs in &snapshot.replica_sets {
+        if controller(&rs.metadata).is_some_and(|o| o.kind == "Deployment") {
+            continue;
+        }
+        let spec = rs.spec.as_ref();
+        add(
+            "ReplicaSet",
+            &rs.metadata,
+            spec.and_then(|s| s.template.as_ref()),
+            replicas(spec.and_then(|s| s.replicas)),
+            "spec.template.spec",
+        );
+    }
+    for s in &snapshot.stateful_sets {
+        let spec = s.spec.as_ref();
+        add(
+            "StatefulSet",
+            &s.metadata,
+            spec.map(|s| &s.template),
+            replicas(spec.and_then(|s| s.replicas)),
+            "spec.template.spec",
+        );
+    }
+    for d in &snapshot.daemon_sets {
+        let desired = d
+            .status
+            .as_ref()
+            .map(|s| s.desired_number_scheduled.max(0) as u32);
+        add(
+            "DaemonSet",
+            &d.metadata,
+            d.spec.as_ref().map(|s| &s.template),
+            desired.filter(|n| *n > 0),
+            "spec.template.spec",
+        );
+    }
+    for j in &snapshot.jobs {
+        if controller(&j.metadata).is_some_and(|o| o.kind == "CronJob") {
+            continue;
+        }
+        let done = j
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+        let spec = j.spec.as_ref();
+        add(
+            "Job",
+            &j.metadata,
+            spec.map(|s| &s.template),
+            if done {
+                Some(0)
+            } else {
+                replicas(spec.and_then(|s| s.parallelism))
+            },
+            "spec.template.spec",
+        );
+    }
+    for c in &snapshot.cron_jobs {
+        let job = c.spec.job_template.spec.as_ref();
+        add(
+            "CronJob",
+            &c.metadata,
+            job.map(|j| &j.template),
+            replicas(job.and_then(|j| j.parallelism)),
+            "spec.jobTemplate.spec.template.spec",
+        );
+    }
+
+    // Pods to their workloads: a ReplicaSet's to its Deployment, a Job's to
+    // its CronJob; a pod without controller is its own workload, and so are
+    // the pods an operator controls directly (by the owner).
+    let rs_owner: HashMap<(&str, &str), &str> = snapshot
+        .replica_sets
+        .iter()
+        .filter_map(|rs| {
+            let o = controller(&rs.metadata).filter(|o| o.kind == "Deployment")?;
+            Some((ns_name(&rs.metadata), o.name.as_str()))
+        })
+        .collect();
+    let job_owner: HashMap<(&str, &str), &str> = snapshot
+        .jobs
+        .iter()
+        .filter_map(|j| {
+            let o = controller(&j.metadata).filter(|o| o.kind == "CronJob")?;
+            Some((ns_name(&j.metadata), o.name.as_str()))
+        })
+        .collect();
+    for pod in &snapshot.pods {
+        if !live(pod) {
+            continue;
+        }
+        let (ns, pod_name) = ns_name(&pod.metadata);
+        let id = match controller(&pod.metadata) {
+            None => key(ns, "Pod", pod_name),
+            Some(o) => match o.kind.as_str() {
+                "ReplicaSet" => match rs_owner.get(&(ns, o.name.as_str())) {
+                    Some(d) => key(ns, "Deployment", d),
+                    None => {
+                        let hash = pod
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("pod-template-hash"));
+                        match hash.and_then(|h| o.name.strip_suffix(&format!("-{h}"))) {
+                            Some(d) if found.contains_key(&key(ns, "Deployment", d)) => {
+                                key(ns, "Deployment", d)
+                            }
+                            _ => key(ns, "ReplicaSet", &o.name),
+                        }
+                    }
+                },
+                "Job" => match job_owner.get(&(ns, o.name.as_str())) {
+                    Some(c) => key(ns, "CronJob", c),
+                    None => key(ns, "Job", &o.name),
+                },
+                kind => key(ns, kind, &o.name),
+            },
+        };
+        let entry = found.entry(id.clone()).or_insert_with(|| Found {
+            object: format!("Pod {ns}/{pod_name}"),
+            meta: if id.kind == "Pod" {
+                pod.metadata.clone()
+            } else {
+                // Pods an operator controls: the operator is their manager.
+                ObjectMeta {
+                    owner_references: pod.metadata.owner_references.clone(),
+                    ..Default::default()
+                }
+            },
+            template: Some(PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: pod.metadata.labels.clone(),
+                    ..Default::default()
+                }),
+                spec: pod.spec.clone(),
+            }),
+            replicas: None,
+            pods: Vec::new(),
+            pod_count: 0,
+            path: "spec",
+        });
+        entry.pod_count += 1;
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            entry.pods.push(node.to_string());
+        }
+    }
+
+    let nodes: HashMap<&str, &Node> = snapshot
+        .nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
+    let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
+    for g in &snapshot.physical_gpus {
+        gpus_by_node
+            .entry(g.spec.node.as_str())
+            .or_default()
+            .push(g);
+    }
+    let groups: HashMap<&str, &NodeGroup> = snapshot
+        .node_groups
+        .iter()
+        .filter_map(|g| Some((g.metadata.name.as_deref()?, g)))
+        .collect();
+    // Budgets by namespace, indexed by their first matchLabels pair.
+    type ByLabel<'a> = HashMap<(&'a str, &'a str), Vec<&'a PodDisruptionBudget>>;
+    let mut budgets_by_ns: HashMap<&str, (ByLabel<'_>, Vec<&PodDisruptionBudget>)> = HashMap::new();
+    for b in &snapshot.pod_disruption_budgets {
+        let (by_label, others) = budgets_by_ns
+            .entry(b.metadata.namespace.as_deref().unwrap_or_default())
+            .or_default();
+        let first = b
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|l| l.iter().next());
+        match first {
+            Some((k, v)) => by_label
+                .entry((k.as_str(), v.as_str()))
+                .or_default()
+                .push(b),
+            None => others.push(b),
+        }
+    }
+
+    let mut built = Built {
+        entries: Vec::new(),
+        workloads: Vec::new(),
+        budgets: Vec::new(),
+    };
+    let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
+    for (id, mut f) in found {
+        let template = f.template.take().unwrap_or_default();
+        let spec = template.spec.unwrap_or_default();
+        let per_pod = gpu_resources(&spec, &f.object, f.path)?;
+        if per_pod.is_empty() {
+            continue;
+        }
+        let replicas = f.replicas.unwrap_or(f.pod_count);
+        f.pods.sort();
+        let template_labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+        let node_selector = spec.node_selector.clone().unwrap_or_default();
+
+        let mut groups_of: BTreeSet<String> = BTreeSet::new();
+        let mut models: BTreeSet<GpuModel> = BTreeSet::new();
+        for node in f.pods.iter() {
+            let Some(n) = nodes.get(node.as_str()) else {
+                continue;
+            };
+            let labels = n.metadata.labels.as_ref();
+            if let Some(g) = labels.and_then(|l| l.get(GROUP_LABEL)) {
+                groups_of.insert(g.clone());
+            }
+            match gpus_by_node.get(node.as_str()) {
+                Some(cards) => models.extend(cards.iter().map(|c| {
+                    GpuModel {
+                        product: c.spec.product.clone(),
+                        memory_mib: c
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.capabilities.as_ref())
+                            .map(|c| c.memory_mib),
+                        source: "PhysicalGPU".into(),
+                    }
+                })),
+                None => {
+                    if let Some(product) = labels.and_then(|l| l.get(PRODUCT_LABEL)) {
+                        models.insert(GpuModel {
+                            product: product.clone(),
+                            memory_mib: labels
+                                .and_then(|l| l.get(MEMORY_LABEL))
+                                .and_then(|m| m.parse().ok()),
+                            source: "NFD".into(),
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(g) = node_selector.get(GROUP_LABEL) {
+            groups_of.insert(g.clone());
+        }
+
+        let group_sharing = groups_of.iter().filter_map(|g| {
+            groups
+                .get(g.as_str())
+                .and_then(|g| g.spec.gpu.as_ref())
+                .map(|gpu| gpu.sharing)
+        });
+        let mut mode = Mode::Exclusive;
+        for sharing in group_sharing {
+            match sharing {
+                GpuSharing::TimeSlicing => mode = mode.max(Mode::TimeSliced),
+                GpuSharing::Mig => mode = mode.max(Mode::Mig),
+                GpuSharing::Exclusive => {}
+            }
+        }
+        if per_pod.keys().any(|r| r.starts_with(NVIDIA_MIG_PREFIX)) {
+            mode = Mode::Mig;
+        } else if per_pod.contains_key(NVIDIA_GPU_SHARED) {
+            mode = Mode::Shared;
+        }
+
+        let mut budgets = Vec::new();
+        let mut entry_budgets = Vec::new();
+        // Candidates: budgets keyed by one of the template's labels, and
+        // those without matchLabels; each is then matched in full.
+        let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
+        if let Some((by_label, others)) = budgets_by_ns.get(id.namespace.as_str()) {
+            for (k, v) in &template_labels {
+                if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
+                    candidates.extend(list.iter().copied());
+                }
+            }
+            candidates.extend(others.iter().copied());
+        }
+        candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+        for b in candidates {
+            let selects = b
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| label_selector_matches(s, &template_labels));
+            if !selects {
+                continue;
+            }
+            let budget = budget(b, replicas);
+            let full = format!("{}/{}", id.namespace, budget.name);
+            let index = *budget_index.entry(full.clone()).or_insert_with(|| {
+                built.budgets.push((full, budget.disruptions_allowed));
+                built.budgets.len() - 1
+            });
+            budgets.push(index);
+            entry_budgets.push(budget);
+        }
+
+        let managed_by = managers(&f.meta);
+        let owner = controller(&f.meta)
+            .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
+            .map(|o| OwnerRef {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            });
+        let namespace_ok = request
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| ns == id.namespace);
+        let on_source = groups_of.contains(&request.from);
+        let in_plan = on_source && namespace_ok;
+        let gpus_total = per_pod.values().sum::<u64>() * u64::from(replicas);
+        let mut node_list = f.pods.clone();
+        node_list.dedup();
+        if namespace_ok {
+            built.entries.push(RegisterEntry {
+                namespace: id.namespace.clone(),
+                kind: id.kind.clone(),
+                name: id.name.clone(),
+                owner,
+                replicas,
+                gpus_per_pod: per_pod.clone(),
+                gpus_total,
+                mode,
+                node_selector,
+                affinity: spec.affinity.clone(),
+                tolerations: spec.tolerations.clone().unwrap_or_default(),
+                nodes: node_list,
+                groups: groups_of.into_iter().collect(),
+                gpu_models: models.into_iter().collect(),
+                pod_disruption_budgets: entry_budgets,
+                editable_in_place: managed_by.is_empty(),
+                managed_by,
+                in_plan,
+            });
+        }
+        built.workloads.push(Workload {
+            id,
+            spec,
+            per_pod,
+            replicas,
+            pod_nodes: f.pods,
+            mode,
+            on_source,
+            in_plan,
+            budgets,
+        });
+    }
+    Ok(built)
+}
+
+/// Who else writes a workload's manifest.
+pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
+    let mut out = BTreeSet::new();
+    let release = annotations.get("meta.helm.sh/release-name");
+    if release.is_some()
+        || labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("Helm")
+    {
+        let name = release
+            .cloned()
+            .or_else(|| labels.get("app.kubernetes.io/instance").cloned())
+            .unwrap_or_default();
+        out.insert(Manager {
+            kind: "Helm".into(),
+            name,
+        });
+    }
+    if let Some(app) = labels.get("argocd.argoproj.io/instance") {
+        out.insert(Manager {
+            kind: "ArgoCD".into(),
+            name: app.clone(),
+        });
+    } else if let Some(id) = annotations.get("argocd.argoproj.io/tracking-id") {
+        out.insert(Manager {
+            kind: "ArgoCD".into(),
+            name: id.split(':').next().unwrap_or_default().to_string(),
+        });
+    }
+    for (prefix, kind) in [
+        ("kustomize.toolkit.fluxcd.io", "Kustomization"),
+        ("helm.toolkit.fluxcd.io", "HelmRelease"),
+    ] {
+        let name = labels.get(&format!("{prefix}/name"));
+        let namespace = labels.get(&format!("{prefix}/namespace"));
+        let any = labels.keys().any(|k| k.starts_with(&format!("{prefix}/")));
+        if any {
+            let name = match (namespace, name) {
+                (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
+                (None, Some(n)) => format!("{kind} {n}"),
+                _ => kind.to_string(),
+            };
+            out.insert(Manager {
+                kind: "Flux".into(),
+                name,
+            });
+        }
+    }
+    if let Some(o) = controller(meta).filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str())) {
+        out.insert(Manager {
+            kind: "Operator".into(),
+            name: format!("{}/{}", o.kind, o.name),
+        });
+    }
+    out.into_iter().collect()
+}
+
+/// `metav1.LabelSelector` semantics: every matchLabels pair and every
+/// expression must hold; an empty selector selects everything.
+pub(crate) fn label_selector_matches(s: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let pairs = s
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    pairs
+        && s.match_expressions.iter().flatten().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            let value = labels.get(&e.key);
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+}
+
+fn percent_of(value: &IntOrString, total: u32) -> Option<u32> {
+    match value {
+        IntOrString::Int(n) => Some((*n).max(0) as u32),
+        IntOrString::String(s) => {
+            let p: u64 = s.strip_suffix('%')?.parse().ok()?;
+            Some((p * u64::from(total)).div_ceil(100) as u32)
+        }
+    }
+}
+
+fn text(value: &IntOrString) -> String {
+    match value {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
+
+fn budget(b: &PodDisruptionBudget, replicas: u32) -> Budget {
+    let spec = b.spec.as_ref();
+    let min = spec.and_then(|s| s.min_available.as_ref());
+    let max = spec.and_then(|s| s.max_unavailable.as_ref());
+    // The disruption controller's figure when it has computed one.
+    let observed = b
+        .status
+        .as_ref()
+        .filter(|s| s.observed_generation.is_some())
+        .map(|s| s.disruptions_allowed.unwrap_or(0).max(0) as u32);
+    let computed = match (max, min) {
+        (Some(max), _) => percent_of(max, replicas).unwrap_or(0),
+        (None, Some(min)) => replicas.saturating_sub(percent_of(min, replicas).unwrap_or(replicas)),
+        (None, None) => 0,
+    };
+    Budget {
+        name: b.metadata.name.clone().unwrap_or_default(),
+        min_available: min.map(text),
+        max_unavailable: max.map(text),
+        disruptions_allowed: observed.unwrap_or(computed),
+    }
+}

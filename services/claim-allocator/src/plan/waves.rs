@@ -1,0 +1,981 @@
+//! The waves: nodes of the source group handed over in order, and the
+//! workloads that then fit on the target group, placed by the
+//! scheduler-exact allocator.
+//!
+//! Placement is first fit over the target group's nodes (its own nodes by
+//! name, then the handed-over ones in the order they arrive). Allocations
+//! only grow while the plan is computed — a workload that does not fit is
+//! undone exactly — so a node that cannot take a pod of some shape (claims,
+//! node selector, affinity, tolerations) cannot take it later either: each
+//! shape keeps a cursor past the nodes known not to take it, and a queue of
+//! workloads of one shape and size that failed is not tried again until new
+//! nodes arrive. That keeps the allocator's attempts near one per pod.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use switchyard_api::{GPUClass, PhysicalGPU};
+use switchyard_core::names::{
+    CLASS_RESOURCE_PREFIX, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU, STACK_DRA,
+};
+use switchyard_dra::Quantity;
+use switchyard_dra::alloc::{
+    AllocateError, AllocatedState, Allocator, DeviceId, Inventory, selector_matches,
+};
+use switchyard_dra::cel::Compiler;
+use switchyard_gpu::publish;
+
+use super::register::{Built, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Workload, is_gpu_resource};
+use super::{
+    Blocked, Handover, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
+    RegisterEntry, Snapshot, SourceCapacity, Wave,
+};
+
+const DRIVER_VERSION_LABEL: &str = "nvidia.com/cuda.driver-version.full";
+const CUDA_VERSION_LABEL: &str = "nvidia.com/cuda.runtime-version.full";
+
+/// The DeviceClass and extended resource of each variant of the class.
+struct Variants {
+    class: String,
+    by_variant: BTreeMap<String, (String, String)>,
+    offers_shared: bool,
+}
+
+impl Variants {
+    fn new(class: &GPUClass) -> Variants {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let by_variant: BTreeMap<String, (String, String)> = class
+            .status
+            .iter()
+            .flat_map(|s| &s.variants)
+            .map(|v| {
+                (
+                    v.name.clone(),
+                    (v.device_class.clone(), v.extended_resource_name.clone()),
+                )
+            })
+            .collect();
+        let offers_shared = by_variant.contains_key("shared")
+            || (by_variant.is_empty()
+                && class
+                    .spec
+                    .sharing
+                    .as_ref()
+                    .is_some_and(|s| s.time_slicing_replicas >= 2));
+        Variants {
+            class: name,
+            by_variant,
+            offers_shared,
+        }
+    }
+
+    /// The class compiler's names when the class has no status yet.
+    fn get(&self, variant: &str) -> (String, String) {
+        if let Some(v) = self.by_variant.get(variant) {
+            return v.clone();
+        }
+        let suffix = match variant {
+            "whole" => String::new(),
+            "shared" => "-shared".into(),
+            profile => format!("-mig-{profile}"),
+        };
+        (
+            format!("{}{suffix}.gpu.deckhouse.io", self.class),
+            format!("{CLASS_RESOURCE_PREFIX}{}{suffix}", self.class),
+        )
+    }
+
+    /// What a device-plugin resource becomes: `nvidia.com/gpu` the whole card
+    /// (placement.rs's rewrite) — the class's shares for a time-sliced
+    /// workload when the class offers them —, `nvidia.com/gpu.shared` the
+    /// shares, `nvidia.com/mig-<profile>` the profile.
+    fn for_resource(&self, resource: &str, mode: Mode) -> (String, String) {
+        if resource == NVIDIA_GPU_SHARED
+            || (resource == NVIDIA_GPU && mode == Mode::TimeSliced && self.offers_shared)
+        {
+            return self.get("shared");
+        }
+        match resource.strip_prefix(NVIDIA_MIG_PREFIX) {
+            Some(profile) => self.get(profile),
+            None => self.get("whole"),
+        }
+    }
+}
+
+/// Where a shape's first fit starts, and what the nodes before it said.
+#[derive(Clone, Debug, Default)]
+struct Cursor {
+    next: usize,
+    selector: u32,
+    taints: u32,
+    untolerated: Option<String>,
+    alloc: u32,
+    last_alloc: Option<usize>,
+    last_alloc_message: Option<String>,
+}
+
+/// A workload's pods as the target group would see them after the rewrite.
+struct Shape {
+    requests: Vec<(String, String, u64)>,
+    node_selector: BTreeMap<String, String>,
+    affinity: Option<NodeSelector>,
+    tolerations: Vec<Toleration>,
+}
+
+struct Target {
+    nodes: Vec<Node>,
+    names: Vec<String>,
+}
+
+struct Planner<'a> {
+    request: &'a PlanRequest,
+    inventory: Arc<Inventory>,
+    compiler: Arc<Compiler>,
+    state: AllocatedState,
+    target: Target,
+    shapes: Vec<Shape>,
+    cursors: Vec<Cursor>,
+    /// Shape index of each workload.
+    shape_of: Vec<usize>,
+    /// Permanent failures (a missing class, a selector that does not compile).
+    fatal: HashMap<usize, String>,
+}
+
+/// Undo record of one allocation added to the state.
+enum Undo {
+    Device(DeviceId),
+    Shared(DeviceId, String, Option<BTreeMap<String, Quantity>>),
+}
+
+/// One scheduler attempt for `claim` on `node`, on top of `state`.
+fn allocate(
+    inventory: &Arc<Inventory>,
+    compiler: &Arc<Compiler>,
+    state: &mut AllocatedState,
+    node: &Node,
+    claim: &ResourceClaim,
+) -> Result<Option<Vec<AllocationResult>>, AllocateError> {
+    let allocator =
+        Allocator::with_inventory(inventory.clone(), std::mem::take(state), compiler.clone());
+    let result = allocator.allocate(node, &[claim]);
+    *state = allocator.into_state();
+    result
+}
+
+impl Planner<'_> {
+    fn fits_node(&self, shape: &Shape, node: &Node) -> Result<(), Option<String>> {
+        let labels = node.metadata.labels.as_ref();
+        let selected = shape
+            .node_selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            && shape
+                .affinity
+                .as_ref()
+                .is_none_or(|a| selector_matches(node, a).unwrap_or(false));
+        if !selected {
+            return Err(None);
+        }
+        for taint in node.spec.iter().flat_map(|s| s.taints.iter().flatten()) {
+            if taint.effect != "NoSchedule" && taint.effect != "NoExecute" {
+                continue;
+            }
+            if !shape.tolerations.iter().any(|t| tolerates(t, taint)) {
+                let value = taint.value.as_deref().unwrap_or_default();
+                return Err(Some(format!("{}={value}:{}", taint.key, taint.effect)));
+            }
+        }
+        Ok(())
+    }
+
+    fn claim(&self, w: &Workload, shape: &Shape, pod: u32) -> ResourceClaim {
+        ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}-{}-{pod}-gpu",
+                    w.id.kind.to_ascii_lowercase(),
+                    w.id.name
+                )),
+                namespace: Some(w.id.namespace.clone()),
+                ..Default::default()
+            },
+            spec: ResourceClaimSpec {
+                devices: Some(DeviceClaim {
+                    requests: Some(
+                        shape
+                            .requests
+                            .iter()
+                            .enumerate()
+                            .map(|(i, (class, _, count))| DeviceRequest {
+                                name: format!("gpu-{i}"),
+                                exactly: Some(ExactDeviceRequest {
+                                    device_class_name: class.clone(),
+                                    count: Some(*count as i64),
+                                    allocation_mode: Some("ExactCount".into()),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+            },
+            status: None,
+        }
+    }
+
+    fn add(&mut self, allocation: &AllocationResult, undo: &mut Vec<Undo>) {
+        for r in allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+        {
+            if r.admin_access == Some(true) {
+                continue;
+            }
+            let id = DeviceId {
+                driver: r.driver.as_str().into(),
+                pool: r.pool.as_str().into(),
+                device: r.device.as_str().into(),
+            };
+            match &r.share_id {
+                None => undo.push(Undo::Device(id)),
+                Some(share) => {
+                    let before = self.state.capacity.get(&id).cloned();
+                    undo.push(Undo::Shared(id, share.clone(), before));
+                }
+            }
+        }
+        // The allocator wrote it: its quantities parse.
+        self.state
+            .add(allocation)
+            .expect("the allocator's own result is valid");
+    }
+
+    fn undo(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Device(id) => {
+                    self.state.devices.remove(&id);
+                }
+                Undo::Shared(id, share, before) => {
+                    self.state.shared.remove(&(id.clone(), share));
+                    match before {
+                        Some(b) => {
+                            self.state.capacity.insert(id, b);
+                        }
+                        None => {
+                            self.state.capacity.remove(&id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Places every pod of `w` on the target group, or undoes what it placed
+    /// and says why (with `explain`, the allocator's reason).
+    fn try_move(&mut self, w: &Workload, index: usize, explain: bool) -> Result<Move, String> {
+        let s = self.shape_of[index];
+        if let Some(reason) = self.fatal.get(&s) {
+            return Err(reason.clone());
+        }
+        // What the first pod's scan learns holds on the committed state and
+        // is kept; what later pods learn depends on this workload's own
+        // tentative pods and goes with them.
+        let mut saved = None;
+        let mut undo = Vec::new();
+        let mut pods = Vec::new();
+        let mut failure = None;
+        'pods: for pod in 0..w.replicas {
+            let claim = self.claim(w, &self.shapes[s], pod);
+            loop {
+                let at = self.cursors[s].next;
+                if at >= self.target.nodes.len() {
+                    failure = Some(if explain {
+                        self.reason(w, s, pod, &claim)
+                    } else {
+                        String::new()
+                    });
+                    break 'pods;
+                }
+                let node = &self.target.nodes[at];
+                if let Err(taint) = self.fits_node(&self.shapes[s], node) {
+                    let c = &mut self.cursors[s];
+                    match taint {
+                        None => c.selector += 1,
+                        Some(t) => {
+                            c.taints += 1;
+                            c.untolerated.get_or_insert(t);
+                        }
+                    }
+                    c.next += 1;
+                    continue;
+                }
+                match allocate(
+                    &self.inventory,
+                    &self.compiler,
+                    &mut self.state,
+                    node,
+                    &claim,
+                ) {
+                    Ok(Some(results)) => {
+                        let mut devices = Vec::new();
+                        for r in &results {
+                            devices.extend(
+                                r.devices
+                                    .iter()
+                                    .flat_map(|d| d.results.iter().flatten())
+                                    .map(|d| d.device.clone()),
+                            );
+                            self.add(r, &mut undo);
+                        }
+                        if pod == 0 {
+                            saved = Some(self.cursors[s].clone());
+                        }
+                        pods.push(PodPlacement {
+                            node: self.target.names[at].clone(),
+                            devices,
+                        });
+                        break;
+                    }
+                    result @ (Ok(None) | Err(AllocateError::FailedOnNode(_))) => {
+                        let message = match result {
+                            Err(AllocateError::FailedOnNode(m)) => Some(m),
+                            _ => None,
+                        };
+                        let c = &mut self.cursors[s];
+                        c.alloc += 1;
+                        c.last_alloc = Some(at);
+                        c.last_alloc_message = message;
+                        c.next += 1;
+                    }
+                    Err(AllocateError::Fatal(m)) => {
+                        self.fatal.insert(s, m.clone());
+                        failure = Some(m);
+                        break 'pods;
+                    }
+                }
+            }
+        }
+        match failure {
+            None => Ok(Move {
+                workload: w.id.clone(),
+                requests: self.shapes[s]
+                    .requests
+                    .iter()
+                    .map(|(_, resource, n)| (resource.clone(), *n))
+                    .collect(),
+                pods,
+            }),
+            Some(reason) => {
+                self.undo(undo);
+                if let Some(saved) = saved {
+                    self.cursors[s] = saved;
+                }
+                Err(reason)
+            }
+        }
+    }
+
+    /// Why pod `pod` of `w` fits no node of the target group, in the
+    /// scheduler's manner: how many nodes failed on what.
+    fn reason(&self, w: &Workload, s: usize, pod: u32, claim: &ResourceClaim) -> String {
+        let to = &self.request.to;
+        let n = self.target.nodes.len();
+        if n == 0 {
+            return format!(
+                "no node in group {to} yet: hand a node over before moving the application"
+            );
+        }
+        let c = &self.cursors[s];
+        let mut parts = Vec::new();
+        if c.alloc > 0 {
+            let mut part = format!("{} cannot allocate its claim", c.alloc);
+            if let Some(at) = c.last_alloc {
+                let node = &self.target.nodes[at];
+                let detail = match &c.last_alloc_message {
+                    Some(m) => m.clone(),
+                    None => self.explain(node, claim),
+                };
+                part.push_str(&format!(" ({}: {detail})", self.target.names[at]));
+            }
+            parts.push(part);
+        }
+        if c.selector > 0 {
+            parts.push(format!(
+                "{} do not match its node selector or affinity",
+                c.selector
+            ));
+        }
+        if c.taints > 0 {
+            parts.push(format!(
+                "{} have a taint it does not tolerate ({})",
+                c.taints,
+                c.untolerated.as_deref().unwrap_or_default()
+            ));
+        }
+        format!(
+            "0/{n} nodes of group {to} can take pod {} of {}: {}",
+            pod + 1,
+            w.replicas,
+            parts.join(", ")
+        )
+    }
+
+    /// The allocator's explanation, counted: `wants 2 of a100.gpu.deckhouse.io: 7 in use, 1 fits`.
+    fn explain(&self, node: &Node, claim: &ResourceClaim) -> String {
+        let allocator = Allocator::with_inventory(
+            self.inventory.clone(),
+            self.state.clone(),
+            self.compiler.clone(),
+        );
+        match allocator.explain(node, &[claim]) {
+            Err(e) => e.to_string(),
+            Ok(explanation) => explanation
+                .requests
+                .iter()
+                .map(|r| {
+                    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+                    for c in &r.candidates {
+                        *counts
+                            .entry(c.reason.as_deref().unwrap_or("fits"))
+                            .or_default() += 1;
+                    }
+                    let counts: Vec<String> =
+                        counts.iter().map(|(why, n)| format!("{n} {why}")).collect();
+                    let devices = if counts.is_empty() {
+                        "no devices".to_string()
+                    } else {
+                        counts.join(", ")
+                    };
+                    format!("wants {} of {}: {devices}", r.wants, r.class)
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    }
+}
+
+/// Kubernetes' `Toleration.ToleratesTaint`.
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
+    }
+    let key = t.key.as_deref().unwrap_or_default();
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match t.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" => {
+            !key.is_empty()
+                && t.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default()
+        }
+        _ => false,
+    }
+}
+
+fn node_name(n: &Node) -> &str {
+    n.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn group_of(n: &Node) -> Option<&str> {
+    n.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GROUP_LABEL))
+        .map(String::as_str)
+}
+
+/// A node as it is after its handover: in the target group, on DRA.
+fn handed_over(node: &Node, from: &str, to: &str) -> Node {
+    let mut node = node.clone();
+    let labels = node.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(GROUP_LABEL.into(), to.into());
+    labels.insert(GPU_STACK_LABEL.into(), STACK_DRA.into());
+    labels.remove(&format!("{NODE_ROLE_PREFIX}{from}"));
+    if let Some(spec) = node.spec.as_mut() {
+        spec.unschedulable = None;
+    }
+    node
+}
+
+/// A node's device-plugin resources, from its allocatable (or, for
+/// `nvidia.com/gpu`, its PhysicalGPUs when it lists none).
+fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<String, u64>, PlanError> {
+    let mut out = BTreeMap::new();
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    for (name, q) in allocatable.into_iter().flatten() {
+        if !is_gpu_resource(name) {
+            continue;
+        }
+        let n = Quantity::parse(&q.0)
+            .ok()
+            .and_then(|q| q.as_i64())
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| PlanError::Invalid {
+                object: format!("Node {}", node_name(node)),
+                field: format!("status.allocatable[{name}]"),
+                message: format!("{:?} is not a whole number of devices", q.0),
+            })?;
+        out.insert(name.clone(), n);
+    }
+    if out.is_empty() && cards > 0 {
+        out.insert(NVIDIA_GPU.to_string(), cards as u64);
+    }
+    Ok(out)
+}
+
+fn add_to(total: &mut BTreeMap<String, i128>, add: &BTreeMap<String, u64>, sign: i128) {
+    for (r, n) in add {
+        *total.entry(r.clone()).or_default() += sign * i128::from(*n);
+    }
+}
+
+pub(crate) fn plan(
+    snapshot: &Snapshot,
+    request: &PlanRequest,
+    class: &GPUClass,
+    built: Built,
+) -> Result<Plan, PlanError> {
+    let from = request.from.as_str();
+    let to = request.to.as_str();
+    let max_unavailable = request.max_unavailable.max(1);
+    let variants = Variants::new(class);
+
+    let mut cards_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
+    for g in &snapshot.physical_gpus {
+        cards_by_node
+            .entry(g.spec.node.as_str())
+            .or_default()
+            .push(g);
+    }
+    let mut source: Vec<&Node> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| group_of(n) == Some(from))
+        .collect();
+    source.sort_by(|a, b| node_name(a).cmp(node_name(b)));
+    let mut target_nodes: Vec<&Node> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| group_of(n) == Some(to))
+        .collect();
+    target_nodes.sort_by(|a, b| node_name(a).cmp(node_name(b)));
+    let source_index: HashMap<&str, usize> = source
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (node_name(n), i))
+        .collect();
+
+    // The slices: the cluster's, less any of the source nodes, plus what
+    // each source node would publish once handed over.
+    let mut slices: Vec<ResourceSlice> = snapshot
+        .resource_slices
+        .iter()
+        .filter(|s| {
+            s.spec
+                .node_name
+                .as_deref()
+                .is_none_or(|n| !source_index.contains_key(n))
+        })
+        .cloned()
+        .collect();
+    for node in &source {
+        let name = node_name(node);
+        let Some(cards) = cards_by_node.get(name) else {
+            continue;
+        };
+        let labels = node.metadata.labels.as_ref();
+        let label = |key: &str, default: &str| {
+            labels
+                .and_then(|l| l.get(key))
+                .cloned()
+                .unwrap_or_else(|| default.to_string())
+        };
+        let machine = publish::machine_from_physical_gpus(
+            cards.iter().copied(),
+            &label(DRIVER_VERSION_LABEL, "0.0.0"),
+            &label(CUDA_VERSION_LABEL, "0.0"),
+        );
+        slices.extend(publish::resource_slices(name, &machine, request.layout, 1));
+    }
+    let inventory = Arc::new(Inventory::new(&snapshot.device_classes, &slices)?);
+    let state = AllocatedState::from_claims(&snapshot.resource_claims)?;
+
+    // Shapes: the requests after the rewrite and the scheduling constraints.
+    let workloads = built.workloads;
+    let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
+    let mut shapes = Vec::new();
+    let mut shape_of = Vec::with_capacity(workloads.len());
+    for w in &workloads {
+        let requests: Vec<(String, String, u64)> = w
+            .per_pod
+            .iter()
+            .map(|(r, n)| {
+                let (class, resource) = variants.for_resource(r, w.mode);
+                (class, resource, *n)
+            })
+            .collect();
+        let mut node_selector = w.spec.node_selector.clone().unwrap_or_default();
+        if node_selector.get(GROUP_LABEL).map(String::as_str) == Some(from) {
+            node_selector.remove(GROUP_LABEL);
+        }
+        let affinity = w
+            .spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .clone()
+            });
+        let tolerations = w.spec.tolerations.clone().unwrap_or_default();
+        let key = serde_json::to_string(&(&requests, &node_selector, &affinity, &tolerations))
+            .unwrap_or_default();
+        let next = shapes.len();
+        let s = *shape_keys.entry(key).or_insert(next);
+        if s == next {
+            shapes.push(Shape {
+                requests,
+                node_selector,
+                affinity,
+                tolerations,
+            });
+        }
+        shape_of.push(s);
+    }
+
+    let mut planner = Planner {
+        request,
+        inventory,
+        compiler: Arc::new(Compiler::default()),
+        state,
+        target: Target {
+            names: target_nodes
+                .iter()
+                .map(|n| node_name(n).to_string())
+                .collect(),
+            nodes: target_nodes.into_iter().cloned().collect(),
+        },
+        cursors: vec![Cursor::default(); shapes.len()],
+        shapes,
+        shape_of,
+        fatal: HashMap::new(),
+    };
+
+    // The source group: capacity per node (less what DaemonSets hold, which
+    // goes with the node), what the workloads not moved need, and what each
+    // node runs of them.
+    let mut cap: Vec<BTreeMap<String, u64>> = Vec::with_capacity(source.len());
+    for node in &source {
+        let cards = cards_by_node.get(node_name(node)).map_or(0, Vec::len);
+        cap.push(capacity(node, cards)?);
+    }
+    let mut follow_nodes = Vec::new();
+    let mut demand: BTreeMap<String, i128> = BTreeMap::new();
+    let mut on_node: Vec<BTreeMap<usize, u32>> = vec![BTreeMap::new(); source.len()];
+    let mut usage: Vec<u64> = vec![0; source.len()];
+    let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
+    let mut moved = vec![false; workloads.len()];
+    for (i, w) in workloads.iter().enumerate() {
+        if !w.on_source {
+            continue;
+        }
+        let per_pod: u64 = w.per_pod.values().sum();
+        if w.id.kind == "DaemonSet" {
+            if w.in_plan {
+                follow_nodes.push(w.id.clone());
+            }
+            for node in &w.pod_nodes {
+                if let Some(&n) = source_index.get(node.as_str()) {
+                    for (r, k) in &w.per_pod {
+                        if let Some(c) = cap[n].get_mut(r) {
+                            *c = c.saturating_sub(*k);
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        for (r, k) in &w.per_pod {
+            *demand.entry(r.clone()).or_default() += i128::from(*k) * i128::from(w.replicas);
+        }
+        for node in &w.pod_nodes {
+            if let Some(&n) = source_index.get(node.as_str()) {
+                *on_node[n].entry(i).or_default() += 1;
+                usage[n] += per_pod;
+            }
+        }
+        if w.in_plan {
+            queues
+                .entry((planner.shape_of[i], w.replicas))
+                .or_default()
+                .insert(i);
+        }
+    }
+    let mut available: BTreeMap<String, i128> = BTreeMap::new();
+    for c in &cap {
+        add_to(&mut available, c, 1);
+    }
+    let mut order: BTreeSet<(u64, usize)> = (0..source.len()).map(|n| (usage[n], n)).collect();
+    let mut in_source = vec![true; source.len()];
+    let mut exhausted: HashMap<(usize, u32), usize> = HashMap::new();
+
+    let mut waves = Vec::new();
+    let mut blocked_reason = None;
+    loop {
+        // 1. The nodes: fewest GPUs in use first; the source group must keep
+        // room for every workload not moved; a wave evicts no more pods of a
+        // budget than it allows.
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut budget_use: BTreeMap<usize, u32> = BTreeMap::new();
+        let mut waits: Vec<Vec<String>> = Vec::new();
+        for &(_, n) in order.iter() {
+            if chosen.len() == max_unavailable {
+                break;
+            }
+            let short = cap[n].iter().find(|(r, k)| {
+                **k > 0
+                    && available.get(*r).copied().unwrap_or(0) - i128::from(**k)
+                        < demand.get(*r).copied().unwrap_or(0)
+            });
+            if let Some((r, k)) = short {
+                let left = available.get(r).copied().unwrap_or(0) - i128::from(*k);
+                blocked_reason = Some(format!(
+                    "handing over {} would leave {left} {r} in group {from} for {} needed by the workloads not moved",
+                    node_name(source[n]),
+                    demand.get(r).copied().unwrap_or(0)
+                ));
+                break;
+            }
+            let mut evicts: BTreeMap<usize, u32> = BTreeMap::new();
+            for (&w, &pods) in &on_node[n] {
+                for &b in &workloads[w].budgets {
+                    *evicts.entry(b).or_default() += pods;
+                }
+            }
+            let over: Vec<usize> = evicts
+                .iter()
+                .filter(|(b, k)| {
+                    budget_use.get(b).copied().unwrap_or(0) + **k > built.budgets[**b].1
+                })
+                .map(|(b, _)| *b)
+                .collect();
+            if !over.is_empty() && !chosen.is_empty() {
+                break;
+            }
+            for (b, k) in evicts {
+                *budget_use.entry(b).or_default() += k;
+            }
+            waits.push(over.iter().map(|b| built.budgets[*b].0.clone()).collect());
+            add_to(&mut available, &cap[n], -1);
+            chosen.push(n);
+        }
+        if !chosen.is_empty() {
+            blocked_reason = None;
+        }
+
+        // 2. Hand them over.
+        let mut handovers = Vec::new();
+        let mut due: BTreeSet<usize> = BTreeSet::new();
+        for (&n, waits) in chosen.iter().zip(waits) {
+            order.remove(&(usage[n], n));
+            in_source[n] = false;
+            let evicts: Vec<usize> = on_node[n].keys().copied().collect();
+            let mut budgets: BTreeSet<String> = BTreeSet::new();
+            for &w in &evicts {
+                budgets.extend(
+                    workloads[w]
+                        .budgets
+                        .iter()
+                        .map(|b| built.budgets[*b].0.clone()),
+                );
+                if workloads[w].in_plan {
+                    due.insert(w);
+                }
+            }
+            handovers.push(Handover {
+                node: node_name(source[n]).to_string(),
+                capacity: cap[n].clone(),
+                evicts: evicts.iter().map(|w| workloads[*w].id.clone()).collect(),
+                budgets: budgets.into_iter().collect(),
+                budget_waits: waits,
+            });
+            planner.target.nodes.push(handed_over(source[n], from, to));
+            planner.target.names.push(node_name(source[n]).to_string());
+        }
+
+        // 3. The moves: the evicted workloads first, then the queues.
+        let mut moves = Vec::new();
+        let mut pending = Vec::new();
+        let count = planner.target.nodes.len();
+        let mut done =
+            |i: usize,
+             planner: &mut Planner<'_>,
+             demand: &mut BTreeMap<String, i128>,
+             order: &mut BTreeSet<(u64, usize)>,
+             moved: &mut Vec<bool>,
+             queues: &mut BTreeMap<(usize, u32), BTreeSet<usize>>| {
+                let w = &workloads[i];
+                moved[i] = true;
+                if let Some(q) = queues.get_mut(&(planner.shape_of[i], w.replicas)) {
+                    q.remove(&i);
+                }
+                for (r, k) in &w.per_pod {
+                    *demand.entry(r.clone()).or_default() -=
+                        i128::from(*k) * i128::from(w.replicas);
+                }
+                let per_pod: u64 = w.per_pod.values().sum();
+                for node in &w.pod_nodes {
+                    if let Some(&n) = source_index.get(node.as_str())
+                        && in_source[n]
+                    {
+                        order.remove(&(usage[n], n));
+                        usage[n] -= per_pod;
+                        order.insert((usage[n], n));
+                        on_node[n].remove(&i);
+                    }
+                }
+            };
+        for &i in &due {
+            if moved[i] {
+                continue;
+            }
+            let q = (planner.shape_of[i], workloads[i].replicas);
+            let result = planner.try_move(&workloads[i], i, true);
+            match result {
+                Ok(m) => {
+                    moves.push(m);
+                    done(
+                        i,
+                        &mut planner,
+                        &mut demand,
+                        &mut order,
+                        &mut moved,
+                        &mut queues,
+                    );
+                }
+                Err(reason) => {
+                    exhausted.insert(q, count);
+                    pending.push(Pending {
+                        workload: workloads[i].id.clone(),
+                        reason,
+                    });
+                }
+            }
+        }
+        let keys: Vec<(usize, u32)> = queues.keys().copied().collect();
+        for q in keys {
+            if exhausted.get(&q) == Some(&count) {
+                continue;
+            }
+            while let Some(&i) = queues[&q].first() {
+                match planner.try_move(&workloads[i], i, false) {
+                    Ok(m) => {
+                        moves.push(m);
+                        done(
+                            i,
+                            &mut planner,
+                            &mut demand,
+                            &mut order,
+                            &mut moved,
+                            &mut queues,
+                        );
+                    }
+                    Err(_) => {
+                        exhausted.insert(q, count);
+                        break;
+                    }
+                }
+            }
+        }
+        // Evicted pods of workloads not moved run elsewhere in the group;
+        // the capacity check kept room for them.
+        for &n in &chosen {
+            on_node[n].clear();
+        }
+        if chosen.is_empty() && moves.is_empty() {
+            break;
+        }
+        moves.sort_by(|a, b| a.workload.cmp(&b.workload));
+        let keys: BTreeSet<&String> = available.keys().chain(demand.keys()).collect();
+        waves.push(Wave {
+            number: waves.len() + 1,
+            handovers,
+            moves,
+            pending,
+            source_after: keys
+                .into_iter()
+                .map(|r| {
+                    let get =
+                        |m: &BTreeMap<String, i128>| m.get(r).copied().unwrap_or(0).max(0) as u64;
+                    (
+                        r.clone(),
+                        SourceCapacity {
+                            available: get(&available),
+                            needed: get(&demand),
+                        },
+                    )
+                })
+                .collect(),
+        });
+    }
+
+    let left: Vec<String> = order
+        .iter()
+        .map(|&(_, n)| node_name(source[n]).to_string())
+        .collect();
+    let mut left_sorted = left.clone();
+    left_sorted.sort();
+    let blocked = (!left.is_empty()).then(|| Blocked {
+        nodes: left_sorted,
+        reason: blocked_reason.unwrap_or_else(|| "no node can be handed over".into()),
+    });
+    let mut remaining = Vec::new();
+    let mut reasons: HashMap<(usize, u32), String> = HashMap::new();
+    for (i, w) in workloads.iter().enumerate() {
+        if !w.in_plan || moved[i] || w.id.kind == "DaemonSet" {
+            continue;
+        }
+        let q = (planner.shape_of[i], w.replicas);
+        let reason = match reasons.get(&q) {
+            Some(r) => r.clone(),
+            None => {
+                // Every queue was tried after the last handover, so this
+                // fails again, now with the reason.
+                let r = planner.try_move(w, i, true).err().unwrap_or_default();
+                reasons.insert(q, r.clone());
+                r
+            }
+        };
+        remaining.push(Pending {
+            workload: w.id.clone(),
+            reason,
+        });
+    }
+    let register: Vec<RegisterEntry> = built.entries;
+    Ok(Plan {
+        from: from.to_string(),
+        to: to.to_string(),
+        class: variants.class.clone(),
+        max_unavailable,
+        register,
+        complete: blocked.is_none() && remaining.is_empty(),
+        blocked,
+        remaining,
+        waves,
+        follow_nodes,
+    })
+}

@@ -1,0 +1,286 @@
+//! `switchyard migrate`: the waves of `switchyard plan`, run by themselves —
+//! the plan computed from the live cluster and sent to the running
+//! claim-allocator, which records it and drives each wave (hand over, move
+//! what now fits, verify, next) from the log; `pause`, `resume` and `abort`
+//! (abort rolls the current wave back, node by node and workload by workload).
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use switchyard_claim_allocator::plan::{self, PlanRequest};
+use switchyard_core::ServiceName;
+use switchyard_core::command::{wave_handover_id, wave_move_id};
+use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
+use switchyard_gpu::publish::Layout;
+use switchyard_kubelet::run::parse_layout;
+use switchyard_proto::v1::{
+    DomainEvent, MigrationControlCommand, MigrationStarted, PlannedWave, WorkloadRef,
+    domain_event::Kind, migration_control_command::Action, service_command,
+};
+
+use crate::kube_args::{KubeArgs, NamespaceArgs};
+use crate::operator::OperatorArgs;
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct MigrateArgs {
+    #[command(subcommand)]
+    pub control: Option<MigrateControl>,
+    #[command(flatten)]
+    pub start: Option<StartArgs>,
+}
+
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    /// The source node group (device plugin).
+    #[arg(long, required = true)]
+    pub from: String,
+    /// The target node group (DRA).
+    #[arg(long, required = true)]
+    pub to: String,
+    /// The GPUClass moved workloads request; default: the only one.
+    #[arg(long, env = "SWITCHYARD_CLASS")]
+    pub class: Option<String>,
+    /// Nodes handed over at once, at most.
+    #[arg(long, env = "SWITCHYARD_MAX_UNAVAILABLE", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_unavailable: u32,
+    /// Pause after each wave until `switchyard migrate resume`.
+    #[arg(long)]
+    pub pause_after_wave: bool,
+    /// The circuit breaker: pause when moved pods are not running with their
+    /// claims this long after their move started.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub pending_limit: Duration,
+    /// How handed-over nodes publish their cards (the node agent's --layout).
+    #[arg(long, env = "SWITCHYARD_LAYOUT", default_value = "static", value_parser = parse_layout)]
+    pub layout: Layout,
+    /// Id of the migration (the correlation id of everything it does);
+    /// default: a new one.
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub namespaces: NamespaceArgs,
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MigrateControl {
+    /// Stop starting new steps (what is in flight goes on).
+    Pause(ControlArgs),
+    /// Go on after a pause (the operator's, a wave's end, or the breaker's).
+    Resume(ControlArgs),
+    /// End the migration and roll its current wave back.
+    Abort(ControlArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ControlArgs {
+    /// The migration.
+    #[arg(long)]
+    pub id: String,
+    /// Why (recorded with the decision).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    match (args.control, args.start) {
+        (Some(MigrateControl::Pause(c)), _) => control(c, Action::Pause).await,
+        (Some(MigrateControl::Resume(c)), _) => control(c, Action::Resume).await,
+        (Some(MigrateControl::Abort(c)), _) => abort(c).await,
+        (None, Some(start)) => begin(start).await,
+        (None, None) => anyhow::bail!("say --from and --to, or pause, resume or abort"),
+    }
+}
+
+/// The waves the claim-allocator runs: each wave's nodes, then the workloads
+/// the plan moves in it (those the claim-allocator moves in place:
+/// Deployments and StatefulSets; the others are named and left to the
+/// operator).
+fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
+    let mut left = Vec::new();
+    let waves = plan
+        .waves
+        .iter()
+        .map(|wave| PlannedWave {
+            nodes: wave.handovers.iter().map(|h| h.node.clone()).collect(),
+            workloads: wave
+                .moves
+                .iter()
+                .filter_map(|m| {
+                    let w = &m.workload;
+                    if matches!(w.kind.as_str(), "Deployment" | "StatefulSet") {
+                        Some(WorkloadRef {
+                            namespace: w.namespace.clone(),
+                            kind: w.kind.clone(),
+                            name: w.name.clone(),
+                        })
+                    } else {
+                        left.push(format!(
+                            "{w} (wave {}): move it with its own tooling",
+                            wave.number
+                        ));
+                        None
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    (waves, left)
+}
+
+async fn begin(args: StartArgs) -> anyhow::Result<ExitCode> {
+    let client = args.kube.client().await?;
+    let snapshot = crate::plan::snapshot(&client).await?;
+    let request = PlanRequest {
+        from: args.from.clone(),
+        to: args.to.clone(),
+        class: args.class.clone(),
+        max_unavailable: args.max_unavailable as usize,
+        layout: args.layout,
+        namespace: args.namespaces.only().map(str::to_string),
+    };
+    let plan = plan::plan(&snapshot, &request)?;
+    let (waves, left) = waves(&plan);
+    for line in &left {
+        eprintln!("not moved in place: {line}");
+    }
+    for pending in &plan.remaining {
+        eprintln!(
+            "stays on {}: {}",
+            plan.from,
+            serde_json::to_string(pending).unwrap_or_default()
+        );
+    }
+    let id = args
+        .id
+        .unwrap_or_else(|| format!("migration-{}", uuid::Uuid::new_v4()));
+    let started = MigrationStarted {
+        migration_id: id.clone(),
+        source_group: plan.from.clone(),
+        target_group: plan.to.clone(),
+        gpu_class: plan.class.clone(),
+        max_unavailable: args.max_unavailable,
+        pause_after_wave: args.pause_after_wave,
+        waves,
+        pending_limit_seconds: args.pending_limit.as_secs(),
+    };
+    let mut operator = args.operator;
+    // Everything the migration does carries its id.
+    operator.correlation_id.get_or_insert(id);
+    operator
+        .run(
+            ServiceName::ClaimAllocator,
+            service_command::Command::Migrate(started),
+        )
+        .await
+}
+
+async fn control(args: ControlArgs, action: Action) -> anyhow::Result<ExitCode> {
+    let command = service_command::Command::ControlMigration(MigrationControlCommand {
+        migration_id: args.id.clone(),
+        action: action as i32,
+        reason: args.reason.clone(),
+    });
+    let mut operator = args.operator;
+    operator.correlation_id.get_or_insert(args.id);
+    operator.run(ServiceName::ClaimAllocator, command).await
+}
+
+/// Aborts the migration, then rolls back what its current wave did: the
+/// workloads it moved (newest first), then the nodes it handed over.
+async fn abort(args: ControlArgs) -> anyhow::Result<ExitCode> {
+    let prefix = crate::rollback::log_prefix(&args.operator).await?;
+    let Some(wave) = prefix.iter().rev().find_map(|(_, e)| match &e.kind {
+        Some(Kind::WaveStarted(w)) if w.migration_id == args.id => Some(w.clone()),
+        _ => None,
+    }) else {
+        return control(args, Action::Abort).await;
+    };
+    let done = |pred: &dyn Fn(&DomainEvent) -> bool| prefix.iter().any(|(_, e)| pred(e));
+    let moved: Vec<WorkloadRef> = wave
+        .workloads
+        .iter()
+        .filter(|w| {
+            let id = wave_move_id(&args.id, wave.wave, w);
+            done(&|e| matches!(&e.kind, Some(Kind::WorkloadRewritten(r)) if r.move_id == id))
+        })
+        .cloned()
+        .collect();
+    let handed: BTreeSet<String> = wave
+        .nodes
+        .iter()
+        .filter(|n| {
+            let id = wave_handover_id(&args.id, wave.wave, n);
+            done(&|e| matches!(&e.kind, Some(Kind::HandoverCompleted(h)) if h.handover_id == id))
+        })
+        .cloned()
+        .collect();
+    let code = control(
+        ControlArgs {
+            id: args.id.clone(),
+            reason: args.reason.clone(),
+            operator: args.operator.clone(),
+        },
+        Action::Abort,
+    )
+    .await?;
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let mut failed = false;
+    let mut operator = args.operator.clone();
+    operator.correlation_id.get_or_insert(args.id.clone());
+    for w in moved.iter().rev() {
+        let id = format!("rollback-{}", uuid::Uuid::new_v4());
+        match plan_workload_rollback(&prefix, w, &id) {
+            Ok(planned) => {
+                let code = operator
+                    .run(
+                        ServiceName::ClaimAllocator,
+                        service_command::Command::Rollback(planned),
+                    )
+                    .await?;
+                failed |= code != ExitCode::SUCCESS;
+            }
+            Err(why) => {
+                eprintln!(
+                    "rollback of {} {}/{} refused: {why}",
+                    w.kind, w.namespace, w.name
+                );
+                failed = true;
+            }
+        }
+    }
+    for node in &handed {
+        let id = format!("rollback-{}", uuid::Uuid::new_v4());
+        match plan_node_rollback(&prefix, node, &id) {
+            Ok(planned) => {
+                let code = operator
+                    .run(
+                        ServiceName::StackAssigner,
+                        service_command::Command::Rollback(planned),
+                    )
+                    .await?;
+                failed |= code != ExitCode::SUCCESS;
+            }
+            Err(why) => {
+                eprintln!("rollback of node {node} refused: {why}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
