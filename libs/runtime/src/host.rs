@@ -388,7 +388,18 @@ pub async fn run<E: EffectExecutor>(
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                         continue;
                     }
-                    decisions.extend(host.core.decide(Input::Record(&event), now_nanos()));
+                    let decided = host.core.decide(Input::Record(&event), now_nanos());
+                    // A process this record starts (a wave's handover, the
+                    // move after it) belongs to the record's migration.
+                    let correlation = &stored.envelope.correlation_id;
+                    if !correlation.is_empty() {
+                        for process in decided.iter().filter_map(process_of) {
+                            host.correlations
+                                .entry(process.to_string())
+                                .or_insert_with(|| correlation.clone());
+                        }
+                    }
+                    decisions.extend(decided);
                 }
                 host.append(&decisions).await?;
             }

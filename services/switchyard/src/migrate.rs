@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use switchyard_claim_allocator::plan::{self, PlanRequest};
 use switchyard_core::ServiceName;
 use switchyard_core::command::{wave_handover_id, wave_move_id};
@@ -23,23 +23,21 @@ use switchyard_proto::v1::{
 use crate::kube_args::{KubeArgs, NamespaceArgs};
 use crate::operator::OperatorArgs;
 
+/// `switchyard migrate --from A --to B ...` starts a migration;
+/// `switchyard migrate pause|resume|abort --id ID` steers one.
 #[derive(Args, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct MigrateArgs {
-    #[command(subcommand)]
-    pub control: Option<MigrateControl>,
-    #[command(flatten)]
-    pub start: Option<StartArgs>,
-}
-
-#[derive(Args, Debug)]
-pub struct StartArgs {
+    /// pause: stop starting new steps (what is in flight goes on); resume:
+    /// go on after a pause (the operator's, a wave's end, or the breaker's);
+    /// abort: end the migration and roll its current wave back. None: start one.
+    #[arg(value_enum, requires = "id")]
+    pub action: Option<MigrateAction>,
     /// The source node group (device plugin).
-    #[arg(long, required = true)]
-    pub from: String,
+    #[arg(long, required_unless_present = "action", conflicts_with = "action")]
+    pub from: Option<String>,
     /// The target node group (DRA).
-    #[arg(long, required = true)]
-    pub to: String,
+    #[arg(long, required_unless_present = "action", conflicts_with = "action")]
+    pub to: Option<String>,
     /// The GPUClass moved workloads request; default: the only one.
     #[arg(long, env = "SWITCHYARD_CLASS")]
     pub class: Option<String>,
@@ -57,10 +55,13 @@ pub struct StartArgs {
     /// How handed-over nodes publish their cards (the node agent's --layout).
     #[arg(long, env = "SWITCHYARD_LAYOUT", default_value = "static", value_parser = parse_layout)]
     pub layout: Layout,
-    /// Id of the migration (the correlation id of everything it does);
-    /// default: a new one.
+    /// Id of the migration (the correlation id of everything it does); to
+    /// start one, default: a new one.
     #[arg(long)]
     pub id: Option<String>,
+    /// Why (recorded with a pause or an abort).
+    #[arg(long, default_value = "")]
+    pub reason: String,
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
@@ -69,36 +70,34 @@ pub struct StartArgs {
     pub operator: OperatorArgs,
 }
 
-#[derive(Subcommand, Debug)]
-pub enum MigrateControl {
-    /// Stop starting new steps (what is in flight goes on).
-    Pause(ControlArgs),
-    /// Go on after a pause (the operator's, a wave's end, or the breaker's).
-    Resume(ControlArgs),
-    /// End the migration and roll its current wave back.
-    Abort(ControlArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct ControlArgs {
-    /// The migration.
-    #[arg(long)]
-    pub id: String,
-    /// Why (recorded with the decision).
-    #[arg(long, default_value = "")]
-    pub reason: String,
-    #[command(flatten)]
-    pub operator: OperatorArgs,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MigrateAction {
+    Pause,
+    Resume,
+    Abort,
 }
 
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    match (args.control, args.start) {
-        (Some(MigrateControl::Pause(c)), _) => control(c, Action::Pause).await,
-        (Some(MigrateControl::Resume(c)), _) => control(c, Action::Resume).await,
-        (Some(MigrateControl::Abort(c)), _) => abort(c).await,
-        (None, Some(start)) => begin(start).await,
-        (None, None) => anyhow::bail!("say --from and --to, or pause, resume or abort"),
+    let Some(action) = args.action else {
+        return begin(args).await;
+    };
+    let control = ControlArgs {
+        id: args.id.clone().unwrap_or_default(),
+        reason: args.reason.clone(),
+        operator: args.operator.clone(),
+    };
+    match action {
+        MigrateAction::Pause => self::control(control, Action::Pause).await,
+        MigrateAction::Resume => self::control(control, Action::Resume).await,
+        MigrateAction::Abort => abort(control).await,
     }
+}
+
+/// A pause, resume or abort of one migration.
+struct ControlArgs {
+    id: String,
+    reason: String,
+    operator: OperatorArgs,
 }
 
 /// The waves the claim-allocator runs: each wave's nodes, then the workloads
@@ -137,12 +136,15 @@ fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
     (waves, left)
 }
 
-async fn begin(args: StartArgs) -> anyhow::Result<ExitCode> {
+async fn begin(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
     let snapshot = crate::plan::snapshot(&client).await?;
+    let (Some(from), Some(to)) = (args.from.clone(), args.to.clone()) else {
+        anyhow::bail!("--from and --to: both groups must be given");
+    };
     let request = PlanRequest {
-        from: args.from.clone(),
-        to: args.to.clone(),
+        from,
+        to,
         class: args.class.clone(),
         max_unavailable: args.max_unavailable as usize,
         layout: args.layout,

@@ -103,7 +103,9 @@ impl OperatorArgs {
         for decision in &reply.decisions {
             self.print(decision)?;
         }
-        Ok(reply.decisions.iter().any(is_refusal))
+        // Refused: nothing but refusals. Completion decides what it can and
+        // says what waits (the source group kept for the trial period).
+        Ok(!reply.decisions.is_empty() && reply.decisions.iter().all(is_refusal))
     }
 
     fn print(&self, event: &DomainEvent) -> anyhow::Result<()> {

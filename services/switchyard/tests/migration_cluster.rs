@@ -263,7 +263,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     let original = deployments.get("train").await.unwrap();
 
     // Step 4 before Step 3 is refused with the reference's reason.
-    let (code, _, err) = cli(
+    let (code, out, err) = cli(
         &world,
         &[
             "move",
@@ -273,10 +273,10 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
             "h100",
         ],
     );
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 1, "{out}\n{err}");
     assert!(
-        err.contains("hand over a node before moving the application"),
-        "{err}"
+        out.contains("hand over a node before moving the application"),
+        "{out}"
     );
 
     // Step 3: hand gpu-0 over; --wait prints each step until it is done.
@@ -438,9 +438,9 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .await;
 
     // Completion is refused while device-plugin nodes and workloads remain.
-    let (code, _, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
-    assert_eq!(code, 1);
-    assert!(err.contains("refused"), "{err}");
+    let (code, out, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(out.contains("completion of group gpu refused"), "{out}");
 
     // Move it again, hand over the last node, then complete.
     let (code, out, err) = cli(
@@ -502,5 +502,208 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     let _ = Api::<Pod>::namespaced(c.clone(), "ml")
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await;
+    drop(kwok);
+}
+
+/// A Deployment `name` in `ml` on the device plugin: `replicas` pods of one
+/// `nvidia.com/gpu` each, bound to the source group.
+async fn create_gpu_deployment(client: &Client, name: &str, replicas: i32) {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {GROUP: "gpu"},
+                    "containers": [{
+                        "name": "main", "image": "registry.example.com/app:1",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+/// `switchyard migrate` over three waves of one node: the circuit breaker
+/// stops it at a PodDisruptionBudget that refuses the first drain, and
+/// `migrate resume` (once the budget is lifted) runs it to the end — every
+/// node on the target group, every workload moved there with its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
+    let mut world = World::start(Components {
+        scheduler: true,
+        controller_manager: true,
+    })
+    .await;
+    let c = world.client.clone();
+    let mut kwok = Kwok::start(&world.plane);
+    create_group(&c, "gpu", true).await;
+    create_group(&c, "gpu-dra", false).await;
+    set_module_config(&c, true, None).await;
+    let nodes = ["gpu-0", "gpu-1", "gpu-2"];
+    for node in nodes {
+        kwok.create_node(&c, &gpu_node(node), WAIT).await;
+    }
+    let _agents: Vec<_> = nodes.iter().map(|n| node_agent(&world, n)).collect();
+    create_node_agent_daemonset(&c).await;
+    let bashible = tokio::spawn(prepare_nodes(c.clone()));
+    for service in [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+    ] {
+        world.serve(service);
+    }
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
+    }))
+    .unwrap();
+    Api::<switchyard_api::GPUClass>::all(c.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the GPUClass");
+    create_namespace(&c, "ml").await;
+    for (name, replicas) in [("web", 2), ("db", 1), ("batch", 1)] {
+        create_gpu_deployment(&c, name, replicas).await;
+    }
+    world
+        .until("4 pods running on the device plugin", || async {
+            let mut running = 0;
+            for app in ["web", "db", "batch"] {
+                running += running_on(&pods_of(&c, app).await).len();
+            }
+            running == 4
+        })
+        .await;
+    // db's budget allows no disruption.
+    let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .unwrap();
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.clone(), "ml");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
+    world
+        .until("the budget counted", || async {
+            pdbs.get("db")
+                .await
+                .ok()
+                .and_then(|p| p.status)
+                .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
+        })
+        .await;
+    let db_node = running_on(&pods_of(&c, "db").await)[0].clone();
+
+    // The plan, then the migration; the breaker stops it at db's budget.
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "migrate",
+            "--from",
+            "gpu",
+            "--to",
+            "gpu-dra",
+            "--class",
+            "h100",
+            "--max-unavailable",
+            "1",
+            "--id",
+            "mig-1",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 1, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains(
+            "migration mig-1 started: gpu -> gpu-dra, class h100, 3 wave(s) of at most 1 node(s)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("by the circuit breaker: the eviction of pod ml/db-")
+            && out.contains("refused by PodDisruptionBudget ml/db"),
+        "{out}\n{err}"
+    );
+    // Lifting the budget lets the drain finish; resuming runs the rest.
+    pdbs.delete("db", &DeleteParams::default())
+        .await
+        .expect("delete the pdb");
+    let (code, out, err) = cli(&world, &["migrate", "resume", "--id", "mig-1", "--wait"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(out.contains("migration mig-1 done: 3 wave(s)"), "{out}");
+    let node_api: Api<Node> = Api::all(c.clone());
+    for node in nodes {
+        let n = node_api.get(node).await.unwrap();
+        assert_eq!(
+            n.labels().get(GROUP).map(String::as_str),
+            Some("gpu-dra"),
+            "{node}"
+        );
+        assert_eq!(
+            n.labels().get(STACK).map(String::as_str),
+            Some("dra"),
+            "{node}"
+        );
+    }
+    for app in ["web", "db", "batch"] {
+        let d = Api::<Deployment>::namespaced(c.clone(), "ml")
+            .get(app)
+            .await
+            .unwrap();
+        let spec = d.spec.unwrap().template.spec.unwrap();
+        let limits = spec.containers[0]
+            .resources
+            .clone()
+            .unwrap()
+            .limits
+            .unwrap();
+        assert!(
+            limits.contains_key("gpu.deckhouse.io/h100"),
+            "{app}: {limits:?}"
+        );
+        assert!(spec.node_selector.is_none(), "{app}");
+    }
+    // Every step of the migration carries its id as correlation id.
+    let records = world
+        .log()
+        .await
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .unwrap();
+    let db_handed_over = records.iter().any(|r| {
+        matches!(r.decode(), switchyard_eventlog::Decoded::Event(e) if matches!(&e.kind,
+            Some(switchyard_proto::v1::domain_event::Kind::HandoverCompleted(h))
+                if h.node == db_node && h.handover_id.starts_with("mig-1/wave-")))
+    });
+    assert!(
+        db_handed_over,
+        "the drain the budget held finished in its wave"
+    );
+    for record in records.iter().filter(|r| {
+        matches!(
+            r.envelope.event_type.as_str(),
+            "WaveStarted" | "HandoverCompleted" | "ApplicationMoveVerified" | "MigrationCompleted"
+        )
+    }) {
+        assert_eq!(
+            record.envelope.correlation_id, "mig-1",
+            "{}",
+            record.envelope.event_type
+        );
+    }
+    bashible.abort();
     drop(kwok);
 }
