@@ -533,7 +533,7 @@ async fn create_gpu_deployment(client: &Client, name: &str, replicas: i32) {
 }
 
 /// `switchyard migrate` over three waves of one node: the circuit breaker
-/// stops it at a PodDisruptionBudget that refuses the first drain, and
+/// stops it at a PodDisruptionBudget that refuses the drain of gpu-0, and
 /// `migrate resume` (once the budget is lifted) runs it to the end — every
 /// node on the target group, every workload moved there with its claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -573,11 +573,22 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
         .await
         .expect("create the GPUClass");
     create_namespace(&c, "ml").await;
-    for (name, replicas) in [("web", 2), ("db", 1), ("batch", 1)] {
+    for (name, replicas) in [("web", 2), ("batch", 1)] {
         create_gpu_deployment(&c, name, replicas).await;
     }
+    // A database on gpu-0 that needs no GPU, and a budget that allows it no
+    // disruption: the drain of gpu-0 waits for it.
+    let db: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "db-0", "labels": {"app": "db"}},
+        "spec": {"nodeName": "gpu-0", "containers": [{"name": "main", "image": "registry.example.com/db:1"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(c.clone(), "ml")
+        .create(&PostParams::default(), &db)
+        .await
+        .expect("create db-0");
     world
-        .until("4 pods running on the device plugin", || async {
+        .until("4 pods running", || async {
             let mut running = 0;
             for app in ["web", "db", "batch"] {
                 running += running_on(&pods_of(&c, app).await).len();
@@ -585,7 +596,6 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             running == 4
         })
         .await;
-    // db's budget allows no disruption.
     let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": {"name": "db"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
@@ -605,7 +615,7 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
                 .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
         })
         .await;
-    let db_node = running_on(&pods_of(&c, "db").await)[0].clone();
+    let db_node = "gpu-0";
 
     // The plan, then the migration; the breaker stops it at db's budget.
     let (code, out, err) = cli(
@@ -633,8 +643,9 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
         "{out}"
     );
     assert!(
-        out.contains("by the circuit breaker: the eviction of pod ml/db-")
-            && out.contains("refused by PodDisruptionBudget ml/db"),
+        out.contains(
+            "by the circuit breaker: the eviction of pod ml/db-0 from node gpu-0 was refused"
+        ) && out.contains("refused by PodDisruptionBudget ml/db"),
         "{out}\n{err}"
     );
     // Lifting the budget lets the drain finish; resuming runs the rest.
@@ -658,7 +669,7 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             "{node}"
         );
     }
-    for app in ["web", "db", "batch"] {
+    for app in ["web", "batch"] {
         let d = Api::<Deployment>::namespaced(c.clone(), "ml")
             .get(app)
             .await
