@@ -515,7 +515,7 @@ fn the_register_names_owners_managers_models_and_budgets() {
     let cron = by("nightly");
     assert_eq!((cron.replicas, cron.gpus_total), (2, 2));
     assert!(cron.in_plan);
-    assert!(by("chart").editable_in_place == false && bare.replicas == 1);
+    assert!(!by("chart").editable_in_place && bare.replicas == 1);
 }
 
 #[test]
