@@ -451,19 +451,20 @@ impl Cluster {
         let (owner_kind, owner_name): (Box<str>, Box<str>) = fact
             .owner
             .map_or_else(Default::default, |o| (o.kind.into(), o.name.into()));
-        // Only a DaemonSet's pods are matched against the readiness
-        // selectors. A fact recorded before pods carried labels has the `app`
-        // label alone: upcast to it.
-        let labels: Box<[(Box<str>, Box<str>)]> = if &*owner_kind != "DaemonSet" {
-            Box::default()
-        } else if fact.labels.is_empty() && !fact.app.is_empty() {
-            Box::new([("app".into(), fact.app.into())])
-        } else {
-            fact.labels
-                .into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect()
-        };
+        // Only a DaemonSet's pods, and pods no controller owns, are matched
+        // against the readiness selectors. A fact recorded before pods
+        // carried labels has the `app` label alone: upcast to it.
+        let labels: Box<[(Box<str>, Box<str>)]> =
+            if !owner_kind.is_empty() && &*owner_kind != "DaemonSet" {
+                Box::default()
+            } else if fact.labels.is_empty() && !fact.app.is_empty() {
+                Box::new([("app".into(), fact.app.into())])
+            } else {
+                fact.labels
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .collect()
+            };
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,

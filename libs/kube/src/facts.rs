@@ -384,11 +384,12 @@ pub fn pod(pod: &Pod) -> DomainEvent {
     // reserved for it: a scheduled pod has them all.
     let claims_allocated = if node.is_empty() { 0 } else { claims_needed };
     let owner = pod_owner(pod);
-    // The stacks' pods (DaemonSet pods) carry their labels, for the
-    // readiness selectors; other pods' labels no core reads.
+    // The stacks' pods (a DaemonSet's, or pods no controller owns) carry
+    // their labels, for the readiness selectors; other pods' labels no core
+    // reads.
     let labels = match &owner {
-        Some(o) if o.kind == "DaemonSet" => pod.labels().clone(),
-        _ => BTreeMap::new(),
+        Some(o) if o.kind != "DaemonSet" => BTreeMap::new(),
+        _ => pod.labels().clone(),
     };
     event(Kind::PodObserved(PodObserved {
         namespace: pod.namespace().unwrap_or_default(),
@@ -661,7 +662,7 @@ mod tests {
     }
 
     #[test]
-    fn a_daemon_set_pod_carries_its_labels_and_others_do_not() {
+    fn a_daemon_set_pod_and_an_unowned_pod_carry_their_labels_and_others_do_not() {
         let labels: BTreeMap<String, String> = [
             (
                 "app.kubernetes.io/component".to_string(),
@@ -690,6 +691,12 @@ mod tests {
             panic!("a PodObserved")
         };
         assert!(f.labels.is_empty());
+        // A pod no controller owns is matched by its labels too.
+        p.metadata.owner_references = None;
+        let Some(Kind::PodObserved(f)) = pod(&p).kind else {
+            panic!("a PodObserved")
+        };
+        assert_eq!(f.labels, labels);
     }
 
     #[test]

@@ -243,42 +243,15 @@ async fn abort(args: ControlArgs) -> anyhow::Result<ExitCode> {
     operator.correlation_id.get_or_insert(args.id.clone());
     for w in moved.iter().rev() {
         let id = format!("rollback-{}", uuid::Uuid::new_v4());
-        match plan_workload_rollback(&prefix, w, &id) {
-            Ok(planned) => {
-                let code = operator
-                    .run(
-                        ServiceName::ClaimAllocator,
-                        service_command::Command::Rollback(planned),
-                    )
-                    .await?;
-                failed |= code != ExitCode::SUCCESS;
-            }
-            Err(why) => {
-                eprintln!(
-                    "rollback of {} {}/{} refused: {why}",
-                    w.kind, w.namespace, w.name
-                );
-                failed = true;
-            }
-        }
+        let planned = plan_workload_rollback(&prefix, w, &id);
+        let code = crate::rollback::send(&operator, ServiceName::ClaimAllocator, planned).await?;
+        failed |= code != ExitCode::SUCCESS;
     }
     for node in &handed {
         let id = format!("rollback-{}", uuid::Uuid::new_v4());
-        match plan_node_rollback(&prefix, node, &id) {
-            Ok(planned) => {
-                let code = operator
-                    .run(
-                        ServiceName::StackAssigner,
-                        service_command::Command::Rollback(planned),
-                    )
-                    .await?;
-                failed |= code != ExitCode::SUCCESS;
-            }
-            Err(why) => {
-                eprintln!("rollback of node {node} refused: {why}");
-                failed = true;
-            }
-        }
+        let planned = plan_node_rollback(&prefix, node, &id);
+        let code = crate::rollback::send(&operator, ServiceName::StackAssigner, planned).await?;
+        failed |= code != ExitCode::SUCCESS;
     }
     Ok(if failed {
         ExitCode::from(1)

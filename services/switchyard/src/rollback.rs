@@ -51,7 +51,8 @@ pub(crate) async fn log_prefix(operator: &OperatorArgs) -> anyhow::Result<Vec<(u
     Ok(prefix)
 }
 
-async fn send(
+/// Sends a planned rollback to its owner, or says why the log refuses it.
+pub(crate) async fn send(
     operator: &OperatorArgs,
     owner: ServiceName,
     planned: Result<DomainEvent, RollbackRefused>,

@@ -244,13 +244,19 @@ async fn play_the_node(client: Client, node: String) {
         }
         if let Ok(n) = nodes.get(&node).await {
             let labels = n.labels();
-            if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
+            // The device plugin registered: nvidia.com/gpu allocatable.
+            let advertised = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .is_some_and(|a| a.contains_key("nvidia.com/gpu"));
+            if labels.get(STACK).map(String::as_str) == Some("device-plugin") && !advertised {
+                let status = json!({"status": {
+                    "capacity": {"nvidia.com/gpu": "8"},
+                    "allocatable": {"nvidia.com/gpu": "8"},
+                }});
                 let _ = nodes
-                    .patch(
-                        &node,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"labels": {SETUP: "true"}}})),
-                    )
+                    .patch_status(&node, &PatchParams::default(), &Patch::Merge(status))
                     .await;
             }
             if labels.get(STACK).map(String::as_str) == Some("dra") {
@@ -358,8 +364,19 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         })
         .await;
     let player = tokio::spawn(play_the_node(c.clone(), "gpu-1".into()));
+    let bashible = tokio::spawn(prepare_nodes(c.clone()));
     world.serve("inventory");
-    world.serve("stack-assigner");
+    // Deckhouse's node agent and vendor adapter pods make the node ready.
+    world.serve_with_env(
+        "stack-assigner",
+        &[
+            ("SWITCHYARD_NODE_AGENT_SELECTOR", "app=gpu-node-agent"),
+            (
+                "SWITCHYARD_VENDOR_ADAPTER_SELECTOR",
+                "app=nvidia-dra-adapter",
+            ),
+        ],
+    );
     world
         .until("gpu-1 on the device plugin", || async {
             world.labels("gpu-1").await.get(STACK).map(String::as_str) == Some("device-plugin")
@@ -497,6 +514,7 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         })
         .await;
     player.abort();
+    bashible.abort();
     let after = nodes.get("gpu-1").await.expect("node");
     let after_json = (
         serde_json::to_vec(&after.metadata.labels).unwrap(),

@@ -28,40 +28,6 @@ const FIXTURE: &str = concat!(
     "/../../deploy/fixtures/h100-8x.yaml"
 );
 
-/// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
-/// after a node's group changes, its preparation label goes and comes back
-/// once the node has its new stack label.
-async fn prepare_nodes(client: Client) {
-    let nodes: Api<Node> = Api::all(client);
-    let mut groups = std::collections::BTreeMap::new();
-    loop {
-        if let Ok(list) = nodes.list(&ListParams::default()).await {
-            for node in list {
-                let name = node.name_any();
-                let labels = node.labels();
-                let group = labels.get(GROUP).cloned().unwrap_or_default();
-                let moved = groups
-                    .insert(name.clone(), group.clone())
-                    .is_some_and(|g| g != group);
-                let patch = if moved {
-                    Some(json!({"metadata": {"labels": {SETUP: null}}}))
-                } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
-                    Some(json!({"metadata": {"labels": {SETUP: "true"}}}))
-                } else {
-                    None
-                };
-                if let Some(patch) = patch {
-                    let _ = nodes
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                        .await;
-                }
-            }
-        }
-        // The player's own pace; the test waits on conditions, not on it.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
 /// pods on the nodes the stack-assigner labels `dra` (in this test the
 /// agents themselves run as processes beside it, one per node).
@@ -178,8 +144,29 @@ fn running_on(pods: &[Pod]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
+/// A cluster migrating from `gpu` to `gpu-dra`: the control plane with
+/// scheduler and controller-manager, kwok running `nodes` (in `gpu`, 8 cards
+/// each) with a node agent each, node preparation played, every deciding
+/// service and inventory as processes, the GPUClass `h100` (Step 2, from the
+/// PhysicalGPUs' device label) and the namespace `ml`.
+struct Cluster {
+    world: World,
+    _kwok: Kwok,
+    _agents: Vec<(
+        KillOnDrop,
+        switchyard_kubelet::fake::Kubelet,
+        tempfile::TempDir,
+    )>,
+    bashible: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.bashible.abort();
+    }
+}
+
+async fn cluster(nodes: &[&str]) -> Cluster {
     let mut world = World::start(Components {
         scheduler: true,
         controller_manager: true,
@@ -190,13 +177,10 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     create_group(&c, "gpu", true).await;
     create_group(&c, "gpu-dra", false).await;
     set_module_config(&c, true, None).await;
-    for node in ["gpu-0", "gpu-1"] {
+    for node in nodes {
         kwok.create_node(&c, &gpu_node(node), WAIT).await;
     }
-    let _agents: Vec<_> = ["gpu-0", "gpu-1"]
-        .iter()
-        .map(|n| node_agent(&world, n))
-        .collect();
+    let agents = nodes.iter().map(|n| node_agent(&world, n)).collect();
     create_node_agent_daemonset(&c).await;
     let bashible = tokio::spawn(prepare_nodes(c.clone()));
     for service in [
@@ -208,8 +192,6 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     ] {
         world.serve(service);
     }
-
-    // Step 2: the class, from the PhysicalGPUs' device label.
     let class: switchyard_api::GPUClass = serde_json::from_value(json!({
         "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
         "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
@@ -219,9 +201,22 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .create(&PostParams::default(), &class)
         .await
         .expect("create the GPUClass");
+    create_namespace(&c, "ml").await;
+    Cluster {
+        world,
+        _kwok: kwok,
+        _agents: agents,
+        bashible,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
+    let cluster = cluster(&["gpu-0", "gpu-1"]).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
 
     // An application on the device plugin, and its quota.
-    create_namespace(&c, "ml").await;
     let train: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "train", "labels": {"team": "ml"}},
         "spec": {
@@ -264,7 +259,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
 
     // Step 4 before Step 3 is refused with the reference's reason.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "move",
             "--workload",
@@ -281,7 +276,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
 
     // Step 3: hand gpu-0 over; --wait prints each step until it is done.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "handover", "--node", "gpu-0", "--to", "gpu-dra", "--id", "h-gpu-0", "--wait",
         ],
@@ -311,7 +306,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
 
     // Step 4, dry run: the change as a merge patch, nothing written.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "move",
             "--workload",
@@ -341,7 +336,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
 
     // Step 4 and Step 5: moved, restarted, verified on gpu-dra with its claim.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "move",
             "--workload",
@@ -416,7 +411,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     // The application's rollback: the manifest as it was, byte for byte, and
     // its pod back on the device plugin.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "rollback",
             "app",
@@ -438,13 +433,13 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .await;
 
     // Completion is refused while device-plugin nodes and workloads remain.
-    let (code, out, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
+    let (code, out, err) = cli(world, &["complete", "--from", "gpu", "--class", "h100"]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(out.contains("completion of group gpu refused"), "{out}");
 
     // Move it again, hand over the last node, then complete.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "move",
             "--workload",
@@ -456,11 +451,11 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     let (code, out, err) = cli(
-        &world,
+        world,
         &["handover", "--node", "gpu-1", "--to", "gpu-dra", "--wait"],
     );
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
-    let (code, out, err) = cli(&world, &["complete", "--from", "gpu", "--class", "h100"]);
+    let (code, out, err) = cli(world, &["complete", "--from", "gpu", "--class", "h100"]);
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     let quotas: Api<ResourceQuota> = Api::namespaced(c.clone(), "ml");
     world
@@ -498,11 +493,6 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .await
         .unwrap();
     assert!(group.spec.gpu.is_some(), "kept until --trial-over");
-    bashible.abort();
-    let _ = Api::<Pod>::namespaced(c.clone(), "ml")
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
-    drop(kwok);
 }
 
 /// A Deployment `name` in `ml` on the device plugin: `replicas` pods of one
@@ -538,41 +528,10 @@ async fn create_gpu_deployment(client: &Client, name: &str, replicas: i32) {
 /// node on the target group, every workload moved there with its claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
-    let mut world = World::start(Components {
-        scheduler: true,
-        controller_manager: true,
-    })
-    .await;
-    let c = world.client.clone();
-    let mut kwok = Kwok::start(&world.plane);
-    create_group(&c, "gpu", true).await;
-    create_group(&c, "gpu-dra", false).await;
-    set_module_config(&c, true, None).await;
     let nodes = ["gpu-0", "gpu-1", "gpu-2"];
-    for node in nodes {
-        kwok.create_node(&c, &gpu_node(node), WAIT).await;
-    }
-    let _agents: Vec<_> = nodes.iter().map(|n| node_agent(&world, n)).collect();
-    create_node_agent_daemonset(&c).await;
-    let bashible = tokio::spawn(prepare_nodes(c.clone()));
-    for service in [
-        "inventory",
-        "stack-assigner",
-        "class-compiler",
-        "claim-allocator",
-    ] {
-        world.serve(service);
-    }
-    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
-        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
-        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
-    }))
-    .unwrap();
-    Api::<switchyard_api::GPUClass>::all(c.clone())
-        .create(&PostParams::default(), &class)
-        .await
-        .expect("create the GPUClass");
-    create_namespace(&c, "ml").await;
+    let cluster = cluster(&nodes).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
     for (name, replicas) in [("web", 2), ("batch", 1)] {
         create_gpu_deployment(&c, name, replicas).await;
     }
@@ -619,7 +578,7 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
 
     // The plan, then the migration; the breaker stops it at db's budget.
     let (code, out, err) = cli(
-        &world,
+        world,
         &[
             "migrate",
             "--from",
@@ -652,7 +611,7 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
     pdbs.delete("db", &DeleteParams::default())
         .await
         .expect("delete the pdb");
-    let (code, out, err) = cli(&world, &["migrate", "resume", "--id", "mig-1", "--wait"]);
+    let (code, out, err) = cli(world, &["migrate", "resume", "--id", "mig-1", "--wait"]);
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     assert!(out.contains("migration mig-1 done: 3 wave(s)"), "{out}");
     let node_api: Api<Node> = Api::all(c.clone());
@@ -715,6 +674,4 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             record.envelope.event_type
         );
     }
-    bashible.abort();
-    drop(kwok);
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use switchyard_api::{ModuleConfig, NodeGroup, crds};
@@ -41,6 +41,7 @@ impl Service {
         nats: &NatsServer,
         dir: &std::path::Path,
         health: Option<u16>,
+        env: &[(&str, &str)],
     ) -> Service {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::OpenOptions::new()
@@ -50,6 +51,7 @@ impl Service {
             .expect("service log");
         let binary = switchyard_testkit::bins::binary(&format!("switchyard-{name}"));
         let mut command = Command::new(binary);
+        command.envs(env.iter().copied());
         if let Some(port) = health {
             command.env("SWITCHYARD_HEALTH_LISTEN", format!("127.0.0.1:{port}"));
         }
@@ -114,7 +116,12 @@ impl World {
     }
 
     pub fn serve(&mut self, name: &'static str) {
-        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), None);
+        self.serve_with_env(name, &[]);
+    }
+
+    /// Starts a service with these environment variables (its flags).
+    pub fn serve_with_env(&mut self, name: &'static str, env: &[(&str, &str)]) {
+        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), None, env);
         self.services.push(service);
     }
 
@@ -124,7 +131,14 @@ impl World {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let service = Service::start(name, &self.plane, &self.nats, self.dir.path(), Some(port));
+        let service = Service::start(
+            name,
+            &self.plane,
+            &self.nats,
+            self.dir.path(),
+            Some(port),
+            &[],
+        );
         self.services.push(service);
         port
     }
@@ -264,4 +278,38 @@ pub fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> 
         .iter()
         .filter(|(_, e)| e.kind.as_ref().is_some_and(&pred))
         .count()
+}
+
+/// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
+/// after a node's group changes, its preparation label goes and comes back
+/// once the node has its new stack label.
+pub async fn prepare_nodes(client: Client) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut groups = std::collections::BTreeMap::new();
+    loop {
+        if let Ok(list) = nodes.list(&ListParams::default()).await {
+            for node in list {
+                let name = node.name_any();
+                let labels = node.labels();
+                let group = labels.get(GROUP).cloned().unwrap_or_default();
+                let moved = groups
+                    .insert(name.clone(), group.clone())
+                    .is_some_and(|g| g != group);
+                let patch = if moved {
+                    Some(json!({"metadata": {"labels": {SETUP: null}}}))
+                } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
+                    Some(json!({"metadata": {"labels": {SETUP: "true"}}}))
+                } else {
+                    None
+                };
+                if let Some(patch) = patch {
+                    let _ = nodes
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await;
+                }
+            }
+        }
+        // The player's own pace; the test waits on conditions, not on it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
