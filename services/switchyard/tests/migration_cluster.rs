@@ -117,7 +117,7 @@ fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
         .env("SWITCHYARD_NATS_URL", world.nats.url())
         .env("KUBECONFIG", world.plane.kubeconfig())
         .env("SWITCHYARD_ACTOR", "ops@example.com")
-        .env("SWITCHYARD_TIMEOUT", "90s")
+        .env("SWITCHYARD_TIMEOUT", "5m")
         .output()
         .expect("run switchyard");
     (
