@@ -115,8 +115,9 @@ fn author(actor: &str) -> Option<ServiceName> {
     actor.parse().ok()
 }
 
-/// Keeps the correlation id a process's first recorded step carries, so its
-/// later steps carry it too (also those another service decides).
+/// Keeps the correlation id a process's first step carries (the command's,
+/// or the record it was decided on), so its later steps carry it too (also
+/// those another service decides).
 fn remember_correlation(
     correlations: &mut BTreeMap<String, String>,
     event: &DomainEvent,
@@ -217,14 +218,14 @@ impl<E: EffectExecutor> Host<E> {
             return refuse(commands::CommandRefused::NotOwner { service, owner }.to_string());
         }
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
-        for process in decisions.iter().filter_map(process_of) {
+        for decision in &decisions {
+            // None given: each process is its own correlation.
+            let own = process_of(decision).unwrap_or_default();
             let correlation = match correlation_id.as_str() {
-                "" => process,
+                "" => own,
                 given => given,
             };
-            self.correlations
-                .entry(process.to_string())
-                .or_insert_with(|| correlation.to_string());
+            remember_correlation(&mut self.correlations, decision, correlation);
         }
         match self.append_by(&actor, &decisions).await {
             Ok(()) => CommandReply {
@@ -391,13 +392,8 @@ pub async fn run<E: EffectExecutor>(
                     let decided = host.core.decide(Input::Record(&event), now_nanos());
                     // A process this record starts (a wave's handover, the
                     // move after it) belongs to the record's migration.
-                    let correlation = &stored.envelope.correlation_id;
-                    if !correlation.is_empty() {
-                        for process in decided.iter().filter_map(process_of) {
-                            host.correlations
-                                .entry(process.to_string())
-                                .or_insert_with(|| correlation.clone());
-                        }
+                    for decision in &decided {
+                        remember_correlation(&mut host.correlations, decision, &stored.envelope.correlation_id);
                     }
                     decisions.extend(decided);
                 }
