@@ -334,6 +334,8 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
     )
     .await;
     set_module_config(&c, true, None).await;
+    // Its eight cards, which DRA must publish before the node counts ready.
+    let _agent = node_agent(&world, "gpu-1");
     run_pod(&c, "apps", "web-1", "gpu-1", &[("app", "web")])
         .await
         .expect("web-1");

@@ -16,16 +16,10 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use switchyard_testkit::KillOnDrop;
 use switchyard_testkit::kube::{Components, create_namespace};
 use switchyard_testkit::kwok::{Kwok, kwok_node};
 
 use support::*;
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../deploy/fixtures/h100-8x.yaml"
-);
 
 /// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
 /// pods on the nodes the stack-assigner labels `dra` (in this test the
@@ -78,38 +72,6 @@ fn gpu_node(name: &str) -> Node {
     )
 }
 
-/// A node agent for `node` on the fixture, with a kubelet of its own.
-fn node_agent(
-    world: &World,
-    node: &str,
-) -> (
-    KillOnDrop,
-    switchyard_kubelet::fake::Kubelet,
-    tempfile::TempDir,
-) {
-    let dir = tempfile::tempdir().expect("kubelet dir");
-    let kubelet = switchyard_kubelet::fake::Kubelet::default();
-    kubelet
-        .serve(dir.path())
-        .expect("serve the kubelet's sockets");
-    let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
-        .expect("agent log");
-    let agent = Command::new(switchyard_testkit::bins::binary("switchyard-node-agent"))
-        .args(["serve", "--node-name", node, "--gpu-source"])
-        .arg(format!("fixture:{FIXTURE}"))
-        .arg("--kubelet-dir")
-        .arg(dir.path())
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .env("KUBECONFIG", world.plane.kubeconfig())
-        .env("SWITCHYARD_LOG_LEVEL", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start the node agent");
-    (KillOnDrop(agent), kubelet, dir)
-}
-
 /// Runs `switchyard` as the operator `ops@example.com`.
 fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
@@ -151,11 +113,7 @@ fn running_on(pods: &[Pod]) -> Vec<String> {
 struct Cluster {
     world: World,
     _kwok: Kwok,
-    _agents: Vec<(
-        KillOnDrop,
-        switchyard_kubelet::fake::Kubelet,
-        tempfile::TempDir,
-    )>,
+    _agents: Vec<NodeAgent>,
     bashible: tokio::task::JoinHandle<()>,
 }
 

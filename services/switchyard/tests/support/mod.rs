@@ -17,14 +17,27 @@ use switchyard_api::{ModuleConfig, NodeGroup, crds};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
-use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{Components, ControlPlane, fake_node, install_crds};
 use switchyard_testkit::nats::NatsServer;
+use switchyard_testkit::{KillOnDrop, eventually};
 
 pub const STACK: &str = "node.deckhouse.io/gpu-stack";
 pub const GROUP: &str = "node.deckhouse.io/group";
 pub const SETUP: &str = "node.deckhouse.io/gpu-setup-complete";
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Eight H100s, as the node agent's fixture backend serves them.
+pub const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/fixtures/h100-8x.yaml"
+);
+
+/// A node agent's process, its kubelet's sockets and their folder.
+pub type NodeAgent = (
+    KillOnDrop,
+    switchyard_kubelet::fake::Kubelet,
+    tempfile::TempDir,
+);
 
 /// A service's process (`switchyard-<name>`), killed when dropped; its log
 /// kept for failures.
@@ -312,4 +325,29 @@ pub async fn prepare_nodes(client: Client) {
         // The player's own pace; the test waits on conditions, not on it.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A node agent for `node` on the fixture, with a kubelet of its own.
+pub fn node_agent(world: &World, node: &str) -> NodeAgent {
+    let dir = tempfile::tempdir().expect("kubelet dir");
+    let kubelet = switchyard_kubelet::fake::Kubelet::default();
+    kubelet
+        .serve(dir.path())
+        .expect("serve the kubelet's sockets");
+    let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
+        .expect("agent log");
+    let agent = Command::new(switchyard_testkit::bins::binary("switchyard-node-agent"))
+        .args(["serve", "--node-name", node, "--gpu-source"])
+        .arg(format!("fixture:{FIXTURE}"))
+        .arg("--kubelet-dir")
+        .arg(dir.path())
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .env("SWITCHYARD_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the node agent");
+    (KillOnDrop(agent), kubelet, dir)
 }
