@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
     DomainEvent, GpuPhase, GpuSpec, LabelSelector, NodeObserved, NodeProvisioning,
-    PhysicalGpuObserved, PodObserved, PodPhase, ReadinessSelectorsConfigured, Taint,
+    PhysicalGpuObserved, PodObserved, PodPhase, ReadinessSelectorsConfigured, SliceDevice, Taint,
     WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
@@ -159,6 +159,33 @@ pub struct PhysicalGpu {
     pub name: Box<str>,
     pub device: Box<str>,
     pub phase: GpuPhase,
+    pub uuid: Box<str>,
+    pub product: Box<str>,
+    pub memory_mib: u64,
+}
+
+/// A ResourceSlice: the devices one driver publishes for a node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Slice {
+    pub driver: String,
+    /// Empty for a slice not bound to one node.
+    pub node: String,
+    pub devices: Vec<SliceDevice>,
+}
+
+/// A ResourceClaim as exit evidence reads it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Claim {
+    /// The node it is allocated on; empty while not allocated.
+    pub node: String,
+    /// Allocated devices as `driver/pool/device`.
+    pub devices: Vec<String>,
+    /// Pods (in the claim's namespace) it is reserved for.
+    pub reserved_for: Vec<String>,
+    /// The pod it was generated for from a ResourceClaimTemplate.
+    pub owner_pod: String,
+    /// The DeviceClasses its requests name.
+    pub device_classes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -390,6 +417,10 @@ pub struct Cluster {
     pub claim_nodes: BTreeMap<ObjectKey, String>,
     /// Node -> the ResourceClaims allocated on it.
     pub claims_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
+    /// Every ResourceClaim, allocated or not.
+    pub claims: BTreeMap<ObjectKey, Claim>,
+    /// ResourceSlices by name.
+    pub slices: BTreeMap<String, Slice>,
 }
 
 impl Cluster {
@@ -482,6 +513,9 @@ impl Cluster {
             phase: fact.phase(),
             device: fact.device.into(),
             name: fact.name.into(),
+            uuid: fact.uuid.into(),
+            product: fact.product.into(),
+            memory_mib: fact.memory_mib,
         };
         let on_node = self.gpus.entry(fact.node).or_default();
         match on_node.binary_search_by(|g| g.name.cmp(&gpu.name)) {
@@ -565,11 +599,40 @@ impl Cluster {
                         .entry(fact.node.clone())
                         .or_default()
                         .insert(key.clone());
-                    self.claim_nodes.insert(key, fact.node.clone());
+                    self.claim_nodes.insert(key.clone(), fact.node.clone());
                 }
+                self.claims.insert(
+                    key,
+                    Claim {
+                        node: fact.node.clone(),
+                        devices: fact
+                            .allocated
+                            .iter()
+                            .map(|d| format!("{}/{}/{}", d.driver, d.pool, d.device))
+                            .collect(),
+                        reserved_for: fact.reserved_for.clone(),
+                        owner_pod: fact.owner_pod.clone(),
+                        device_classes: fact.device_classes.clone(),
+                    },
+                );
             }
             Kind::ResourceClaimRemoved(fact) => {
-                self.unindex_claim(&(fact.namespace.clone(), fact.name.clone()));
+                let key = (fact.namespace.clone(), fact.name.clone());
+                self.unindex_claim(&key);
+                self.claims.remove(&key);
+            }
+            Kind::ResourceSliceObserved(fact) => {
+                self.slices.insert(
+                    fact.name.clone(),
+                    Slice {
+                        driver: fact.driver.clone(),
+                        node: fact.node.clone(),
+                        devices: fact.device_list.clone(),
+                    },
+                );
+            }
+            Kind::ResourceSliceRemoved(fact) => {
+                self.slices.remove(&fact.name);
             }
             Kind::GpuClassObserved(fact) => {
                 self.gpu_classes

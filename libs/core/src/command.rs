@@ -54,6 +54,21 @@ pub struct ControlMigration {
     pub reason: String,
 }
 
+/// An operator's request to check the exit evidence now and record it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckEvidence {
+    pub check_id: String,
+    /// Empty: every GPU node and every verified move.
+    pub migration_id: String,
+    /// One wave (0-based) of the migration; `None`: its waves started so far.
+    pub wave: Option<u32>,
+}
+
+/// The id of a wave's own evidence check.
+pub fn wave_evidence_id(migration_id: &str, wave: u32) -> String {
+    format!("{migration_id}/wave-{}/evidence", wave + 1)
+}
+
 /// The id of the handover of `node` in wave `wave` (0-based) of a migration.
 pub fn wave_handover_id(migration_id: &str, wave: u32, node: &str) -> String {
     format!("{migration_id}/wave-{}/{node}", wave + 1)
@@ -79,6 +94,7 @@ pub enum Command {
     /// A migration's plan: its waves, to run by themselves.
     Migrate(MigrationStarted),
     ControlMigration(ControlMigration),
+    CheckEvidence(CheckEvidence),
     /// A planned rollback (`RollbackStarted`), for the node's or workload's owner.
     Rollback(DomainEvent),
 }

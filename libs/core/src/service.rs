@@ -104,7 +104,8 @@ impl Command {
             Command::MoveApplication(_)
             | Command::Complete(_)
             | Command::Migrate(_)
-            | Command::ControlMigration(_) => ServiceName::ClaimAllocator,
+            | Command::ControlMigration(_)
+            | Command::CheckEvidence(_) => ServiceName::ClaimAllocator,
             Command::Rollback(event) => match &event.kind {
                 Some(Kind::RollbackStarted(r)) if r.node_restore.is_some() => {
                     ServiceName::StackAssigner

@@ -90,6 +90,10 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
         Kind::ReadinessSelectorsConfigured(_) => "cluster.readiness-selectors".into(),
         Kind::StackSwitchHeld(e) => format!("node.{}", token(&e.node)),
+        Kind::EvidenceRecorded(e) if e.workload.is_some() => workload(&e.workload),
+        Kind::EvidenceRecorded(e) => format!("node.{}", token(&e.node)),
+        Kind::EvidenceChecked(e) if e.migration_id.is_empty() => "cluster.evidence".into(),
+        Kind::EvidenceChecked(e) => format!("migration.{}", token(&e.migration_id)),
     }
 }
 
@@ -133,6 +137,12 @@ pub fn process_of(event: &DomainEvent) -> Option<&str> {
         Kind::MigrationResumed(e) => &e.migration_id,
         Kind::MigrationAborted(e) => &e.migration_id,
         Kind::MigrationCompleted(e) => &e.migration_id,
+        // A wave's evidence is a step of its migration; the operator's own
+        // check, outside one, a process of its own.
+        Kind::EvidenceRecorded(e) if e.migration_id.is_empty() => &e.check_id,
+        Kind::EvidenceRecorded(e) => &e.migration_id,
+        Kind::EvidenceChecked(e) if e.migration_id.is_empty() => &e.check_id,
+        Kind::EvidenceChecked(e) => &e.migration_id,
         _ => return None,
     };
     (!id.is_empty()).then_some(id.as_str())

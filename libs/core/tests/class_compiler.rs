@@ -338,6 +338,7 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
         name: "train-gpu".into(),
         device_classes: vec!["a100.gpu.deckhouse.io".into()],
         node: String::new(),
+        ..Default::default()
     };
     core.handle(&ev(Kind::ResourceClaimObserved(claim.clone())));
 

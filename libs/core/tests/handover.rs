@@ -539,6 +539,54 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
 }
 
 #[test]
+fn preparation_recorded_before_the_move_itself_still_counts_as_after_it() {
+    // given a node cordoned and drained, whose group change is decided on a
+    // fact that still carries the old gpu-setup-complete...
+    let mut core = given(dp_cluster(2));
+    core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+        0,
+    );
+    let cordoned = NodeSpec {
+        labels: DP_LABELS,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu")
+    };
+    core.handle_fact(&cordoned.fact(), S);
+    let after = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu-dra")
+    }
+    .fact();
+    let changed = core
+        .clone()
+        .handle_fact(&after, 2 * S)
+        .into_iter()
+        .find(|d| matches!(d.kind, Some(Kind::NodeGroupChanged(_))))
+        .expect("the group change");
+    // ...while preparation took the label away and wrote it again, recorded
+    // in the log before the group change is
+    let unprepared = NodeSpec {
+        labels: MOVED_UNPREPARED,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu-dra")
+    }
+    .fact();
+    for fact in [&after, &unprepared, &after, &changed] {
+        core.apply(fact, 2 * S);
+    }
+    // then the label written after the removal counts: ready
+    assert_eq!(
+        names(&core.handle(Input::Tick, 3 * S)),
+        ["NodeReadinessObserved"]
+    );
+}
+
+#[test]
 fn a_refreshed_setup_label_counts_as_written_after_the_move() {
     let mut core = given(dp_cluster(2));
     moved(&mut core, "gpu-dra", MOVED_STALE, 2);

@@ -14,13 +14,13 @@ use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX};
 use switchyard_proto::v1::{
-    DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved, GpuClassRemoved,
-    GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement, ModuleSettingsObserved,
-    NodeGroupObserved, NodeGroupRemoved, NodeObserved, NodeProvisioning, NodeRemoved,
-    PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved,
+    AllocatedDevice, DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved,
+    GpuClassRemoved, GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement,
+    ModuleSettingsObserved, NodeGroupObserved, NodeGroupRemoved, NodeObserved, NodeProvisioning,
+    NodeRemoved, PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved,
     ResourceClaimObserved, ResourceClaimRemoved, ResourceList, ResourceQuotaObserved,
-    ResourceSliceObserved, ResourceSliceRemoved, Taint, WorkloadObserved, WorkloadPlacement,
-    WorkloadRef, domain_event::Kind, event,
+    ResourceSliceObserved, ResourceSliceRemoved, SliceDevice, Taint, WorkloadObserved,
+    WorkloadPlacement, WorkloadRef, domain_event::Kind, event,
 };
 
 /// The ModuleConfig of the GPU module.
@@ -320,11 +320,40 @@ pub fn resource_claim_on(
         .collect();
     classes.sort();
     classes.dedup();
+    let status = claim.status.as_ref();
+    let allocated = status
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .into_iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .map(|r| AllocatedDevice {
+            request: r.request.clone(),
+            driver: r.driver.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+        })
+        .collect();
+    let reserved_for = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+        .map(|r| r.name.clone())
+        .collect();
+    let owner_pod = claim
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
+        .map(|o| o.name.clone())
+        .unwrap_or_default();
     event(Kind::ResourceClaimObserved(ResourceClaimObserved {
         namespace: claim.namespace().unwrap_or_default(),
         name: claim.name_any(),
         device_classes: classes,
         node: claim_node(claim, pod_node),
+        allocated,
+        reserved_for,
+        owner_pod,
     }))
 }
 
@@ -550,7 +579,41 @@ pub fn resource_slice(slice: &ResourceSlice) -> DomainEvent {
         node: slice.spec.node_name.clone().unwrap_or_default(),
         pool: slice.spec.pool.name.clone(),
         devices: slice.spec.devices.as_ref().map_or(0, Vec::len) as u32,
+        device_list: slice
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .map(slice_device)
+            .collect(),
     }))
+}
+
+/// A published device's identity: its `type`, `uuid` and `productName`
+/// attributes and its `memory` capacity in MiB (0 when absent or not a
+/// quantity).
+fn slice_device(device: &k8s_openapi::api::resource::v1::Device) -> SliceDevice {
+    let attribute = |name: &str| {
+        device
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .and_then(|a| a.string.clone())
+            .unwrap_or_default()
+    };
+    let memory_mib = device
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("memory"))
+        .and_then(|c| switchyard_dra::Quantity::parse(&c.value.0).ok())
+        .map_or(0, |q| (q.value_rounded_up().max(0) as u64) >> 20);
+    SliceDevice {
+        name: device.name.clone(),
+        r#type: attribute("type"),
+        uuid: attribute("uuid"),
+        product: attribute("productName"),
+        memory_mib,
+    }
 }
 
 pub fn resource_slice_removed(slice: &ResourceSlice) -> DomainEvent {

@@ -81,6 +81,8 @@ pub mod v1 {
                 AlertCleared(_) => "AlertCleared",
                 ReadinessSelectorsConfigured(_) => "ReadinessSelectorsConfigured",
                 StackSwitchHeld(_) => "StackSwitchHeld",
+                EvidenceRecorded(_) => "EvidenceRecorded",
+                EvidenceChecked(_) => "EvidenceChecked",
             }
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use prost::Message;
 use switchyard_core::command::{
-    Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
+    CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
 };
 use switchyard_core::{Command, ServiceName};
 use switchyard_proto::v1::migration_control_command::Action;
@@ -63,6 +63,10 @@ pub enum CommandRefused {
     IncompleteMigration,
     #[error("control_migration: migration_id and an action (pause, resume, abort) must be set")]
     IncompleteControl,
+    #[error("check_evidence: check_id must be set")]
+    IncompleteEvidenceCheck,
+    #[error("check_evidence: wave is set without migration_id; expected both or neither")]
+    WaveWithoutMigration,
     #[error("rollback: expected a RollbackStarted event")]
     NotARollback,
     #[error("{service} does not take this command; {owner} does")]
@@ -173,6 +177,19 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
                 migration_id: c.migration_id,
                 action,
                 reason: c.reason,
+            }))
+        }
+        service_command::Command::CheckEvidence(c) => {
+            if c.check_id.is_empty() {
+                return Err(CommandRefused::IncompleteEvidenceCheck);
+            }
+            if c.wave.is_some() && c.migration_id.is_empty() {
+                return Err(CommandRefused::WaveWithoutMigration);
+            }
+            Ok(Command::CheckEvidence(CheckEvidence {
+                check_id: c.check_id,
+                migration_id: c.migration_id,
+                wave: c.wave,
             }))
         }
     }

@@ -2,7 +2,8 @@
 //! claim-allocator runs the plan (wave started, the stack-assigner hands the
 //! wave's nodes over, the wave's workloads are moved and verified, next wave),
 //! pauses after a wave when asked and resumes, and the circuit breaker stops
-//! it when moved pods stay Pending — all from the log, the same log for the
+//! it when moved pods stay Pending — each wave done only with its exit
+//! evidence — all from the log, the same log for the
 //! same seed.
 
 use switchyard_core::command::MigrationAction;
@@ -78,6 +79,13 @@ fn kinds_of(m: &Migration<Local>, id: &str) -> Vec<String> {
             Some(Kind::WaveCompleted(w)) if w.migration_id == id => {
                 Some(format!("WaveCompleted {}", w.wave + 1))
             }
+            Some(Kind::EvidenceChecked(c)) if c.migration_id == id => Some(format!(
+                "EvidenceChecked {}: {} nodes, {} workloads, {} failed",
+                c.wave + 1,
+                c.nodes,
+                c.workloads,
+                c.failed
+            )),
             Some(Kind::MigrationPaused(p)) if p.migration_id == id => {
                 Some(format!("MigrationPaused {}", p.wave + 1))
             }
@@ -103,8 +111,11 @@ async fn the_waves_run_by_themselves_to_the_end() {
         kinds_of(&m, "mig-1"),
         [
             "WaveStarted 1 [\"gpu-0\", \"gpu-1\"]",
+            // Each wave done only with its evidence, every record passed.
+            "EvidenceChecked 1: 2 nodes, 3 workloads, 0 failed",
             "WaveCompleted 1",
             "WaveStarted 2 [\"gpu-2\", \"gpu-3\"]",
+            "EvidenceChecked 2: 2 nodes, 1 workloads, 0 failed",
             "WaveCompleted 2",
             "MigrationCompleted 2"
         ]

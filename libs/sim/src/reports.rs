@@ -1,8 +1,10 @@
 //! Reports: the fact events that changes to nodes, pods, workloads and GPUs produce.
 
+use switchyard_core::class_compiler::GPU_DRIVER;
 use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_proto::v1::{
-    GpuPhase, PhysicalGpuObserved, PodObserved, WorkloadObserved, WorkloadRef, domain_event::Kind,
+    GpuPhase, PhysicalGpuObserved, PodObserved, ResourceSliceObserved, ResourceSliceRemoved,
+    SliceDevice, WorkloadObserved, WorkloadRef, domain_event::Kind,
 };
 
 use crate::{GPU_DEVICE, GPU_PRODUCT, LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT, Simulator, ev};
@@ -47,6 +49,11 @@ impl Simulator {
             return;
         }
         self.gpus.insert(name.into(), (node.into(), phase));
+        let fact = self.gpu_fact(name, node, phase);
+        self.out.push(ev(Kind::PhysicalGpuObserved(fact)));
+    }
+
+    fn gpu_fact(&self, name: &str, node: &str, phase: GpuPhase) -> PhysicalGpuObserved {
         let index = name
             .rsplit('-')
             .next()
@@ -56,18 +63,58 @@ impl Simulator {
             Some(LEGACY_GPU_DEVICE) => (LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT),
             _ => (GPU_DEVICE, GPU_PRODUCT),
         };
+        PhysicalGpuObserved {
+            name: name.into(),
+            node: node.into(),
+            index,
+            uuid: format!("GPU-{:08x}", fnv1a(name)),
+            product: product.into(),
+            device: device.into(),
+            memory_mib: 40_960,
+            phase: phase as i32,
+        }
+    }
+
+    /// The DRA plug-in publishes the node's cards as one ResourceSlice.
+    pub(crate) fn publish_slice(&mut self, node: &str) {
+        let device_list: Vec<SliceDevice> = self
+            .gpus
+            .iter()
+            .filter(|(_, (n, _))| n == node)
+            .map(|(name, (n, phase))| {
+                let gpu = self.gpu_fact(name, n, *phase);
+                SliceDevice {
+                    name: format!("gpu-{}", gpu.index),
+                    r#type: "gpu".into(),
+                    uuid: gpu.uuid,
+                    product: gpu.product,
+                    memory_mib: gpu.memory_mib,
+                }
+            })
+            .collect();
         self.out
-            .push(ev(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
-                name: name.into(),
+            .push(ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
+                name: slice_name(node),
+                driver: GPU_DRIVER.into(),
                 node: node.into(),
-                index,
-                uuid: format!("GPU-{:08x}", fnv1a(name)),
-                product: product.into(),
-                device: device.into(),
-                memory_mib: 40_960,
-                phase: phase as i32,
+                pool: node.into(),
+                devices: device_list.len() as u32,
+                device_list,
             })));
     }
+
+    /// The DRA plug-in stopped: its slice goes.
+    pub(crate) fn withdraw_slice(&mut self, node: &str) {
+        self.out
+            .push(ev(Kind::ResourceSliceRemoved(ResourceSliceRemoved {
+                name: slice_name(node),
+                node: node.into(),
+            })));
+    }
+}
+
+fn slice_name(node: &str) -> String {
+    format!("{node}-{GPU_DRIVER}-0")
 }
 
 /// A stable 32-bit value from a name (FNV-1a), for made-up GPU UUIDs.

@@ -2,14 +2,15 @@
 
 use std::collections::BTreeMap;
 
+use switchyard_core::class_compiler::GPU_DRIVER;
 use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_core::names::{
     CONTROL_PLANE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE,
     NODE_AGENT_APP, NODE_AGENT_POD_LABELS, STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
 };
 use switchyard_proto::v1::{
-    PodPhase, PodRemoved, ResourceClaimObserved, ResourceClaimRemoved, WorkloadRef,
-    domain_event::Kind,
+    AllocatedDevice, PodPhase, PodRemoved, ResourceClaimObserved, ResourceClaimRemoved,
+    WorkloadRef, domain_event::Kind,
 };
 
 /// The ResourceClaim generated for a pod from its claim template.
@@ -49,6 +50,9 @@ impl Simulator {
         if self.pods.get(&key) != Some(&pod) {
             self.pods.insert(key.clone(), pod);
             self.report_pod(&key);
+            if app == VENDOR_ADAPTER_APP {
+                self.publish_slice(node);
+            }
         }
     }
 
@@ -79,6 +83,9 @@ impl Simulator {
                 namespace: key.0.clone(),
                 name: key.1.clone(),
             })));
+            if pod.owner.kind == "DaemonSet" && pod.app == VENDOR_ADAPTER_APP {
+                self.withdraw_slice(&pod.node);
+            }
             // The claim generated for the pod goes with it.
             if pod.claim.is_some() {
                 self.out
@@ -171,6 +178,14 @@ impl Simulator {
                     name: claim_name(&key.1),
                     device_classes: vec![device_class],
                     node: pod.node.clone(),
+                    allocated: vec![AllocatedDevice {
+                        request: "gpu".into(),
+                        driver: GPU_DRIVER.into(),
+                        pool: pod.node.clone(),
+                        device: "gpu-0".into(),
+                    }],
+                    reserved_for: vec![key.1.clone()],
+                    owner_pod: key.1.clone(),
                 });
                 if let Some(claim) = claim {
                     self.out.push(ev(Kind::ResourceClaimObserved(claim)));

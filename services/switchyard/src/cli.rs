@@ -68,6 +68,11 @@ enum Command {
     /// verify, next (a migration the running claim-allocator drives from the
     /// log); `pause`, `resume`, `abort` (which rolls the current wave back).
     Migrate(crate::migrate::MigrateArgs),
+    /// Check the exit evidence now and record it in the log, per node and
+    /// workload: no dual advertisement, the DRA plug-in healthy, slices
+    /// matching the PhysicalGPUs, pods on the target group, claims allocated
+    /// and reserved, restart and cleanup. Exit 0: all shown; 1: some fail.
+    Evidence(crate::evidence_cmd::EvidenceArgs),
 }
 
 impl Cli {
@@ -86,6 +91,7 @@ impl Cli {
             Command::Explain(command) => crate::doctor::explain(command).await,
             Command::Plan(args) => crate::plan::run(args).await,
             Command::Migrate(args) => crate::migrate::migrate(args).await,
+            Command::Evidence(args) => crate::evidence_cmd::evidence(args).await,
             Command::Rollback(crate::rollback::RollbackCommand::Node(args)) => {
                 crate::rollback::rollback_node(args).await
             }

@@ -14,6 +14,7 @@ mod crdgen;
 mod demo;
 mod doctor;
 mod dra_cmd;
+mod evidence_cmd;
 mod handover;
 mod kube_args;
 mod log_cmd;

@@ -94,8 +94,23 @@ impl OperatorArgs {
         }
     }
 
+    /// Sends `command` to `service` as the operator; the service's answer.
+    pub async fn send(
+        &self,
+        service: ServiceName,
+        command: switchyard_proto::v1::service_command::Command,
+    ) -> anyhow::Result<CommandReply> {
+        let request = ServiceCommand {
+            command: Some(command),
+            correlation_id: self.correlation_id.clone().unwrap_or_default(),
+            actor: self.actor()?,
+        };
+        let client = self.nats.client("cli").await?;
+        Ok(switchyard_runtime::commands::send(&client, service, request).await?)
+    }
+
     /// Prints the service's answer; true if it refused.
-    fn report(&self, reply: &CommandReply) -> anyhow::Result<bool> {
+    pub fn report(&self, reply: &CommandReply) -> anyhow::Result<bool> {
         if !reply.error.is_empty() {
             eprintln!("refused: {}", reply.error);
             return Ok(true);
@@ -398,6 +413,42 @@ pub fn describe(event: &DomainEvent) -> String {
         Kind::MigrationCompleted(e) => {
             format!("migration {} done: {} wave(s)", e.migration_id, e.waves)
         }
+        Kind::EvidenceRecorded(e) => {
+            let subject = match &e.workload {
+                Some(_) => workload(&e.workload),
+                None => format!("node {}", e.node),
+            };
+            let wave = if e.migration_id.is_empty() {
+                String::new()
+            } else {
+                format!(" (migration {}, wave {})", e.migration_id, e.wave + 1)
+            };
+            let mut text = format!(
+                "evidence of {subject}{wave}: {}",
+                if e.passed { "passed" } else { "FAILED" }
+            );
+            for item in &e.items {
+                text.push_str(&format!(
+                    "\n  {:<6} {}: {}",
+                    if item.passed { "ok" } else { "FAILED" },
+                    item.check,
+                    item.detail
+                ));
+            }
+            text
+        }
+        Kind::EvidenceChecked(e) => format!(
+            "evidence {}{}: {} node(s), {} workload(s), {} failed",
+            e.check_id,
+            if e.migration_id.is_empty() {
+                String::new()
+            } else {
+                format!(" (migration {}, wave {})", e.migration_id, e.wave + 1)
+            },
+            e.nodes,
+            e.workloads,
+            e.failed
+        ),
         other => other.type_name().to_string(),
     }
 }

@@ -22,6 +22,8 @@ pub struct Folded {
     pub events: u64,
     /// Rollback id -> completed.
     pub rollbacks: BTreeMap<String, bool>,
+    /// Evidence check id -> its summary, as last recorded.
+    pub evidence: BTreeMap<String, switchyard_proto::v1::EvidenceChecked>,
     /// Events kept raw (unknown type or newer schema).
     pub undecodable: u64,
 }
@@ -59,6 +61,15 @@ impl Folded {
             }
             Some(Kind::RollbackCompleted(r)) => {
                 self.rollbacks.insert(r.rollback_id.clone(), true);
+            }
+            Some(Kind::EvidenceChecked(c)) => {
+                // A migration's several waves share the operator's check id.
+                let key = if c.migration_id.is_empty() {
+                    c.check_id.clone()
+                } else {
+                    format!("{} wave {}", c.check_id, c.wave + 1)
+                };
+                self.evidence.insert(key, c.clone());
             }
             _ => {}
         }
@@ -142,10 +153,92 @@ impl Folded {
             "stack_switches_held": switches_held,
             "handovers_completed": self.states.stack.handovers.completed.len(),
             "moves_in_progress": moves,
-            "moves_verified": self.states.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id})).collect::<Vec<_>>(),
+            "moves_verified": self.states.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id.id})).collect::<Vec<_>>(),
             "rollbacks": self.rollbacks,
+            "migrations": self.migrations_json(),
+            "evidence": self.evidence.iter().map(|(id, c)| json!({"check": id, "migration": c.migration_id, "nodes": c.nodes, "workloads": c.workloads, "failed": c.failed})).collect::<Vec<_>>(),
             "undecodable_events": self.undecodable,
         })
+    }
+
+    fn migrations_json(&self) -> Vec<Value> {
+        let migrations = &self.states.claims.migrations;
+        let active = migrations.active.values().map(|m| (m, false));
+        let ended = migrations.ended.values().map(|m| (m, true));
+        active
+            .chain(ended)
+            .map(|(m, ended)| {
+                let wave = m.wave.and_then(|w| m.plan.waves.get(w as usize));
+                json!({
+                    "id": m.plan.migration_id,
+                    "from": m.plan.source_group,
+                    "to": m.plan.target_group,
+                    "class": m.plan.gpu_class,
+                    "waves": m.plan.waves.len(),
+                    "waves_started": m.next,
+                    "wave_in_progress": m.wave.map(|w| w + 1),
+                    "nodes_handed_over": m.handed_over.len(),
+                    "nodes_in_wave": wave.map_or(0, |w| w.nodes.len()),
+                    "workloads_moved": m.moved.len(),
+                    "workloads_in_wave": wave.map_or(0, |w| w.workloads.len()),
+                    "paused": m.paused,
+                    "ended": ended,
+                })
+            })
+            .collect()
+    }
+
+    /// The migrations' lines of the status table.
+    fn migration_lines(&self) -> Vec<String> {
+        let migrations = &self.states.claims.migrations;
+        let mut lines = Vec::new();
+        for m in migrations.active.values() {
+            let p = &m.plan;
+            let at = match m.wave.and_then(|w| p.waves.get(w as usize).map(|x| (w, x))) {
+                Some((w, wave)) => format!(
+                    "wave {} of {}: {}/{} nodes handed over, {}/{} workloads moved",
+                    w + 1,
+                    p.waves.len(),
+                    m.handed_over.len(),
+                    wave.nodes.len(),
+                    m.moved.len(),
+                    wave.workloads.len()
+                ),
+                None => format!("{} of {} waves done", m.next, p.waves.len()),
+            };
+            let paused = m
+                .paused
+                .as_ref()
+                .map_or(String::new(), |why| format!("; paused: {why}"));
+            lines.push(format!(
+                "migration {}: {} -> {} (class {}), {at}{paused}",
+                p.migration_id, p.source_group, p.target_group, p.gpu_class
+            ));
+        }
+        for m in migrations.ended.values() {
+            lines.push(format!(
+                "migration {}: ended after {} of {} waves",
+                m.plan.migration_id,
+                m.next,
+                m.plan.waves.len()
+            ));
+        }
+        for (id, c) in &self.evidence {
+            lines.push(format!(
+                "evidence {id}: {} node(s), {} workload(s), {}",
+                c.nodes,
+                c.workloads,
+                if c.failed == 0 {
+                    "all passed".to_string()
+                } else {
+                    format!(
+                        "{} FAILED (`switchyard log show` has each record)",
+                        c.failed
+                    )
+                }
+            ));
+        }
+        lines
     }
 
     pub fn render_table(&self) -> String {
@@ -229,6 +322,9 @@ impl Folded {
             self.states.claims.moves.active.len()
         )
         .unwrap();
+        for line in self.migration_lines() {
+            writeln!(out, "{line}").unwrap();
+        }
         for (id, done) in &self.rollbacks {
             writeln!(
                 out,
@@ -402,5 +498,70 @@ mod tests {
             json["stack_switches_held"][0]["claims"][0],
             "ml/train-0-gpu"
         );
+    }
+
+    #[test]
+    fn status_shows_the_migrations_where_they_are_and_the_evidence_checks() {
+        use switchyard_proto::v1::{
+            EvidenceChecked, MigrationPaused, MigrationStarted, PlannedWave, WaveStarted,
+        };
+        let web = WorkloadRef {
+            namespace: "apps".into(),
+            kind: "Deployment".into(),
+            name: "web".into(),
+        };
+        let mut folded = Folded::default();
+        for e in [
+            event(Kind::MigrationStarted(MigrationStarted {
+                migration_id: "mig-1".into(),
+                source_group: "gpu".into(),
+                target_group: "gpu-dra".into(),
+                gpu_class: "a100".into(),
+                max_unavailable: 1,
+                waves: vec![
+                    PlannedWave {
+                        nodes: vec!["w1".into()],
+                        workloads: vec![web.clone()],
+                    },
+                    PlannedWave {
+                        nodes: vec!["w2".into()],
+                        workloads: Vec::new(),
+                    },
+                ],
+                ..Default::default()
+            })),
+            event(Kind::WaveStarted(WaveStarted {
+                migration_id: "mig-1".into(),
+                wave: 0,
+                nodes: vec!["w1".into()],
+                workloads: vec![web],
+                target_group: "gpu-dra".into(),
+            })),
+            event(Kind::MigrationPaused(MigrationPaused {
+                migration_id: "mig-1".into(),
+                wave: 0,
+                reason: "asked by the operator".into(),
+                tripped: false,
+            })),
+            event(Kind::EvidenceChecked(EvidenceChecked {
+                check_id: "ev-1".into(),
+                nodes: 2,
+                workloads: 1,
+                failed: 1,
+                ..Default::default()
+            })),
+        ] {
+            folded.apply(&e, 1_000_000_000);
+        }
+        let table = folded.render_table();
+        for line in [
+            "migration mig-1: gpu -> gpu-dra (class a100), wave 1 of 2: 0/1 nodes handed over, 0/1 workloads moved; paused: asked by the operator",
+            "evidence ev-1: 2 node(s), 1 workload(s), 1 FAILED",
+        ] {
+            assert!(table.contains(line), "{line:?} missing from\n{table}");
+        }
+        let json = folded.to_json();
+        assert_eq!(json["migrations"][0]["wave_in_progress"], 1);
+        assert_eq!(json["evidence"][0]["failed"], 1);
     }
 }

@@ -242,23 +242,10 @@ async fn play_the_node(client: Client, node: String) {
                 }
             }
         }
+        // nvidia.com/gpu is advertised by the node agent's device plugin
+        // (support::node_agent plays kubelet's device manager).
         if let Ok(n) = nodes.get(&node).await {
             let labels = n.labels();
-            // The device plugin registered: nvidia.com/gpu allocatable.
-            let advertised = n
-                .status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .is_some_and(|a| a.contains_key("nvidia.com/gpu"));
-            if labels.get(STACK).map(String::as_str) == Some("device-plugin") && !advertised {
-                let status = json!({"status": {
-                    "capacity": {"nvidia.com/gpu": "8"},
-                    "allocatable": {"nvidia.com/gpu": "8"},
-                }});
-                let _ = nodes
-                    .patch_status(&node, &PatchParams::default(), &Patch::Merge(status))
-                    .await;
-            }
             if labels.get(STACK).map(String::as_str) == Some("dra") {
                 for app in ["gpu-node-agent", "nvidia-dra-adapter"] {
                     let name = format!("{app}-{node}");

@@ -365,6 +365,29 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         "gpu.deckhouse.io"
     );
 
+    // The exit evidence, checked on the cluster now and recorded: gpu-0
+    // publishes its cards and no longer advertises nvidia.com/gpu (the node
+    // agent's device plugin stopped), gpu-1 still serves the device plugin,
+    // train runs on gpu-0 with its claim.
+    let (code, out, err) = cli(world, &["evidence", "--id", "ev-1"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    for line in [
+        "evidence of node gpu-0: passed",
+        "ok     no dual advertisement: 8 devices in 1 ResourceSlices, no device-plugin resource allocatable",
+        "ok     slices match the PhysicalGPUs: 8 cards published with the PhysicalGPUs' UUIDs",
+        "evidence of node gpu-1: passed",
+        "ok     no dual advertisement: device-plugin stack: 8 device-plugin GPU resources allocatable, no GPU ResourceSlice",
+        "evidence of Deployment ml/train: passed",
+        "ok     pods on the target group: 1 pods running in group gpu-dra on gpu-0",
+        "ok     claims allocated and reserved: 1 claims allocated on their pods' nodes and reserved for them",
+        "evidence ev-1: 2 node(s), 1 workload(s), 0 failed",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+    let (code, _, err) = cli(world, &["evidence", "--wave", "1"]);
+    assert_eq!(code, 2, "--wave needs --migration: {err}");
+    assert!(err.contains("--migration"), "{err}");
+
     // The application's rollback: the manifest as it was, byte for byte, and
     // its pod back on the device plugin.
     let (code, out, err) = cli(
@@ -569,7 +592,24 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
         .await
         .expect("delete the pdb");
     let (code, out, err) = cli(world, &["migrate", "resume", "--id", "mig-1", "--wait"]);
-    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    if code != 0 {
+        let events = world.events().await;
+        let tail: Vec<String> = events
+            .iter()
+            .rev()
+            .take(40)
+            .map(|(who, e)| format!("{who}: {}", serde_json::to_string(e).unwrap()))
+            .collect();
+        let agent = std::fs::read_to_string(world.dir.path().join("node-agent-gpu-0.log"))
+            .unwrap_or_default();
+        let agent: Vec<&str> = agent.lines().rev().take(30).collect();
+        panic!(
+            "resume: exit {code}\n{out}\n{err}\n{}\n--- the log, newest first ---\n{}\n--- gpu-0's node agent, newest first ---\n{}",
+            world.output(),
+            tail.join("\n"),
+            agent.join("\n")
+        );
+    }
     assert!(out.contains("migration mig-1 done: 3 wave(s)"), "{out}");
     let node_api: Api<Node> = Api::all(c.clone());
     for node in nodes {
@@ -603,6 +643,54 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
         );
         assert!(spec.node_selector.is_none(), "{app}");
     }
+    // Each wave was done with its evidence: checked, all passed, before
+    // WaveCompleted; and the operator's check of every wave now passes too.
+    let events = world.events().await;
+    let mut waves_done = 0;
+    for (i, (_, e)) in events.iter().enumerate() {
+        if let Some(switchyard_proto::v1::domain_event::Kind::WaveCompleted(w)) = &e.kind {
+            waves_done += 1;
+            let checked = events[..i].iter().rev().find_map(|(_, e)| match &e.kind {
+                Some(switchyard_proto::v1::domain_event::Kind::EvidenceChecked(c))
+                    if c.migration_id == "mig-1" && c.wave == w.wave =>
+                {
+                    Some(c.clone())
+                }
+                _ => None,
+            });
+            let checked =
+                checked.unwrap_or_else(|| panic!("wave {} done without evidence", w.wave + 1));
+            assert_eq!(
+                (checked.nodes, checked.failed),
+                (1, 0),
+                "wave {}",
+                w.wave + 1
+            );
+        }
+    }
+    assert_eq!(waves_done, 3);
+    let (code, out, err) = cli(world, &["evidence", "--migration", "mig-1", "-o", "json"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    let records: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON event per line"))
+        .filter_map(|e| e.get("evidence_recorded").cloned())
+        .collect();
+    let subjects: Vec<String> = records
+        .iter()
+        .map(|r| {
+            assert_eq!(r["passed"], json!(true), "{r}");
+            r["workload"]["name"]
+                .as_str()
+                .or(r["node"].as_str())
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut sorted = subjects.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["batch", "gpu-0", "gpu-1", "gpu-2", "web"], "{out}");
+
     // Every step of the migration carries its id as correlation id.
     let records = world
         .log()
@@ -622,7 +710,12 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
     for record in records.iter().filter(|r| {
         matches!(
             r.envelope.event_type.as_str(),
-            "WaveStarted" | "HandoverCompleted" | "ApplicationMoveVerified" | "MigrationCompleted"
+            "WaveStarted"
+                | "HandoverCompleted"
+                | "ApplicationMoveVerified"
+                | "EvidenceRecorded"
+                | "WaveCompleted"
+                | "MigrationCompleted"
         )
     }) {
         assert_eq!(

@@ -17,13 +17,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    DomainEvent, MigrationCompleted, MigrationPaused, MigrationStarted, WaveCompleted, WaveStarted,
-    WorkloadRef, domain_event::Kind, event,
+    DomainEvent, MigrationAborted, MigrationCompleted, MigrationPaused, MigrationStarted,
+    WaveCompleted, WaveStarted, WorkloadRef, domain_event::Kind, event,
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
-use crate::command::{MoveApplication, wave_handover_id, wave_move_id};
+use crate::command::{MoveApplication, wave_evidence_id, wave_handover_id, wave_move_id};
 
+use super::evidence::{self, Moved, Scope};
 use super::moves::AppMoves;
 
 /// Where a migration stands.
@@ -42,6 +43,10 @@ pub struct Migration {
     pub moving: BTreeMap<WorkloadKey, i64>,
     /// Workloads of the current wave whose move is verified.
     pub moved: BTreeSet<WorkloadKey>,
+    /// When the current wave's last handover or move ended (or the
+    /// migration was resumed): its evidence is waited for from then, up to
+    /// the pending limit.
+    pub settled_at: i64,
 }
 
 impl Migration {
@@ -54,8 +59,9 @@ impl Migration {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Migrations {
     pub active: BTreeMap<String, Migration>,
-    /// Completed or aborted, by id.
-    pub ended: BTreeSet<String>,
+    /// Completed or aborted, by id: their plans (evidence is checked on
+    /// their waves after the end too).
+    pub ended: BTreeMap<String, Migration>,
 }
 
 impl Migrations {
@@ -74,6 +80,7 @@ impl Migrations {
                         handed_over: BTreeSet::new(),
                         moving: BTreeMap::new(),
                         moved: BTreeSet::new(),
+                        settled_at: at,
                     },
                 );
             }
@@ -84,6 +91,7 @@ impl Migrations {
                     m.handed_over.clear();
                     m.moving.clear();
                     m.moved.clear();
+                    m.settled_at = at;
                 }
             }
             Kind::WaveCompleted(e) => {
@@ -103,21 +111,21 @@ impl Migrations {
                     for started in m.moving.values_mut() {
                         *started = at;
                     }
+                    m.settled_at = at;
                 }
             }
-            Kind::MigrationAborted(e) => {
-                self.active.remove(&e.migration_id);
-                self.ended.insert(e.migration_id.clone());
-            }
-            Kind::MigrationCompleted(e) => {
-                self.active.remove(&e.migration_id);
-                self.ended.insert(e.migration_id.clone());
+            Kind::MigrationAborted(MigrationAborted { migration_id, .. })
+            | Kind::MigrationCompleted(MigrationCompleted { migration_id, .. }) => {
+                if let Some(m) = self.active.remove(migration_id) {
+                    self.ended.insert(migration_id.clone(), m);
+                }
             }
             Kind::HandoverCompleted(e) => {
                 for m in self.active.values_mut() {
                     let Some(wave) = m.wave else { continue };
                     if e.handover_id == wave_handover_id(&m.plan.migration_id, wave, &e.node) {
                         m.handed_over.insert(e.node.clone());
+                        m.settled_at = at;
                     }
                 }
             }
@@ -136,6 +144,7 @@ impl Migrations {
                     let Some(wave) = m.wave else { continue };
                     if e.move_id == wave_move_id(&m.plan.migration_id, wave, w) {
                         m.moved.insert(workload_key(w));
+                        m.settled_at = at;
                     }
                 }
             }
@@ -161,7 +170,7 @@ impl Migrations {
                 out.push(pause(m, reason, true));
                 continue;
             }
-            out.extend(step(m, cluster, moves));
+            out.extend(step(m, cluster, moves, now));
         }
         out
     }
@@ -258,8 +267,28 @@ fn trip(
     })
 }
 
+/// The scope of wave `wave` of `plan`'s evidence.
+pub fn wave_scope(plan: &MigrationStarted, wave: u32, check_id: String) -> Option<Scope> {
+    let planned = plan.waves.get(wave as usize)?;
+    Some(Scope {
+        check_id,
+        migration_id: plan.migration_id.clone(),
+        wave,
+        nodes: planned.nodes.clone(),
+        workloads: planned
+            .workloads
+            .iter()
+            .map(|w| Moved {
+                workload: w.clone(),
+                target_group: plan.target_group.clone(),
+                gpu_class: plan.gpu_class.clone(),
+            })
+            .collect(),
+    })
+}
+
 /// The next step of a running migration.
-fn step(m: &Migration, cluster: &Cluster, moves: &AppMoves) -> Vec<DomainEvent> {
+fn step(m: &Migration, cluster: &Cluster, moves: &AppMoves, now: i64) -> Vec<DomainEvent> {
     let id = &m.plan.migration_id;
     let Some(wave_index) = m.wave else {
         let Some(next) = m.plan.waves.get(m.next as usize) else {
@@ -313,6 +342,28 @@ fn step(m: &Migration, cluster: &Cluster, moves: &AppMoves) -> Vec<DomainEvent> 
         .iter()
         .all(|w| m.moved.contains(&workload_key(w)))
     {
+        // Done only with its evidence: recorded once it passes, or once
+        // the pending limit is out, with the pause that names the failure.
+        let Some(scope) = wave_scope(&m.plan, wave_index, wave_evidence_id(id, wave_index)) else {
+            return out;
+        };
+        if !evidence::passes(cluster, &scope) {
+            let limit = (m.plan.pending_limit_seconds as i64).saturating_mul(1_000_000_000);
+            if limit == 0 || now - m.settled_at <= limit {
+                return out;
+            }
+            let records = evidence::check(cluster, &scope);
+            let reason = format!(
+                "the evidence of wave {} failed {} s after its last step: {}",
+                wave_index + 1,
+                m.plan.pending_limit_seconds,
+                evidence::first_failure(&records).unwrap_or_default()
+            );
+            out.extend(records);
+            out.push(pause(m, reason, true));
+            return out;
+        }
+        out.extend(evidence::check(cluster, &scope));
         out.push(event(Kind::WaveCompleted(WaveCompleted {
             migration_id: id.clone(),
             wave: wave_index,

@@ -2,13 +2,18 @@
 //! waves ([`migration`]) and completion ([`completion`]) over the cluster facts.
 
 pub mod completion;
+pub mod evidence;
 pub mod migration;
 pub mod moves;
 
-use switchyard_proto::v1::{ApplicationMoveRefused, DomainEvent, domain_event::Kind, event};
+use switchyard_proto::v1::{
+    ApplicationMoveRefused, DomainEvent, WorkloadRef, domain_event::Kind, event,
+};
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
-use crate::command::{Command, Complete, ControlMigration, MigrationAction, MoveApplication};
+use crate::command::{
+    CheckEvidence, Command, Complete, ControlMigration, MigrationAction, MoveApplication,
+};
 use crate::effects::Effect;
 use crate::service::{self, Core, ServiceName};
 use completion::Completion;
@@ -38,6 +43,8 @@ pub enum Input<'a> {
     /// A migration's plan.
     Migrate(&'a MigrationStarted),
     ControlMigration(&'a ControlMigration),
+    /// The operator asks for the exit evidence now.
+    CheckEvidence(&'a CheckEvidence),
     /// Time passed: the migrations' circuit breaker.
     Tick,
 }
@@ -95,6 +102,13 @@ impl ClaimAllocator {
                 let decision = self.control(cmd);
                 self.apply_at(&decision, now);
                 out.push(decision);
+                Vec::new()
+            }
+            Input::CheckEvidence(cmd) => {
+                for decision in self.check_evidence(cmd) {
+                    self.apply_at(&decision, now);
+                    out.push(decision);
+                }
                 Vec::new()
             }
             Input::Fact(fact) => {
@@ -157,7 +171,7 @@ impl ClaimAllocator {
             }))
         };
         if self.migrations.active.contains_key(&plan.migration_id)
-            || self.migrations.ended.contains(&plan.migration_id)
+            || self.migrations.ended.contains_key(&plan.migration_id)
         {
             return refuse(format!("migration {} exists already", plan.migration_id));
         }
@@ -200,13 +214,88 @@ impl ClaimAllocator {
         event(Kind::MigrationStarted(plan.clone()))
     }
 
+    /// The evidence the operator asks for, checked on the facts now: one
+    /// wave's, each started wave's of a migration, or (no migration named)
+    /// every GPU node's and every verified move's.
+    fn check_evidence(&self, cmd: &CheckEvidence) -> Vec<DomainEvent> {
+        let refuse = |reason: String| {
+            vec![event(Kind::MigrationRefused(MigrationRefused {
+                migration_id: cmd.migration_id.clone(),
+                reason,
+            }))]
+        };
+        if cmd.migration_id.is_empty() {
+            let cluster = &self.cluster;
+            let gpu_nodes = cluster.nodes.iter().filter(|(name, n)| {
+                cluster.cards(name) > 0
+                    || n.device_plugin_allocatable > 0
+                    || cluster.slices.values().any(|s| {
+                        s.node == **name && evidence::GPU_DRIVERS.contains(&s.driver.as_str())
+                    })
+            });
+            let scope = evidence::Scope {
+                check_id: cmd.check_id.clone(),
+                migration_id: String::new(),
+                wave: 0,
+                nodes: gpu_nodes.map(|(name, _)| name.clone()).collect(),
+                workloads: self
+                    .moves
+                    .verified
+                    .iter()
+                    .map(|((namespace, kind, name), v)| evidence::Moved {
+                        workload: WorkloadRef {
+                            namespace: namespace.clone(),
+                            kind: kind.clone(),
+                            name: name.clone(),
+                        },
+                        target_group: v.target_group.clone(),
+                        gpu_class: v.gpu_class.clone(),
+                    })
+                    .collect(),
+            };
+            if scope.nodes.is_empty() && scope.workloads.is_empty() {
+                return refuse("no GPU node and no verified move: no evidence to check".into());
+            }
+            return evidence::check(&self.cluster, &scope);
+        }
+        let id = &cmd.migration_id;
+        let Some(m) = self
+            .migrations
+            .active
+            .get(id)
+            .or_else(|| self.migrations.ended.get(id))
+        else {
+            return refuse(format!("migration {id} does not exist"));
+        };
+        let waves: Vec<u32> = match cmd.wave {
+            Some(w) if w >= m.next => {
+                return refuse(format!(
+                    "wave {} of migration {id} has not started ({} of {} waves started)",
+                    w + 1,
+                    m.next,
+                    m.plan.waves.len()
+                ));
+            }
+            Some(w) => vec![w],
+            None if m.next == 0 => {
+                return refuse(format!("migration {id} has started no wave yet"));
+            }
+            None => (0..m.next).collect(),
+        };
+        waves
+            .into_iter()
+            .filter_map(|w| migration::wave_scope(&m.plan, w, cmd.check_id.clone()))
+            .flat_map(|scope| evidence::check(&self.cluster, &scope))
+            .collect()
+    }
+
     /// Pause, resume or abort, as the operator asks — or why not.
     fn control(&self, cmd: &ControlMigration) -> DomainEvent {
         let id = &cmd.migration_id;
         let Some(m) = self.migrations.active.get(id) else {
             return event(Kind::MigrationRefused(MigrationRefused {
                 migration_id: id.clone(),
-                reason: if self.migrations.ended.contains(id) {
+                reason: if self.migrations.ended.contains_key(id) {
                     format!("migration {id} has ended")
                 } else {
                     format!("migration {id} does not exist")
@@ -319,6 +408,9 @@ impl Core for ClaimAllocator {
             }
             service::Input::Command(Command::ControlMigration(cmd)) => {
                 self.handle_at(Input::ControlMigration(cmd), now)
+            }
+            service::Input::Command(Command::CheckEvidence(cmd)) => {
+                self.handle_at(Input::CheckEvidence(cmd), now)
             }
             service::Input::Tick if !self.migrations.active.is_empty() => {
                 self.handle_at(Input::Tick, now)

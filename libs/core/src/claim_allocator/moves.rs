@@ -51,8 +51,16 @@ pub struct AppMove {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AppMoves {
     pub active: BTreeMap<WorkloadKey, AppMove>,
-    /// Verified moves: workload -> move id.
-    pub verified: BTreeMap<WorkloadKey, String>,
+    /// Verified moves, by workload.
+    pub verified: BTreeMap<WorkloadKey, VerifiedMove>,
+}
+
+/// A verified move: where the workload went, requesting which class.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifiedMove {
+    pub id: String,
+    pub target_group: String,
+    pub gpu_class: String,
 }
 
 /// Nodes of `group` ready for workloads: all four readiness conditions, not cordoned.
@@ -172,8 +180,19 @@ impl AppMoves {
             Kind::ApplicationMoveVerified(e) => {
                 if let Some(w) = &e.workload {
                     let key = workload_key(w);
-                    self.active.remove(&key);
-                    self.verified.insert(key, e.move_id.clone());
+                    let (target_group, gpu_class) = self
+                        .active
+                        .remove(&key)
+                        .map(|m| (m.target_group, m.gpu_class))
+                        .unwrap_or_default();
+                    self.verified.insert(
+                        key,
+                        VerifiedMove {
+                            id: e.move_id.clone(),
+                            target_group,
+                            gpu_class,
+                        },
+                    );
                 }
             }
             _ => {}

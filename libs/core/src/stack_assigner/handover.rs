@@ -101,6 +101,10 @@ pub struct Handover {
     /// until the label is seen absent: a label still carrying it is left
     /// from before the move and does not count as prepared.
     pub stale_setup_label: Option<String>,
+    /// The label was seen absent on the node in its target group: whatever
+    /// is written next is fresh, even if that fact was recorded before the
+    /// group change (preparation can be quicker than the record of the move).
+    pub setup_absent_seen: bool,
 }
 
 impl Handover {
@@ -225,6 +229,7 @@ impl Handovers {
                         uncordoned: false,
                         cards_before: e.cards_before,
                         stale_setup_label: None,
+                        setup_absent_seen: false,
                     },
                 );
             }
@@ -261,6 +266,7 @@ impl Handovers {
                         uncordoned: false,
                         cards_before: back.cards_before,
                         stale_setup_label: None,
+                        setup_absent_seen: false,
                     },
                 );
             }
@@ -278,7 +284,9 @@ impl Handovers {
             Kind::NodeDrained(e) => advance(&mut self.active, &e.node, HandoverStep::MoveGroup),
             Kind::NodeGroupChanged(e) => {
                 advance(&mut self.active, &e.node, HandoverStep::WaitReady);
-                if let Some(h) = self.active.get_mut(&e.node) {
+                if let Some(h) = self.active.get_mut(&e.node)
+                    && !h.setup_absent_seen
+                {
                     h.stale_setup_label = e.labels_after.get(GPU_SETUP_COMPLETE_LABEL).cloned();
                 }
             }
@@ -286,10 +294,12 @@ impl Handovers {
                 // Preparation took the label away after the move: whatever
                 // it writes next is fresh.
                 if let Some(h) = self.active.get_mut(node)
-                    && h.step >= HandoverStep::WaitReady
+                    && h.step >= HandoverStep::MoveGroup
+                    && labels.get(GROUP_LABEL) == Some(&h.target_group)
                     && !labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
                 {
                     h.stale_setup_label = None;
+                    h.setup_absent_seen = true;
                 }
             }
             Kind::NodeReadinessObserved(e) => {

@@ -203,6 +203,7 @@ pub fn mk_claim(namespace: &str, name: &str, node: &str) -> DomainEvent {
             name: name.into(),
             device_classes: vec!["a100.gpu.deckhouse.io".into()],
             node: node.into(),
+            ..Default::default()
         },
     ))
 }

@@ -349,5 +349,40 @@ pub fn node_agent(world: &World, node: &str) -> NodeAgent {
         .stderr(log)
         .spawn()
         .expect("start the node agent");
+    tokio::spawn(advertise(
+        world.client.clone(),
+        node.to_string(),
+        kubelet.clone(),
+    ));
     (KillOnDrop(agent), kubelet, dir)
+}
+
+/// Kubelet's device manager for `node` (kwok has none): the devices the
+/// node agent's device plugin lists healthy are the node's capacity and
+/// allocatable of its resource; none once the plugin has gone.
+async fn advertise(client: Client, node: String, kubelet: switchyard_kubelet::fake::Kubelet) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut written = BTreeMap::new();
+    loop {
+        let changed = kubelet.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = kubelet.advertised.lock().expect("advertised").clone();
+        if now != written {
+            let counts: serde_json::Map<String, serde_json::Value> = now
+                .iter()
+                .map(|(resource, n)| (resource.clone(), json!(n.to_string())))
+                .collect();
+            let status = json!({"status": {"capacity": counts, "allocatable": counts}});
+            if nodes
+                .patch_status(&node, &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .is_ok()
+            {
+                written = now;
+            }
+        }
+        // Woken by the next change; a failed write is tried again.
+        let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+    }
 }

@@ -1,0 +1,461 @@
+//! Exit evidence (the NVIDIA guide's "Migrate Workloads in Stages" table and
+//! "Collect Validation and Scheduling Evidence"), checked on the facts as they
+//! are when asked — never on a label or a count left from before:
+//!
+//! - a node: no dual advertisement (no device-plugin resource allocatable on
+//!   a node that publishes GPU ResourceSlices, and none published on a
+//!   device-plugin node); on DRA, the plug-in healthy (its pod running, its
+//!   PhysicalGPUs Ready) and the slices matching the PhysicalGPUs (product,
+//!   memory, UUID, node);
+//! - a workload: its pods running on the target group; each pod's claims
+//!   allocated on its node, reserved for it, from the class's DeviceClasses;
+//!   restart and cleanup (the pods the move recreated hold claims again, and
+//!   no claim generated for a pod that is gone is left).
+//!
+//! A wave is done only once its evidence passes; [`check`] records it.
+
+use std::collections::BTreeMap;
+
+use switchyard_proto::v1::{
+    DomainEvent, EvidenceChecked, EvidenceItem, EvidenceRecorded, GpuPhase, PodPhase, WorkloadRef,
+    domain_event::Kind, event,
+};
+
+use crate::class_compiler::GPU_DRIVER;
+use crate::cluster::{Cluster, Slice, workload_key};
+use crate::names::{GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA};
+
+/// The DRA drivers whose slices publish GPUs: Switchyard's node agent's and
+/// the NVIDIA DRA driver's.
+pub const GPU_DRIVERS: [&str; 2] = [GPU_DRIVER, "gpu.nvidia.com"];
+
+pub const NO_DUAL_ADVERTISEMENT: &str = "no dual advertisement";
+pub const PLUGIN_HEALTHY: &str = "DRA plug-in healthy";
+pub const SLICES_MATCH: &str = "slices match the PhysicalGPUs";
+pub const PODS_ON_TARGET: &str = "pods on the target group";
+pub const CLAIMS_RESERVED: &str = "claims allocated and reserved";
+pub const RESTART_AND_CLEANUP: &str = "restart and cleanup";
+
+/// A workload whose evidence is wanted: where it was moved, with which class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moved {
+    pub workload: WorkloadRef,
+    pub target_group: String,
+    pub gpu_class: String,
+}
+
+/// What one check covers and where it is recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scope {
+    pub check_id: String,
+    pub migration_id: String,
+    pub wave: u32,
+    pub nodes: Vec<String>,
+    pub workloads: Vec<Moved>,
+}
+
+fn item(check: &str, result: Result<String, String>) -> EvidenceItem {
+    let (passed, detail) = match result {
+        Ok(detail) => (true, detail),
+        Err(detail) => (false, detail),
+    };
+    EvidenceItem {
+        check: check.to_string(),
+        passed,
+        detail,
+    }
+}
+
+fn gpu_slices<'a>(cluster: &'a Cluster) -> impl Iterator<Item = (&'a String, &'a Slice)> + 'a {
+    cluster
+        .slices
+        .iter()
+        .filter(|(_, s)| GPU_DRIVERS.contains(&s.driver.as_str()))
+}
+
+/// The evidence of one node.
+pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
+    let Some(facts) = cluster.nodes.get(node) else {
+        return vec![item(
+            NO_DUAL_ADVERTISEMENT,
+            Err(format!("node {node} does not exist")),
+        )];
+    };
+    let dra = facts
+        .labels
+        .get(GPU_STACK_LABEL)
+        .is_some_and(|v| v == STACK_DRA);
+    let on_node: Vec<&Slice> = gpu_slices(cluster)
+        .filter(|(_, s)| s.node == node)
+        .map(|(_, s)| s)
+        .collect();
+    let published: usize = on_node.iter().map(|s| s.devices.len()).sum();
+    let allocatable = facts.device_plugin_allocatable;
+    let stack = if dra { "dra" } else { "device-plugin" };
+    let dual = if published > 0 && allocatable > 0 {
+        Err(format!(
+            "{allocatable} device-plugin GPU resources (nvidia.com/gpu, MIG, shared) are allocatable while {published} devices are published in {} ResourceSlices: both allocators advertise the node",
+            on_node.len()
+        ))
+    } else if dra && published == 0 {
+        Err(format!(
+            "the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: {allocatable})"
+        ))
+    } else if dra {
+        Ok(format!(
+            "{published} devices in {} ResourceSlices, no device-plugin resource allocatable",
+            on_node.len()
+        ))
+    } else {
+        Ok(format!(
+            "{stack} stack: {allocatable} device-plugin GPU resources allocatable, no GPU ResourceSlice"
+        ))
+    };
+    let mut items = vec![item(NO_DUAL_ADVERTISEMENT, dual)];
+    if !dra {
+        return items;
+    }
+    let gpus = cluster
+        .gpus
+        .get(node)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let readiness = cluster.readiness(node, cluster.cards(node));
+    let not_ready: Vec<&str> = gpus
+        .iter()
+        .filter(|g| g.phase != GpuPhase::Ready)
+        .map(|g| &*g.name)
+        .collect();
+    let healthy = if !readiness.node_agent_running {
+        Err(format!(
+            "no node agent pod ({}) is running on the node",
+            readiness.node_agent_selector
+        ))
+    } else if !readiness.vendor_adapter_running {
+        Err(format!(
+            "no vendor adapter pod ({}) is running on the node",
+            readiness.vendor_adapter_selector
+        ))
+    } else if gpus.is_empty() {
+        Err("the node agent reports no PhysicalGPU for the node".into())
+    } else if !not_ready.is_empty() {
+        Err(format!("PhysicalGPUs not Ready: {}", not_ready.join(", ")))
+    } else {
+        Ok(format!(
+            "node agent running, {} PhysicalGPUs Ready",
+            gpus.len()
+        ))
+    };
+    items.push(item(PLUGIN_HEALTHY, healthy));
+    items.push(item(SLICES_MATCH, slices_match(cluster, node)));
+    items
+}
+
+/// Every PhysicalGPU of `node` published once as a whole device, with its
+/// product, memory and UUID, in a slice of `node`; no published card without
+/// a PhysicalGPU.
+fn slices_match(cluster: &Cluster, node: &str) -> Result<String, String> {
+    let gpus = cluster
+        .gpus
+        .get(node)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if gpus.is_empty() {
+        return Err("no PhysicalGPU to compare the slices with".into());
+    }
+    // UUID -> (slice's node, device name, product, memory) of whole cards.
+    let mut cards: BTreeMap<&str, Vec<(&str, &str, &str, u64)>> = BTreeMap::new();
+    for (_, slice) in gpu_slices(cluster) {
+        for d in &slice.devices {
+            if d.r#type.is_empty() || d.r#type == "gpu" {
+                cards.entry(d.uuid.as_str()).or_default().push((
+                    slice.node.as_str(),
+                    d.name.as_str(),
+                    d.product.as_str(),
+                    d.memory_mib,
+                ));
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for gpu in gpus {
+        let name = &*gpu.name;
+        match cards.get(&*gpu.uuid).map(Vec::as_slice) {
+            None | Some([]) => wrong.push(format!(
+                "PhysicalGPU {name} ({}) is not published",
+                gpu.uuid
+            )),
+            Some([(slice_node, device, product, memory)]) => {
+                if *slice_node != node {
+                    wrong.push(format!(
+                        "PhysicalGPU {name} ({}) is published for node {slice_node:?} as {device}",
+                        gpu.uuid
+                    ));
+                }
+                if *product != &*gpu.product {
+                    wrong.push(format!(
+                        "{device}: product {product:?} in the slice, {:?} on PhysicalGPU {name}",
+                        gpu.product
+                    ));
+                }
+                if *memory != gpu.memory_mib {
+                    wrong.push(format!(
+                        "{device}: memory {memory} MiB in the slice, {} MiB on PhysicalGPU {name}",
+                        gpu.memory_mib
+                    ));
+                }
+            }
+            Some(many) => wrong.push(format!(
+                "PhysicalGPU {name} ({}) is published {} times: {}",
+                gpu.uuid,
+                many.len(),
+                many.iter()
+                    .map(|(n, d, ..)| format!("{d} on {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+    for (uuid, published) in &cards {
+        for (slice_node, device, ..) in published {
+            if *slice_node == node && !gpus.iter().any(|g| &*g.uuid == *uuid) {
+                wrong.push(format!(
+                    "{device} ({uuid}) is published but no PhysicalGPU of the node has that UUID"
+                ));
+            }
+        }
+    }
+    if wrong.is_empty() {
+        let first = &gpus[0];
+        Ok(format!(
+            "{} cards published with the PhysicalGPUs' UUIDs ({}, {} MiB)",
+            gpus.len(),
+            first.product,
+            first.memory_mib
+        ))
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+/// The evidence of one moved workload.
+pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> {
+    let w = &moved.workload;
+    let key = workload_key(w);
+    let pods = cluster.named_pods_of(&key);
+    let replicas = cluster.workloads.get(&key).map_or(0, |w| w.replicas);
+    let group_of = |node: &str| {
+        cluster
+            .nodes
+            .get(node)
+            .and_then(|n| n.labels.get(GROUP_LABEL))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let placed = if pods.is_empty() {
+        Err(format!(
+            "{} {}/{} has no pods (replicas {replicas})",
+            w.kind, w.namespace, w.name
+        ))
+    } else {
+        let wrong: Vec<String> = pods
+            .iter()
+            .filter_map(|(name, p)| {
+                let group = group_of(&p.node);
+                if p.phase != PodPhase::Running {
+                    Some(format!("pod {name} is {:?}", p.phase))
+                } else if group != moved.target_group {
+                    Some(format!(
+                        "pod {name} runs on node {} in group {group:?}",
+                        p.node
+                    ))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let running = pods.len() - wrong.len();
+        if !wrong.is_empty() {
+            Err(wrong.join("; "))
+        } else if (running as u32) < replicas {
+            Err(format!("{running} of {replicas} replicas running"))
+        } else {
+            let mut nodes: Vec<&str> = pods.iter().map(|(_, p)| &*p.node).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            Ok(format!(
+                "{running} pods running in group {} on {}",
+                moved.target_group,
+                nodes.join(", ")
+            ))
+        }
+    };
+    let classes = cluster.gpu_classes.get(&moved.gpu_class);
+    let mut claims_total = 0usize;
+    let mut wrong = Vec::new();
+    for (name, pod) in &pods {
+        if pod.claims_needed == 0 {
+            wrong.push(format!("pod {name} requests no ResourceClaim"));
+            continue;
+        }
+        let held: Vec<(&String, &crate::cluster::Claim)> = cluster
+            .claims
+            .range((w.namespace.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == w.namespace)
+            .filter(|(_, c)| c.reserved_for.iter().any(|p| p == name))
+            .map(|((_, claim), c)| (claim, c))
+            .collect();
+        if (held.len() as u32) < pod.claims_needed {
+            wrong.push(format!(
+                "pod {name}: {} of {} claims reserved for it",
+                held.len(),
+                pod.claims_needed
+            ));
+        }
+        for (claim, c) in held {
+            claims_total += 1;
+            if c.devices.is_empty() {
+                wrong.push(format!("claim {claim} of pod {name} is not allocated"));
+            } else if c.node != *pod.node {
+                wrong.push(format!(
+                    "claim {claim} of pod {name} is allocated on node {:?}, the pod runs on {:?}",
+                    c.node, pod.node
+                ));
+            }
+            if let Some(classes) = classes {
+                let foreign: Vec<&String> = c
+                    .device_classes
+                    .iter()
+                    .filter(|d| !classes.contains(d))
+                    .collect();
+                // An implicit claim (the extended resource) names the class's
+                // DeviceClass too; a claim naming none is someone else's.
+                if !foreign.is_empty() {
+                    wrong.push(format!(
+                        "claim {claim} of pod {name} requests DeviceClass {} outside GPU class {}",
+                        foreign
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        moved.gpu_class
+                    ));
+                }
+            }
+        }
+    }
+    let claims = if pods.is_empty() {
+        Err("no pods, so no claims to show".into())
+    } else if wrong.is_empty() {
+        Ok(format!(
+            "{claims_total} claims allocated on their pods' nodes and reserved for them"
+        ))
+    } else {
+        Err(wrong.join("; "))
+    };
+    // Claims generated for this workload's pods that are gone.
+    let prefix = format!("{}-", w.name);
+    let leaked: Vec<String> = cluster
+        .claims
+        .range((w.namespace.clone(), String::new())..)
+        .take_while(|((ns, _), _)| *ns == w.namespace)
+        .filter(|(_, c)| c.owner_pod.starts_with(&prefix))
+        .filter(|(_, c)| {
+            !cluster
+                .pods
+                .contains_key(&(w.namespace.clone(), c.owner_pod.clone()))
+        })
+        .map(|((_, claim), c)| format!("{claim} (pod {} is gone)", c.owner_pod))
+        .collect();
+    let cleanup = if pods.is_empty() {
+        Err("no pods, so no restart to show".into())
+    } else if !leaked.is_empty() {
+        Err(format!(
+            "claims of deleted pods are left: {}",
+            leaked.join(", ")
+        ))
+    } else if pods
+        .iter()
+        .any(|(_, p)| p.claims_allocated < p.claims_needed)
+    {
+        Err("a recreated pod has not got its claims again".into())
+    } else {
+        Ok(format!(
+            "the {} pods recreated by the move hold their claims again; no claim of a deleted pod is left",
+            pods.len()
+        ))
+    };
+    vec![
+        item(PODS_ON_TARGET, placed),
+        item(CLAIMS_RESERVED, claims),
+        item(RESTART_AND_CLEANUP, cleanup),
+    ]
+}
+
+/// Whether every node and workload of `scope` shows its evidence now.
+pub fn passes(cluster: &Cluster, scope: &Scope) -> bool {
+    scope
+        .nodes
+        .iter()
+        .all(|n| node_evidence(cluster, n).iter().all(|i| i.passed))
+        && scope
+            .workloads
+            .iter()
+            .all(|w| workload_evidence(cluster, w).iter().all(|i| i.passed))
+}
+
+/// The evidence of `scope` as recorded: one `EvidenceRecorded` per node and
+/// workload, then `EvidenceChecked`.
+pub fn check(cluster: &Cluster, scope: &Scope) -> Vec<DomainEvent> {
+    let record = |node: String, workload: Option<WorkloadRef>, items: Vec<EvidenceItem>| {
+        event(Kind::EvidenceRecorded(EvidenceRecorded {
+            check_id: scope.check_id.clone(),
+            migration_id: scope.migration_id.clone(),
+            wave: scope.wave,
+            node,
+            workload,
+            passed: items.iter().all(|i| i.passed),
+            items,
+        }))
+    };
+    let mut out: Vec<DomainEvent> = scope
+        .nodes
+        .iter()
+        .map(|n| record(n.clone(), None, node_evidence(cluster, n)))
+        .chain(scope.workloads.iter().map(|m| {
+            record(
+                String::new(),
+                Some(m.workload.clone()),
+                workload_evidence(cluster, m),
+            )
+        }))
+        .collect();
+    let failed = out
+        .iter()
+        .filter(|e| matches!(&e.kind, Some(Kind::EvidenceRecorded(r)) if !r.passed))
+        .count() as u32;
+    out.push(event(Kind::EvidenceChecked(EvidenceChecked {
+        check_id: scope.check_id.clone(),
+        migration_id: scope.migration_id.clone(),
+        wave: scope.wave,
+        nodes: scope.nodes.len() as u32,
+        workloads: scope.workloads.len() as u32,
+        failed,
+    })));
+    out
+}
+
+/// The first failure of a check's records, in words, for a pause's reason.
+pub fn first_failure(records: &[DomainEvent]) -> Option<String> {
+    records.iter().find_map(|e| match &e.kind {
+        Some(Kind::EvidenceRecorded(r)) if !r.passed => {
+            let subject = match &r.workload {
+                Some(w) => format!("{} {}/{}", w.kind, w.namespace, w.name),
+                None => format!("node {}", r.node),
+            };
+            let failed = r.items.iter().find(|i| !i.passed)?;
+            Some(format!("{subject}: {}: {}", failed.check, failed.detail))
+        }
+        _ => None,
+    })
+}
