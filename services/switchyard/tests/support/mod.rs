@@ -336,9 +336,29 @@ pub fn node_agent(world: &World, node: &str) -> NodeAgent {
         .expect("serve the kubelet's sockets");
     let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
         .expect("agent log");
+    // Cards have UUIDs of their own on every node, as on real machines (the
+    // evidence checks each is published once): the fixture's first UUID
+    // group is made the node's.
+    let group: String = format!(
+        "{:08x}",
+        node.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b))
+            .wrapping_mul(0x0100_0193))
+    );
+    let fixture = std::fs::read_to_string(FIXTURE).expect("the fixture");
+    let fixture: String = fixture
+        .lines()
+        .map(|line| match line.split_once("uuid: GPU-") {
+            Some((indent, rest)) if rest.len() > 8 => {
+                format!("{indent}uuid: GPU-{group}{}\n", &rest[8..])
+            }
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    let fixture_path = dir.path().join("fixture.yaml");
+    std::fs::write(&fixture_path, fixture).expect("write the node's fixture");
     let agent = Command::new(switchyard_testkit::bins::binary("switchyard-node-agent"))
         .args(["serve", "--node-name", node, "--gpu-source"])
-        .arg(format!("fixture:{FIXTURE}"))
+        .arg(format!("fixture:{}", fixture_path.display()))
         .arg("--kubelet-dir")
         .arg(dir.path())
         .arg("--cdi-dir")
