@@ -78,11 +78,7 @@ impl OperatorArgs {
             Some(log) => log.last_sequence(None).await? + 1,
             None => 0,
         };
-        let request = ServiceCommand {
-            command: Some(command),
-            correlation_id: self.correlation_id.clone().unwrap_or_default(),
-            actor,
-        };
+        let request = self.request(actor, command);
         let reply = switchyard_runtime::commands::send(&client, service, request).await?;
         let refused = self.report(&reply)?;
         if refused {
@@ -100,13 +96,21 @@ impl OperatorArgs {
         service: ServiceName,
         command: switchyard_proto::v1::service_command::Command,
     ) -> anyhow::Result<CommandReply> {
-        let request = ServiceCommand {
-            command: Some(command),
-            correlation_id: self.correlation_id.clone().unwrap_or_default(),
-            actor: self.actor()?,
-        };
+        let request = self.request(self.actor()?, command);
         let client = self.nats.client("cli").await?;
         Ok(switchyard_runtime::commands::send(&client, service, request).await?)
+    }
+
+    fn request(
+        &self,
+        actor: String,
+        command: switchyard_proto::v1::service_command::Command,
+    ) -> ServiceCommand {
+        ServiceCommand {
+            command: Some(command),
+            correlation_id: self.correlation_id.clone().unwrap_or_default(),
+            actor,
+        }
     }
 
     /// Prints the service's answer; true if it refused.

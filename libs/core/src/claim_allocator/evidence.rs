@@ -392,18 +392,6 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
     ]
 }
 
-/// Whether every node and workload of `scope` shows its evidence now.
-pub fn passes(cluster: &Cluster, scope: &Scope) -> bool {
-    scope
-        .nodes
-        .iter()
-        .all(|n| node_evidence(cluster, n).iter().all(|i| i.passed))
-        && scope
-            .workloads
-            .iter()
-            .all(|w| workload_evidence(cluster, w).iter().all(|i| i.passed))
-}
-
 /// The evidence of `scope` as recorded: one `EvidenceRecorded` per node and
 /// workload, then `EvidenceChecked`.
 pub fn check(cluster: &Cluster, scope: &Scope) -> Vec<DomainEvent> {

@@ -347,23 +347,23 @@ fn step(m: &Migration, cluster: &Cluster, moves: &AppMoves, now: i64) -> Vec<Dom
         let Some(scope) = wave_scope(&m.plan, wave_index, wave_evidence_id(id, wave_index)) else {
             return out;
         };
-        if !evidence::passes(cluster, &scope) {
+        let records = evidence::check(cluster, &scope);
+        if let Some(failure) = evidence::first_failure(&records) {
             let limit = (m.plan.pending_limit_seconds as i64).saturating_mul(1_000_000_000);
             if limit == 0 || now - m.settled_at <= limit {
                 return out;
             }
-            let records = evidence::check(cluster, &scope);
             let reason = format!(
                 "the evidence of wave {} failed {} s after its last step: {}",
                 wave_index + 1,
                 m.plan.pending_limit_seconds,
-                evidence::first_failure(&records).unwrap_or_default()
+                failure
             );
             out.extend(records);
             out.push(pause(m, reason, true));
             return out;
         }
-        out.extend(evidence::check(cluster, &scope));
+        out.extend(records);
         out.push(event(Kind::WaveCompleted(WaveCompleted {
             migration_id: id.clone(),
             wave: wave_index,

@@ -226,12 +226,16 @@ impl ClaimAllocator {
         };
         if cmd.migration_id.is_empty() {
             let cluster = &self.cluster;
+            let publishing: std::collections::BTreeSet<&str> = cluster
+                .slices
+                .values()
+                .filter(|s| evidence::GPU_DRIVERS.contains(&s.driver.as_str()))
+                .map(|s| s.node.as_str())
+                .collect();
             let gpu_nodes = cluster.nodes.iter().filter(|(name, n)| {
                 cluster.cards(name) > 0
                     || n.device_plugin_allocatable > 0
-                    || cluster.slices.values().any(|s| {
-                        s.node == **name && evidence::GPU_DRIVERS.contains(&s.driver.as_str())
-                    })
+                    || publishing.contains(name.as_str())
             });
             let scope = evidence::Scope {
                 check_id: cmd.check_id.clone(),
