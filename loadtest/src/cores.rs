@@ -143,6 +143,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
             replicas: 1,
             placement: Some(placement),
             managed_by: String::new(),
+            owner: None,
         })));
         facts.push(ev(Kind::PodObserved(PodObserved {
             namespace: workload.namespace.clone(),

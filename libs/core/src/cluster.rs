@@ -121,6 +121,8 @@ pub struct Pod {
     pub labels: Box<[(Box<str>, Box<str>)]>,
     pub claims_allocated: u32,
     pub claims_needed: u32,
+    /// Device-plugin GPU resources it asks for.
+    pub device_plugin_gpus: u32,
 }
 
 impl Pod {
@@ -195,6 +197,8 @@ pub struct Workload {
     /// What keeps the manifest (a Helm release, a GitOps controller, an
     /// operator); empty when nothing is known to.
     pub managed_by: Box<str>,
+    /// The CronJob a Job was made by, in the Job's namespace.
+    pub cron_job: Option<Box<str>>,
 }
 
 /// A workload's placement kept encoded: a few dozen bytes instead of nested
@@ -504,6 +508,7 @@ impl Cluster {
             labels,
             claims_allocated: fact.claims_allocated,
             claims_needed: fact.claims_needed,
+            device_plugin_gpus: fact.device_plugin_gpus,
         };
         self.pods.insert(key, pod);
     }
@@ -533,6 +538,10 @@ impl Cluster {
                     replicas: fact.replicas,
                     placement,
                     managed_by: fact.managed_by.into(),
+                    cron_job: fact
+                        .owner
+                        .filter(|o| o.kind == "CronJob")
+                        .map(|o| o.name.as_str().into()),
                 },
             );
         }
@@ -616,6 +625,11 @@ impl Cluster {
                     },
                 );
             }
+            Kind::WorkloadRemoved(fact) => {
+                if let Some(workload) = &fact.workload {
+                    self.workloads.remove(&workload_key(workload));
+                }
+            }
             Kind::ResourceClaimRemoved(fact) => {
                 let key = (fact.namespace.clone(), fact.name.clone());
                 self.unindex_claim(&key);
@@ -674,9 +688,26 @@ impl Cluster {
         self.pods
             .range(start..)
             .take_while(|((namespace, _), _)| *namespace == workload.0)
-            .filter(|((namespace, _), pod)| pod.owned_by(namespace, workload))
+            .filter(|((namespace, _), pod)| {
+                pod.owned_by(namespace, workload) || self.made_by_cron_job(namespace, pod, workload)
+            })
             .map(|((_, name), pod)| (name.as_str(), pod))
             .collect()
+    }
+
+    /// Whether `pod` belongs to one of the Jobs the CronJob `workload` made.
+    fn made_by_cron_job(&self, namespace: &str, pod: &Pod, workload: &WorkloadKey) -> bool {
+        workload.1 == "CronJob"
+            && &*pod.owner_kind == "Job"
+            && self
+                .workloads
+                .get(&(
+                    namespace.to_string(),
+                    "Job".to_string(),
+                    pod.owner_name.to_string(),
+                ))
+                .and_then(|job| job.cron_job.as_deref())
+                == Some(workload.2.as_str())
     }
 
     fn unindex_pod(&mut self, key: &ObjectKey) {

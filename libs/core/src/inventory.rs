@@ -31,6 +31,7 @@ pub fn is_fact(event: &DomainEvent) -> bool {
                 | Kind::PhysicalGpuObserved(_)
                 | Kind::PhysicalGpuRemoved(_)
                 | Kind::WorkloadObserved(_)
+                | Kind::WorkloadRemoved(_)
                 | Kind::ResourceQuotaObserved(_)
                 | Kind::PodObserved(_)
                 | Kind::PodRemoved(_)
@@ -69,6 +70,7 @@ impl Observer {
                     | Kind::DeviceClassRemoved(_)
                     | Kind::GpuClassRemoved(_)
                     | Kind::ResourceClaimRemoved(_)
+                    | Kind::WorkloadRemoved(_)
             )
         );
         if removal {

@@ -44,6 +44,7 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::SourceGroupRetired(e) => format!("group.{}", token(&e.group)),
         Kind::CompletionRefused(e) => format!("group.{}", token(&e.source_group)),
         Kind::WorkloadObserved(e) => workload(&e.workload),
+        Kind::WorkloadRemoved(e) => workload(&e.workload),
         Kind::ApplicationMoveStarted(e) => workload(&e.workload),
         Kind::ApplicationMoveRefused(e) => workload(&e.workload),
         Kind::WorkloadRewritten(e) => workload(&e.workload),

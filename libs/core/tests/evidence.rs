@@ -178,6 +178,33 @@ fn both_allocators_advertising_a_node_is_a_dual_advertisement() {
 }
 
 #[test]
+fn a_pod_holding_device_plugin_gpus_on_a_dra_node_is_a_dual_advertisement() {
+    let mut facts = dra_node("d1");
+    let mut holder = mk_app_pod("apps", "old-0", "old", "d1", PodPhase::Running, (0, 0));
+    let mut done = mk_app_pod("apps", "old-1", "old", "d1", PodPhase::Succeeded, (0, 0));
+    for pod in [&mut holder, &mut done] {
+        if let Some(Kind::PodObserved(p)) = &mut pod.kind {
+            p.device_plugin_gpus = 1;
+        }
+    }
+    facts.extend([holder, done]);
+    let core = core_with(&facts);
+    let items = evidence::node_evidence(&core.cluster, "d1");
+    let failures = failed(&items);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].0, NO_DUAL_ADVERTISEMENT);
+    assert_eq!(
+        failures[0].1,
+        "pods hold device-plugin GPUs on a node that publishes 2 devices in 1 ResourceSlices: apps/old-0",
+        "a finished pod holds nothing"
+    );
+    // Gone: the node passes.
+    let mut core = core;
+    core.handle(Input::Fact(&mk_pod_removed("apps", "old-0")));
+    assert!(failed(&evidence::node_evidence(&core.cluster, "d1")).is_empty());
+}
+
+#[test]
 fn a_dra_node_without_slices_fails_and_says_so() {
     let mut facts = dra_node("d1");
     facts.retain(|f| !matches!(f.kind, Some(Kind::ResourceSliceObserved(_))));

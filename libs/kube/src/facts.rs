@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -20,7 +21,7 @@ use switchyard_proto::v1::{
     NodeRemoved, PhysicalGpuObserved, PhysicalGpuRemoved, PodObserved, PodPhase, PodRemoved,
     ResourceClaimObserved, ResourceClaimRemoved, ResourceList, ResourceQuotaObserved,
     ResourceSliceObserved, ResourceSliceRemoved, SliceDevice, Taint, WorkloadObserved,
-    WorkloadPlacement, WorkloadRef, domain_event::Kind, event,
+    WorkloadPlacement, WorkloadRef, WorkloadRemoved, domain_event::Kind, event,
 };
 
 /// The ModuleConfig of the GPU module.
@@ -36,6 +37,27 @@ pub const GPU_COUNT_ANNOTATION: &str = "gpu.deckhouse.io/physical-gpus";
 /// `nvidia.com/mig-<profile>`.
 pub fn is_device_plugin_gpu_resource(name: &str) -> bool {
     name == NVIDIA_GPU || name == NVIDIA_GPU_SHARED || name.starts_with(NVIDIA_MIG_PREFIX)
+}
+
+/// The device-plugin GPU resources a pod asks for, over its containers (an
+/// extended resource's request equals its limit when both are given; a count
+/// that does not parse counts as one).
+fn device_plugin_gpus(spec: &PodSpec) -> u32 {
+    spec.containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            let limits = r.limits.iter().flatten();
+            limits.chain(
+                r.requests
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| !r.limits.as_ref().is_some_and(|l| l.contains_key(*k))),
+            )
+        })
+        .filter(|(name, _)| is_device_plugin_gpu_resource(name))
+        .map(|(_, q)| q.0.parse::<u32>().unwrap_or(1))
+        .fold(0, u32::saturating_add)
 }
 
 /// A Node: labels, taints, `spec.unschedulable`, how it was provisioned,
@@ -430,6 +452,7 @@ pub fn pod(pod: &Pod) -> DomainEvent {
         app: pod.labels().get("app").cloned().unwrap_or_default(),
         claims_allocated,
         claims_needed,
+        device_plugin_gpus: device_plugin_gpus(&spec),
     }))
 }
 
@@ -496,6 +519,81 @@ pub fn stateful_set(s: &StatefulSet) -> DomainEvent {
     )
 }
 
+/// A DaemonSet's pods are as many as the nodes its controller schedules it
+/// to, counted for the spec it last saw: until it has seen the current one
+/// the count is not known, and is 0 (a move is not verified on an old count).
+pub fn daemon_set(d: &DaemonSet) -> DomainEvent {
+    let status = d.status.as_ref();
+    let current = status.and_then(|s| s.observed_generation) == d.metadata.generation;
+    let desired = status
+        .filter(|_| current)
+        .map_or(0, |s| s.desired_number_scheduled);
+    workload(
+        &d.metadata,
+        "DaemonSet",
+        desired,
+        d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+    )
+}
+
+/// A Job while it runs wants its parallelism; a finished one (Complete or
+/// Failed) none. A CronJob's Job names the CronJob as its owner.
+pub fn job(j: &Job) -> DomainEvent {
+    let spec = j.spec.as_ref();
+    let finished = j
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
+    let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
+    let mut fact = workload(
+        &j.metadata,
+        "Job",
+        if finished { 0 } else { parallelism },
+        spec.and_then(|s| s.template.spec.as_ref()),
+    );
+    if let Some(Kind::WorkloadObserved(w)) = &mut fact.kind {
+        w.owner = j
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "CronJob")
+            .map(|o| {
+                Box::new(WorkloadRef {
+                    namespace: j.namespace().unwrap_or_default(),
+                    kind: "CronJob".to_string(),
+                    name: o.name.clone(),
+                })
+            });
+    }
+    fact
+}
+
+/// A CronJob's template is its Jobs' (`spec.jobTemplate.spec.template`).
+pub fn cron_job(c: &CronJob) -> DomainEvent {
+    workload(
+        &c.metadata,
+        "CronJob",
+        0,
+        c.spec
+            .job_template
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref()),
+    )
+}
+
+pub fn workload_removed(meta: &ObjectMeta, kind: &str) -> DomainEvent {
+    event(Kind::WorkloadRemoved(WorkloadRemoved {
+        workload: Some(WorkloadRef {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            kind: kind.to_string(),
+            name: meta.name.clone().unwrap_or_default(),
+        }),
+    }))
+}
+
 fn workload(
     meta: &ObjectMeta,
     kind: &str,
@@ -511,6 +609,7 @@ fn workload(
         replicas: replicas.max(0) as u32,
         placement: Some(placement(template)),
         managed_by: managed_by(meta),
+        owner: None,
     }))
 }
 

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use crate::facts;
 use futures::{Stream, StreamExt, stream::BoxStream};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -28,7 +29,8 @@ use switchyard_core::subjects::subject_of;
 use switchyard_eventlog::{EventLog, LogError, append_as, now_nanos};
 use switchyard_proto::v1::{
     DeviceClassRemoved, DomainEvent, GpuClassRemoved, NodeGroupRemoved, NodeRemoved,
-    PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, domain_event::Kind,
+    PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, WorkloadObserved,
+    WorkloadRemoved, domain_event::Kind,
 };
 
 const INVENTORY: ServiceName = ServiceName::Inventory;
@@ -92,6 +94,9 @@ fn removal_of(fact: &DomainEvent) -> Option<DomainEvent> {
             namespace: f.namespace.clone(),
             name: f.name.clone(),
         }),
+        Kind::WorkloadObserved(f) => Kind::WorkloadRemoved(WorkloadRemoved {
+            workload: f.workload.clone(),
+        }),
         _ => return None,
     };
     Some(DomainEvent { kind: Some(kind) })
@@ -108,6 +113,17 @@ fn watch_kind(fact: &DomainEvent) -> Option<&'static str> {
         Kind::DeviceClassObserved(_) | Kind::DeviceClassRemoved(_) => "DeviceClass",
         Kind::GpuClassObserved(_) | Kind::GpuClassRemoved(_) => "GPUClass",
         Kind::ResourceClaimObserved(_) | Kind::ResourceClaimRemoved(_) => "ResourceClaim",
+        Kind::WorkloadObserved(WorkloadObserved { workload, .. })
+        | Kind::WorkloadRemoved(WorkloadRemoved { workload }) => {
+            match workload.as_ref()?.kind.as_str() {
+                "Deployment" => "Deployment",
+                "StatefulSet" => "StatefulSet",
+                "DaemonSet" => "DaemonSet",
+                "Job" => "Job",
+                "CronJob" => "CronJob",
+                _ => return None,
+            }
+        }
         _ => return None,
     })
 }
@@ -275,13 +291,31 @@ fn watchers(
             Api::<Deployment>::all(c()),
             "Deployment",
             |o| Some(facts::deployment(o)),
-            |_| None,
+            |o| Some(facts::workload_removed(&o.metadata, "Deployment")),
         ),
         watch(
             Api::<StatefulSet>::all(c()),
             "StatefulSet",
             |o| Some(facts::stateful_set(o)),
-            |_| None,
+            |o| Some(facts::workload_removed(&o.metadata, "StatefulSet")),
+        ),
+        watch(
+            Api::<DaemonSet>::all(c()),
+            "DaemonSet",
+            |o| Some(facts::daemon_set(o)),
+            |o| Some(facts::workload_removed(&o.metadata, "DaemonSet")),
+        ),
+        watch(
+            Api::<Job>::all(c()),
+            "Job",
+            |o| Some(facts::job(o)),
+            |o| Some(facts::workload_removed(&o.metadata, "Job")),
+        ),
+        watch(
+            Api::<CronJob>::all(c()),
+            "CronJob",
+            |o| Some(facts::cron_job(o)),
+            |o| Some(facts::workload_removed(&o.metadata, "CronJob")),
         ),
         watch(
             Api::<ResourceQuota>::all(c()),

@@ -51,6 +51,7 @@ pub mod v1 {
                 GpuClassRemoved(_) => "GpuClassRemoved",
                 ResourceClaimObserved(_) => "ResourceClaimObserved",
                 ResourceClaimRemoved(_) => "ResourceClaimRemoved",
+                WorkloadRemoved(_) => "WorkloadRemoved",
                 GpuClassRetired(_) => "GpuClassRetired",
                 StackAssigned(_) => "StackAssigned",
                 NodeGroupHeldOnDra(_) => "NodeGroupHeldOnDra",

@@ -2,6 +2,7 @@
 
 use switchyard_core::class_compiler::GPU_DRIVER;
 use switchyard_core::cluster::{ObjectKey, workload_key};
+use switchyard_core::names::NVIDIA_GPU;
 use switchyard_proto::v1::{
     GpuPhase, PhysicalGpuObserved, PodObserved, ResourceSliceObserved, ResourceSliceRemoved,
     SliceDevice, WorkloadObserved, WorkloadRef, domain_event::Kind,
@@ -17,6 +18,15 @@ impl Simulator {
 
     pub(crate) fn report_pod(&mut self, key: &ObjectKey) {
         let p = &self.pods[key];
+        // What its template asks of the device plugin, as the API server shows it.
+        let device_plugin_gpus = self.workloads.get(&workload_key(&p.owner)).map_or(0, |w| {
+            w.placement
+                .container_limits
+                .values()
+                .filter_map(|l| l.quantities.get(NVIDIA_GPU))
+                .map(|q| q.parse::<u32>().unwrap_or(1))
+                .sum()
+        });
         self.out.push(ev(Kind::PodObserved(PodObserved {
             namespace: key.0.clone(),
             name: key.1.clone(),
@@ -26,6 +36,7 @@ impl Simulator {
             app: p.app.clone(),
             claims_allocated: p.claims_allocated,
             claims_needed: p.claims_needed,
+            device_plugin_gpus,
             labels: if p.owner.kind == "DaemonSet" {
                 p.labels.clone()
             } else {
@@ -41,6 +52,7 @@ impl Simulator {
             replicas: w.replicas,
             placement: Some(w.placement.clone()),
             managed_by: String::new(),
+            owner: None,
         })));
     }
 

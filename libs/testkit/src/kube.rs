@@ -218,7 +218,14 @@ impl ControlPlane {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: admin\ncurrent-context: local\n",
             self.url()
         );
-        std::fs::write(&path, config).expect("write kubeconfig");
+        // Written once and whole (a rename), as processes read it meanwhile:
+        // rewriting it in place let a starting process read an empty file.
+        if std::fs::read_to_string(&path).is_ok_and(|c| c == config) {
+            return path;
+        }
+        let partial = tempfile::NamedTempFile::new_in(self.dir.path()).expect("kubeconfig file");
+        std::fs::write(partial.path(), config).expect("write kubeconfig");
+        partial.persist(&path).expect("put the kubeconfig in place");
         path
     }
 

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{PodSpec, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -18,6 +19,25 @@ use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_ow
 use switchyard_proto::v1::{WorkloadPlacement, WorkloadRef};
 
 use crate::SERVICE;
+
+/// The kinds a move edits in place (a Job's template is immutable).
+pub const MOVED_KINDS: [&str; 4] = ["Deployment", "StatefulSet", "DaemonSet", "CronJob"];
+
+/// Where a kind keeps its pod template.
+pub fn template_path(kind: &str) -> &'static str {
+    match kind {
+        "CronJob" => "spec.jobTemplate.spec.template",
+        _ => "spec.template",
+    }
+}
+
+/// A merge patch setting the pod template's spec of a `kind`.
+pub fn template_patch(kind: &str, pod_spec: serde_json::Value) -> serde_json::Value {
+    match kind {
+        "CronJob" => json!({"spec": {"jobTemplate": {"spec": {"template": {"spec": pod_spec}}}}}),
+        _ => json!({"spec": {"template": {"spec": pod_spec}}}),
+    }
+}
 
 /// The `kubectl rollout restart` annotation.
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
@@ -87,24 +107,44 @@ impl ClaimAllocatorWrites {
     ) -> Result<Outcome, EdgeError> {
         let what = format!("{} {}/{}", workload.kind, workload.namespace, workload.name);
         let (ns, name) = (workload.namespace.as_str(), workload.name.as_str());
+        let client = || self.writer.client();
         match workload.kind.as_str() {
             "Deployment" => {
-                let api: Api<Deployment> = Api::namespaced(self.writer.client(), ns);
+                let api: Api<Deployment> = Api::namespaced(client(), ns);
                 self.patch_template(&api, name, &what, edit, |d| {
                     d.spec.as_ref().and_then(|s| s.template.spec.clone())
                 })
                 .await?;
             }
             "StatefulSet" => {
-                let api: Api<StatefulSet> = Api::namespaced(self.writer.client(), ns);
+                let api: Api<StatefulSet> = Api::namespaced(client(), ns);
+                self.patch_template(&api, name, &what, edit, |s| {
+                    s.spec.as_ref().and_then(|s| s.template.spec.clone())
+                })
+                .await?;
+            }
+            "DaemonSet" => {
+                let api: Api<DaemonSet> = Api::namespaced(client(), ns);
                 self.patch_template(&api, name, &what, edit, |d| {
                     d.spec.as_ref().and_then(|s| s.template.spec.clone())
                 })
                 .await?;
             }
+            "CronJob" => {
+                let api: Api<CronJob> = Api::namespaced(client(), ns);
+                self.patch_template(&api, name, &what, edit, |c| {
+                    c.spec
+                        .job_template
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.clone())
+                })
+                .await?;
+            }
             other => {
                 return Err(EdgeError::Invalid(format!(
-                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                    "{what}: workload kind {other:?} is not supported, expected {}",
+                    MOVED_KINDS.join(", ")
                 )));
             }
         }
@@ -120,21 +160,21 @@ impl ClaimAllocatorWrites {
         template: impl Fn(&K) -> Option<PodSpec>,
     ) -> Result<(), EdgeError>
     where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let object = api
             .get(name)
             .await
             .map_err(EdgeError::api(format!("read {what}")))?;
-        let before = template(&object)
-            .ok_or_else(|| EdgeError::Invalid(format!("{what}: spec.template.spec is missing")))?;
+        let kind = K::kind(&());
+        let before = template(&object).ok_or_else(|| {
+            EdgeError::Invalid(format!("{what}: {}.spec is missing", template_path(&kind)))
+        })?;
         let Some(pod_spec) = spec_patch(&before, edit) else {
             return Ok(());
         };
-        let patch = json!({
-            "metadata": {"resourceVersion": object.resource_version()},
-            "spec": {"template": {"spec": pod_spec}},
-        });
+        let mut patch = template_patch(&kind, pod_spec);
+        patch["metadata"] = json!({"resourceVersion": object.resource_version()});
         self.writer
             .merge_patch(api, name, &patch, format!("write {what}"))
             .await
@@ -148,18 +188,24 @@ impl ClaimAllocatorWrites {
             workload.kind, workload.namespace, workload.name
         );
         let params = self.writer.merge_params();
+        let (client, ns) = (self.writer.client(), workload.namespace.as_str());
         match workload.kind.as_str() {
-            "Deployment" => Api::<Deployment>::namespaced(self.writer.client(), &workload.namespace)
+            "Deployment" => Api::<Deployment>::namespaced(client, ns)
                 .patch(&workload.name, &params, &Patch::Merge(&patch))
                 .await
                 .map(drop),
-            "StatefulSet" => Api::<StatefulSet>::namespaced(self.writer.client(), &workload.namespace)
+            "StatefulSet" => Api::<StatefulSet>::namespaced(client, ns)
+                .patch(&workload.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop),
+            "DaemonSet" => Api::<DaemonSet>::namespaced(client, ns)
                 .patch(&workload.name, &params, &Patch::Merge(&patch))
                 .await
                 .map(drop),
             other => {
                 return Err(EdgeError::Invalid(format!(
-                    "{what}: workload kind {other:?} is not supported, expected Deployment or StatefulSet"
+                    "{what}: workload kind {other:?} is not restarted (a CronJob's next run \
+                     takes the new template), expected Deployment, StatefulSet or DaemonSet"
                 )));
             }
         }

@@ -26,6 +26,8 @@ pub const PERMISSIONS: &[Permission] = &[
     Permission::new("", "nodes", &["get", "patch"]),
     Permission::new("apps", "deployments", &["get", "list", "watch", "patch"]),
     Permission::new("apps", "statefulsets", &["get", "list", "watch", "patch"]),
+    Permission::new("apps", "daemonsets", &["get", "list", "watch", "patch"]),
+    Permission::new("batch", "cronjobs", &["get", "list", "watch", "patch"]),
     Permission::read("", "pods"),
     Permission::new("", "resourcequotas", &["get", "list", "watch", "patch"]),
     Permission::new(

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::time::Duration;
+use switchyard_claim_allocator::edge::MOVED_KINDS;
 
 use clap::Args;
 use switchyard_claim_allocator::plan::{self, PlanRequest};
@@ -102,8 +103,9 @@ struct ControlArgs {
 
 /// The waves the claim-allocator runs: each wave's nodes, then the workloads
 /// the plan moves in it (those the claim-allocator moves in place:
-/// Deployments and StatefulSets; the others are named and left to the
-/// operator).
+/// Deployments, StatefulSets, DaemonSets and CronJobs — a CronJob's at its
+/// next run, which its wave waits for; the others, Jobs included, are named
+/// and left to the operator).
 fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
     let mut left = Vec::new();
     let waves = plan
@@ -116,7 +118,7 @@ fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
                 .iter()
                 .filter_map(|m| {
                     let w = &m.workload;
-                    if matches!(w.kind.as_str(), "Deployment" | "StatefulSet") {
+                    if MOVED_KINDS.contains(&w.kind.as_str()) {
                         Some(WorkloadRef {
                             namespace: w.namespace.clone(),
                             kind: w.kind.clone(),

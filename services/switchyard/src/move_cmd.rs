@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::PodSpec;
 use kube::Api;
-use serde_json::json;
-use switchyard_claim_allocator::edge::{set_placement, spec_patch};
+use switchyard_claim_allocator::edge::{set_placement, spec_patch, template_patch, template_path};
 use switchyard_core::ServiceName;
 use switchyard_core::names::GROUP_LABEL;
 use switchyard_core::placement::rewrite;
@@ -23,7 +23,9 @@ use crate::output::{Format, write_stdout};
 
 #[derive(Args, Debug)]
 pub struct MoveArgs {
-    /// The workload to move: NAMESPACE/KIND/NAME (Deployment or StatefulSet).
+    /// The workload to move: NAMESPACE/KIND/NAME — a Deployment, StatefulSet
+    /// or DaemonSet (restarted), a CronJob (its next run takes the change); a
+    /// Job's template is immutable: `--dry-run -o yaml` prints it to recreate.
     #[arg(long, value_parser = parse_workload)]
     pub workload: WorkloadRef,
     /// The GPU class to request (`gpu.deckhouse.io/<class>`).
@@ -67,9 +69,13 @@ pub fn parse_workload(text: &str) -> Result<WorkloadRef, String> {
     let kind = match kind.to_ascii_lowercase().as_str() {
         "deployment" | "deployments" | "deploy" => "Deployment",
         "statefulset" | "statefulsets" | "sts" => "StatefulSet",
+        "daemonset" | "daemonsets" | "ds" => "DaemonSet",
+        "cronjob" | "cronjobs" | "cj" => "CronJob",
+        "job" | "jobs" => "Job",
         other => {
             return Err(format!(
-                "{text:?}: kind {other:?} is not moved in place; expected Deployment or StatefulSet"
+                "{text:?}: kind {other:?} has no pod template Switchyard moves; expected \
+                 Deployment, StatefulSet, DaemonSet, CronJob or Job"
             ));
         }
     };
@@ -121,9 +127,35 @@ async fn live(
             let spec = s.spec.as_ref().and_then(|s| s.template.spec.clone());
             (serde_json::to_value(&s)?, spec)
         }
+        "DaemonSet" => {
+            let d = Api::<DaemonSet>::namespaced(client, &w.namespace)
+                .get(&w.name)
+                .await
+                .with_context(|| format!("read {what}"))?;
+            let spec = d.spec.as_ref().and_then(|s| s.template.spec.clone());
+            (serde_json::to_value(&d)?, spec)
+        }
+        "CronJob" => {
+            let c = Api::<CronJob>::namespaced(client, &w.namespace)
+                .get(&w.name)
+                .await
+                .with_context(|| format!("read {what}"))?;
+            let spec = c.spec.job_template.spec.as_ref();
+            let spec = spec.and_then(|s| s.template.spec.clone());
+            (serde_json::to_value(&c)?, spec)
+        }
+        "Job" => {
+            let j = Api::<Job>::namespaced(client, &w.namespace)
+                .get(&w.name)
+                .await
+                .with_context(|| format!("read {what}"))?;
+            let spec = j.spec.as_ref().and_then(|s| s.template.spec.clone());
+            (serde_json::to_value(&j)?, spec)
+        }
         other => bail!("{what}: kind {other} is not supported"),
     };
-    let spec = spec.with_context(|| format!("{what}: spec.template.spec is missing"))?;
+    let spec =
+        spec.with_context(|| format!("{what}: {}.spec is missing", template_path(&w.kind)))?;
     Ok((object, spec))
 }
 
@@ -144,12 +176,28 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
         .get(GROUP_LABEL)
         .cloned()
         .unwrap_or_default();
-    let after = rewrite(&placement, &source, &args.class);
+    let mut after = rewrite(&placement, &source, &args.class);
+    if w.kind == "DaemonSet" {
+        // Its pods run wherever its selector matches: bound to the target group.
+        let Some(to) = &args.to else {
+            bail!("{what}: a DaemonSet is bound to the group it moves to: name it with --to GROUP");
+        };
+        after
+            .node_selector
+            .insert(GROUP_LABEL.to_string(), to.clone());
+    }
     let Some(pod_spec) = spec_patch(&spec, |s| set_placement(s, &after)) else {
         write_stdout(&format!("{what}: nothing to change\n"))?;
         return Ok(ExitCode::SUCCESS);
     };
-    let patch = json!({"spec": {"template": {"spec": pod_spec}}});
+    let patch = template_patch(&w.kind, pod_spec);
+    let job = w.kind == "Job";
+    if job && matches!(args.operator.output, Format::Patch | Format::Table) {
+        bail!(
+            "{what}: a Job's pod template cannot be changed in place; `-o yaml` prints the \
+             manifest to delete the Job and create it again"
+        );
+    }
     match args.operator.output {
         Format::Patch => write_stdout(&format!("{}\n", serde_json::to_string(&patch)?))?,
         Format::Table => {
@@ -194,8 +242,32 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
             if let Some(o) = object.as_object_mut() {
                 o.remove("status");
             }
+            if job {
+                without_generated_selector(&mut object);
+            }
             crate::output::write_structured(format, &object)?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A Job as it can be created again: the selector and the labels its
+/// controller generated for the old one's uid are dropped (the API server
+/// refuses a new Job that carries them without `manualSelector`).
+fn without_generated_selector(job: &mut serde_json::Value) {
+    if let Some(spec) = job.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("selector");
+    }
+    for path in ["/metadata/labels", "/spec/template/metadata/labels"] {
+        if let Some(labels) = job.pointer_mut(path).and_then(|l| l.as_object_mut()) {
+            for generated in [
+                "controller-uid",
+                "job-name",
+                "batch.kubernetes.io/controller-uid",
+                "batch.kubernetes.io/job-name",
+            ] {
+                labels.remove(generated);
+            }
+        }
+    }
 }

@@ -11,6 +11,7 @@ mod support;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -20,6 +21,7 @@ use switchyard_testkit::kube::{Components, create_namespace};
 use switchyard_testkit::kwok::{Kwok, kwok_node};
 
 use support::*;
+use switchyard_proto::v1::domain_event::Kind;
 
 /// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
 /// pods on the nodes the stack-assigner labels `dra` (in this test the
@@ -124,6 +126,11 @@ impl Drop for Cluster {
 }
 
 async fn cluster(nodes: &[&str]) -> Cluster {
+    cluster_upgraded_from(nodes, None).await
+}
+
+/// [`cluster`] after an upgrade of the module from `previous_version`, if given.
+async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -> Cluster {
     let mut world = World::start(Components {
         scheduler: true,
         controller_manager: true,
@@ -133,7 +140,7 @@ async fn cluster(nodes: &[&str]) -> Cluster {
     let mut kwok = Kwok::start(&world.plane);
     create_group(&c, "gpu", true).await;
     create_group(&c, "gpu-dra", false).await;
-    set_module_config(&c, true, None).await;
+    set_module_config(&c, true, previous_version).await;
     for node in nodes {
         kwok.create_node(&c, &gpu_node(node), WAIT).await;
     }
@@ -724,4 +731,362 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             record.envelope.event_type
         );
     }
+}
+
+/// A DaemonSet, a CronJob and a Job on the device plugin, asking for one card
+/// each on the group `gpu`.
+async fn create_other_kinds(client: &Client) {
+    let template = |app: &str, restart: &str| {
+        json!({
+            "metadata": {"labels": {"app": app}},
+            "spec": {
+                "nodeSelector": {GROUP: "gpu"},
+                "restartPolicy": restart,
+                "containers": [{
+                    "name": "main", "image": "registry.example.com/gpu-tool:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }],
+            },
+        })
+    };
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "exporter"},
+        "spec": {"selector": {"matchLabels": {"app": "exporter"}}, "template": template("exporter", "Always")},
+    }))
+    .unwrap();
+    Api::<DaemonSet>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("create the DaemonSet");
+    let cron: CronJob = serde_json::from_value(json!({
+        "metadata": {"name": "nightly"},
+        "spec": {
+            "schedule": "* * * * *",
+            "jobTemplate": {"spec": {"template": template("nightly", "Never")}},
+        },
+    }))
+    .unwrap();
+    Api::<CronJob>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &cron)
+        .await
+        .expect("create the CronJob");
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "once"},
+        "spec": {"template": template("once", "Never")},
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create the Job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemonset_and_a_cronjob_move_and_a_job_is_refused_with_its_manifest_to_recreate() {
+    let cluster = cluster(&["gpu-0", "gpu-1"]).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
+    create_other_kinds(&c).await;
+    world
+        .until("the exporter on both device-plugin nodes", || async {
+            running_on(&pods_of(&c, "exporter").await).len() == 2
+        })
+        .await;
+    let (code, out, err) = cli(
+        world,
+        &["handover", "--node", "gpu-0", "--to", "gpu-dra", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+
+    // A Job's template cannot change: refused with the reason, and the dry
+    // run prints a manifest the API server takes once the old Job is gone.
+    let (code, out, _) = cli(
+        world,
+        &["move", "--workload", "ml/Job/once", "--class", "h100"],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("spec.template) cannot be changed"), "{out}");
+    let (code, out, err) = cli(
+        world,
+        &[
+            "move",
+            "--workload",
+            "ml/Job/once",
+            "--class",
+            "h100",
+            "--dry-run",
+            "-o",
+            "yaml",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let recreated: Job = serde_yaml_ng::from_str(&out).expect("the Job as YAML");
+    let spec = recreated.spec.as_ref().unwrap();
+    assert_eq!(spec.selector, None, "the generated selector is dropped");
+    let limits = spec.template.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .clone()
+        .unwrap();
+    assert_eq!(limits.keys().collect::<Vec<_>>(), ["gpu.deckhouse.io/h100"]);
+    let jobs: Api<Job> = Api::namespaced(c.clone(), "ml");
+    jobs.delete("once", &DeleteParams::background())
+        .await
+        .expect("delete the old Job");
+    world
+        .until("the old Job gone", || async {
+            jobs.get_opt("once").await.is_ok_and(|j| j.is_none())
+        })
+        .await;
+    jobs.create(&PostParams::default(), &recreated)
+        .await
+        .expect("the printed manifest is accepted");
+
+    // The DaemonSet: bound to gpu-dra, restarted, verified on gpu-0 alone.
+    let (code, out, err) = cli(
+        world,
+        &[
+            "move",
+            "--workload",
+            "ml/DaemonSet/exporter",
+            "--class",
+            "h100",
+            "--to",
+            "gpu-dra",
+            "--id",
+            "m-exporter",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains(
+            "move m-exporter done: DaemonSet ml/exporter runs on gpu-0 with 1 claim(s) allocated"
+        ),
+        "{out}"
+    );
+    let ds = Api::<DaemonSet>::namespaced(c.clone(), "ml")
+        .get("exporter")
+        .await
+        .unwrap();
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        spec.node_selector,
+        Some([(GROUP.to_string(), "gpu-dra".to_string())].into())
+    );
+
+    // The CronJob: its template edited, no restart; verified on the next run.
+    let (code, out, err) = cli(
+        world,
+        &[
+            "move",
+            "--workload",
+            "ml/CronJob/nightly",
+            "--class",
+            "h100",
+            "--id",
+            "m-nightly",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains("move m-nightly done: CronJob ml/nightly runs on gpu-0"),
+        "{out}"
+    );
+    let cron = Api::<CronJob>::namespaced(c.clone(), "ml")
+        .get("nightly")
+        .await
+        .unwrap();
+    let template = cron.spec.job_template.spec.unwrap().template;
+    assert!(
+        template
+            .metadata
+            .and_then(|m| m.annotations)
+            .is_none_or(|a| !a.contains_key("kubectl.kubernetes.io/restartedAt")),
+        "a CronJob is not restarted"
+    );
+    assert_eq!(template.spec.unwrap().node_selector, None);
+
+    // Evidence for both, checked now and recorded.
+    let (code, out, err) = cli(world, &["evidence", "--id", "ev-kinds"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    for line in [
+        "evidence of DaemonSet ml/exporter: passed",
+        "ok     pods on the target group: 1 pods running in group gpu-dra on gpu-0",
+        "evidence of CronJob ml/nightly: passed",
+        "ok     pods on the target group: 1 pods running or completed in group gpu-dra on gpu-0",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+}
+
+fn allocatable_gpus(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("nvidia.com/gpu"))
+        .map(|q| q.0.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_hold_keeps_a_group_on_dra_and_its_release_waits_for_the_claims() {
+    // "If DRA was enabled before the module upgrade": group gpu has spec.gpu.
+    let cluster = cluster_upgraded_from(&["gpu-0", "gpu-1"], Some("1.9.0")).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
+    let held_on_dra = map(&[
+        (GROUP, "gpu"),
+        ("node-role.kubernetes.io/gpu", ""),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("node.deckhouse.io/device-gpu.config", "exclusive"),
+        (STACK, "dra"),
+        (SETUP, "true"),
+    ]);
+    for node in ["gpu-0", "gpu-1"] {
+        world.labels_become(node, &held_on_dra).await;
+    }
+    world
+        .until("the alerter to raise D8GpuNodeGroupHeldOnDra", || async {
+            world.events().await.iter().any(|(_, e)| {
+                matches!(&e.kind, Some(Kind::AlertRaised(a)) if a.alert_name == "D8GpuNodeGroupHeldOnDra")
+            })
+        })
+        .await;
+    let (code, out, err) = cli(world, &["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("held on DRA: gpu"), "{out}");
+
+    // A DRA workload, its card allocated through the class on one node.
+    let infer: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "infer"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "infer"}},
+            "template": {
+                "metadata": {"labels": {"app": "infer"}},
+                "spec": {
+                    "nodeSelector": {GROUP: "gpu"},
+                    "containers": [{
+                        "name": "main", "image": "registry.example.com/infer:1",
+                        "resources": {"limits": {"gpu.deckhouse.io/h100": "1"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
+    deployments
+        .create(&PostParams::default(), &infer)
+        .await
+        .expect("create infer");
+    world
+        .until("infer running with its claim", || async {
+            running_on(&pods_of(&c, "infer").await).len() == 1
+        })
+        .await;
+    let busy = running_on(&pods_of(&c, "infer").await).remove(0);
+    let free = if busy == "gpu-0" { "gpu-1" } else { "gpu-0" };
+
+    // Released: spec.gpu removed, the group stays on DRA, the alert clears.
+    let groups: Api<switchyard_api::NodeGroup> = Api::all(c.clone());
+    let set_spec_gpu = |gpu: serde_json::Value| {
+        let groups = groups.clone();
+        async move {
+            groups
+                .patch(
+                    "gpu",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"gpu": gpu}})),
+                )
+                .await
+                .expect("patch the group's spec.gpu");
+        }
+    };
+    set_spec_gpu(serde_json::Value::Null).await;
+    world
+        .until("the hold released and its alert cleared", || async {
+            let events = world.events().await;
+            count(&events, |k| matches!(k, Kind::NodeGroupReleased(_))) == 1
+                && count(&events, |k| matches!(k, Kind::AlertCleared(_))) == 1
+        })
+        .await;
+    for node in ["gpu-0", "gpu-1"] {
+        assert_eq!(world.labels(node).await, held_on_dra, "{node} stays on DRA");
+    }
+
+    // spec.gpu set again: the free node goes to the device plugin; the busy
+    // one holds infer's claim, so its switch waits, with the reason shown.
+    set_spec_gpu(json!({"sharing": "Exclusive"})).await;
+    let mut on_device_plugin = held_on_dra.clone();
+    on_device_plugin.insert(STACK.to_string(), "device-plugin".to_string());
+    world.labels_become(free, &on_device_plugin).await;
+    let nodes: Api<Node> = Api::all(c.clone());
+    world
+        .until(
+            "nvidia.com/gpu allocatable again on the free node",
+            || async {
+                nodes
+                    .get(free)
+                    .await
+                    .is_ok_and(|n| allocatable_gpus(&n).as_deref() == Some("8"))
+            },
+        )
+        .await;
+    world
+        .until("the busy node's switch held for its claim", || async {
+            world.events().await.iter().any(|(_, e)| {
+                matches!(&e.kind, Some(Kind::StackSwitchHeld(h)) if h.node == busy && h.claims.len() == 1)
+            })
+        })
+        .await;
+    let (_, out, _) = cli(world, &["status"]);
+    assert!(
+        out.contains(&format!(
+            "stack switch held: {busy} stays on DRA while claims are allocated on it: ml/infer-"
+        )),
+        "{out}"
+    );
+    assert_eq!(world.labels(&busy).await, held_on_dra);
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), "default");
+    world
+        .until("a StackSwitchHeld Event on the busy node", || async {
+            events.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("StackSwitchHeld")
+                        && e.involved_object.name.as_deref() == Some(busy.as_str())
+                })
+            })
+        })
+        .await;
+
+    // Drained (the operator removes the workload): the busy node switches too.
+    deployments
+        .delete("infer", &DeleteParams::default())
+        .await
+        .expect("delete infer");
+    world.labels_become(&busy, &on_device_plugin).await;
+    world
+        .until(
+            "nvidia.com/gpu allocatable again on the busy node",
+            || async {
+                nodes
+                    .get(&busy)
+                    .await
+                    .is_ok_and(|n| allocatable_gpus(&n).as_deref() == Some("8"))
+            },
+        )
+        .await;
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    world
+        .until("no ResourceSlice left", || async {
+            slices
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        })
+        .await;
 }

@@ -3,14 +3,17 @@
 //! are when asked — never on a label or a count left from before:
 //!
 //! - a node: no dual advertisement (no device-plugin resource allocatable on
-//!   a node that publishes GPU ResourceSlices, and none published on a
-//!   device-plugin node); on DRA, the plug-in healthy (its pod running, its
+//!   a node that publishes GPU ResourceSlices, no pod there holding
+//!   device-plugin GPUs, and none published on a device-plugin node); on DRA, the plug-in healthy (its pod running, its
 //!   PhysicalGPUs Ready) and the slices matching the PhysicalGPUs (product,
 //!   memory, UUID, node);
 //! - a workload: its pods running on the target group; each pod's claims
 //!   allocated on its node, reserved for it, from the class's DeviceClasses;
 //!   restart and cleanup (the pods the move recreated hold claims again, and
-//!   no claim generated for a pod that is gone is left).
+//!   no claim generated for a pod that is gone is left). A CronJob's pods are
+//!   its runs': those in progress, and the completed ones made from the
+//!   class's template (their claims are released with them, so they count for
+//!   where they ran, not for claims held now).
 //!
 //! A wave is done only once its evidence passes; [`check`] records it.
 
@@ -92,7 +95,33 @@ pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
     let published: usize = on_node.iter().map(|s| s.devices.len()).sum();
     let allocatable = facts.device_plugin_allocatable;
     let stack = if dra { "dra" } else { "device-plugin" };
-    let dual = if published > 0 && allocatable > 0 {
+    // Pods holding device-plugin GPUs on a node that publishes its cards to
+    // DRA: the same cards have two allocators.
+    let holding: Vec<String> = if published > 0 {
+        cluster
+            .pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter(|key| {
+                cluster.pods.get(*key).is_some_and(|p| {
+                    p.device_plugin_gpus > 0
+                        && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
+                })
+            })
+            .map(|(ns, name)| format!("{ns}/{name}"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let dual = if !holding.is_empty() {
+        Err(format!(
+            "pods hold device-plugin GPUs on a node that publishes {published} devices in {} \
+             ResourceSlices: {}",
+            on_node.len(),
+            holding.join(", ")
+        ))
+    } else if published > 0 && allocatable > 0 {
         Err(format!(
             "{allocatable} device-plugin GPU resources (nvidia.com/gpu, MIG, shared) are allocatable while {published} devices are published in {} ResourceSlices: both allocators advertise the node",
             on_node.len()
@@ -242,7 +271,17 @@ fn slices_match(cluster: &Cluster, node: &str) -> Result<String, String> {
 pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> {
     let w = &moved.workload;
     let key = workload_key(w);
-    let pods = cluster.named_pods_of(&key);
+    let scheduled = w.kind == "CronJob";
+    let mut pods = cluster.named_pods_of(&key);
+    if scheduled {
+        pods.retain(|(_, p)| match p.phase {
+            PodPhase::Failed => false,
+            PodPhase::Succeeded => p.claims_needed > 0,
+            _ => true,
+        });
+    }
+    // A completed run of a CronJob: it counts where it ran; its claims are gone.
+    let completed = |p: &crate::cluster::Pod| scheduled && p.phase == PodPhase::Succeeded;
     let replicas = cluster.workloads.get(&key).map_or(0, |w| w.replicas);
     let group_of = |node: &str| {
         cluster
@@ -262,7 +301,7 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
             .iter()
             .filter_map(|(name, p)| {
                 let group = group_of(&p.node);
-                if p.phase != PodPhase::Running {
+                if p.phase != PodPhase::Running && !completed(p) {
                     Some(format!("pod {name} is {:?}", p.phase))
                 } else if group != moved.target_group {
                     Some(format!(
@@ -284,7 +323,12 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
             nodes.sort_unstable();
             nodes.dedup();
             Ok(format!(
-                "{running} pods running in group {} on {}",
+                "{running} pods {} in group {} on {}",
+                if scheduled {
+                    "running or completed"
+                } else {
+                    "running"
+                },
                 moved.target_group,
                 nodes.join(", ")
             ))
@@ -296,6 +340,9 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
     for (name, pod) in &pods {
         if pod.claims_needed == 0 {
             wrong.push(format!("pod {name} requests no ResourceClaim"));
+            continue;
+        }
+        if completed(pod) {
             continue;
         }
         let held: Vec<(&String, &crate::cluster::Claim)> = cluster
@@ -344,8 +391,15 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
             }
         }
     }
+    let in_progress = pods.iter().filter(|(_, p)| !completed(p)).count();
     let claims = if pods.is_empty() {
         Err("no pods, so no claims to show".into())
+    } else if wrong.is_empty() && in_progress == 0 {
+        Ok(format!(
+            "no run in progress; the {} completed runs from the class's template were bound with \
+             their claims allocated (released with them)",
+            pods.len()
+        ))
     } else if wrong.is_empty() {
         Ok(format!(
             "{claims_total} claims allocated on their pods' nodes and reserved for them"

@@ -7,6 +7,15 @@
 //! A move is refused while no node of the target group is ready — "hand over the
 //! node before moving the application, otherwise its Pods wait for devices that
 //! do not exist in the cluster yet" — and when the GPU class does not exist.
+//!
+//! The kinds differ in where the template lives and how the change takes
+//! effect: a Deployment or StatefulSet is restarted; a DaemonSet too, and its
+//! group binding is moved to the target group rather than dropped (a DaemonSet
+//! runs on every node its selector matches, so without one it would ask for a
+//! device on every node of the cluster); a CronJob's Job template is edited and
+//! the change takes effect at its next run — no restart — so the move is
+//! verified on the pods of a run made from the new template; a Job's template is
+//! immutable, so a Job is refused.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +70,20 @@ pub struct VerifiedMove {
     pub id: String,
     pub target_group: String,
     pub gpu_class: String,
+}
+
+/// The verification of `m` on `pods`: their nodes and claims.
+fn verified_on(m: &AppMove, pods: &[&crate::cluster::Pod]) -> Vec<DomainEvent> {
+    let mut pod_nodes: Vec<String> = pods.iter().map(|p| p.node.to_string()).collect();
+    pod_nodes.sort();
+    vec![event(Kind::ApplicationMoveVerified(
+        ApplicationMoveVerified {
+            move_id: m.id.clone(),
+            workload: Some(m.workload.clone()),
+            pod_nodes,
+            claims_allocated: pods.iter().map(|p| p.claims_allocated).sum(),
+        },
+    ))]
 }
 
 /// Nodes of `group` ready for workloads: all four readiness conditions, not cordoned.
@@ -213,6 +236,24 @@ impl AppMoves {
         let w = &cmd.workload;
         let name = format!("{} {}/{}", w.kind, w.namespace, w.name);
         let key = workload_key(w);
+        if w.kind == "Job" {
+            let made_by = cluster
+                .workloads
+                .get(&key)
+                .and_then(|j| j.cron_job.as_deref());
+            return refuse(match made_by {
+                Some(cron_job) => format!(
+                    "{name} was made by CronJob {}/{cron_job}: a Job's pod template cannot be \
+                     changed; move the CronJob, and its next run starts on the target group",
+                    w.namespace
+                ),
+                None => format!(
+                    "{name}: a Job's pod template (spec.template) cannot be changed; let it finish \
+                     on the device plugin, or delete it and create it again from the manifest \
+                     `switchyard move --dry-run -o yaml` prints"
+                ),
+            });
+        }
         let Some(workload) = cluster.workloads.get(&key) else {
             return refuse(format!("{name} is not known"));
         };
@@ -282,7 +323,12 @@ impl AppMoves {
             .get(GROUP_LABEL)
             .cloned()
             .unwrap_or_default();
-        let after = rewrite(&placement, &source_group, &cmd.gpu_class);
+        let mut after = rewrite(&placement, &source_group, &cmd.gpu_class);
+        if w.kind == "DaemonSet" {
+            after
+                .node_selector
+                .insert(GROUP_LABEL.to_string(), target_group.clone());
+        }
         vec![
             event(Kind::ApplicationMoveStarted(ApplicationMoveStarted {
                 move_id: cmd.move_id.clone(),
@@ -314,10 +360,21 @@ impl AppMoves {
             restarted_at_before: String::new(),
             restarted_at: m.id.clone(),
         }));
+        // A CronJob is not restarted: its next run is made from the template.
+        let scheduled = m.workload.kind == "CronJob";
+        let restored = || {
+            event(Kind::RollbackCompleted(RollbackCompleted {
+                rollback_id: m.id.clone(),
+            }))
+        };
+        let rewritten = workload.placement.is(&m.after);
         match (m.step, m.compensates) {
-            (MoveStep::Rewrite, None) if workload.placement.is(&m.after) => vec![restarted],
-            (MoveStep::Rewrite, Some(_)) if m.compensated && workload.placement.is(&m.after) => {
-                vec![restarted]
+            (MoveStep::Rewrite, None) if rewritten && scheduled => {
+                self.verify_scheduled(cluster, key, m)
+            }
+            (MoveStep::Rewrite, None) if rewritten => vec![restarted],
+            (MoveStep::Rewrite, Some(_)) if m.compensated && rewritten => {
+                vec![if scheduled { restored() } else { restarted }]
             }
             (MoveStep::Rewrite, Some(compensated)) if workload.placement.is(&m.after) => vec![
                 event(Kind::StepCompensated(Box::new(StepCompensated {
@@ -332,7 +389,7 @@ impl AppMoves {
                         },
                     )))),
                 }))),
-                restarted,
+                if scheduled { restored() } else { restarted },
             ],
             (MoveStep::Verify, Some(_)) => {
                 // Back on the device plugin: running pods, on the source group if bound to it.
@@ -346,13 +403,7 @@ impl AppMoves {
                     && pods
                         .iter()
                         .all(|p| p.phase == PodPhase::Running && in_group(&p.node));
-                if back {
-                    vec![event(Kind::RollbackCompleted(RollbackCompleted {
-                        rollback_id: m.id.clone(),
-                    }))]
-                } else {
-                    Vec::new()
-                }
+                if back { vec![restored()] } else { Vec::new() }
             }
             (MoveStep::Verify, None) => {
                 let pods = cluster.pods_of(key);
@@ -370,18 +421,47 @@ impl AppMoves {
                 if !verified {
                     return Vec::new();
                 }
-                let mut pod_nodes: Vec<String> = pods.iter().map(|p| p.node.to_string()).collect();
-                pod_nodes.sort();
-                vec![event(Kind::ApplicationMoveVerified(
-                    ApplicationMoveVerified {
-                        move_id: m.id.clone(),
-                        workload: Some(m.workload.clone()),
-                        pod_nodes,
-                        claims_allocated: pods.iter().map(|p| p.claims_allocated).sum(),
-                    },
-                ))]
+                verified_on(m, &pods)
             }
             (MoveStep::Rewrite, _) => Vec::new(),
+        }
+    }
+
+    /// A CronJob's move, verified on a run made from the new template: every
+    /// pod of it still running or waiting is on the target group with its
+    /// claims (a run started before the edit holds the move until it ends),
+    /// and at least one pod with claims has run there.
+    fn verify_scheduled(
+        &self,
+        cluster: &Cluster,
+        key: &WorkloadKey,
+        m: &AppMove,
+    ) -> Vec<DomainEvent> {
+        let pods = cluster.pods_of(key);
+        let on_target = |node: &str| {
+            cluster.nodes.get(node).and_then(|n| n.group()) == Some(m.target_group.as_str())
+        };
+        let finished =
+            |p: &&crate::cluster::Pod| matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed);
+        let with_claims =
+            |p: &&crate::cluster::Pod| p.claims_needed > 0 && p.claims_allocated >= p.claims_needed;
+        let unfinished_ok = pods
+            .iter()
+            .filter(|p| !finished(p))
+            .all(|p| p.phase == PodPhase::Running && on_target(&p.node) && with_claims(p));
+        let ran: Vec<&crate::cluster::Pod> = pods
+            .iter()
+            .copied()
+            .filter(|p| {
+                matches!(p.phase, PodPhase::Running | PodPhase::Succeeded)
+                    && on_target(&p.node)
+                    && with_claims(p)
+            })
+            .collect();
+        if unfinished_ok && !ran.is_empty() {
+            verified_on(m, &ran)
+        } else {
+            Vec::new()
         }
     }
 

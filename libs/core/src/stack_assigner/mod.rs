@@ -196,6 +196,11 @@ impl StackAssigner {
                 self.device_plugin_workloads.remove(&key);
             }
         }
+        if let Some(Kind::WorkloadRemoved(w)) = &event.kind
+            && let Some(workload) = &w.workload
+        {
+            self.device_plugin_workloads.remove(&workload_key(workload));
+        }
     }
 
     /// The `nvidia.com/gpu` workloads that would go Pending if `node` left
@@ -325,6 +330,7 @@ impl StackAssigner {
             event.kind,
             Some(
                 Kind::WorkloadObserved(_)
+                    | Kind::WorkloadRemoved(_)
                     | Kind::ResourceQuotaObserved(_)
                     | Kind::GpuClassObserved(_)
             )

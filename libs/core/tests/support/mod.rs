@@ -305,6 +305,7 @@ pub fn mk_workload(
         replicas,
         placement: Some(placement),
         managed_by: String::new(),
+        owner: None,
     }))
 }
 
