@@ -1090,3 +1090,133 @@ async fn the_upgrade_hold_keeps_a_group_on_dra_and_its_release_waits_for_the_cla
         })
         .await;
 }
+
+/// `migrate --pause-after-wave` stops after the first wave (gpu-0 handed
+/// over, web moved onto it); `migrate abort` ends the migration and rolls
+/// that wave back on the cluster: web's template as it was, byte for byte,
+/// its pod on the device plugin again, gpu-0 back in `gpu` serving it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_abort_rolls_the_current_wave_back_on_the_cluster() {
+    let cluster = cluster(&["gpu-0", "gpu-1"]).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
+    create_gpu_deployment(&c, "web", 1).await;
+    world
+        .until("web running on the device plugin", || async {
+            running_on(&pods_of(&c, "web").await).len() == 1
+        })
+        .await;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
+    let original = deployments.get("web").await.unwrap();
+    let node_api: Api<Node> = Api::all(c.clone());
+    let labels_before = node_api.get("gpu-0").await.unwrap().labels().clone();
+
+    let (code, out, err) = cli(
+        world,
+        &[
+            "migrate",
+            "--from",
+            "gpu",
+            "--to",
+            "gpu-dra",
+            "--class",
+            "h100",
+            "--max-unavailable",
+            "1",
+            "--pause-after-wave",
+            "--id",
+            "mig-a",
+            "--wait",
+        ],
+    );
+    assert!(
+        out.contains("migration mig-a started"),
+        "{out}\n{err}\n{}",
+        world.output()
+    );
+    assert_eq!(code, 0, "a pause asked for is not a failure: {out}\n{err}");
+    assert!(out.contains("migration mig-a paused"), "{out}");
+    let first = world
+        .events()
+        .await
+        .iter()
+        .find_map(|(_, e)| match &e.kind {
+            Some(Kind::WaveCompleted(w)) if w.migration_id == "mig-a" => Some(w.wave),
+            _ => None,
+        });
+    assert_eq!(first, Some(0), "the first wave done before the pause");
+    let handed: Vec<String> = world
+        .events()
+        .await
+        .iter()
+        .filter_map(|(_, e)| match &e.kind {
+            Some(Kind::HandoverCompleted(h)) => Some(h.node.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(handed.len(), 1, "one node a wave: {handed:?}");
+    let moved = &handed[0];
+    let spec = deployments.get("web").await.unwrap().spec.unwrap();
+    assert!(
+        spec.template.spec.unwrap().containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()
+            .contains_key("gpu.deckhouse.io/h100"),
+        "web moved in the first wave"
+    );
+
+    let (code, out, err) = cli(
+        world,
+        &[
+            "migrate",
+            "abort",
+            "--id",
+            "mig-a",
+            "--reason",
+            "trial failed",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(out.contains("migration mig-a aborted"), "{out}");
+    world
+        .until("the wave's node back on the device plugin", || async {
+            node_api.get(moved).await.is_ok_and(|n| {
+                n.labels().get(GROUP).map(String::as_str) == Some("gpu")
+                    && n.labels().get(STACK).map(String::as_str) == Some("device-plugin")
+                    && n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+            })
+        })
+        .await;
+    world
+        .until("web running on the device plugin again", || async {
+            let pods = pods_of(&c, "web").await;
+            let on = running_on(&pods);
+            on.len() == 1
+                && pods.iter().all(|p| {
+                    p.spec.as_ref().unwrap().containers[0]
+                        .resources
+                        .as_ref()
+                        .and_then(|r| r.limits.as_ref())
+                        .is_some_and(|l| l.contains_key("nvidia.com/gpu"))
+                })
+        })
+        .await;
+    let restored = deployments.get("web").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&restored.spec.as_ref().unwrap().template.spec).unwrap(),
+        serde_json::to_value(&original.spec.as_ref().unwrap().template.spec).unwrap(),
+        "the pod template as it was"
+    );
+    let labels_now = node_api.get("gpu-0").await.unwrap().labels().clone();
+    if moved == "gpu-0" {
+        assert_eq!(labels_now, labels_before, "gpu-0's labels as they were");
+    }
+    let (code, out, _) = cli(world, &["status"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("mig-a"), "{out}");
+}
