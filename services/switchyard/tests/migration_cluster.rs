@@ -165,6 +165,17 @@ async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -
         .create(&PostParams::default(), &class)
         .await
         .expect("create the GPUClass");
+    // Step 2 is done when the class-compiler has published the class's
+    // DeviceClass (a move before it is refused for that, not for Step 3).
+    let device_classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(c.clone());
+    world
+        .until("the DeviceClass of GPU class h100", || async {
+            device_classes
+                .get_opt("h100.gpu.deckhouse.io")
+                .await
+                .is_ok_and(|d| d.is_some())
+        })
+        .await;
     create_namespace(&c, "ml").await;
     Cluster {
         world,
