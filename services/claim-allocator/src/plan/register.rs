@@ -1,6 +1,7 @@
 //! The migration-wave register: the workloads that depend on the device
 //! plugin's extended resources, read from their controllers and their pods.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
@@ -43,6 +44,15 @@ pub fn gpu_resources(
     object: &str,
     path: &str,
 ) -> Result<BTreeMap<String, u64>, PlanError> {
+    pod_resources(spec, || object.to_string(), path)
+}
+
+/// [`gpu_resources`], the object named only for an error.
+fn pod_resources(
+    spec: &PodSpec,
+    object: impl Fn() -> String,
+    path: &str,
+) -> Result<BTreeMap<String, u64>, PlanError> {
     let read = |containers: &[k8s_openapi::api::core::v1::Container],
                 list: &str|
      -> Result<Vec<BTreeMap<String, u64>>, PlanError> {
@@ -59,7 +69,7 @@ pub fn gpu_resources(
                         continue;
                     }
                     let invalid = |message: String| PlanError::Invalid {
-                        object: object.to_string(),
+                        object: object(),
                         field: format!("{path}.{list}[{i}].resources.{kind}[{name}]"),
                         message,
                     };
@@ -97,15 +107,17 @@ pub fn gpu_resources(
     Ok(total)
 }
 
-/// A workload of the register with what planning needs.
+/// A workload of the register with what planning needs, borrowed from the
+/// snapshot.
 #[derive(Clone, Debug)]
-pub(crate) struct Workload {
+pub(crate) struct Workload<'a> {
     pub id: WorkloadRef,
-    pub spec: PodSpec,
+    /// The pod template's spec (or the pod's), if it has one.
+    pub spec: Option<&'a PodSpec>,
     pub per_pod: BTreeMap<String, u64>,
     pub replicas: u32,
     /// The node of every live pod (one entry a pod), sorted.
-    pub pod_nodes: Vec<String>,
+    pub pod_nodes: Vec<&'a str>,
     pub mode: Mode,
     /// Runs on (or is bound to) the source group.
     pub on_source: bool,
@@ -115,22 +127,30 @@ pub(crate) struct Workload {
     pub budgets: Vec<usize>,
 }
 
-pub(crate) struct Built {
+pub(crate) struct Built<'a> {
     pub entries: Vec<RegisterEntry>,
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<Workload<'a>>,
     /// Budgets by `namespace/name`, with their allowance.
     pub budgets: Vec<(String, u32)>,
 }
 
-struct Found {
-    meta: ObjectMeta,
-    template: Option<PodTemplateSpec>,
+/// A workload as found, borrowed from the snapshot (the objects are large:
+/// copying them is most of what the register would cost).
+struct Found<'a> {
+    meta: Cow<'a, ObjectMeta>,
+    labels: Option<&'a BTreeMap<String, String>>,
+    spec: Option<&'a PodSpec>,
     replicas: Option<u32>,
-    pods: Vec<String>,
+    pods: Vec<&'a str>,
     pod_count: u32,
-    object: String,
+    /// The object read, for errors: its kind and the name it is read under.
+    object: (&'a str, &'a str),
     path: &'static str,
 }
+
+/// A workload's key while the register is built: namespace, kind, name (the
+/// order of [`WorkloadRef`]).
+type Key<'a> = (&'a str, &'a str, &'a str);
 
 fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references
@@ -139,7 +159,7 @@ fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-fn key(namespace: &str, kind: &str, name: &str) -> WorkloadRef {
+fn workload_ref((namespace, kind, name): Key<'_>) -> WorkloadRef {
     WorkloadRef {
         namespace: namespace.to_string(),
         kind: kind.to_string(),
@@ -161,21 +181,26 @@ fn live(pod: &Pod) -> bool {
     )
 }
 
-pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built, PlanError> {
-    let mut found: BTreeMap<WorkloadRef, Found> = BTreeMap::new();
-    let mut add = |kind: &str,
-                   meta: &ObjectMeta,
-                   template: Option<&PodTemplateSpec>,
+pub(crate) fn build<'a>(
+    snapshot: &'a Snapshot,
+    request: &PlanRequest,
+) -> Result<Built<'a>, PlanError> {
+    let mut found: BTreeMap<Key<'a>, Found<'a>> = BTreeMap::new();
+    let mut add = |kind: &'static str,
+                   meta: &'a ObjectMeta,
+                   template: Option<&'a PodTemplateSpec>,
                    replicas: Option<u32>,
                    path: &'static str| {
         let (ns, name) = ns_name(meta);
-        let id = key(ns, kind, name);
         found.insert(
-            id.clone(),
+            (ns, kind, name),
             Found {
-                object: format!("{kind} {ns}/{name}"),
-                meta: meta.clone(),
-                template: template.cloned(),
+                object: (kind, name),
+                meta: Cow::Borrowed(meta),
+                labels: template
+                    .and_then(|t| t.metadata.as_ref())
+                    .and_then(|m| m.labels.as_ref()),
+                spec: template.and_then(|t| t.spec.as_ref()),
                 replicas,
                 pods: Vec::new(),
                 pod_count: 0,
@@ -287,50 +312,50 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
             continue;
         }
         let (ns, pod_name) = ns_name(&pod.metadata);
-        let id = match controller(&pod.metadata) {
-            None => key(ns, "Pod", pod_name),
+        let id: Key<'_> = match controller(&pod.metadata) {
+            None => (ns, "Pod", pod_name),
             Some(o) => match o.kind.as_str() {
                 "ReplicaSet" => match rs_owner.get(&(ns, o.name.as_str())) {
-                    Some(d) => key(ns, "Deployment", d),
+                    Some(d) => (ns, "Deployment", d),
                     None => {
                         let hash = pod
                             .metadata
                             .labels
                             .as_ref()
                             .and_then(|l| l.get("pod-template-hash"));
-                        match hash.and_then(|h| o.name.strip_suffix(&format!("-{h}"))) {
-                            Some(d) if found.contains_key(&key(ns, "Deployment", d)) => {
-                                key(ns, "Deployment", d)
+                        let deployment = hash.and_then(|h| {
+                            o.name
+                                .strip_suffix(h.as_str())
+                                .and_then(|d| d.strip_suffix('-'))
+                        });
+                        match deployment {
+                            Some(d) if found.contains_key(&(ns, "Deployment", d)) => {
+                                (ns, "Deployment", d)
                             }
-                            _ => key(ns, "ReplicaSet", &o.name),
+                            _ => (ns, "ReplicaSet", o.name.as_str()),
                         }
                     }
                 },
                 "Job" => match job_owner.get(&(ns, o.name.as_str())) {
-                    Some(c) => key(ns, "CronJob", c),
-                    None => key(ns, "Job", &o.name),
+                    Some(c) => (ns, "CronJob", c),
+                    None => (ns, "Job", o.name.as_str()),
                 },
-                kind => key(ns, kind, &o.name),
+                kind => (ns, kind, o.name.as_str()),
             },
         };
-        let entry = found.entry(id.clone()).or_insert_with(|| Found {
-            object: format!("Pod {ns}/{pod_name}"),
-            meta: if id.kind == "Pod" {
-                pod.metadata.clone()
+        let entry = found.entry(id).or_insert_with(|| Found {
+            object: ("Pod", pod_name),
+            meta: if id.1 == "Pod" {
+                Cow::Borrowed(&pod.metadata)
             } else {
                 // Pods an operator controls: the operator is their manager.
-                ObjectMeta {
+                Cow::Owned(ObjectMeta {
                     owner_references: pod.metadata.owner_references.clone(),
                     ..Default::default()
-                }
+                })
             },
-            template: Some(PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: pod.metadata.labels.clone(),
-                    ..Default::default()
-                }),
-                spec: pod.spec.clone(),
-            }),
+            labels: pod.metadata.labels.as_ref(),
+            spec: pod.spec.as_ref(),
             replicas: None,
             pods: Vec::new(),
             pod_count: 0,
@@ -338,7 +363,7 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         });
         entry.pod_count += 1;
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            entry.pods.push(node.to_string());
+            entry.pods.push(node);
         }
     }
 
@@ -354,6 +379,9 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
             .or_default()
             .push(g);
     }
+    // The cards of each node a pod runs on, read once a node (a node runs
+    // many workloads).
+    let mut models_of: HashMap<&str, BTreeSet<GpuModel>> = HashMap::new();
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
         .iter()
@@ -387,31 +415,40 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         budgets: Vec::new(),
     };
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    for (id, mut f) in found {
-        let template = f.template.take().unwrap_or_default();
-        let spec = template.spec.unwrap_or_default();
-        let per_pod = gpu_resources(&spec, &f.object, f.path)?;
+    built.entries.reserve(found.len());
+    built.workloads.reserve(found.len());
+    let empty_labels = BTreeMap::new();
+    let empty_spec = PodSpec::default();
+    for (key, mut f) in found {
+        let spec = f.spec.unwrap_or(&empty_spec);
+        let (kind, name) = f.object;
+        let object = || format!("{kind} {}/{name}", key.0);
+        let per_pod = pod_resources(spec, object, f.path)?;
         if per_pod.is_empty() {
             continue;
         }
+        let id = workload_ref(key);
         let replicas = f.replicas.unwrap_or(f.pod_count);
-        f.pods.sort();
-        let template_labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+        f.pods.sort_unstable();
+        let template_labels = f.labels.unwrap_or(&empty_labels);
         let node_selector = spec.node_selector.clone().unwrap_or_default();
 
-        let mut groups_of: BTreeSet<String> = BTreeSet::new();
-        let mut models: BTreeSet<GpuModel> = BTreeSet::new();
-        for node in f.pods.iter() {
-            let Some(n) = nodes.get(node.as_str()) else {
+        let mut groups_of: BTreeSet<&str> = BTreeSet::new();
+        let mut models: BTreeSet<&GpuModel> = BTreeSet::new();
+        let mut node_list = f.pods.clone();
+        node_list.dedup();
+        for &node in &node_list {
+            let Some(n) = nodes.get(node) else {
                 continue;
             };
             let labels = n.metadata.labels.as_ref();
             if let Some(g) = labels.and_then(|l| l.get(GROUP_LABEL)) {
-                groups_of.insert(g.clone());
+                groups_of.insert(g);
             }
-            match gpus_by_node.get(node.as_str()) {
-                Some(cards) => models.extend(cards.iter().map(|c| {
-                    GpuModel {
+            models_of.entry(node).or_insert_with(|| match gpus_by_node.get(node) {
+                Some(cards) => cards
+                    .iter()
+                    .map(|c| GpuModel {
                         product: c.spec.product.clone(),
                         memory_mib: c
                             .status
@@ -419,28 +456,35 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
                             .and_then(|s| s.capabilities.as_ref())
                             .map(|c| c.memory_mib),
                         source: "PhysicalGPU".into(),
-                    }
-                })),
-                None => {
-                    if let Some(product) = labels.and_then(|l| l.get(PRODUCT_LABEL)) {
-                        models.insert(GpuModel {
-                            product: product.clone(),
-                            memory_mib: labels
-                                .and_then(|l| l.get(MEMORY_LABEL))
-                                .and_then(|m| m.parse().ok()),
-                            source: "NFD".into(),
-                        });
-                    }
-                }
-            }
+                    })
+                    .collect(),
+                None => labels
+                    .and_then(|l| l.get(PRODUCT_LABEL))
+                    .map(|product| GpuModel {
+                        product: product.clone(),
+                        memory_mib: labels
+                            .and_then(|l| l.get(MEMORY_LABEL))
+                            .and_then(|m| m.parse().ok()),
+                        source: "NFD".into(),
+                    })
+                    .into_iter()
+                    .collect(),
+            });
         }
-        if let Some(g) = node_selector.get(GROUP_LABEL) {
-            groups_of.insert(g.clone());
+        for node in &node_list {
+            models.extend(models_of.get(node).into_iter().flatten());
+        }
+        if let Some(g) = f
+            .spec
+            .and_then(|s| s.node_selector.as_ref())
+            .and_then(|s| s.get(GROUP_LABEL))
+        {
+            groups_of.insert(g);
         }
 
         let group_sharing = groups_of.iter().filter_map(|g| {
             groups
-                .get(g.as_str())
+                .get(g)
                 .and_then(|g| g.spec.gpu.as_ref())
                 .map(|gpu| gpu.sharing)
         });
@@ -464,7 +508,7 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         // those without matchLabels; each is then matched in full.
         let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
         if let Some((by_label, others)) = budgets_by_ns.get(id.namespace.as_str()) {
-            for (k, v) in &template_labels {
+            for (k, v) in template_labels {
                 if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
                     candidates.extend(list.iter().copied());
                 }
@@ -478,7 +522,7 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
                 .spec
                 .as_ref()
                 .and_then(|s| s.selector.as_ref())
-                .is_some_and(|s| label_selector_matches(s, &template_labels));
+                .is_some_and(|s| label_selector_matches(s, template_labels));
             if !selects {
                 continue;
             }
@@ -503,11 +547,9 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
             .namespace
             .as_deref()
             .is_none_or(|ns| ns == id.namespace);
-        let on_source = groups_of.contains(&request.from);
+        let on_source = groups_of.contains(request.from.as_str());
         let in_plan = on_source && namespace_ok;
         let gpus_total = per_pod.values().sum::<u64>() * u64::from(replicas);
-        let mut node_list = f.pods.clone();
-        node_list.dedup();
         if namespace_ok {
             built.entries.push(RegisterEntry {
                 namespace: id.namespace.clone(),
@@ -521,9 +563,9 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
                 node_selector,
                 affinity: spec.affinity.clone(),
                 tolerations: spec.tolerations.clone().unwrap_or_default(),
-                nodes: node_list,
-                groups: groups_of.into_iter().collect(),
-                gpu_models: models.into_iter().collect(),
+                nodes: node_list.into_iter().map(str::to_string).collect(),
+                groups: groups_of.into_iter().map(str::to_string).collect(),
+                gpu_models: models.into_iter().cloned().collect(),
                 pod_disruption_budgets: entry_budgets,
                 editable_in_place: managed_by.is_empty(),
                 managed_by,
@@ -532,7 +574,7 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         }
         built.workloads.push(Workload {
             id,
-            spec,
+            spec: f.spec,
             per_pod,
             replicas,
             pod_nodes: f.pods,
@@ -582,10 +624,12 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
         ("kustomize.toolkit.fluxcd.io", "Kustomization"),
         ("helm.toolkit.fluxcd.io", "HelmRelease"),
     ] {
-        let name = labels.get(&format!("{prefix}/name"));
-        let namespace = labels.get(&format!("{prefix}/namespace"));
-        let any = labels.keys().any(|k| k.starts_with(&format!("{prefix}/")));
+        let any = labels
+            .keys()
+            .any(|k| k.strip_prefix(prefix).is_some_and(|k| k.starts_with('/')));
         if any {
+            let name = labels.get(&format!("{prefix}/name"));
+            let namespace = labels.get(&format!("{prefix}/namespace"));
             let name = match (namespace, name) {
                 (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
                 (None, Some(n)) => format!("{kind} {n}"),

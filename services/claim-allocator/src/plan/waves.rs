@@ -194,7 +194,7 @@ impl Planner<'_> {
         Ok(())
     }
 
-    fn claim(&self, w: &Workload, shape: &Shape, pod: u32) -> ResourceClaim {
+    fn claim(&self, w: &Workload<'_>, shape: &Shape, pod: u32) -> ResourceClaim {
         ResourceClaim {
             metadata: ObjectMeta {
                 name: Some(format!(
@@ -282,7 +282,7 @@ impl Planner<'_> {
 
     /// Places every pod of `w` on the target group, or undoes what it placed
     /// and says why (with `explain`, the allocator's reason).
-    fn try_move(&mut self, w: &Workload, index: usize, explain: bool) -> Result<Move, String> {
+    fn try_move(&mut self, w: &Workload<'_>, index: usize, explain: bool) -> Result<Move, String> {
         let s = self.shape_of[index];
         if let Some(reason) = self.fatal.get(&s) {
             return Err(reason.clone());
@@ -387,7 +387,7 @@ impl Planner<'_> {
 
     /// Why pod `pod` of `w` fits no node of the target group, in the
     /// scheduler's manner: how many nodes failed on what.
-    fn reason(&self, w: &Workload, s: usize, pod: u32, claim: &ResourceClaim) -> String {
+    fn reason(&self, w: &Workload<'_>, s: usize, pod: u32, claim: &ResourceClaim) -> String {
         let to = &self.request.to;
         let n = self.target.nodes.len();
         if n == 0 {
@@ -547,7 +547,7 @@ pub(crate) fn plan(
     snapshot: &Snapshot,
     request: &PlanRequest,
     class: &GPUClass,
-    built: Built,
+    built: Built<'_>,
 ) -> Result<Plan, PlanError> {
     let from = request.from.as_str();
     let to = request.to.as_str();
@@ -628,20 +628,25 @@ pub(crate) fn plan(
                 (class, resource, *n)
             })
             .collect();
-        let mut node_selector = w.spec.node_selector.clone().unwrap_or_default();
+        let mut node_selector = w
+            .spec
+            .and_then(|s| s.node_selector.clone())
+            .unwrap_or_default();
         if node_selector.get(GROUP_LABEL).map(String::as_str) == Some(from) {
             node_selector.remove(GROUP_LABEL);
         }
         let affinity = w
             .spec
-            .affinity
-            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
             .and_then(|a| a.node_affinity.as_ref())
             .and_then(|a| {
                 a.required_during_scheduling_ignored_during_execution
                     .clone()
             });
-        let tolerations = w.spec.tolerations.clone().unwrap_or_default();
+        let tolerations = w
+            .spec
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default();
         let key = serde_json::to_string(&(&requests, &node_selector, &affinity, &tolerations))
             .unwrap_or_default();
         let next = shapes.len();
@@ -699,7 +704,7 @@ pub(crate) fn plan(
                 follow_nodes.push(w.id.clone());
             }
             for node in &w.pod_nodes {
-                if let Some(&n) = source_index.get(node.as_str()) {
+                if let Some(&n) = source_index.get(node) {
                     for (r, k) in &w.per_pod {
                         if let Some(c) = cap[n].get_mut(r) {
                             *c = c.saturating_sub(*k);
@@ -713,7 +718,7 @@ pub(crate) fn plan(
             *demand.entry(r.clone()).or_default() += i128::from(*k) * i128::from(w.replicas);
         }
         for node in &w.pod_nodes {
-            if let Some(&n) = source_index.get(node.as_str()) {
+            if let Some(&n) = source_index.get(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
             }
@@ -839,7 +844,7 @@ pub(crate) fn plan(
                 }
                 let per_pod: u64 = w.per_pod.values().sum();
                 for node in &w.pod_nodes {
-                    if let Some(&n) = source_index.get(node.as_str())
+                    if let Some(&n) = source_index.get(node)
                         && in_source[n]
                     {
                         order.remove(&(usage[n], n));
