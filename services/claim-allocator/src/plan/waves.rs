@@ -11,6 +11,7 @@
 //! workloads of one shape and size that failed is not tried again until new
 //! nodes arrive. That keeps the allocator's attempts near one per pod.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -580,8 +581,10 @@ pub(crate) fn plan(
         .collect();
 
     // The slices: the cluster's, less any of the source nodes, plus what
-    // each source node would publish once handed over.
-    let mut slices: Vec<ResourceSlice> = snapshot
+    // each source node would publish once handed over — made one node at a
+    // time as the inventory reads them (all of them at once would be most
+    // of the plan's memory).
+    let cluster = snapshot
         .resource_slices
         .iter()
         .filter(|s| {
@@ -590,12 +593,11 @@ pub(crate) fn plan(
                 .as_deref()
                 .is_none_or(|n| !source_index.contains_key(n))
         })
-        .cloned()
-        .collect();
-    for node in &source {
+        .map(Cow::Borrowed);
+    let published = source.iter().flat_map(|node| {
         let name = node_name(node);
         let Some(cards) = cards_by_node.get(name) else {
-            continue;
+            return Vec::new();
         };
         let labels = node.metadata.labels.as_ref();
         let label = |key: &str, default: &str| {
@@ -609,9 +611,10 @@ pub(crate) fn plan(
             &label(DRIVER_VERSION_LABEL, "0.0.0"),
             &label(CUDA_VERSION_LABEL, "0.0"),
         );
-        slices.extend(publish::resource_slices(name, &machine, request.layout, 1));
-    }
-    let inventory = Arc::new(Inventory::new(&snapshot.device_classes, &slices)?);
+        publish::resource_slices(name, &machine, request.layout, 1)
+    });
+    let slices = cluster.chain(published.map(Cow::<ResourceSlice>::Owned));
+    let inventory = Arc::new(Inventory::new(&snapshot.device_classes, slices)?);
     let state = AllocatedState::from_claims(&snapshot.resource_claims)?;
 
     // Shapes: the requests after the rewrite and the scheduling constraints.
