@@ -137,7 +137,7 @@ pub(crate) struct Built<'a> {
 /// A workload as found, borrowed from the snapshot (the objects are large:
 /// copying them is most of what the register would cost).
 struct Found<'a> {
-    meta: Cow<'a, ObjectMeta>,
+    meta: Meta<'a>,
     labels: Option<&'a BTreeMap<String, String>>,
     spec: Option<&'a PodSpec>,
     replicas: Option<u32>,
@@ -151,6 +151,28 @@ struct Found<'a> {
 /// A workload's key while the register is built: namespace, kind, name (the
 /// order of [`WorkloadRef`]).
 type Key<'a> = (&'a str, &'a str, &'a str);
+
+/// The metadata that says who manages a workload.
+#[derive(Clone, Copy)]
+enum Meta<'a> {
+    /// Its controller's, or the pod's that is its own workload.
+    Of(&'a ObjectMeta),
+    /// A pod's that an operator controls: of it, only the owners (the
+    /// operator is their manager).
+    OwnersOf(&'a ObjectMeta),
+}
+
+impl<'a> Meta<'a> {
+    fn get(self) -> Cow<'a, ObjectMeta> {
+        match self {
+            Meta::Of(meta) => Cow::Borrowed(meta),
+            Meta::OwnersOf(pod) => Cow::Owned(ObjectMeta {
+                owner_references: pod.owner_references.clone(),
+                ..Default::default()
+            }),
+        }
+    }
+}
 
 fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references
@@ -185,7 +207,8 @@ pub(crate) fn build<'a>(
     snapshot: &'a Snapshot,
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
-    let mut found: BTreeMap<Key<'a>, Found<'a>> = BTreeMap::new();
+    // Hashed while pods are matched to their workloads, sorted after.
+    let mut found: HashMap<Key<'a>, Found<'a>> = HashMap::new();
     let mut add = |kind: &'static str,
                    meta: &'a ObjectMeta,
                    template: Option<&'a PodTemplateSpec>,
@@ -196,7 +219,7 @@ pub(crate) fn build<'a>(
             (ns, kind, name),
             Found {
                 object: (kind, name),
-                meta: Cow::Borrowed(meta),
+                meta: Meta::Of(meta),
                 labels: template
                     .and_then(|t| t.metadata.as_ref())
                     .and_then(|m| m.labels.as_ref()),
@@ -346,13 +369,9 @@ pub(crate) fn build<'a>(
         let entry = found.entry(id).or_insert_with(|| Found {
             object: ("Pod", pod_name),
             meta: if id.1 == "Pod" {
-                Cow::Borrowed(&pod.metadata)
+                Meta::Of(&pod.metadata)
             } else {
-                // Pods an operator controls: the operator is their manager.
-                Cow::Owned(ObjectMeta {
-                    owner_references: pod.metadata.owner_references.clone(),
-                    ..Default::default()
-                })
+                Meta::OwnersOf(&pod.metadata)
             },
             labels: pod.metadata.labels.as_ref(),
             spec: pod.spec.as_ref(),
@@ -366,6 +385,9 @@ pub(crate) fn build<'a>(
             entry.pods.push(node);
         }
     }
+
+    let mut found: Vec<(Key<'a>, Found<'a>)> = found.into_iter().collect();
+    found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
     let nodes: HashMap<&str, &Node> = snapshot
         .nodes
@@ -381,7 +403,8 @@ pub(crate) fn build<'a>(
     }
     // The cards of each node a pod runs on, read once a node (a node runs
     // many workloads).
-    let mut models_of: HashMap<&str, BTreeSet<GpuModel>> = HashMap::new();
+    let mut models_of: HashMap<&str, BTreeSet<GpuModel>> =
+        HashMap::with_capacity(snapshot.nodes.len());
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
         .iter()
@@ -445,31 +468,33 @@ pub(crate) fn build<'a>(
             if let Some(g) = labels.and_then(|l| l.get(GROUP_LABEL)) {
                 groups_of.insert(g);
             }
-            models_of.entry(node).or_insert_with(|| match gpus_by_node.get(node) {
-                Some(cards) => cards
-                    .iter()
-                    .map(|c| GpuModel {
-                        product: c.spec.product.clone(),
-                        memory_mib: c
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.capabilities.as_ref())
-                            .map(|c| c.memory_mib),
-                        source: "PhysicalGPU".into(),
-                    })
-                    .collect(),
-                None => labels
-                    .and_then(|l| l.get(PRODUCT_LABEL))
-                    .map(|product| GpuModel {
-                        product: product.clone(),
-                        memory_mib: labels
-                            .and_then(|l| l.get(MEMORY_LABEL))
-                            .and_then(|m| m.parse().ok()),
-                        source: "NFD".into(),
-                    })
-                    .into_iter()
-                    .collect(),
-            });
+            models_of
+                .entry(node)
+                .or_insert_with(|| match gpus_by_node.get(node) {
+                    Some(cards) => cards
+                        .iter()
+                        .map(|c| GpuModel {
+                            product: c.spec.product.clone(),
+                            memory_mib: c
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.capabilities.as_ref())
+                                .map(|c| c.memory_mib),
+                            source: "PhysicalGPU".into(),
+                        })
+                        .collect(),
+                    None => labels
+                        .and_then(|l| l.get(PRODUCT_LABEL))
+                        .map(|product| GpuModel {
+                            product: product.clone(),
+                            memory_mib: labels
+                                .and_then(|l| l.get(MEMORY_LABEL))
+                                .and_then(|m| m.parse().ok()),
+                            source: "NFD".into(),
+                        })
+                        .into_iter()
+                        .collect(),
+                });
         }
         for node in &node_list {
             models.extend(models_of.get(node).into_iter().flatten());
@@ -536,8 +561,9 @@ pub(crate) fn build<'a>(
             entry_budgets.push(budget);
         }
 
-        let managed_by = managers(&f.meta);
-        let owner = controller(&f.meta)
+        let meta = f.meta.get();
+        let managed_by = managers(&meta);
+        let owner = controller(&meta)
             .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
             .map(|o| OwnerRef {
                 kind: o.kind.clone(),
