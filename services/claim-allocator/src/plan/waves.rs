@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSpec, Taint, Toleration};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim,
     ResourceClaimSpec, ResourceSlice,
@@ -702,17 +702,25 @@ fn group_of(n: &Node) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// A node as it is after its handover: in the target group, on DRA.
+/// A node as it is after its handover: in the target group, on DRA. Only
+/// what placement reads of it is kept: its name, labels and taints.
 fn handed_over(node: &Node, from: &str, to: &str) -> Node {
-    let mut node = node.clone();
-    let labels = node.metadata.labels.get_or_insert_with(Default::default);
+    let mut labels = node.metadata.labels.clone().unwrap_or_default();
     labels.insert(GROUP_LABEL.into(), to.into());
     labels.insert(GPU_STACK_LABEL.into(), STACK_DRA.into());
     labels.remove(&format!("{NODE_ROLE_PREFIX}{from}"));
-    if let Some(spec) = node.spec.as_mut() {
-        spec.unschedulable = None;
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: node.spec.as_ref().map(|s| NodeSpec {
+            taints: s.taints.clone(),
+            ..Default::default()
+        }),
+        status: None,
     }
-    node
 }
 
 /// A node's device-plugin resources, from its allocatable (or, for
@@ -739,6 +747,15 @@ fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<String, u64>, PlanErro
         out.insert(NVIDIA_GPU.to_string(), cards as u64);
     }
     Ok(out)
+}
+
+fn add_demand(demand: &mut BTreeMap<String, i128>, resource: &str, n: i128) {
+    match demand.get_mut(resource) {
+        Some(d) => *d += n,
+        None => {
+            demand.insert(resource.to_string(), n);
+        }
+    }
 }
 
 fn add_to(total: &mut BTreeMap<String, i128>, add: &BTreeMap<String, u64>, sign: i128) {
@@ -912,6 +929,11 @@ pub(crate) fn plan(
         fatal: HashMap::new(),
     };
 
+    let handed = source.len();
+    planner.target.nodes.reserve(handed);
+    planner.target.names.reserve(handed);
+    planner.target.members.reserve(handed);
+
     // The source group: capacity per node (less what DaemonSets hold, which
     // goes with the node), what the workloads not moved need, and what each
     // node runs of them.
@@ -930,6 +952,8 @@ pub(crate) fn plan(
     let mut usage: Vec<u64> = vec![0; source.len()];
     let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
     let mut moved = vec![false; workloads.len()];
+    // The source nodes each workload's pods run on (one entry a pod).
+    let mut pods_on: Vec<Vec<usize>> = vec![Vec::new(); workloads.len()];
     for (i, w) in workloads.iter().enumerate() {
         if !w.on_source {
             continue;
@@ -951,12 +975,13 @@ pub(crate) fn plan(
             continue;
         }
         for (r, k) in &w.per_pod {
-            *demand.entry(r.clone()).or_default() += i128::from(*k) * i128::from(w.replicas);
+            add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
         for node in &w.pod_nodes {
             if let Some(&n) = source_index.get(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
+                pods_on[i].push(n);
             }
         }
         if w.in_plan {
@@ -1079,14 +1104,11 @@ pub(crate) fn plan(
                     q.remove(&i);
                 }
                 for (r, k) in &w.per_pod {
-                    *demand.entry(r.clone()).or_default() -=
-                        i128::from(*k) * i128::from(w.replicas);
+                    add_demand(demand, r, -i128::from(*k) * i128::from(w.replicas));
                 }
                 let per_pod: u64 = w.per_pod.values().sum();
-                for node in &w.pod_nodes {
-                    if let Some(&n) = source_index.get(node)
-                        && in_source[n]
-                    {
+                for &n in &pods_on[i] {
+                    if in_source[n] {
                         order.remove(&(usage[n], n));
                         usage[n] -= per_pod;
                         order.insert((usage[n], n));
