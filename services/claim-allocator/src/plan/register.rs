@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -53,19 +53,22 @@ fn pod_resources(
     object: impl Fn() -> String,
     path: &str,
 ) -> Result<BTreeMap<String, u64>, PlanError> {
-    let read = |containers: &[k8s_openapi::api::core::v1::Container],
-                list: &str|
-     -> Result<Vec<BTreeMap<String, u64>>, PlanError> {
-        let mut out = Vec::new();
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    for (list, containers) in [
+        ("containers", &spec.containers[..]),
+        ("initContainers", init),
+    ] {
         for (i, c) in containers.iter().enumerate() {
-            let mut wants = BTreeMap::new();
+            // A resource in both counts as its limit.
+            let mut wants: Vec<(&str, u64)> = Vec::new();
             let resources = c.resources.as_ref();
             for (kind, quantities) in [
                 ("limits", resources.and_then(|r| r.limits.as_ref())),
                 ("requests", resources.and_then(|r| r.requests.as_ref())),
             ] {
                 for (name, q) in quantities.into_iter().flatten() {
-                    if !is_gpu_resource(name) || wants.contains_key(name) {
+                    if !is_gpu_resource(name) || wants.iter().any(|(w, _)| w == name) {
                         continue;
                     }
                     let invalid = |message: String| PlanError::Invalid {
@@ -81,26 +84,25 @@ fn pod_resources(
                         .ok_or_else(|| {
                             invalid(format!("{:?} is not a whole number of devices", q.0))
                         })?;
-                    wants.insert(name.clone(), n);
+                    wants.push((name, n));
                 }
             }
-            out.push(wants);
-        }
-        Ok(out)
-    };
-    let mut total: BTreeMap<String, u64> = BTreeMap::new();
-    for wants in read(&spec.containers, "containers")? {
-        for (name, n) in wants {
-            *total.entry(name).or_default() += n;
-        }
-    }
-    for wants in read(
-        spec.init_containers.as_deref().unwrap_or_default(),
-        "initContainers",
-    )? {
-        for (name, n) in wants {
-            let entry = total.entry(name).or_default();
-            *entry = (*entry).max(n);
+            if list == "containers" {
+                // Containers summed, init containers the largest.
+                for (name, n) in wants {
+                    match total.get_mut(name) {
+                        Some(t) => *t += n,
+                        None => {
+                            total.insert(name.to_string(), n);
+                        }
+                    }
+                }
+            } else {
+                for (name, n) in wants {
+                    let entry = total.entry(name.to_string()).or_default();
+                    *entry = (*entry).max(n);
+                }
+            }
         }
     }
     total.retain(|_, n| *n > 0);
@@ -146,6 +148,13 @@ struct Found<'a> {
     /// The object read, for errors: its kind and the name it is read under.
     object: (&'a str, &'a str),
     path: &'static str,
+}
+
+/// What the register says of a node: its group and its cards' models
+/// (sorted, each once).
+struct NodeInfo<'a> {
+    group: Option<&'a str>,
+    models: Vec<GpuModel>,
 }
 
 /// A workload's key while the register is built: namespace, kind, name (the
@@ -208,7 +217,13 @@ pub(crate) fn build<'a>(
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
     // Hashed while pods are matched to their workloads, sorted after.
-    let mut found: HashMap<Key<'a>, Found<'a>> = HashMap::new();
+    let controllers = snapshot.deployments.len()
+        + snapshot.replica_sets.len()
+        + snapshot.stateful_sets.len()
+        + snapshot.daemon_sets.len()
+        + snapshot.jobs.len()
+        + snapshot.cron_jobs.len();
+    let mut found: HashMap<Key<'a>, Found<'a>> = HashMap::with_capacity(controllers);
     let mut add = |kind: &'static str,
                    meta: &'a ObjectMeta,
                    template: Option<&'a PodTemplateSpec>,
@@ -386,14 +401,19 @@ pub(crate) fn build<'a>(
         }
     }
 
-    let mut found: Vec<(Key<'a>, Found<'a>)> = found.into_iter().collect();
-    found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // Sorted by key, keys only moved (a Found is three times the size).
+    let mut keys: Vec<(Key<'a>, usize)> = Vec::with_capacity(found.len());
+    let mut values: Vec<Option<Found<'a>>> = Vec::with_capacity(found.len());
+    for (key, f) in found {
+        keys.push((key, values.len()));
+        values.push(Some(f));
+    }
+    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let count = keys.len();
+    let found = keys
+        .into_iter()
+        .filter_map(|(key, i)| Some((key, values[i].take()?)));
 
-    let nodes: HashMap<&str, &Node> = snapshot
-        .nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
-        .collect();
     let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
     for g in &snapshot.physical_gpus {
         gpus_by_node
@@ -401,10 +421,47 @@ pub(crate) fn build<'a>(
             .or_default()
             .push(g);
     }
-    // The cards of each node a pod runs on, read once a node (a node runs
-    // many workloads).
-    let mut models_of: HashMap<&str, BTreeSet<GpuModel>> =
-        HashMap::with_capacity(snapshot.nodes.len());
+    // Each node's group and cards, read once (a node runs many workloads).
+    let mut nodes: HashMap<&str, NodeInfo<'_>> = HashMap::with_capacity(snapshot.nodes.len());
+    for n in &snapshot.nodes {
+        let Some(name) = n.metadata.name.as_deref() else {
+            continue;
+        };
+        let labels = n.metadata.labels.as_ref();
+        let models: Vec<GpuModel> = match gpus_by_node.get(name) {
+            Some(cards) => {
+                // A node's cards are mostly of one model: made once each.
+                let distinct: BTreeSet<(&str, Option<u64>)> = cards
+                    .iter()
+                    .map(|c| {
+                        let memory = c.status.as_ref().and_then(|s| s.capabilities.as_ref());
+                        (c.spec.product.as_str(), memory.map(|c| c.memory_mib))
+                    })
+                    .collect();
+                distinct
+                    .into_iter()
+                    .map(|(product, memory_mib)| GpuModel {
+                        product: product.to_string(),
+                        memory_mib,
+                        source: "PhysicalGPU".into(),
+                    })
+                    .collect()
+            }
+            None => labels
+                .and_then(|l| l.get(PRODUCT_LABEL))
+                .map(|product| GpuModel {
+                    product: product.clone(),
+                    memory_mib: labels
+                        .and_then(|l| l.get(MEMORY_LABEL))
+                        .and_then(|m| m.parse().ok()),
+                    source: "NFD".into(),
+                })
+                .into_iter()
+                .collect(),
+        };
+        let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
+        nodes.insert(name, NodeInfo { group, models });
+    }
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
         .iter()
@@ -438,8 +495,8 @@ pub(crate) fn build<'a>(
         budgets: Vec::new(),
     };
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    built.entries.reserve(found.len());
-    built.workloads.reserve(found.len());
+    built.entries.reserve(count);
+    built.workloads.reserve(count);
     let empty_labels = BTreeMap::new();
     let empty_spec = PodSpec::default();
     for (key, mut f) in found {
@@ -456,56 +513,28 @@ pub(crate) fn build<'a>(
         let template_labels = f.labels.unwrap_or(&empty_labels);
         let node_selector = spec.node_selector.clone().unwrap_or_default();
 
-        let mut groups_of: BTreeSet<&str> = BTreeSet::new();
-        let mut models: BTreeSet<&GpuModel> = BTreeSet::new();
-        let mut node_list = f.pods.clone();
-        node_list.dedup();
-        for &node in &node_list {
+        // Sets, sorted and deduplicated once (most have one member).
+        let mut groups_of: Vec<&str> = Vec::new();
+        let mut models: Vec<&GpuModel> = Vec::new();
+        // The nodes, each once (the pods are sorted).
+        let node_list = || f.pods.chunk_by(|a, b| a == b).map(|same| same[0]);
+        for node in node_list() {
             let Some(n) = nodes.get(node) else {
                 continue;
             };
-            let labels = n.metadata.labels.as_ref();
-            if let Some(g) = labels.and_then(|l| l.get(GROUP_LABEL)) {
-                groups_of.insert(g);
-            }
-            models_of
-                .entry(node)
-                .or_insert_with(|| match gpus_by_node.get(node) {
-                    Some(cards) => cards
-                        .iter()
-                        .map(|c| GpuModel {
-                            product: c.spec.product.clone(),
-                            memory_mib: c
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.capabilities.as_ref())
-                                .map(|c| c.memory_mib),
-                            source: "PhysicalGPU".into(),
-                        })
-                        .collect(),
-                    None => labels
-                        .and_then(|l| l.get(PRODUCT_LABEL))
-                        .map(|product| GpuModel {
-                            product: product.clone(),
-                            memory_mib: labels
-                                .and_then(|l| l.get(MEMORY_LABEL))
-                                .and_then(|m| m.parse().ok()),
-                            source: "NFD".into(),
-                        })
-                        .into_iter()
-                        .collect(),
-                });
+            groups_of.extend(n.group);
+            models.extend(&n.models);
         }
-        for node in &node_list {
-            models.extend(models_of.get(node).into_iter().flatten());
-        }
-        if let Some(g) = f
-            .spec
-            .and_then(|s| s.node_selector.as_ref())
-            .and_then(|s| s.get(GROUP_LABEL))
-        {
-            groups_of.insert(g);
-        }
+        groups_of.extend(
+            f.spec
+                .and_then(|s| s.node_selector.as_ref())
+                .and_then(|s| s.get(GROUP_LABEL))
+                .map(String::as_str),
+        );
+        groups_of.sort_unstable();
+        groups_of.dedup();
+        models.sort_unstable();
+        models.dedup();
 
         let group_sharing = groups_of.iter().filter_map(|g| {
             groups
@@ -573,7 +602,7 @@ pub(crate) fn build<'a>(
             .namespace
             .as_deref()
             .is_none_or(|ns| ns == id.namespace);
-        let on_source = groups_of.contains(request.from.as_str());
+        let on_source = groups_of.contains(&request.from.as_str());
         let in_plan = on_source && namespace_ok;
         let gpus_total = per_pod.values().sum::<u64>() * u64::from(replicas);
         if namespace_ok {
@@ -589,7 +618,7 @@ pub(crate) fn build<'a>(
                 node_selector,
                 affinity: spec.affinity.clone(),
                 tolerations: spec.tolerations.clone().unwrap_or_default(),
-                nodes: node_list.into_iter().map(str::to_string).collect(),
+                nodes: node_list().map(str::to_string).collect(),
                 groups: groups_of.into_iter().map(str::to_string).collect(),
                 gpu_models: models.into_iter().cloned().collect(),
                 pod_disruption_budgets: entry_budgets,
@@ -618,7 +647,7 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
     let empty = BTreeMap::new();
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let annotations = meta.annotations.as_ref().unwrap_or(&empty);
-    let mut out = BTreeSet::new();
+    let mut out = Vec::new();
     let release = annotations.get("meta.helm.sh/release-name");
     if release.is_some()
         || labels
@@ -630,18 +659,18 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
             .cloned()
             .or_else(|| labels.get("app.kubernetes.io/instance").cloned())
             .unwrap_or_default();
-        out.insert(Manager {
+        out.push(Manager {
             kind: "Helm".into(),
             name,
         });
     }
     if let Some(app) = labels.get("argocd.argoproj.io/instance") {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "ArgoCD".into(),
             name: app.clone(),
         });
     } else if let Some(id) = annotations.get("argocd.argoproj.io/tracking-id") {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "ArgoCD".into(),
             name: id.split(':').next().unwrap_or_default().to_string(),
         });
@@ -661,19 +690,21 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
                 (None, Some(n)) => format!("{kind} {n}"),
                 _ => kind.to_string(),
             };
-            out.insert(Manager {
+            out.push(Manager {
                 kind: "Flux".into(),
                 name,
             });
         }
     }
     if let Some(o) = controller(meta).filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str())) {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "Operator".into(),
             name: format!("{}/{}", o.kind, o.name),
         });
     }
-    out.into_iter().collect()
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// `metav1.LabelSelector` semantics: every matchLabels pair and every
