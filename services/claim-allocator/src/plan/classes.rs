@@ -55,11 +55,11 @@ pub(super) fn slices(name: &str, machine: &Machine, layout: Layout) -> Vec<Resou
     publish::resource_slices(name, machine, layout, 1)
 }
 
-/// The UUIDs of `machine`'s cards and MIG devices, each replaced by `uuid(i)`.
-fn with_uuids(machine: &Machine, uuid: impl Fn(usize) -> String) -> Machine {
-    let mut m = machine.clone();
+/// Replaces the UUIDs of `machine`'s cards and MIG devices, the `i`th by
+/// `uuid(i)`.
+fn set_uuids(machine: &mut Machine, uuid: impl Fn(usize) -> String) {
     let mut i = 0;
-    for gpu in &mut m.gpus {
+    for gpu in &mut machine.gpus {
         gpu.uuid = uuid(i);
         i += 1;
         for mig in &mut gpu.mig_devices {
@@ -67,7 +67,6 @@ fn with_uuids(machine: &Machine, uuid: impl Fn(usize) -> String) -> Machine {
             i += 1;
         }
     }
-    m
 }
 
 /// A device of a class: its driver and name (the same on every member).
@@ -141,14 +140,23 @@ impl Classes {
         // Members by their machine without UUIDs.
         let mut by_key: HashMap<Machine, Option<usize>> = HashMap::new();
         for (n, name) in source.iter().enumerate() {
-            let Some(machine) = machine(n) else { continue };
-            let key = with_uuids(&machine, |_| String::new());
-            let class = by_key.entry(key).or_insert_with(|| {
-                let class = NodeClass::probe(name, &machine, layout, device_classes, &reads)?;
-                out.classes.push(class);
-                Some(out.classes.len() - 1)
-            });
-            out.of_source[n] = *class;
+            let Some(mut key) = machine(n) else { continue };
+            set_uuids(&mut key, |_| String::new());
+            let class = match by_key.get(&key) {
+                Some(class) => *class,
+                None => {
+                    // The first member: the class is probed with its cards.
+                    let class = machine(n)
+                        .and_then(|m| NodeClass::probe(name, &m, layout, device_classes, &reads))
+                        .map(|class| {
+                            out.classes.push(class);
+                            out.classes.len() - 1
+                        });
+                    by_key.insert(key, class);
+                    class
+                }
+            };
+            out.of_source[n] = class;
         }
         out
     }
@@ -272,7 +280,10 @@ impl NodeClass {
             .iter()
             .map(|g| 1 + g.mig_devices.len())
             .sum::<usize>();
-        let probe_machine = with_uuids(machine, |i| format!("GPU-probe-{:08}", count - i));
+        let mut probe_machine = machine.clone();
+        set_uuids(&mut probe_machine, |i| {
+            format!("GPU-probe-{:08}", count - i)
+        });
         let (a, b) = (
             slices(name, machine, layout),
             slices(&probe_name, &probe_machine, layout),

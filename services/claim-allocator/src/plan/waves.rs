@@ -122,6 +122,30 @@ impl Variants {
     }
 }
 
+/// A workload's node selector as its shape has it: without the source
+/// group's label, which the rewrite drops.
+#[derive(Clone, Copy)]
+struct SelectorKey<'a> {
+    labels: Option<&'a BTreeMap<String, String>>,
+    from: &'a str,
+}
+
+impl<'a> SelectorKey<'a> {
+    fn pairs(self) -> impl Iterator<Item = (&'a String, &'a String)> {
+        let from = self.from;
+        self.labels
+            .into_iter()
+            .flatten()
+            .filter(move |(k, v)| !(k.as_str() == GROUP_LABEL && v.as_str() == from))
+    }
+}
+
+impl serde::Serialize for SelectorKey<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.pairs())
+    }
+}
+
 /// Where a shape's first fit starts, and what the nodes before it said.
 #[derive(Clone, Debug, Default)]
 struct Cursor {
@@ -801,38 +825,43 @@ pub(crate) fn plan(
         .map(|(i, n)| (node_name(n), i))
         .collect();
 
-    // Shapes: the requests after the rewrite and the scheduling constraints.
+    // Shapes: the requests after the rewrite and the scheduling constraints,
+    // keyed by their JSON. The key is written from references (most
+    // workloads share a shape): only a new shape is copied.
     let workloads = built.workloads;
+    let mut rewritten: HashMap<(&str, Mode), (String, String)> = HashMap::new();
     let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
     let mut shapes = Vec::new();
     let mut shape_of = Vec::with_capacity(workloads.len());
     for w in &workloads {
-        let requests: Vec<(String, String, u64)> = w
+        for r in w.per_pod.keys() {
+            rewritten
+                .entry((r.as_str(), w.mode))
+                .or_insert_with(|| variants.for_resource(r, w.mode));
+        }
+        let requests: Vec<(&str, &str, u64)> = w
             .per_pod
             .iter()
             .map(|(r, n)| {
-                let (class, resource) = variants.for_resource(r, w.mode);
-                (class, resource, *n)
+                let (class, resource) = &rewritten[&(r.as_str(), w.mode)];
+                (class.as_str(), resource.as_str(), *n)
             })
             .collect();
-        let mut node_selector = w
-            .spec
-            .and_then(|s| s.node_selector.clone())
-            .unwrap_or_default();
-        if node_selector.get(GROUP_LABEL).map(String::as_str) == Some(from) {
-            node_selector.remove(GROUP_LABEL);
-        }
+        let node_selector = SelectorKey {
+            labels: w.spec.and_then(|s| s.node_selector.as_ref()),
+            from,
+        };
         let affinity = w
             .spec
             .and_then(|s| s.affinity.as_ref())
             .and_then(|a| a.node_affinity.as_ref())
             .and_then(|a| {
                 a.required_during_scheduling_ignored_during_execution
-                    .clone()
+                    .as_ref()
             });
-        let tolerations = w
+        let tolerations: &[Toleration] = w
             .spec
-            .and_then(|s| s.tolerations.clone())
+            .and_then(|s| s.tolerations.as_deref())
             .unwrap_or_default();
         let key = serde_json::to_string(&(&requests, &node_selector, &affinity, &tolerations))
             .unwrap_or_default();
@@ -840,10 +869,16 @@ pub(crate) fn plan(
         let s = *shape_keys.entry(key).or_insert(next);
         if s == next {
             shapes.push(Shape {
-                requests,
-                node_selector,
-                affinity,
-                tolerations,
+                requests: requests
+                    .iter()
+                    .map(|&(c, r, n)| (c.to_string(), r.to_string(), n))
+                    .collect(),
+                node_selector: node_selector
+                    .pairs()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                affinity: affinity.cloned(),
+                tolerations: tolerations.to_vec(),
             });
         }
         shape_of.push(s);
@@ -1060,13 +1095,13 @@ pub(crate) fn plan(
             order.remove(&(usage[n], n));
             in_source[n] = false;
             let evicts: Vec<usize> = on_node[n].keys().copied().collect();
-            let mut budgets: BTreeSet<String> = BTreeSet::new();
+            let mut budgets: BTreeSet<&str> = BTreeSet::new();
             for &w in &evicts {
                 budgets.extend(
                     workloads[w]
                         .budgets
                         .iter()
-                        .map(|b| built.budgets[*b].0.clone()),
+                        .map(|b| built.budgets[*b].0.as_str()),
                 );
                 if workloads[w].in_plan {
                     due.insert(w);
@@ -1076,7 +1111,7 @@ pub(crate) fn plan(
                 node: node_name(source[n]).to_string(),
                 capacity: cap[n].clone(),
                 evicts: evicts.iter().map(|w| workloads[*w].id.clone()).collect(),
-                budgets: budgets.into_iter().collect(),
+                budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
             });
             planner.target.nodes.push(handed_over(source[n], from, to));
