@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{NodeSelector, Pod, PodSpec, PodTemplateSpec, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -44,16 +44,21 @@ pub fn gpu_resources(
     object: &str,
     path: &str,
 ) -> Result<BTreeMap<String, u64>, PlanError> {
-    pod_resources(spec, || object.to_string(), path)
+    let requests = pod_requests(spec, || object.to_string(), path)?;
+    Ok(requests
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), n))
+        .collect())
 }
 
-/// [`gpu_resources`], the object named only for an error.
-fn pod_resources(
-    spec: &PodSpec,
+/// [`gpu_resources`] borrowed from `spec`, sorted by name; the object named
+/// only for an error.
+fn pod_requests<'s>(
+    spec: &'s PodSpec,
     object: impl Fn() -> String,
     path: &str,
-) -> Result<BTreeMap<String, u64>, PlanError> {
-    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+) -> Result<Vec<(&'s str, u64)>, PlanError> {
+    let mut total: BTreeMap<&str, u64> = BTreeMap::new();
     let init = spec.init_containers.as_deref().unwrap_or_default();
     for (list, containers) in [
         ("containers", &spec.containers[..]),
@@ -87,26 +92,18 @@ fn pod_resources(
                     wants.push((name, n));
                 }
             }
-            if list == "containers" {
-                // Containers summed, init containers the largest.
-                for (name, n) in wants {
-                    match total.get_mut(name) {
-                        Some(t) => *t += n,
-                        None => {
-                            total.insert(name.to_string(), n);
-                        }
-                    }
-                }
-            } else {
-                for (name, n) in wants {
-                    let entry = total.entry(name.to_string()).or_default();
-                    *entry = (*entry).max(n);
-                }
+            // Containers summed, init containers the largest.
+            for (name, n) in wants {
+                let entry = total.entry(name).or_default();
+                *entry = if list == "containers" {
+                    *entry + n
+                } else {
+                    (*entry).max(n)
+                };
             }
         }
     }
-    total.retain(|_, n| *n > 0);
-    Ok(total)
+    Ok(total.into_iter().filter(|(_, n)| *n > 0).collect())
 }
 
 /// A workload of the register with what planning needs, borrowed from the
@@ -114,13 +111,12 @@ fn pod_resources(
 #[derive(Clone, Debug)]
 pub(crate) struct Workload<'a> {
     pub id: WorkloadRef,
-    /// The pod template's spec (or the pod's), if it has one.
-    pub spec: Option<&'a PodSpec>,
-    pub per_pod: BTreeMap<String, u64>,
+    /// Index into [`Built::templates`]: what a pod requests, and where it
+    /// may run.
+    pub template: usize,
     pub replicas: u32,
     /// The node of every live pod (one entry a pod), sorted.
     pub pod_nodes: Vec<&'a str>,
-    pub mode: Mode,
     /// Runs on (or is bound to) the source group.
     pub on_source: bool,
     /// On the source group and in the namespace asked for: the plan moves it.
@@ -129,11 +125,66 @@ pub(crate) struct Workload<'a> {
     pub budgets: Vec<usize>,
 }
 
+/// What placement reads of a workload's pods, borrowed from its pod
+/// template (or pod). Workloads whose pods are alike share one: the plan
+/// reads it once for all of them.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Template<'a> {
+    /// Device-plugin resources a pod requests, sorted by name.
+    pub requests: Vec<(&'a str, u64)>,
+    pub mode: Mode,
+    pub node_selector: Option<&'a BTreeMap<String, String>>,
+    /// The node affinity required during scheduling.
+    pub affinity: Option<&'a NodeSelector>,
+    pub tolerations: &'a [Toleration],
+}
+
+/// The templates, each once.
+#[derive(Default)]
+struct Templates<'a> {
+    list: Vec<Template<'a>>,
+    /// By what of them hashes: those that differ only in affinity or
+    /// tolerations (which do not hash) share an entry.
+    by_key: HashMap<TemplateKey<'a>, Vec<usize>>,
+}
+
+type TemplateKey<'a> = (Vec<(&'a str, u64)>, Mode, Option<&'a BTreeMap<String, String>>);
+
+impl<'a> Templates<'a> {
+    /// The index of `template`, added if it is new.
+    fn index(&mut self, template: Template<'a>) -> usize {
+        let key = (
+            template.requests.clone(),
+            template.mode,
+            template.node_selector,
+        );
+        let alike = self.by_key.entry(key).or_default();
+        if let Some(&i) = alike.iter().find(|&&i| self.list[i] == template) {
+            return i;
+        }
+        alike.push(self.list.len());
+        self.list.push(template);
+        self.list.len() - 1
+    }
+}
+
 pub(crate) struct Built<'a> {
     pub entries: Vec<RegisterEntry>,
     pub workloads: Vec<Workload<'a>>,
+    pub templates: Vec<Template<'a>>,
     /// Budgets by `namespace/name`, with their allowance.
     pub budgets: Vec<(String, u32)>,
+}
+
+/// A workload read, before the register is sorted.
+struct Read<'a> {
+    key: Key<'a>,
+    /// Its row, if it is in the namespace asked for.
+    entry: Option<RegisterEntry>,
+    /// [`Workload::budgets`] still empty.
+    workload: Workload<'a>,
+    /// Budgets selecting it by `namespace/name`, with their allowance.
+    budgets: Vec<(String, u32)>,
 }
 
 /// A workload as found, borrowed from the snapshot (the objects are large:
@@ -216,35 +267,44 @@ pub(crate) fn build<'a>(
     snapshot: &'a Snapshot,
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
-    // Hashed while pods are matched to their workloads, sorted after.
+    // In the order found (the snapshot's: its objects are read in the order
+    // they were made), indexed while pods are matched to their workloads;
+    // sorted once read.
     let controllers = snapshot.deployments.len()
         + snapshot.replica_sets.len()
         + snapshot.stateful_sets.len()
         + snapshot.daemon_sets.len()
         + snapshot.jobs.len()
         + snapshot.cron_jobs.len();
-    let mut found: HashMap<Key<'a>, Found<'a>> = HashMap::with_capacity(controllers);
+    let mut found: Vec<(Key<'a>, Found<'a>)> = Vec::with_capacity(controllers);
+    let mut index: HashMap<Key<'a>, usize> = HashMap::with_capacity(controllers);
     let mut add = |kind: &'static str,
                    meta: &'a ObjectMeta,
                    template: Option<&'a PodTemplateSpec>,
                    replicas: Option<u32>,
                    path: &'static str| {
         let (ns, name) = ns_name(meta);
-        found.insert(
-            (ns, kind, name),
-            Found {
-                object: (kind, name),
-                meta: Meta::Of(meta),
-                labels: template
-                    .and_then(|t| t.metadata.as_ref())
-                    .and_then(|m| m.labels.as_ref()),
-                spec: template.and_then(|t| t.spec.as_ref()),
-                replicas,
-                pods: Vec::new(),
-                pod_count: 0,
-                path,
-            },
-        );
+        let key = (ns, kind, name);
+        let workload = Found {
+            object: (kind, name),
+            meta: Meta::Of(meta),
+            labels: template
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.labels.as_ref()),
+            spec: template.and_then(|t| t.spec.as_ref()),
+            replicas,
+            pods: Vec::new(),
+            pod_count: 0,
+            path,
+        };
+        // A later object of the same key replaces the earlier.
+        match index.get(&key) {
+            Some(&i) => found[i].1 = workload,
+            None => {
+                index.insert(key, found.len());
+                found.push((key, workload));
+            }
+        }
     };
     let replicas = |r: Option<i32>| Some(r.unwrap_or(1).max(0) as u32);
     for d in &snapshot.deployments {
@@ -367,7 +427,7 @@ pub(crate) fn build<'a>(
                                 .and_then(|d| d.strip_suffix('-'))
                         });
                         match deployment {
-                            Some(d) if found.contains_key(&(ns, "Deployment", d)) => {
+                            Some(d) if index.contains_key(&(ns, "Deployment", d)) => {
                                 (ns, "Deployment", d)
                             }
                             _ => (ns, "ReplicaSet", o.name.as_str()),
@@ -381,38 +441,32 @@ pub(crate) fn build<'a>(
                 kind => (ns, kind, o.name.as_str()),
             },
         };
-        let entry = found.entry(id).or_insert_with(|| Found {
-            object: ("Pod", pod_name),
-            meta: if id.1 == "Pod" {
-                Meta::Of(&pod.metadata)
-            } else {
-                Meta::OwnersOf(&pod.metadata)
-            },
-            labels: pod.metadata.labels.as_ref(),
-            spec: pod.spec.as_ref(),
-            replicas: None,
-            pods: Vec::new(),
-            pod_count: 0,
-            path: "spec",
+        let i = *index.entry(id).or_insert_with(|| {
+            found.push((
+                id,
+                Found {
+                    object: ("Pod", pod_name),
+                    meta: if id.1 == "Pod" {
+                        Meta::Of(&pod.metadata)
+                    } else {
+                        Meta::OwnersOf(&pod.metadata)
+                    },
+                    labels: pod.metadata.labels.as_ref(),
+                    spec: pod.spec.as_ref(),
+                    replicas: None,
+                    pods: Vec::new(),
+                    pod_count: 0,
+                    path: "spec",
+                },
+            ));
+            found.len() - 1
         });
+        let entry = &mut found[i].1;
         entry.pod_count += 1;
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             entry.pods.push(node);
         }
     }
-
-    // Sorted by key, keys only moved (a Found is three times the size).
-    let mut keys: Vec<(Key<'a>, usize)> = Vec::with_capacity(found.len());
-    let mut values: Vec<Option<Found<'a>>> = Vec::with_capacity(found.len());
-    for (key, f) in found {
-        keys.push((key, values.len()));
-        values.push(Some(f));
-    }
-    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let count = keys.len();
-    let found = keys
-        .into_iter()
-        .filter_map(|(key, i)| Some((key, values[i].take()?)));
 
     let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
     for g in &snapshot.physical_gpus {
@@ -489,22 +543,27 @@ pub(crate) fn build<'a>(
         }
     }
 
-    let mut built = Built {
-        entries: Vec::new(),
-        workloads: Vec::new(),
-        budgets: Vec::new(),
-    };
-    let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    built.entries.reserve(count);
-    built.workloads.reserve(count);
+    let mut templates = Templates::default();
+    let mut read: Vec<Option<Read<'a>>> = Vec::with_capacity(found.len());
+    let mut invalid: Option<(Key<'a>, PlanError)> = None;
     let empty_labels = BTreeMap::new();
     let empty_spec = PodSpec::default();
     for (key, mut f) in found {
         let spec = f.spec.unwrap_or(&empty_spec);
         let (kind, name) = f.object;
         let object = || format!("{kind} {}/{name}", key.0);
-        let per_pod = pod_resources(spec, object, f.path)?;
-        if per_pod.is_empty() {
+        let requests = f.spec.map(|spec| pod_requests(spec, object, f.path));
+        let requests = match requests.transpose() {
+            Ok(requests) => requests.unwrap_or_default(),
+            // The first by key is the error, as if read in that order.
+            Err(e) => {
+                if invalid.as_ref().is_none_or(|(first, _)| key < *first) {
+                    invalid = Some((key, e));
+                }
+                continue;
+            }
+        };
+        if requests.is_empty() {
             continue;
         }
         let id = workload_ref(key);
@@ -550,9 +609,9 @@ pub(crate) fn build<'a>(
                 GpuSharing::Exclusive => {}
             }
         }
-        if per_pod.keys().any(|r| r.starts_with(NVIDIA_MIG_PREFIX)) {
+        if requests.iter().any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX)) {
             mode = Mode::Mig;
-        } else if per_pod.contains_key(NVIDIA_GPU_SHARED) {
+        } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
             mode = Mode::Shared;
         }
 
@@ -581,12 +640,10 @@ pub(crate) fn build<'a>(
                 continue;
             }
             let budget = budget(b, replicas);
-            let full = format!("{}/{}", id.namespace, budget.name);
-            let index = *budget_index.entry(full.clone()).or_insert_with(|| {
-                built.budgets.push((full, budget.disruptions_allowed));
-                built.budgets.len() - 1
-            });
-            budgets.push(index);
+            budgets.push((
+                format!("{}/{}", id.namespace, budget.name),
+                budget.disruptions_allowed,
+            ));
             entry_budgets.push(budget);
         }
 
@@ -604,15 +661,17 @@ pub(crate) fn build<'a>(
             .is_none_or(|ns| ns == id.namespace);
         let on_source = groups_of.contains(&request.from.as_str());
         let in_plan = on_source && namespace_ok;
-        let gpus_total = per_pod.values().sum::<u64>() * u64::from(replicas);
-        if namespace_ok {
-            built.entries.push(RegisterEntry {
+        let gpus_total = requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(replicas);
+        let entry = namespace_ok.then(|| RegisterEntry {
                 namespace: id.namespace.clone(),
                 kind: id.kind.clone(),
                 name: id.name.clone(),
                 owner,
                 replicas,
-                gpus_per_pod: per_pod.clone(),
+                gpus_per_pod: requests
+                    .iter()
+                    .map(|&(r, n)| (r.to_string(), n))
+                    .collect(),
                 gpus_total,
                 mode,
                 node_selector,
@@ -626,18 +685,76 @@ pub(crate) fn build<'a>(
                 managed_by,
                 in_plan,
             });
-        }
-        built.workloads.push(Workload {
-            id,
-            spec: f.spec,
-            per_pod,
-            replicas,
-            pod_nodes: f.pods,
+        let template = templates.index(Template {
+            requests,
             mode,
-            on_source,
-            in_plan,
-            budgets,
+            node_selector: f.spec.and_then(|s| s.node_selector.as_ref()),
+            affinity: f
+                .spec
+                .and_then(|s| s.affinity.as_ref())
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+            tolerations: f
+                .spec
+                .and_then(|s| s.tolerations.as_deref())
+                .unwrap_or_default(),
         });
+        read.push(Some(Read {
+            key,
+            entry,
+            workload: Workload {
+                id,
+                template,
+                replicas,
+                pod_nodes: f.pods,
+                on_source,
+                in_plan,
+                budgets: Vec::new(),
+            },
+            budgets,
+        }));
+    }
+    if let Some((_, e)) = invalid {
+        return Err(e);
+    }
+
+    // Sorted by key, the budgets indexed in that order.
+    let mut order: Vec<(Key<'a>, usize)> = read
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((r.as_ref()?.key, i)))
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut built = Built {
+        entries: Vec::with_capacity(order.len()),
+        workloads: Vec::with_capacity(order.len()),
+        templates: templates.list,
+        budgets: Vec::new(),
+    };
+    let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, i) in order {
+        let Read {
+            entry,
+            mut workload,
+            budgets,
+            ..
+        } = read[i].take().expect("each read once");
+        for (name, allowed) in budgets {
+            let index = match budget_index.get(&name) {
+                Some(&index) => index,
+                None => {
+                    budget_index.insert(name.clone(), built.budgets.len());
+                    built.budgets.push((name, allowed));
+                    built.budgets.len() - 1
+                }
+            };
+            workload.budgets.push(index);
+        }
+        built.entries.extend(entry);
+        built.workloads.push(workload);
     }
     Ok(built)
 }

@@ -826,61 +826,46 @@ pub(crate) fn plan(
         .collect();
 
     // Shapes: the requests after the rewrite and the scheduling constraints,
-    // keyed by their JSON. The key is written from references (most
-    // workloads share a shape): only a new shape is copied.
+    // keyed by their JSON; a template's, where a workload first has it.
     let workloads = built.workloads;
-    let mut rewritten: HashMap<(&str, Mode), (String, String)> = HashMap::new();
     let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
     let mut shapes = Vec::new();
+    let mut shape_of_template: Vec<Option<usize>> = vec![None; built.templates.len()];
     let mut shape_of = Vec::with_capacity(workloads.len());
     for w in &workloads {
-        for r in w.per_pod.keys() {
-            rewritten
-                .entry((r.as_str(), w.mode))
-                .or_insert_with(|| variants.for_resource(r, w.mode));
+        if let Some(s) = shape_of_template[w.template] {
+            shape_of.push(s);
+            continue;
         }
-        let requests: Vec<(&str, &str, u64)> = w
-            .per_pod
+        let t = &built.templates[w.template];
+        let requests: Vec<(String, String, u64)> = t
+            .requests
             .iter()
-            .map(|(r, n)| {
-                let (class, resource) = &rewritten[&(r.as_str(), w.mode)];
-                (class.as_str(), resource.as_str(), *n)
+            .map(|&(r, n)| {
+                let (class, resource) = variants.for_resource(r, t.mode);
+                (class, resource, n)
             })
             .collect();
         let node_selector = SelectorKey {
-            labels: w.spec.and_then(|s| s.node_selector.as_ref()),
+            labels: t.node_selector,
             from,
         };
-        let affinity = w
-            .spec
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            });
-        let tolerations: &[Toleration] = w
-            .spec
-            .and_then(|s| s.tolerations.as_deref())
-            .unwrap_or_default();
-        let key = serde_json::to_string(&(&requests, &node_selector, &affinity, &tolerations))
+        let key = serde_json::to_string(&(&requests, &node_selector, &t.affinity, &t.tolerations))
             .unwrap_or_default();
         let next = shapes.len();
         let s = *shape_keys.entry(key).or_insert(next);
         if s == next {
             shapes.push(Shape {
-                requests: requests
-                    .iter()
-                    .map(|&(c, r, n)| (c.to_string(), r.to_string(), n))
-                    .collect(),
+                requests,
                 node_selector: node_selector
                     .pairs()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
-                affinity: affinity.cloned(),
-                tolerations: tolerations.to_vec(),
+                affinity: t.affinity.cloned(),
+                tolerations: t.tolerations.to_vec(),
             });
         }
+        shape_of_template[w.template] = Some(s);
         shape_of.push(s);
     }
 
@@ -989,19 +974,20 @@ pub(crate) fn plan(
     let mut moved = vec![false; workloads.len()];
     // The source nodes each workload's pods run on (one entry a pod).
     let mut pods_on: Vec<Vec<usize>> = vec![Vec::new(); workloads.len()];
+    let requests = |w: &Workload<'_>| built.templates[w.template].requests.as_slice();
     for (i, w) in workloads.iter().enumerate() {
         if !w.on_source {
             continue;
         }
-        let per_pod: u64 = w.per_pod.values().sum();
+        let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
         if w.id.kind == "DaemonSet" {
             if w.in_plan {
                 follow_nodes.push(w.id.clone());
             }
             for node in &w.pod_nodes {
                 if let Some(&n) = source_index.get(node) {
-                    for (r, k) in &w.per_pod {
-                        if let Some(c) = cap[n].get_mut(r) {
+                    for (r, k) in requests(w) {
+                        if let Some(c) = cap[n].get_mut(*r) {
                             *c = c.saturating_sub(*k);
                         }
                     }
@@ -1009,7 +995,7 @@ pub(crate) fn plan(
             }
             continue;
         }
-        for (r, k) in &w.per_pod {
+        for (r, k) in requests(w) {
             add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
         for node in &w.pod_nodes {
@@ -1138,10 +1124,10 @@ pub(crate) fn plan(
                 if let Some(q) = queues.get_mut(&(planner.shape_of[i], w.replicas)) {
                     q.remove(&i);
                 }
-                for (r, k) in &w.per_pod {
+                for (r, k) in requests(w) {
                     add_demand(demand, r, -i128::from(*k) * i128::from(w.replicas));
                 }
-                let per_pod: u64 = w.per_pod.values().sum();
+                let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
                 for &n in &pods_on[i] {
                     if in_source[n] {
                         order.remove(&(usage[n], n));
