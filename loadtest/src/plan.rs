@@ -4,14 +4,16 @@
 //! and StatefulSets of 1 or 2 pods asking 1 or 2 GPUs, every third
 //! Helm-managed, every fifth under a PodDisruptionBudget — packed onto the
 //! nodes, the target group empty. Timed: `plan()` alone, from the snapshot
-//! of k8s-openapi objects to the serde-serialisable plan (the inventory of
-//! every slice the source nodes would publish, built once, included).
+//! of k8s-openapi objects to the serde-serialisable plan (reading the slices
+//! the source nodes would publish included: by node class, or with
+//! `--every-node` every node's up front — the same plan, compare the
+//! digests).
 
 use std::time::Instant;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use switchyard_claim_allocator::plan::{self, PlanRequest, Snapshot};
+use switchyard_claim_allocator::plan::{self, PlanRequest, Reading, Snapshot};
 use switchyard_gpu::publish::Layout;
 
 #[derive(clap::Args)]
@@ -28,6 +30,10 @@ pub struct Args {
     /// Plans computed from the same snapshot (each must give the same bytes).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Read every handed-over node's slices up front, not by node class (the
+    /// plan the classes must agree with: compare the digests).
+    #[arg(long)]
+    every_node: bool,
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> T {
@@ -152,12 +158,17 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         layout: Layout::Static,
         namespace: None,
     };
+    let reading = if args.every_node {
+        Reading::EveryNode
+    } else {
+        Reading::ByClass
+    };
     let mut runs = Vec::new();
     let mut digests = Vec::new();
     let mut summary = json!({});
     for _ in 0..args.runs.max(1) {
         let t = Instant::now();
-        let plan = plan::plan(&snapshot, &request)?;
+        let plan = plan::plan_reading(&snapshot, &request, reading)?;
         let plan_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let bytes = serde_json::to_vec(&plan)?;
@@ -187,6 +198,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "workloads": args.workloads,
         "pods": snapshot.pods.len(),
         "max_unavailable": args.max_unavailable,
+        "reading": format!("{reading:?}"),
         "snapshot_build_s": built_s,
         "runs": runs,
         "identical_bytes": identical,

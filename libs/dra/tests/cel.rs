@@ -741,3 +741,53 @@ fn what_is_not_implemented_yet_is_refused_as_such() {
         }
     }
 }
+
+/// What a fast selector reads is what it names: changing any other attribute
+/// of a device leaves its outcome as it was; the interpreter's selectors may
+/// read anything.
+#[test]
+fn a_fast_selector_reads_only_the_names_it_looks_up() {
+    let compiler = Compiler::default();
+    let reads = |expr: &str| {
+        let compiled = compiler.compile(expr);
+        let selector = compiled.as_ref().as_ref().expect("compiles");
+        selector.reads()
+    };
+    assert_eq!(
+        reads(
+            r#"device.driver == "gpu.deckhouse.io" && device.attributes["gpu.deckhouse.io"].model == "a100-sxm4-40gb" && device.capacity["gpu.deckhouse.io"].memory.isGreaterThan(quantity("10Gi"))"#
+        ),
+        Some(
+            [
+                "gpu.deckhouse.io/memory",
+                "gpu.deckhouse.io/model",
+                "memory",
+                "model"
+            ]
+            .map(String::from)
+            .into()
+        )
+    );
+    assert_eq!(
+        reads(r#"!(device.attributes["other.io"].rack > 3)"#),
+        Some(["other.io/rack", "rack"].map(String::from).into())
+    );
+    let dynamic = r#"device.attributes["gpu.deckhouse.io"].model.startsWith("a100")"#;
+    assert_eq!(reads(dynamic), None);
+
+    let expr = r#"device.attributes["gpu.deckhouse.io"].model == "a100-sxm4-40gb" || device.attributes["gpu.deckhouse.io"].index >= 4"#;
+    let compiled = compiler.compile(expr);
+    let selector = compiled.as_ref().as_ref().expect("compiles");
+    let names = selector.reads().expect("a fast selector");
+    let mut other = a100();
+    for (name, value) in other.attributes.iter_mut() {
+        if !names.contains(name) {
+            *value = Attribute::String("changed".into());
+        }
+    }
+    other.capacity.clear();
+    assert_eq!(
+        compiler.matches(selector, &a100()),
+        compiler.matches(selector, &other)
+    );
+}

@@ -331,10 +331,15 @@ pub fn resource_slices(
     } else {
         MAX_DEVICES
     };
-    let mut chunks: Vec<Vec<Device>> = devices.chunks(per_slice).map(<[Device]>::to_vec).collect();
-    if chunks.is_empty() {
-        chunks.push(Vec::new());
+    // The devices moved into slices of at most `per_slice` (one, maybe
+    // empty, at least).
+    let mut chunks: Vec<Vec<Device>> = Vec::new();
+    let mut rest = devices;
+    while rest.len() > per_slice {
+        let tail = rest.split_off(per_slice);
+        chunks.push(std::mem::replace(&mut rest, tail));
     }
+    chunks.push(rest);
     let count = (chunks.len() + usize::from(!counter_sets.is_empty())) as i64;
     let pool = ResourcePool {
         name: node.to_string(),

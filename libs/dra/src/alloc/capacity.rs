@@ -104,7 +104,7 @@ pub(crate) fn fits(
     }
     for (name, capacity) in capacities {
         let consumed = consumed(requests.and_then(|r| r.get(name)), capacity);
-        if violates(&consumed, capacity.policy.as_ref()) {
+        if violates(&consumed, capacity.policy.as_deref()) {
             return Err(Misfit::Policy(name.clone()));
         }
         let mut total = match allocated.and_then(|a| a.get(name)) {

@@ -28,6 +28,7 @@ mod nodes;
 mod pools;
 mod search;
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
@@ -206,7 +207,9 @@ pub(crate) struct Range {
 #[derive(Clone, Debug)]
 pub(crate) struct Capacity {
     pub value: Quantity,
-    pub policy: Option<Policy>,
+    /// Boxed: most capacities have none, and a device's map of them is a
+    /// whole B-tree node of these.
+    pub policy: Option<Box<Policy>>,
 }
 
 /// A device, read once.
@@ -277,10 +280,16 @@ type BuiltPool = Arc<pools::Pool>;
 type GatheredPools = (BTreeMap<String, String>, Arc<Vec<Arc<pools::Pool>>>);
 
 impl Inventory {
-    pub fn new(classes: &[DeviceClass], slices: &[ResourceSlice]) -> Result<Inventory, InputError> {
-        let mut read = Vec::with_capacity(slices.len());
+    /// Reads `classes` and `slices`; the slices one at a time, so that a
+    /// caller can make each as it goes (`&[ResourceSlice]` works too).
+    pub fn new<S: Borrow<ResourceSlice>>(
+        classes: &[DeviceClass],
+        slices: impl IntoIterator<Item = S>,
+    ) -> Result<Inventory, InputError> {
+        let slices = slices.into_iter();
+        let mut read = Vec::with_capacity(slices.size_hint().0);
         for s in slices {
-            read.push(read_slice(s)?);
+            read.push(read_slice(s.borrow())?);
         }
         let mut slices_on_node: HashMap<String, Vec<usize>> = HashMap::new();
         let mut slices_shared = Vec::new();
@@ -487,7 +496,7 @@ fn read_slice(s: &ResourceSlice) -> Result<Slice, InputError> {
                          rest: &str| {
                             v.as_ref().map(|v| q(pf(rest), &v.0)).transpose()
                         };
-                    Some(Policy {
+                    Some(Box::new(Policy {
                         default: opt(&p.default, "default")?,
                         valid_values: p
                             .valid_values
@@ -504,7 +513,7 @@ fn read_slice(s: &ResourceSlice) -> Result<Slice, InputError> {
                                 step: opt(&r.step, "validRange.step")?,
                             }),
                         },
-                    })
+                    }))
                 }
             };
             cel_capacity.insert(name.clone(), value.clone());

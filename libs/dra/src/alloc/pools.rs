@@ -50,10 +50,11 @@ impl Pool {
 
 /// [`gather`], remembered per node and its labels.
 pub(crate) fn gathered(a: &Allocator, node: &Node) -> Result<Arc<Vec<Arc<Pool>>>, String> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    if let Some((seen, pools)) = a.gathered.lock().expect("pools cache").get(&name)
-        && *seen == labels
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let none = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&none);
+    if let Some((seen, pools)) = a.gathered.lock().expect("pools cache").get(name)
+        && seen == labels
     {
         return Ok(pools.clone());
     }
@@ -61,7 +62,7 @@ pub(crate) fn gathered(a: &Allocator, node: &Node) -> Result<Arc<Vec<Arc<Pool>>>
     a.gathered
         .lock()
         .expect("pools cache")
-        .insert(name, (labels, pools.clone()));
+        .insert(name.to_string(), (labels.clone(), pools.clone()));
     Ok(pools)
 }
 

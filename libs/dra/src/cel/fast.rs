@@ -216,6 +216,25 @@ fn lookup<'a, T>(map: &'a BTreeMap<String, T>, driver: &str, key: &Key) -> Resul
 }
 
 impl Fast {
+    /// The names [`Fast::eval`] may look up (see [`lookup`]).
+    pub(super) fn reads(&self, names: &mut std::collections::BTreeSet<String>) {
+        match self {
+            Fast::Driver(_) => {}
+            Fast::AttrEq { key, .. }
+            | Fast::AttrOrder { key, .. }
+            | Fast::Capacity { key, .. }
+            | Fast::AttrMatches { key, .. } => {
+                names.insert(key.qualified.clone());
+                names.insert(key.name.clone());
+            }
+            Fast::Not(x) => x.reads(names),
+            Fast::And(a, b) | Fast::Or(a, b) => {
+                a.reads(names);
+                b.reads(names);
+            }
+        }
+    }
+
     pub(super) fn eval(&self, d: &Device) -> Result<bool, String> {
         match self {
             Fast::Driver(s) => Ok(d.driver == *s),

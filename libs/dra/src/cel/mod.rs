@@ -123,6 +123,17 @@ impl Selector {
     pub fn is_fast(&self) -> bool {
         self.fast.is_some()
     }
+
+    /// The attribute and capacity names the selector looks up, each as
+    /// `domain/name` and as the bare `name` (how a device of the domain's
+    /// driver may publish it), when it is evaluated by the fast path; `None`
+    /// when it may read anything. Besides these it reads only the driver: a
+    /// device's other attributes and capacities cannot change its outcome.
+    pub fn reads(&self) -> Option<BTreeSet<String>> {
+        let mut names = BTreeSet::new();
+        self.fast.as_ref()?.reads(&mut names);
+        Some(names)
+    }
 }
 
 /// Compiles selectors once and evaluates them against devices.

@@ -18,6 +18,7 @@
 //! No I/O, no clock, no hash-ordered output: the same snapshot gives the same
 //! plan, byte for byte.
 
+mod classes;
 mod register;
 mod waves;
 
@@ -36,6 +37,7 @@ use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
 use switchyard_gpu::publish::Layout;
 
 pub use register::{gpu_resources, is_gpu_resource};
+pub use waves::Reading;
 
 /// What the plan is computed from: the objects as the API server lists them.
 #[derive(Clone, Debug, Default)]
@@ -292,6 +294,15 @@ pub struct SourceCapacity {
 
 /// The register and the waves for `request` over `snapshot`.
 pub fn plan(snapshot: &Snapshot, request: &PlanRequest) -> Result<Plan, PlanError> {
+    plan_reading(snapshot, request, Reading::ByClass)
+}
+
+/// [`plan`], the handed-over nodes' slices read as `reading` says.
+pub fn plan_reading(
+    snapshot: &Snapshot,
+    request: &PlanRequest,
+    reading: Reading,
+) -> Result<Plan, PlanError> {
     let groups: Vec<&str> = snapshot
         .node_groups
         .iter()
@@ -309,7 +320,7 @@ pub fn plan(snapshot: &Snapshot, request: &PlanRequest) -> Result<Plan, PlanErro
     }
     let class = choose_class(snapshot, request.class.as_deref())?;
     let register = register::build(snapshot, request)?;
-    waves::plan(snapshot, request, class, register)
+    waves::plan(snapshot, request, class, register, reading)
 }
 
 fn choose_class<'a>(snapshot: &'a Snapshot, name: Option<&str>) -> Result<&'a GPUClass, PlanError> {

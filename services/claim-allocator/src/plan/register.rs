@@ -1,9 +1,10 @@
 //! The migration-wave register: the workloads that depend on the device
 //! plugin's extended resources, read from their controllers and their pods.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{NodeSelector, Pod, PodSpec, PodTemplateSpec, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -43,23 +44,40 @@ pub fn gpu_resources(
     object: &str,
     path: &str,
 ) -> Result<BTreeMap<String, u64>, PlanError> {
-    let read = |containers: &[k8s_openapi::api::core::v1::Container],
-                list: &str|
-     -> Result<Vec<BTreeMap<String, u64>>, PlanError> {
-        let mut out = Vec::new();
+    let requests = pod_requests(spec, || object.to_string(), path)?;
+    Ok(requests
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), n))
+        .collect())
+}
+
+/// [`gpu_resources`] borrowed from `spec`, sorted by name; the object named
+/// only for an error.
+fn pod_requests<'s>(
+    spec: &'s PodSpec,
+    object: impl Fn() -> String,
+    path: &str,
+) -> Result<Vec<(&'s str, u64)>, PlanError> {
+    let mut total: BTreeMap<&str, u64> = BTreeMap::new();
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    for (list, containers) in [
+        ("containers", &spec.containers[..]),
+        ("initContainers", init),
+    ] {
         for (i, c) in containers.iter().enumerate() {
-            let mut wants = BTreeMap::new();
+            // A resource in both counts as its limit.
+            let mut wants: Vec<(&str, u64)> = Vec::new();
             let resources = c.resources.as_ref();
             for (kind, quantities) in [
                 ("limits", resources.and_then(|r| r.limits.as_ref())),
                 ("requests", resources.and_then(|r| r.requests.as_ref())),
             ] {
                 for (name, q) in quantities.into_iter().flatten() {
-                    if !is_gpu_resource(name) || wants.contains_key(name) {
+                    if !is_gpu_resource(name) || wants.iter().any(|(w, _)| w == name) {
                         continue;
                     }
                     let invalid = |message: String| PlanError::Invalid {
-                        object: object.to_string(),
+                        object: object(),
                         field: format!("{path}.{list}[{i}].resources.{kind}[{name}]"),
                         message,
                     };
@@ -71,42 +89,34 @@ pub fn gpu_resources(
                         .ok_or_else(|| {
                             invalid(format!("{:?} is not a whole number of devices", q.0))
                         })?;
-                    wants.insert(name.clone(), n);
+                    wants.push((name, n));
                 }
             }
-            out.push(wants);
-        }
-        Ok(out)
-    };
-    let mut total: BTreeMap<String, u64> = BTreeMap::new();
-    for wants in read(&spec.containers, "containers")? {
-        for (name, n) in wants {
-            *total.entry(name).or_default() += n;
-        }
-    }
-    for wants in read(
-        spec.init_containers.as_deref().unwrap_or_default(),
-        "initContainers",
-    )? {
-        for (name, n) in wants {
-            let entry = total.entry(name).or_default();
-            *entry = (*entry).max(n);
+            // Containers summed, init containers the largest.
+            for (name, n) in wants {
+                let entry = total.entry(name).or_default();
+                *entry = if list == "containers" {
+                    *entry + n
+                } else {
+                    (*entry).max(n)
+                };
+            }
         }
     }
-    total.retain(|_, n| *n > 0);
-    Ok(total)
+    Ok(total.into_iter().filter(|(_, n)| *n > 0).collect())
 }
 
-/// A workload of the register with what planning needs.
+/// A workload of the register with what planning needs, borrowed from the
+/// snapshot.
 #[derive(Clone, Debug)]
-pub(crate) struct Workload {
+pub(crate) struct Workload<'a> {
     pub id: WorkloadRef,
-    pub spec: PodSpec,
-    pub per_pod: BTreeMap<String, u64>,
+    /// Index into [`Built::templates`]: what a pod requests, and where it
+    /// may run.
+    pub template: usize,
     pub replicas: u32,
     /// The node of every live pod (one entry a pod), sorted.
-    pub pod_nodes: Vec<String>,
-    pub mode: Mode,
+    pub pod_nodes: Vec<&'a str>,
     /// Runs on (or is bound to) the source group.
     pub on_source: bool,
     /// On the source group and in the namespace asked for: the plan moves it.
@@ -115,21 +125,113 @@ pub(crate) struct Workload {
     pub budgets: Vec<usize>,
 }
 
-pub(crate) struct Built {
+/// What placement reads of a workload's pods, borrowed from its pod
+/// template (or pod). Workloads whose pods are alike share one: the plan
+/// reads it once for all of them.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Template<'a> {
+    /// Device-plugin resources a pod requests, sorted by name.
+    pub requests: Vec<(&'a str, u64)>,
+    pub mode: Mode,
+    pub node_selector: Option<&'a BTreeMap<String, String>>,
+    /// The node affinity required during scheduling.
+    pub affinity: Option<&'a NodeSelector>,
+    pub tolerations: &'a [Toleration],
+}
+
+/// The templates, each once.
+#[derive(Default)]
+struct Templates<'a> {
+    list: Vec<Template<'a>>,
+    /// By what of them hashes: those that differ only in affinity or
+    /// tolerations (which do not hash) share an entry.
+    by_key: HashMap<TemplateKey<'a>, Vec<usize>>,
+}
+
+type TemplateKey<'a> = (Vec<(&'a str, u64)>, Mode, Option<&'a BTreeMap<String, String>>);
+
+impl<'a> Templates<'a> {
+    /// The index of `template`, added if it is new.
+    fn index(&mut self, template: Template<'a>) -> usize {
+        let key = (
+            template.requests.clone(),
+            template.mode,
+            template.node_selector,
+        );
+        let alike = self.by_key.entry(key).or_default();
+        if let Some(&i) = alike.iter().find(|&&i| self.list[i] == template) {
+            return i;
+        }
+        alike.push(self.list.len());
+        self.list.push(template);
+        self.list.len() - 1
+    }
+}
+
+pub(crate) struct Built<'a> {
     pub entries: Vec<RegisterEntry>,
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<Workload<'a>>,
+    pub templates: Vec<Template<'a>>,
     /// Budgets by `namespace/name`, with their allowance.
     pub budgets: Vec<(String, u32)>,
 }
 
-struct Found {
-    meta: ObjectMeta,
-    template: Option<PodTemplateSpec>,
+/// A workload read, before the register is sorted.
+struct Read<'a> {
+    key: Key<'a>,
+    /// Its row, if it is in the namespace asked for.
+    entry: Option<RegisterEntry>,
+    /// [`Workload::budgets`] still empty.
+    workload: Workload<'a>,
+    /// Budgets selecting it by `namespace/name`, with their allowance.
+    budgets: Vec<(String, u32)>,
+}
+
+/// A workload as found, borrowed from the snapshot (the objects are large:
+/// copying them is most of what the register would cost).
+struct Found<'a> {
+    meta: Meta<'a>,
+    labels: Option<&'a BTreeMap<String, String>>,
+    spec: Option<&'a PodSpec>,
     replicas: Option<u32>,
-    pods: Vec<String>,
+    pods: Vec<&'a str>,
     pod_count: u32,
-    object: String,
+    /// The object read, for errors: its kind and the name it is read under.
+    object: (&'a str, &'a str),
     path: &'static str,
+}
+
+/// What the register says of a node: its group and its cards' models
+/// (sorted, each once).
+struct NodeInfo<'a> {
+    group: Option<&'a str>,
+    models: Vec<GpuModel>,
+}
+
+/// A workload's key while the register is built: namespace, kind, name (the
+/// order of [`WorkloadRef`]).
+type Key<'a> = (&'a str, &'a str, &'a str);
+
+/// The metadata that says who manages a workload.
+#[derive(Clone, Copy)]
+enum Meta<'a> {
+    /// Its controller's, or the pod's that is its own workload.
+    Of(&'a ObjectMeta),
+    /// A pod's that an operator controls: of it, only the owners (the
+    /// operator is their manager).
+    OwnersOf(&'a ObjectMeta),
+}
+
+impl<'a> Meta<'a> {
+    fn get(self) -> Cow<'a, ObjectMeta> {
+        match self {
+            Meta::Of(meta) => Cow::Borrowed(meta),
+            Meta::OwnersOf(pod) => Cow::Owned(ObjectMeta {
+                owner_references: pod.owner_references.clone(),
+                ..Default::default()
+            }),
+        }
+    }
 }
 
 fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
@@ -139,7 +241,7 @@ fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-fn key(namespace: &str, kind: &str, name: &str) -> WorkloadRef {
+fn workload_ref((namespace, kind, name): Key<'_>) -> WorkloadRef {
     WorkloadRef {
         namespace: namespace.to_string(),
         kind: kind.to_string(),
@@ -161,27 +263,48 @@ fn live(pod: &Pod) -> bool {
     )
 }
 
-pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built, PlanError> {
-    let mut found: BTreeMap<WorkloadRef, Found> = BTreeMap::new();
-    let mut add = |kind: &str,
-                   meta: &ObjectMeta,
-                   template: Option<&PodTemplateSpec>,
+pub(crate) fn build<'a>(
+    snapshot: &'a Snapshot,
+    request: &PlanRequest,
+) -> Result<Built<'a>, PlanError> {
+    // In the order found (the snapshot's: its objects are read in the order
+    // they were made), indexed while pods are matched to their workloads;
+    // sorted once read.
+    let controllers = snapshot.deployments.len()
+        + snapshot.replica_sets.len()
+        + snapshot.stateful_sets.len()
+        + snapshot.daemon_sets.len()
+        + snapshot.jobs.len()
+        + snapshot.cron_jobs.len();
+    let mut found: Vec<(Key<'a>, Found<'a>)> = Vec::with_capacity(controllers);
+    let mut index: HashMap<Key<'a>, usize> = HashMap::with_capacity(controllers);
+    let mut add = |kind: &'static str,
+                   meta: &'a ObjectMeta,
+                   template: Option<&'a PodTemplateSpec>,
                    replicas: Option<u32>,
                    path: &'static str| {
         let (ns, name) = ns_name(meta);
-        let id = key(ns, kind, name);
-        found.insert(
-            id.clone(),
-            Found {
-                object: format!("{kind} {ns}/{name}"),
-                meta: meta.clone(),
-                template: template.cloned(),
-                replicas,
-                pods: Vec::new(),
-                pod_count: 0,
-                path,
-            },
-        );
+        let key = (ns, kind, name);
+        let workload = Found {
+            object: (kind, name),
+            meta: Meta::Of(meta),
+            labels: template
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.labels.as_ref()),
+            spec: template.and_then(|t| t.spec.as_ref()),
+            replicas,
+            pods: Vec::new(),
+            pod_count: 0,
+            path,
+        };
+        // A later object of the same key replaces the earlier.
+        match index.get(&key) {
+            Some(&i) => found[i].1 = workload,
+            None => {
+                index.insert(key, found.len());
+                found.push((key, workload));
+            }
+        }
     };
     let replicas = |r: Option<i32>| Some(r.unwrap_or(1).max(0) as u32);
     for d in &snapshot.deployments {
@@ -287,72 +410,111 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
             continue;
         }
         let (ns, pod_name) = ns_name(&pod.metadata);
-        let id = match controller(&pod.metadata) {
-            None => key(ns, "Pod", pod_name),
+        let id: Key<'_> = match controller(&pod.metadata) {
+            None => (ns, "Pod", pod_name),
             Some(o) => match o.kind.as_str() {
                 "ReplicaSet" => match rs_owner.get(&(ns, o.name.as_str())) {
-                    Some(d) => key(ns, "Deployment", d),
+                    Some(d) => (ns, "Deployment", d),
                     None => {
                         let hash = pod
                             .metadata
                             .labels
                             .as_ref()
                             .and_then(|l| l.get("pod-template-hash"));
-                        match hash.and_then(|h| o.name.strip_suffix(&format!("-{h}"))) {
-                            Some(d) if found.contains_key(&key(ns, "Deployment", d)) => {
-                                key(ns, "Deployment", d)
+                        let deployment = hash.and_then(|h| {
+                            o.name
+                                .strip_suffix(h.as_str())
+                                .and_then(|d| d.strip_suffix('-'))
+                        });
+                        match deployment {
+                            Some(d) if index.contains_key(&(ns, "Deployment", d)) => {
+                                (ns, "Deployment", d)
                             }
-                            _ => key(ns, "ReplicaSet", &o.name),
+                            _ => (ns, "ReplicaSet", o.name.as_str()),
                         }
                     }
                 },
                 "Job" => match job_owner.get(&(ns, o.name.as_str())) {
-                    Some(c) => key(ns, "CronJob", c),
-                    None => key(ns, "Job", &o.name),
+                    Some(c) => (ns, "CronJob", c),
+                    None => (ns, "Job", o.name.as_str()),
                 },
-                kind => key(ns, kind, &o.name),
+                kind => (ns, kind, o.name.as_str()),
             },
         };
-        let entry = found.entry(id.clone()).or_insert_with(|| Found {
-            object: format!("Pod {ns}/{pod_name}"),
-            meta: if id.kind == "Pod" {
-                pod.metadata.clone()
-            } else {
-                // Pods an operator controls: the operator is their manager.
-                ObjectMeta {
-                    owner_references: pod.metadata.owner_references.clone(),
-                    ..Default::default()
-                }
-            },
-            template: Some(PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: pod.metadata.labels.clone(),
-                    ..Default::default()
-                }),
-                spec: pod.spec.clone(),
-            }),
-            replicas: None,
-            pods: Vec::new(),
-            pod_count: 0,
-            path: "spec",
+        let i = *index.entry(id).or_insert_with(|| {
+            found.push((
+                id,
+                Found {
+                    object: ("Pod", pod_name),
+                    meta: if id.1 == "Pod" {
+                        Meta::Of(&pod.metadata)
+                    } else {
+                        Meta::OwnersOf(&pod.metadata)
+                    },
+                    labels: pod.metadata.labels.as_ref(),
+                    spec: pod.spec.as_ref(),
+                    replicas: None,
+                    pods: Vec::new(),
+                    pod_count: 0,
+                    path: "spec",
+                },
+            ));
+            found.len() - 1
         });
+        let entry = &mut found[i].1;
         entry.pod_count += 1;
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            entry.pods.push(node.to_string());
+            entry.pods.push(node);
         }
     }
 
-    let nodes: HashMap<&str, &Node> = snapshot
-        .nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
-        .collect();
     let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
     for g in &snapshot.physical_gpus {
         gpus_by_node
             .entry(g.spec.node.as_str())
             .or_default()
             .push(g);
+    }
+    // Each node's group and cards, read once (a node runs many workloads).
+    let mut nodes: HashMap<&str, NodeInfo<'_>> = HashMap::with_capacity(snapshot.nodes.len());
+    for n in &snapshot.nodes {
+        let Some(name) = n.metadata.name.as_deref() else {
+            continue;
+        };
+        let labels = n.metadata.labels.as_ref();
+        let models: Vec<GpuModel> = match gpus_by_node.get(name) {
+            Some(cards) => {
+                // A node's cards are mostly of one model: made once each.
+                let distinct: BTreeSet<(&str, Option<u64>)> = cards
+                    .iter()
+                    .map(|c| {
+                        let memory = c.status.as_ref().and_then(|s| s.capabilities.as_ref());
+                        (c.spec.product.as_str(), memory.map(|c| c.memory_mib))
+                    })
+                    .collect();
+                distinct
+                    .into_iter()
+                    .map(|(product, memory_mib)| GpuModel {
+                        product: product.to_string(),
+                        memory_mib,
+                        source: "PhysicalGPU".into(),
+                    })
+                    .collect()
+            }
+            None => labels
+                .and_then(|l| l.get(PRODUCT_LABEL))
+                .map(|product| GpuModel {
+                    product: product.clone(),
+                    memory_mib: labels
+                        .and_then(|l| l.get(MEMORY_LABEL))
+                        .and_then(|m| m.parse().ok()),
+                    source: "NFD".into(),
+                })
+                .into_iter()
+                .collect(),
+        };
+        let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
+        nodes.insert(name, NodeInfo { group, models });
     }
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
@@ -381,66 +543,61 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         }
     }
 
-    let mut built = Built {
-        entries: Vec::new(),
-        workloads: Vec::new(),
-        budgets: Vec::new(),
-    };
-    let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    for (id, mut f) in found {
-        let template = f.template.take().unwrap_or_default();
-        let spec = template.spec.unwrap_or_default();
-        let per_pod = gpu_resources(&spec, &f.object, f.path)?;
-        if per_pod.is_empty() {
+    let mut templates = Templates::default();
+    let mut read: Vec<Option<Read<'a>>> = Vec::with_capacity(found.len());
+    let mut invalid: Option<(Key<'a>, PlanError)> = None;
+    let empty_labels = BTreeMap::new();
+    let empty_spec = PodSpec::default();
+    for (key, mut f) in found {
+        let spec = f.spec.unwrap_or(&empty_spec);
+        let (kind, name) = f.object;
+        let object = || format!("{kind} {}/{name}", key.0);
+        let requests = f.spec.map(|spec| pod_requests(spec, object, f.path));
+        let requests = match requests.transpose() {
+            Ok(requests) => requests.unwrap_or_default(),
+            // The first by key is the error, as if read in that order.
+            Err(e) => {
+                if invalid.as_ref().is_none_or(|(first, _)| key < *first) {
+                    invalid = Some((key, e));
+                }
+                continue;
+            }
+        };
+        if requests.is_empty() {
             continue;
         }
+        let id = workload_ref(key);
         let replicas = f.replicas.unwrap_or(f.pod_count);
-        f.pods.sort();
-        let template_labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+        f.pods.sort_unstable();
+        let template_labels = f.labels.unwrap_or(&empty_labels);
         let node_selector = spec.node_selector.clone().unwrap_or_default();
 
-        let mut groups_of: BTreeSet<String> = BTreeSet::new();
-        let mut models: BTreeSet<GpuModel> = BTreeSet::new();
-        for node in f.pods.iter() {
-            let Some(n) = nodes.get(node.as_str()) else {
+        // Sets, sorted and deduplicated once (most have one member).
+        let mut groups_of: Vec<&str> = Vec::new();
+        let mut models: Vec<&GpuModel> = Vec::new();
+        // The nodes, each once (the pods are sorted).
+        let node_list = || f.pods.chunk_by(|a, b| a == b).map(|same| same[0]);
+        for node in node_list() {
+            let Some(n) = nodes.get(node) else {
                 continue;
             };
-            let labels = n.metadata.labels.as_ref();
-            if let Some(g) = labels.and_then(|l| l.get(GROUP_LABEL)) {
-                groups_of.insert(g.clone());
-            }
-            match gpus_by_node.get(node.as_str()) {
-                Some(cards) => models.extend(cards.iter().map(|c| {
-                    GpuModel {
-                        product: c.spec.product.clone(),
-                        memory_mib: c
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.capabilities.as_ref())
-                            .map(|c| c.memory_mib),
-                        source: "PhysicalGPU".into(),
-                    }
-                })),
-                None => {
-                    if let Some(product) = labels.and_then(|l| l.get(PRODUCT_LABEL)) {
-                        models.insert(GpuModel {
-                            product: product.clone(),
-                            memory_mib: labels
-                                .and_then(|l| l.get(MEMORY_LABEL))
-                                .and_then(|m| m.parse().ok()),
-                            source: "NFD".into(),
-                        });
-                    }
-                }
-            }
+            groups_of.extend(n.group);
+            models.extend(&n.models);
         }
-        if let Some(g) = node_selector.get(GROUP_LABEL) {
-            groups_of.insert(g.clone());
-        }
+        groups_of.extend(
+            f.spec
+                .and_then(|s| s.node_selector.as_ref())
+                .and_then(|s| s.get(GROUP_LABEL))
+                .map(String::as_str),
+        );
+        groups_of.sort_unstable();
+        groups_of.dedup();
+        models.sort_unstable();
+        models.dedup();
 
         let group_sharing = groups_of.iter().filter_map(|g| {
             groups
-                .get(g.as_str())
+                .get(g)
                 .and_then(|g| g.spec.gpu.as_ref())
                 .map(|gpu| gpu.sharing)
         });
@@ -452,9 +609,9 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
                 GpuSharing::Exclusive => {}
             }
         }
-        if per_pod.keys().any(|r| r.starts_with(NVIDIA_MIG_PREFIX)) {
+        if requests.iter().any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX)) {
             mode = Mode::Mig;
-        } else if per_pod.contains_key(NVIDIA_GPU_SHARED) {
+        } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
             mode = Mode::Shared;
         }
 
@@ -464,7 +621,7 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
         // those without matchLabels; each is then matched in full.
         let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
         if let Some((by_label, others)) = budgets_by_ns.get(id.namespace.as_str()) {
-            for (k, v) in &template_labels {
+            for (k, v) in template_labels {
                 if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
                     candidates.extend(list.iter().copied());
                 }
@@ -478,22 +635,21 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
                 .spec
                 .as_ref()
                 .and_then(|s| s.selector.as_ref())
-                .is_some_and(|s| label_selector_matches(s, &template_labels));
+                .is_some_and(|s| label_selector_matches(s, template_labels));
             if !selects {
                 continue;
             }
             let budget = budget(b, replicas);
-            let full = format!("{}/{}", id.namespace, budget.name);
-            let index = *budget_index.entry(full.clone()).or_insert_with(|| {
-                built.budgets.push((full, budget.disruptions_allowed));
-                built.budgets.len() - 1
-            });
-            budgets.push(index);
+            budgets.push((
+                format!("{}/{}", id.namespace, budget.name),
+                budget.disruptions_allowed,
+            ));
             entry_budgets.push(budget);
         }
 
-        let managed_by = managers(&f.meta);
-        let owner = controller(&f.meta)
+        let meta = f.meta.get();
+        let managed_by = managers(&meta);
+        let owner = controller(&meta)
             .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
             .map(|o| OwnerRef {
                 kind: o.kind.clone(),
@@ -503,44 +659,102 @@ pub(crate) fn build(snapshot: &Snapshot, request: &PlanRequest) -> Result<Built,
             .namespace
             .as_deref()
             .is_none_or(|ns| ns == id.namespace);
-        let on_source = groups_of.contains(&request.from);
+        let on_source = groups_of.contains(&request.from.as_str());
         let in_plan = on_source && namespace_ok;
-        let gpus_total = per_pod.values().sum::<u64>() * u64::from(replicas);
-        let mut node_list = f.pods.clone();
-        node_list.dedup();
-        if namespace_ok {
-            built.entries.push(RegisterEntry {
+        let gpus_total = requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(replicas);
+        let entry = namespace_ok.then(|| RegisterEntry {
                 namespace: id.namespace.clone(),
                 kind: id.kind.clone(),
                 name: id.name.clone(),
                 owner,
                 replicas,
-                gpus_per_pod: per_pod.clone(),
+                gpus_per_pod: requests
+                    .iter()
+                    .map(|&(r, n)| (r.to_string(), n))
+                    .collect(),
                 gpus_total,
                 mode,
                 node_selector,
                 affinity: spec.affinity.clone(),
                 tolerations: spec.tolerations.clone().unwrap_or_default(),
-                nodes: node_list,
-                groups: groups_of.into_iter().collect(),
-                gpu_models: models.into_iter().collect(),
+                nodes: node_list().map(str::to_string).collect(),
+                groups: groups_of.into_iter().map(str::to_string).collect(),
+                gpu_models: models.into_iter().cloned().collect(),
                 pod_disruption_budgets: entry_budgets,
                 editable_in_place: managed_by.is_empty(),
                 managed_by,
                 in_plan,
             });
-        }
-        built.workloads.push(Workload {
-            id,
-            spec,
-            per_pod,
-            replicas,
-            pod_nodes: f.pods,
+        let template = templates.index(Template {
+            requests,
             mode,
-            on_source,
-            in_plan,
-            budgets,
+            node_selector: f.spec.and_then(|s| s.node_selector.as_ref()),
+            affinity: f
+                .spec
+                .and_then(|s| s.affinity.as_ref())
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+            tolerations: f
+                .spec
+                .and_then(|s| s.tolerations.as_deref())
+                .unwrap_or_default(),
         });
+        read.push(Some(Read {
+            key,
+            entry,
+            workload: Workload {
+                id,
+                template,
+                replicas,
+                pod_nodes: f.pods,
+                on_source,
+                in_plan,
+                budgets: Vec::new(),
+            },
+            budgets,
+        }));
+    }
+    if let Some((_, e)) = invalid {
+        return Err(e);
+    }
+
+    // Sorted by key, the budgets indexed in that order.
+    let mut order: Vec<(Key<'a>, usize)> = read
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((r.as_ref()?.key, i)))
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut built = Built {
+        entries: Vec::with_capacity(order.len()),
+        workloads: Vec::with_capacity(order.len()),
+        templates: templates.list,
+        budgets: Vec::new(),
+    };
+    let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, i) in order {
+        let Read {
+            entry,
+            mut workload,
+            budgets,
+            ..
+        } = read[i].take().expect("each read once");
+        for (name, allowed) in budgets {
+            let index = match budget_index.get(&name) {
+                Some(&index) => index,
+                None => {
+                    budget_index.insert(name.clone(), built.budgets.len());
+                    built.budgets.push((name, allowed));
+                    built.budgets.len() - 1
+                }
+            };
+            workload.budgets.push(index);
+        }
+        built.entries.extend(entry);
+        built.workloads.push(workload);
     }
     Ok(built)
 }
@@ -550,7 +764,7 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
     let empty = BTreeMap::new();
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let annotations = meta.annotations.as_ref().unwrap_or(&empty);
-    let mut out = BTreeSet::new();
+    let mut out = Vec::new();
     let release = annotations.get("meta.helm.sh/release-name");
     if release.is_some()
         || labels
@@ -562,18 +776,18 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
             .cloned()
             .or_else(|| labels.get("app.kubernetes.io/instance").cloned())
             .unwrap_or_default();
-        out.insert(Manager {
+        out.push(Manager {
             kind: "Helm".into(),
             name,
         });
     }
     if let Some(app) = labels.get("argocd.argoproj.io/instance") {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "ArgoCD".into(),
             name: app.clone(),
         });
     } else if let Some(id) = annotations.get("argocd.argoproj.io/tracking-id") {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "ArgoCD".into(),
             name: id.split(':').next().unwrap_or_default().to_string(),
         });
@@ -582,28 +796,32 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
         ("kustomize.toolkit.fluxcd.io", "Kustomization"),
         ("helm.toolkit.fluxcd.io", "HelmRelease"),
     ] {
-        let name = labels.get(&format!("{prefix}/name"));
-        let namespace = labels.get(&format!("{prefix}/namespace"));
-        let any = labels.keys().any(|k| k.starts_with(&format!("{prefix}/")));
+        let any = labels
+            .keys()
+            .any(|k| k.strip_prefix(prefix).is_some_and(|k| k.starts_with('/')));
         if any {
+            let name = labels.get(&format!("{prefix}/name"));
+            let namespace = labels.get(&format!("{prefix}/namespace"));
             let name = match (namespace, name) {
                 (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
                 (None, Some(n)) => format!("{kind} {n}"),
                 _ => kind.to_string(),
             };
-            out.insert(Manager {
+            out.push(Manager {
                 kind: "Flux".into(),
                 name,
             });
         }
     }
     if let Some(o) = controller(meta).filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str())) {
-        out.insert(Manager {
+        out.push(Manager {
             kind: "Operator".into(),
             name: format!("{}/{}", o.kind, o.name),
         });
     }
-    out.into_iter().collect()
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// `metav1.LabelSelector` semantics: every matchLabels pair and every

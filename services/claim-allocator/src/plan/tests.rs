@@ -1,8 +1,11 @@
 //! The planner on small snapshots built with `mk_*` helpers.
 
+use std::collections::BTreeSet;
+
 use serde_json::{Value, json};
 use switchyard_gpu::publish::{self, Layout};
 
+use super::classes;
 use super::*;
 
 const FROM: &str = "gpu";
@@ -588,4 +591,254 @@ fn a_namespace_limits_what_moves_but_not_what_the_source_must_keep() {
     assert_eq!(moves(&p)[0], ["mine"]);
     // n2 keeps the 2 GPUs `theirs` needs.
     assert_eq!(p.blocked.as_ref().unwrap().nodes, ["n2"]);
+}
+
+/// Both ways of reading the handed-over nodes' slices, compared: by class
+/// (the plan) and every node's up front (what the classes must agree with).
+fn by_class_and_every_node(s: &Snapshot, req: &PlanRequest) -> Plan {
+    let by_class = plan_reading(s, req, Reading::ByClass);
+    let every_node = plan_reading(s, req, Reading::EveryNode);
+    match (by_class, every_node) {
+        (Ok(a), Ok(b)) => {
+            let (ja, jb) = (
+                serde_json::to_string_pretty(&a).unwrap(),
+                serde_json::to_string_pretty(&b).unwrap(),
+            );
+            assert!(ja == jb, "by class:\n{ja}\nevery node:\n{jb}");
+            a
+        }
+        (a, b) => panic!("by class: {a:?}\nevery node: {b:?}"),
+    }
+}
+
+/// Cards as a node's agent reports them, each with its own UUID.
+fn mk_cards(node: &str, n: u32, failed: u32) -> Vec<PhysicalGPU> {
+    let mut cards = mk_gpus(node, n, failed);
+    for c in &mut cards {
+        c.spec.uuid = format!("GPU-{node}-{}", c.spec.index);
+    }
+    cards
+}
+
+/// Source nodes of four kinds (4 cards, 2 cards, 4 with one failed, 4 with
+/// another driver), some in zone a; two target nodes already on DRA with
+/// their slices; workloads of every size, some pinned to the zone, one too
+/// big for any node; an existing claim on n02's gpu-1.
+fn mk_mixed_cluster(layout: Layout) -> Snapshot {
+    let mut s = mk_cluster(&[]);
+    // Name, cards, failed cards, labels.
+    type SourceNode = (
+        &'static str,
+        u32,
+        u32,
+        &'static [(&'static str, &'static str)],
+    );
+    let kinds: [SourceNode; 12] = [
+        ("n01", 4, 0, &[("zone", "a")]),
+        ("n02", 4, 0, &[]),
+        ("n03", 4, 0, &[("zone", "a")]),
+        ("n04", 4, 0, &[]),
+        ("n05", 2, 0, &[("zone", "a")]),
+        ("n06", 2, 0, &[]),
+        ("n07", 2, 0, &[]),
+        ("n08", 4, 1, &[]),
+        ("n09", 4, 1, &[("zone", "a")]),
+        (
+            "n10",
+            4,
+            0,
+            &[("nvidia.com/cuda.driver-version.full", "550.54.15")],
+        ),
+        ("n11", 4, 0, &[]),
+        ("n12", 4, 0, &[]),
+    ];
+    for (name, cards, failed, labels) in kinds {
+        s.nodes.push(mk_node(
+            name,
+            FROM,
+            &[("nvidia.com/gpu", &cards.to_string())],
+            labels,
+        ));
+        s.physical_gpus.extend(mk_cards(name, cards, failed));
+    }
+    for t in ["t1", "t2"] {
+        s.nodes.push(mk_node(
+            t,
+            TO,
+            &[],
+            &[("zone", "a"), ("gpu.deckhouse.io/stack", "dra")],
+        ));
+        let cards = mk_cards(t, 2, 0);
+        let machine = publish::machine_from_physical_gpus(&cards, "0.0.0", "0.0");
+        s.resource_slices
+            .extend(publish::resource_slices(t, &machine, layout, 1));
+        s.physical_gpus.extend(cards);
+    }
+    let w =
+        |s: &mut Snapshot, name: &str, replicas: i32, gpus: &str, nodes: &[&str], zone: bool| {
+            let extra = if zone {
+                json!({"nodeSelector": {"zone": "a"}})
+            } else {
+                json!({})
+            };
+            run(name, replicas, gpus, nodes, s, extra);
+        };
+    w(&mut s, "a1", 1, "1", &["n01"], false);
+    w(&mut s, "a2", 2, "1", &["n01", "n02"], false);
+    w(&mut s, "a3", 1, "2", &["n02"], true);
+    w(&mut s, "a4", 1, "3", &["n03"], false);
+    w(&mut s, "a5", 1, "4", &["n04"], false);
+    w(&mut s, "a6", 3, "1", &["n05", "n06", "n07"], false);
+    w(&mut s, "a7", 1, "2", &["n05"], true);
+    w(&mut s, "a8", 1, "3", &["n08"], false);
+    w(&mut s, "a9", 2, "2", &["n09", "n10"], false);
+    w(&mut s, "b1", 1, "1", &["n11"], true);
+    w(&mut s, "b2", 1, "2", &["n11"], false);
+    w(&mut s, "b3", 1, "1", &["n12"], false);
+    // Too big for any node; bound to the source group, it must keep room.
+    run(
+        "big",
+        1,
+        "6",
+        &[],
+        &mut s,
+        json!({"nodeSelector": {"node.deckhouse.io/group": FROM}}),
+    );
+    s.pod_disruption_budgets.push(mk_pdb("ml", "a2", "a2", 1));
+    s.resource_claims.push(from_json(json!({
+        "metadata": {"namespace": "ml", "name": "held"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}}]}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu",
+            "driver": "gpu.deckhouse.io", "pool": "n02", "device": "gpu-1"}]}}}
+    })));
+    s
+}
+
+#[test]
+fn node_classes_give_the_plan_that_reading_every_node_gives() {
+    for max_unavailable in [1, 3] {
+        let s = mk_mixed_cluster(Layout::Static);
+        let p = by_class_and_every_node(&s, &request(max_unavailable));
+        // The comparison covers placements, pending reasons and blocking.
+        assert!(p.waves.iter().any(|w| !w.moves.is_empty()), "{p:#?}");
+        let big = p.remaining.iter().find(|r| r.workload.name == "big");
+        assert!(
+            big.is_some_and(|r| r.reason.contains("cannot allocate its claim")),
+            "{p:#?}"
+        );
+    }
+
+    // Partitionable cards, MIG workloads among the others.
+    let mut s = mk_mixed_cluster(Layout::Partitionable);
+    s.gpu_classes = vec![mk_class("a100", false, &["1g.5gb"])];
+    s.device_classes.push(mk_device_class(
+        "a100-mig-1g.5gb.gpu.deckhouse.io",
+        r#"device.driver == "gpu.deckhouse.io" && device.attributes["gpu.deckhouse.io"].type == "mig" && device.attributes["gpu.deckhouse.io"].profile == "1g.5gb""#,
+    ));
+    s.deployments.push(mk_deployment(
+        "ml",
+        "mig",
+        5,
+        &[("nvidia.com/mig-1g.5gb", "1")],
+        json!({"nodeSelector": {"node.deckhouse.io/group": FROM}}),
+    ));
+    let mut req = request(2);
+    req.layout = Layout::Partitionable;
+    by_class_and_every_node(&s, &req);
+
+    // Shared cards: no class (their allocations are per claim).
+    let mut s = mk_mixed_cluster(Layout::Shared { replicas: 4 });
+    s.node_groups[0] = mk_group(
+        FROM,
+        Some(json!({"sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4}})),
+    );
+    s.gpu_classes = vec![mk_class("a100", true, &[])];
+    s.device_classes.push(mk_device_class(
+        "a100-shared.gpu.deckhouse.io",
+        r#"device.driver == "gpu.deckhouse.io" && device.allowMultipleAllocations"#,
+    ));
+    let mut req = request(1);
+    req.layout = Layout::Shared { replicas: 4 };
+    by_class_and_every_node(&s, &req);
+}
+
+/// The classes admitted: nodes alike but for their UUIDs share one, unless a
+/// selector reads the UUID, a cluster slice may be gathered by any node, or
+/// the cards are shared.
+#[test]
+fn a_class_is_admitted_only_where_members_cannot_differ() {
+    let classes_of = |s: &Snapshot, layout: Layout| {
+        let source: Vec<&Node> = s
+            .nodes
+            .iter()
+            .filter(|n| n.metadata.labels.as_ref().unwrap()["node.deckhouse.io/group"] == FROM)
+            .collect();
+        let names: Vec<&str> = source
+            .iter()
+            .map(|n| n.metadata.name.as_deref().unwrap())
+            .collect();
+        let machine = |n: usize| {
+            let cards: Vec<&PhysicalGPU> = s
+                .physical_gpus
+                .iter()
+                .filter(|g| g.spec.node == names[n])
+                .collect();
+            (!cards.is_empty()).then(|| classes::machine(source[n], &cards))
+        };
+        let cluster: Vec<&ResourceSlice> = s.resource_slices.iter().collect();
+        let requested = ["a100.gpu.deckhouse.io"].into();
+        let compiler = switchyard_dra::cel::Compiler::default();
+        let c = classes::Classes::new(
+            &names,
+            machine,
+            layout,
+            &cluster,
+            &s.device_classes,
+            &requested,
+            &compiler,
+        );
+        names
+            .iter()
+            .zip(&c.of_source)
+            .map(|(n, c)| (n.to_string(), *c))
+            .collect::<BTreeMap<String, Option<usize>>>()
+    };
+    let s = mk_mixed_cluster(Layout::Static);
+    let classes = classes_of(&s, Layout::Static);
+    // 4 cards, 2 cards, one failed, another driver: four classes.
+    let class = |n: &str| classes[n].expect("in a class");
+    assert_eq!(class("n01"), class("n12"));
+    assert_eq!(class("n05"), class("n07"));
+    assert_eq!(class("n08"), class("n09"));
+    let distinct: BTreeSet<usize> = classes.values().flatten().copied().collect();
+    assert_eq!(distinct.len(), 4, "{classes:?}");
+
+    let mut reads_uuid = s.clone();
+    reads_uuid.device_classes = vec![mk_device_class(
+        "a100.gpu.deckhouse.io",
+        r#"device.driver == "gpu.deckhouse.io" && device.attributes["gpu.deckhouse.io"].uuid != "GPU-n01-0""#,
+    )];
+    assert!(
+        classes_of(&reads_uuid, Layout::Static)
+            .values()
+            .all(Option::is_none)
+    );
+    by_class_and_every_node(&reads_uuid, &request(2));
+
+    let mut any_node = s.clone();
+    any_node.resource_slices[0].spec.node_name = None;
+    any_node.resource_slices[0].spec.all_nodes = Some(true);
+    assert!(
+        classes_of(&any_node, Layout::Static)
+            .values()
+            .all(Option::is_none)
+    );
+
+    let shared = mk_mixed_cluster(Layout::Shared { replicas: 2 });
+    assert!(
+        classes_of(&shared, Layout::Shared { replicas: 2 })
+            .values()
+            .all(Option::is_none)
+    );
 }

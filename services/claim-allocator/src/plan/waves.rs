@@ -10,13 +10,18 @@
 //! shape keeps a cursor past the nodes known not to take it, and a queue of
 //! workloads of one shape and size that failed is not tried again until new
 //! nodes arrive. That keeps the allocator's attempts near one per pod.
+//!
+//! Handed-over nodes of one class (the same cards but for their UUIDs, see
+//! [`super::classes`]) share the allocator's answers: the allocator is asked
+//! once per class, shape and devices in use, not once per pod.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSpec, Taint, Toleration};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim,
+    AllocationResult, DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim,
     ResourceClaimSpec, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,16 +34,25 @@ use switchyard_dra::alloc::{
     AllocateError, AllocatedState, Allocator, DeviceId, Inventory, selector_matches,
 };
 use switchyard_dra::cel::Compiler;
-use switchyard_gpu::publish;
+use switchyard_gpu::publish::Layout;
 
+use super::classes::{self, Classes, Member};
 use super::register::{Built, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Workload, is_gpu_resource};
 use super::{
     Blocked, Handover, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
     RegisterEntry, Snapshot, SourceCapacity, Wave,
 };
 
-const DRIVER_VERSION_LABEL: &str = "nvidia.com/cuda.driver-version.full";
-const CUDA_VERSION_LABEL: &str = "nvidia.com/cuda.runtime-version.full";
+/// How the plan reads the slices the handed-over nodes would publish. Both
+/// give the same plan; the first is much faster on a large group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// By class where a class is admitted ([`super::classes`]), a node's own
+    /// only when the allocator must be asked about that node.
+    ByClass,
+    /// Every node's, up front: the plan without classes, to compare with.
+    EveryNode,
+}
 
 /// The DeviceClass and extended resource of each variant of the class.
 struct Variants {
@@ -108,6 +122,30 @@ impl Variants {
     }
 }
 
+/// A workload's node selector as its shape has it: without the source
+/// group's label, which the rewrite drops.
+#[derive(Clone, Copy)]
+struct SelectorKey<'a> {
+    labels: Option<&'a BTreeMap<String, String>>,
+    from: &'a str,
+}
+
+impl<'a> SelectorKey<'a> {
+    fn pairs(self) -> impl Iterator<Item = (&'a String, &'a String)> {
+        let from = self.from;
+        self.labels
+            .into_iter()
+            .flatten()
+            .filter(move |(k, v)| !(k.as_str() == GROUP_LABEL && v.as_str() == from))
+    }
+}
+
+impl serde::Serialize for SelectorKey<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.pairs())
+    }
+}
+
 /// Where a shape's first fit starts, and what the nodes before it said.
 #[derive(Clone, Debug, Default)]
 struct Cursor {
@@ -131,6 +169,52 @@ struct Shape {
 struct Target {
     nodes: Vec<Node>,
     names: Vec<String>,
+    /// The class of each, for a handed-over node in one.
+    members: Vec<Option<Member>>,
+}
+
+/// What the source nodes publish once handed over, to read a member's own
+/// slices when the allocator must be asked about it.
+struct Publication<'a> {
+    layout: Layout,
+    device_classes: &'a [DeviceClass],
+    nodes: Vec<&'a Node>,
+    cards: HashMap<&'a str, Vec<&'a PhysicalGPU>>,
+    /// Members' own inventories, by source node, read on first use.
+    read: HashMap<usize, Arc<Inventory>>,
+}
+
+impl Publication<'_> {
+    /// The slices source node `n` would publish (none without cards).
+    fn slices(&self, n: usize) -> Vec<ResourceSlice> {
+        let node = self.nodes[n];
+        let name = node_name(node);
+        match self.cards.get(name) {
+            Some(cards) => classes::slices(name, &classes::machine(node, cards), self.layout),
+            None => Vec::new(),
+        }
+    }
+
+    fn own_inventory(&mut self, n: usize) -> Arc<Inventory> {
+        if let Some(read) = self.read.get(&n) {
+            return read.clone();
+        }
+        // Its class's first member's slices read (Classes::new).
+        let inventory = Arc::new(
+            Inventory::new(self.device_classes, self.slices(n))
+                .expect("a member's slices read as its class's"),
+        );
+        self.read.insert(n, inventory.clone());
+        inventory
+    }
+}
+
+/// What one attempt placed.
+enum Placed {
+    /// The allocator's results, for the state.
+    Results(Vec<AllocationResult>),
+    /// Devices of a member's class (positions), allocated exclusively.
+    Positions(Vec<u16>),
 }
 
 struct Planner<'a> {
@@ -139,6 +223,8 @@ struct Planner<'a> {
     compiler: Arc<Compiler>,
     state: AllocatedState,
     target: Target,
+    classes: Classes,
+    publication: Publication<'a>,
     shapes: Vec<Shape>,
     cursors: Vec<Cursor>,
     /// Shape index of each workload.
@@ -151,6 +237,8 @@ struct Planner<'a> {
 enum Undo {
     Device(DeviceId),
     Shared(DeviceId, String, Option<BTreeMap<String, Quantity>>),
+    /// Devices a member (by target index) allocated, by position.
+    Member(usize, Vec<u16>),
 }
 
 /// One scheduler attempt for `claim` on `node`, on top of `state`.
@@ -168,7 +256,138 @@ fn allocate(
     result
 }
 
+/// Puts the devices `member` holds into `state` (for the allocator to read
+/// them); those it added, for [`release`].
+fn hold(classes: &Classes, member: &Member, state: &mut AllocatedState) -> Vec<DeviceId> {
+    let mut added = Vec::new();
+    for (p, &used) in member.in_use.iter().flatten().enumerate() {
+        let id = classes.id(member, p as u16);
+        if used && state.devices.insert(id.clone()) {
+            added.push(id);
+        }
+    }
+    added
+}
+
+fn release(held: Vec<DeviceId>, state: &mut AllocatedState) {
+    for id in held {
+        state.devices.remove(&id);
+    }
+}
+
 impl Planner<'_> {
+    /// The inventory the allocator reads for target node `at`.
+    fn inventory_at(&mut self, at: usize) -> Arc<Inventory> {
+        match &self.target.members[at] {
+            Some(m) => self.publication.own_inventory(m.source),
+            None => self.inventory.clone(),
+        }
+    }
+
+    /// One attempt for pod `pod` of `w` (shape `s`) on target node `at`;
+    /// `claim` is made when the allocator is asked.
+    fn allocate_at(
+        &mut self,
+        at: usize,
+        s: usize,
+        w: &Workload<'_>,
+        pod: u32,
+        claim: &mut Option<ResourceClaim>,
+    ) -> Result<Option<Placed>, AllocateError> {
+        let Some(member) = self.target.members[at]
+            .as_ref()
+            .filter(|m| m.in_use.is_some())
+        else {
+            let inventory = self.inventory_at(at);
+            let claim = claim.get_or_insert_with(|| pod_claim(w, &self.shapes[s], pod));
+            let result = allocate(
+                &inventory,
+                &self.compiler,
+                &mut self.state,
+                &self.target.nodes[at],
+                claim,
+            )?;
+            return Ok(result.map(Placed::Results));
+        };
+        let in_use = member.in_use.as_deref().unwrap_or_default();
+        if let Some(answer) = self.classes.answer(member.class, s, in_use) {
+            return Ok(answer.clone().map(Placed::Positions));
+        }
+        let (class, in_use) = (member.class, in_use.to_vec());
+        let inventory = self.publication.own_inventory(member.source);
+        let claim = claim.get_or_insert_with(|| pod_claim(w, &self.shapes[s], pod));
+        let held = hold(&self.classes, member, &mut self.state);
+        let result = allocate(
+            &inventory,
+            &self.compiler,
+            &mut self.state,
+            &self.target.nodes[at],
+            claim,
+        );
+        release(held, &mut self.state);
+        let placed = match result? {
+            None => {
+                self.classes.remember(class, s, in_use, None);
+                None
+            }
+            Some(results) => match self.classes.positions(member, &results) {
+                Some(positions) => {
+                    self.classes
+                        .remember(class, s, in_use, Some(positions.clone()));
+                    Some(Placed::Positions(positions))
+                }
+                // Not the class's plain devices: the state takes the node's
+                // for good.
+                None => {
+                    hold(&self.classes, member, &mut self.state);
+                    if let Some(m) = self.target.members[at].as_mut() {
+                        m.in_use = None;
+                    }
+                    Some(Placed::Results(results))
+                }
+            },
+        };
+        Ok(placed)
+    }
+
+    /// Adds what an attempt on target node `at` placed to the state (or to
+    /// the member's devices in use); the devices' names.
+    fn take(&mut self, at: usize, placed: Placed, undo: &mut Vec<Undo>) -> Vec<String> {
+        match placed {
+            Placed::Results(results) => {
+                let mut devices = Vec::new();
+                for r in &results {
+                    devices.extend(
+                        r.devices
+                            .iter()
+                            .flat_map(|d| d.results.iter().flatten())
+                            .map(|d| d.device.clone()),
+                    );
+                    self.add(r, undo);
+                }
+                devices
+            }
+            Placed::Positions(positions) => {
+                let member = self.target.members[at]
+                    .as_mut()
+                    .expect("positions are a member's");
+                let in_use = member
+                    .in_use
+                    .as_mut()
+                    .expect("positions are counted by the member");
+                let names = positions
+                    .iter()
+                    .map(|&p| {
+                        in_use[usize::from(p)] = true;
+                        self.classes.device_name(member.class, p).to_string()
+                    })
+                    .collect();
+                undo.push(Undo::Member(at, positions));
+                names
+            }
+        }
+    }
+
     fn fits_node(&self, shape: &Shape, node: &Node) -> Result<(), Option<String>> {
         let labels = node.metadata.labels.as_ref();
         let selected = shape
@@ -193,44 +412,47 @@ impl Planner<'_> {
         }
         Ok(())
     }
+}
 
-    fn claim(&self, w: &Workload, shape: &Shape, pod: u32) -> ResourceClaim {
-        ResourceClaim {
-            metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}-{}-{pod}-gpu",
-                    w.id.kind.to_ascii_lowercase(),
-                    w.id.name
-                )),
-                namespace: Some(w.id.namespace.clone()),
-                ..Default::default()
-            },
-            spec: ResourceClaimSpec {
-                devices: Some(DeviceClaim {
-                    requests: Some(
-                        shape
-                            .requests
-                            .iter()
-                            .enumerate()
-                            .map(|(i, (class, _, count))| DeviceRequest {
-                                name: format!("gpu-{i}"),
-                                exactly: Some(ExactDeviceRequest {
-                                    device_class_name: class.clone(),
-                                    count: Some(*count as i64),
-                                    allocation_mode: Some("ExactCount".into()),
-                                    ..Default::default()
-                                }),
+/// The claim pod `pod` of `w` would have after the rewrite.
+fn pod_claim(w: &Workload<'_>, shape: &Shape, pod: u32) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!(
+                "{}-{}-{pod}-gpu",
+                w.id.kind.to_ascii_lowercase(),
+                w.id.name
+            )),
+            namespace: Some(w.id.namespace.clone()),
+            ..Default::default()
+        },
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(
+                    shape
+                        .requests
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (class, _, count))| DeviceRequest {
+                            name: format!("gpu-{i}"),
+                            exactly: Some(ExactDeviceRequest {
+                                device_class_name: class.clone(),
+                                count: Some(*count as i64),
+                                allocation_mode: Some("ExactCount".into()),
                                 ..Default::default()
-                            })
-                            .collect(),
-                    ),
-                    ..Default::default()
-                }),
-            },
-            status: None,
-        }
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+        },
+        status: None,
     }
+}
 
+impl Planner<'_> {
     fn add(&mut self, allocation: &AllocationResult, undo: &mut Vec<Undo>) {
         for r in allocation
             .devices
@@ -265,6 +487,19 @@ impl Planner<'_> {
                 Undo::Device(id) => {
                     self.state.devices.remove(&id);
                 }
+                Undo::Member(at, positions) => {
+                    let member = self.target.members[at]
+                        .as_mut()
+                        .expect("positions are a member's");
+                    for p in positions {
+                        if let Some(in_use) = member.in_use.as_mut() {
+                            in_use[usize::from(p)] = false;
+                        } else {
+                            // The state took the node's devices since.
+                            self.state.devices.remove(&self.classes.id(member, p));
+                        }
+                    }
+                }
                 Undo::Shared(id, share, before) => {
                     self.state.shared.remove(&(id.clone(), share));
                     match before {
@@ -282,7 +517,7 @@ impl Planner<'_> {
 
     /// Places every pod of `w` on the target group, or undoes what it placed
     /// and says why (with `explain`, the allocator's reason).
-    fn try_move(&mut self, w: &Workload, index: usize, explain: bool) -> Result<Move, String> {
+    fn try_move(&mut self, w: &Workload<'_>, index: usize, explain: bool) -> Result<Move, String> {
         let s = self.shape_of[index];
         if let Some(reason) = self.fatal.get(&s) {
             return Err(reason.clone());
@@ -295,12 +530,13 @@ impl Planner<'_> {
         let mut pods = Vec::new();
         let mut failure = None;
         'pods: for pod in 0..w.replicas {
-            let claim = self.claim(w, &self.shapes[s], pod);
+            let mut claim = None;
             loop {
                 let at = self.cursors[s].next;
                 if at >= self.target.nodes.len() {
                     failure = Some(if explain {
-                        self.reason(w, s, pod, &claim)
+                        let claim = claim.get_or_insert_with(|| pod_claim(w, &self.shapes[s], pod));
+                        self.reason(w, s, pod, claim)
                     } else {
                         String::new()
                     });
@@ -319,24 +555,9 @@ impl Planner<'_> {
                     c.next += 1;
                     continue;
                 }
-                match allocate(
-                    &self.inventory,
-                    &self.compiler,
-                    &mut self.state,
-                    node,
-                    &claim,
-                ) {
-                    Ok(Some(results)) => {
-                        let mut devices = Vec::new();
-                        for r in &results {
-                            devices.extend(
-                                r.devices
-                                    .iter()
-                                    .flat_map(|d| d.results.iter().flatten())
-                                    .map(|d| d.device.clone()),
-                            );
-                            self.add(r, &mut undo);
-                        }
+                match self.allocate_at(at, s, w, pod, &mut claim) {
+                    Ok(Some(placed)) => {
+                        let devices = self.take(at, placed, &mut undo);
                         if pod == 0 {
                             saved = Some(self.cursors[s].clone());
                         }
@@ -387,7 +608,7 @@ impl Planner<'_> {
 
     /// Why pod `pod` of `w` fits no node of the target group, in the
     /// scheduler's manner: how many nodes failed on what.
-    fn reason(&self, w: &Workload, s: usize, pod: u32, claim: &ResourceClaim) -> String {
+    fn reason(&mut self, w: &Workload<'_>, s: usize, pod: u32, claim: &ResourceClaim) -> String {
         let to = &self.request.to;
         let n = self.target.nodes.len();
         if n == 0 {
@@ -395,15 +616,14 @@ impl Planner<'_> {
                 "no node in group {to} yet: hand a node over before moving the application"
             );
         }
-        let c = &self.cursors[s];
+        let c = self.cursors[s].clone();
         let mut parts = Vec::new();
         if c.alloc > 0 {
             let mut part = format!("{} cannot allocate its claim", c.alloc);
             if let Some(at) = c.last_alloc {
-                let node = &self.target.nodes[at];
-                let detail = match &c.last_alloc_message {
-                    Some(m) => m.clone(),
-                    None => self.explain(node, claim),
+                let detail = match c.last_alloc_message {
+                    Some(m) => m,
+                    None => self.explain(at, claim),
                 };
                 part.push_str(&format!(" ({}: {detail})", self.target.names[at]));
             }
@@ -431,13 +651,21 @@ impl Planner<'_> {
     }
 
     /// The allocator's explanation, counted: `wants 2 of a100.gpu.deckhouse.io: 7 in use, 1 fits`.
-    fn explain(&self, node: &Node, claim: &ResourceClaim) -> String {
+    fn explain(&mut self, at: usize, claim: &ResourceClaim) -> String {
+        let inventory = self.inventory_at(at);
+        let held = match &self.target.members[at] {
+            Some(m) => hold(&self.classes, m, &mut self.state),
+            None => Vec::new(),
+        };
         let allocator = Allocator::with_inventory(
-            self.inventory.clone(),
-            self.state.clone(),
+            inventory,
+            std::mem::take(&mut self.state),
             self.compiler.clone(),
         );
-        match allocator.explain(node, &[claim]) {
+        let explained = allocator.explain(&self.target.nodes[at], &[claim]);
+        self.state = allocator.into_state();
+        release(held, &mut self.state);
+        match explained {
             Err(e) => e.to_string(),
             Ok(explanation) => explanation
                 .requests
@@ -498,17 +726,25 @@ fn group_of(n: &Node) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// A node as it is after its handover: in the target group, on DRA.
+/// A node as it is after its handover: in the target group, on DRA. Only
+/// what placement reads of it is kept: its name, labels and taints.
 fn handed_over(node: &Node, from: &str, to: &str) -> Node {
-    let mut node = node.clone();
-    let labels = node.metadata.labels.get_or_insert_with(Default::default);
+    let mut labels = node.metadata.labels.clone().unwrap_or_default();
     labels.insert(GROUP_LABEL.into(), to.into());
     labels.insert(GPU_STACK_LABEL.into(), STACK_DRA.into());
     labels.remove(&format!("{NODE_ROLE_PREFIX}{from}"));
-    if let Some(spec) = node.spec.as_mut() {
-        spec.unschedulable = None;
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: node.spec.as_ref().map(|s| NodeSpec {
+            taints: s.taints.clone(),
+            ..Default::default()
+        }),
+        status: None,
     }
-    node
 }
 
 /// A node's device-plugin resources, from its allocatable (or, for
@@ -537,6 +773,15 @@ fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<String, u64>, PlanErro
     Ok(out)
 }
 
+fn add_demand(demand: &mut BTreeMap<String, i128>, resource: &str, n: i128) {
+    match demand.get_mut(resource) {
+        Some(d) => *d += n,
+        None => {
+            demand.insert(resource.to_string(), n);
+        }
+    }
+}
+
 fn add_to(total: &mut BTreeMap<String, i128>, add: &BTreeMap<String, u64>, sign: i128) {
     for (r, n) in add {
         *total.entry(r.clone()).or_default() += sign * i128::from(*n);
@@ -547,7 +792,8 @@ pub(crate) fn plan(
     snapshot: &Snapshot,
     request: &PlanRequest,
     class: &GPUClass,
-    built: Built,
+    built: Built<'_>,
+    reading: Reading,
 ) -> Result<Plan, PlanError> {
     let from = request.from.as_str();
     let to = request.to.as_str();
@@ -579,9 +825,56 @@ pub(crate) fn plan(
         .map(|(i, n)| (node_name(n), i))
         .collect();
 
+    // Shapes: the requests after the rewrite and the scheduling constraints,
+    // keyed by their JSON; a template's, where a workload first has it.
+    let workloads = built.workloads;
+    let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
+    let mut shapes = Vec::new();
+    let mut shape_of_template: Vec<Option<usize>> = vec![None; built.templates.len()];
+    let mut shape_of = Vec::with_capacity(workloads.len());
+    for w in &workloads {
+        if let Some(s) = shape_of_template[w.template] {
+            shape_of.push(s);
+            continue;
+        }
+        let t = &built.templates[w.template];
+        let requests: Vec<(String, String, u64)> = t
+            .requests
+            .iter()
+            .map(|&(r, n)| {
+                let (class, resource) = variants.for_resource(r, t.mode);
+                (class, resource, n)
+            })
+            .collect();
+        let node_selector = SelectorKey {
+            labels: t.node_selector,
+            from,
+        };
+        let key = serde_json::to_string(&(&requests, &node_selector, &t.affinity, &t.tolerations))
+            .unwrap_or_default();
+        let next = shapes.len();
+        let s = *shape_keys.entry(key).or_insert(next);
+        if s == next {
+            shapes.push(Shape {
+                requests,
+                node_selector: node_selector
+                    .pairs()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                affinity: t.affinity.cloned(),
+                tolerations: t.tolerations.to_vec(),
+            });
+        }
+        shape_of_template[w.template] = Some(s);
+        shape_of.push(s);
+    }
+
     // The slices: the cluster's, less any of the source nodes, plus what
-    // each source node would publish once handed over.
-    let mut slices: Vec<ResourceSlice> = snapshot
+    // each source node would publish once handed over. A node in a class is
+    // read only if the allocator must be asked about it; the others are made
+    // one node at a time as the inventory reads them (all of them at once
+    // would be most of the plan's memory).
+    let cluster: Vec<&ResourceSlice> = snapshot
         .resource_slices
         .iter()
         .filter(|s| {
@@ -590,84 +883,65 @@ pub(crate) fn plan(
                 .as_deref()
                 .is_none_or(|n| !source_index.contains_key(n))
         })
-        .cloned()
         .collect();
-    for node in &source {
-        let name = node_name(node);
-        let Some(cards) = cards_by_node.get(name) else {
-            continue;
-        };
-        let labels = node.metadata.labels.as_ref();
-        let label = |key: &str, default: &str| {
-            labels
-                .and_then(|l| l.get(key))
-                .cloned()
-                .unwrap_or_else(|| default.to_string())
-        };
-        let machine = publish::machine_from_physical_gpus(
-            cards.iter().copied(),
-            &label(DRIVER_VERSION_LABEL, "0.0.0"),
-            &label(CUDA_VERSION_LABEL, "0.0"),
-        );
-        slices.extend(publish::resource_slices(name, &machine, request.layout, 1));
-    }
-    let inventory = Arc::new(Inventory::new(&snapshot.device_classes, &slices)?);
+    let compiler = Arc::new(Compiler::default());
+    let machine = |n: usize| {
+        let node = source[n];
+        let cards = cards_by_node.get(node_name(node))?;
+        Some(classes::machine(node, cards))
+    };
+    let classes = match reading {
+        Reading::EveryNode => Classes::none(source.len()),
+        Reading::ByClass => {
+            let names: Vec<&str> = source.iter().map(|n| node_name(n)).collect();
+            let requested: BTreeSet<&str> = shapes
+                .iter()
+                .flat_map(|s: &Shape| s.requests.iter().map(|(class, _, _)| class.as_str()))
+                .collect();
+            Classes::new(
+                &names,
+                machine,
+                request.layout,
+                &cluster,
+                &snapshot.device_classes,
+                &requested,
+                &compiler,
+            )
+        }
+    };
+    let published = (0..source.len())
+        .filter(|&n| classes.of_source[n].is_none())
+        .flat_map(|n| {
+            let name = node_name(source[n]);
+            machine(n).map_or_else(Vec::new, |m| classes::slices(name, &m, request.layout))
+        });
+    let slices = cluster
+        .iter()
+        .map(|s| Cow::Borrowed(*s))
+        .chain(published.map(Cow::<ResourceSlice>::Owned));
+    let inventory = Arc::new(Inventory::new(&snapshot.device_classes, slices)?);
     let state = AllocatedState::from_claims(&snapshot.resource_claims)?;
-
-    // Shapes: the requests after the rewrite and the scheduling constraints.
-    let workloads = built.workloads;
-    let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
-    let mut shapes = Vec::new();
-    let mut shape_of = Vec::with_capacity(workloads.len());
-    for w in &workloads {
-        let requests: Vec<(String, String, u64)> = w
-            .per_pod
-            .iter()
-            .map(|(r, n)| {
-                let (class, resource) = variants.for_resource(r, w.mode);
-                (class, resource, *n)
-            })
-            .collect();
-        let mut node_selector = w.spec.node_selector.clone().unwrap_or_default();
-        if node_selector.get(GROUP_LABEL).map(String::as_str) == Some(from) {
-            node_selector.remove(GROUP_LABEL);
-        }
-        let affinity = w
-            .spec
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .clone()
-            });
-        let tolerations = w.spec.tolerations.clone().unwrap_or_default();
-        let key = serde_json::to_string(&(&requests, &node_selector, &affinity, &tolerations))
-            .unwrap_or_default();
-        let next = shapes.len();
-        let s = *shape_keys.entry(key).or_insert(next);
-        if s == next {
-            shapes.push(Shape {
-                requests,
-                node_selector,
-                affinity,
-                tolerations,
-            });
-        }
-        shape_of.push(s);
-    }
 
     let mut planner = Planner {
         request,
         inventory,
-        compiler: Arc::new(Compiler::default()),
+        compiler,
         state,
         target: Target {
             names: target_nodes
                 .iter()
                 .map(|n| node_name(n).to_string())
                 .collect(),
+            members: target_nodes.iter().map(|_| None).collect(),
             nodes: target_nodes.into_iter().cloned().collect(),
+        },
+        classes,
+        publication: Publication {
+            layout: request.layout,
+            device_classes: &snapshot.device_classes,
+            nodes: source.clone(),
+            cards: cards_by_node,
+            read: HashMap::new(),
         },
         cursors: vec![Cursor::default(); shapes.len()],
         shapes,
@@ -675,12 +949,21 @@ pub(crate) fn plan(
         fatal: HashMap::new(),
     };
 
+    let handed = source.len();
+    planner.target.nodes.reserve(handed);
+    planner.target.names.reserve(handed);
+    planner.target.members.reserve(handed);
+
     // The source group: capacity per node (less what DaemonSets hold, which
     // goes with the node), what the workloads not moved need, and what each
     // node runs of them.
     let mut cap: Vec<BTreeMap<String, u64>> = Vec::with_capacity(source.len());
     for node in &source {
-        let cards = cards_by_node.get(node_name(node)).map_or(0, Vec::len);
+        let cards = planner
+            .publication
+            .cards
+            .get(node_name(node))
+            .map_or(0, Vec::len);
         cap.push(capacity(node, cards)?);
     }
     let mut follow_nodes = Vec::new();
@@ -689,19 +972,22 @@ pub(crate) fn plan(
     let mut usage: Vec<u64> = vec![0; source.len()];
     let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
     let mut moved = vec![false; workloads.len()];
+    // The source nodes each workload's pods run on (one entry a pod).
+    let mut pods_on: Vec<Vec<usize>> = vec![Vec::new(); workloads.len()];
+    let requests = |w: &Workload<'_>| built.templates[w.template].requests.as_slice();
     for (i, w) in workloads.iter().enumerate() {
         if !w.on_source {
             continue;
         }
-        let per_pod: u64 = w.per_pod.values().sum();
+        let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
         if w.id.kind == "DaemonSet" {
             if w.in_plan {
                 follow_nodes.push(w.id.clone());
             }
             for node in &w.pod_nodes {
-                if let Some(&n) = source_index.get(node.as_str()) {
-                    for (r, k) in &w.per_pod {
-                        if let Some(c) = cap[n].get_mut(r) {
+                if let Some(&n) = source_index.get(node) {
+                    for (r, k) in requests(w) {
+                        if let Some(c) = cap[n].get_mut(*r) {
                             *c = c.saturating_sub(*k);
                         }
                     }
@@ -709,13 +995,14 @@ pub(crate) fn plan(
             }
             continue;
         }
-        for (r, k) in &w.per_pod {
-            *demand.entry(r.clone()).or_default() += i128::from(*k) * i128::from(w.replicas);
+        for (r, k) in requests(w) {
+            add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
         for node in &w.pod_nodes {
-            if let Some(&n) = source_index.get(node.as_str()) {
+            if let Some(&n) = source_index.get(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
+                pods_on[i].push(n);
             }
         }
         if w.in_plan {
@@ -794,13 +1081,13 @@ pub(crate) fn plan(
             order.remove(&(usage[n], n));
             in_source[n] = false;
             let evicts: Vec<usize> = on_node[n].keys().copied().collect();
-            let mut budgets: BTreeSet<String> = BTreeSet::new();
+            let mut budgets: BTreeSet<&str> = BTreeSet::new();
             for &w in &evicts {
                 budgets.extend(
                     workloads[w]
                         .budgets
                         .iter()
-                        .map(|b| built.budgets[*b].0.clone()),
+                        .map(|b| built.budgets[*b].0.as_str()),
                 );
                 if workloads[w].in_plan {
                     due.insert(w);
@@ -810,11 +1097,15 @@ pub(crate) fn plan(
                 node: node_name(source[n]).to_string(),
                 capacity: cap[n].clone(),
                 evicts: evicts.iter().map(|w| workloads[*w].id.clone()).collect(),
-                budgets: budgets.into_iter().collect(),
+                budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
             });
             planner.target.nodes.push(handed_over(source[n], from, to));
             planner.target.names.push(node_name(source[n]).to_string());
+            let member = planner
+                .classes
+                .member(n, node_name(source[n]), &planner.state);
+            planner.target.members.push(member);
         }
 
         // 3. The moves: the evicted workloads first, then the queues.
@@ -833,15 +1124,12 @@ pub(crate) fn plan(
                 if let Some(q) = queues.get_mut(&(planner.shape_of[i], w.replicas)) {
                     q.remove(&i);
                 }
-                for (r, k) in &w.per_pod {
-                    *demand.entry(r.clone()).or_default() -=
-                        i128::from(*k) * i128::from(w.replicas);
+                for (r, k) in requests(w) {
+                    add_demand(demand, r, -i128::from(*k) * i128::from(w.replicas));
                 }
-                let per_pod: u64 = w.per_pod.values().sum();
-                for node in &w.pod_nodes {
-                    if let Some(&n) = source_index.get(node.as_str())
-                        && in_source[n]
-                    {
+                let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
+                for &n in &pods_on[i] {
+                    if in_source[n] {
                         order.remove(&(usage[n], n));
                         usage[n] -= per_pod;
                         order.insert((usage[n], n));
