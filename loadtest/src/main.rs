@@ -58,6 +58,7 @@ mod cores;
 mod eventlog;
 mod kube;
 mod kubelet;
+mod migrate;
 mod node_agent;
 mod plan;
 mod quantity;
@@ -98,6 +99,10 @@ enum Command {
     /// `switchyard plan` at scale: the register and the waves for N nodes x G
     /// GPUs and W workloads, from the snapshot.
     Plan(plan::Args),
+    /// `switchyard migrate --wait` on kwok (N GPU nodes, W workloads): its
+    /// wall time, Switchyard's CPU share of it and its own latency against
+    /// the time spent waiting on Kubernetes.
+    Migrate(migrate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -117,6 +122,7 @@ fn main() -> anyhow::Result<()> {
         Command::Kubelet(args) => Box::pin(kubelet::run(args)),
         Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
         Command::Plan(args) => Box::pin(plan::run(args)),
+        Command::Migrate(args) => Box::pin(migrate::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

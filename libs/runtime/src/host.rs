@@ -238,7 +238,7 @@ impl<E: EffectExecutor> Host<E> {
 
     /// Hands the executor the effects the core wants now, unless issued a
     /// moment ago; records the eviction refusals they met.
-    async fn execute_effects(&mut self) -> Result<(), HostError> {
+    async fn execute_effects(&mut self) -> Result<Written, HostError> {
         let wanted = self.core.effects();
         let still: BTreeSet<&Effect> = wanted.iter().collect();
         self.issued.retain(|effect, _| still.contains(effect));
@@ -252,12 +252,19 @@ impl<E: EffectExecutor> Host<E> {
             .cloned()
             .collect();
         if due.is_empty() {
-            return Ok(());
+            return Ok(Written::default());
         }
         for effect in &due {
             tracing::debug!(?effect, "issuing");
         }
+        let first = due.iter().filter(|e| !self.issued.contains_key(*e)).count();
+        let started = now_nanos();
         let results = self.executor.execute(due.clone()).await;
+        let written = Written {
+            first,
+            started,
+            took: now_nanos() - started,
+        };
         let reissue = self.options.reissue;
         let mut news = Vec::new();
         for (effect, result) in due.into_iter().zip(results) {
@@ -298,8 +305,18 @@ impl<E: EffectExecutor> Host<E> {
         for event in &news {
             self.core.fold(event, now_nanos());
         }
-        self.append(&news).await
+        self.append(&news).await?;
+        Ok(written)
     }
+}
+
+/// The effects one [`Host::execute_effects`] issued: how many for the first
+/// time (writes, not re-issues), and when and how long the executor took.
+#[derive(Default)]
+struct Written {
+    first: usize,
+    started: i64,
+    took: i64,
 }
 
 /// Runs a service until the log fails: rebuilt from `log`, its effects
@@ -364,7 +381,9 @@ pub async fn run<E: EffectExecutor>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     host.execute_effects().await?;
     loop {
-        tokio::select! {
+        // The earliest recording time of the records decided on, and the
+        // decisions made: what the reaction below is timed from.
+        let reacting = tokio::select! {
             stored = follow.next() => {
                 // This record and whatever else is ready: decided together,
                 // appended together, then the effects issued once.
@@ -376,6 +395,7 @@ pub async fn run<E: EffectExecutor>(
                     }
                 }
                 let mut decisions = Vec::new();
+                let mut earliest: Option<i64> = None;
                 for stored in batch {
                     let stored = stored.ok_or(HostError::FollowEnded)??;
                     let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
@@ -389,6 +409,8 @@ pub async fn run<E: EffectExecutor>(
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                         continue;
                     }
+                    let recorded = stored.envelope.recorded_at_unix_nanos;
+                    earliest = Some(earliest.map_or(recorded, |e| e.min(recorded)));
                     let decided = host.core.decide(Input::Record(&event), now_nanos());
                     // A process this record starts (a wave's handover, the
                     // move after it) belongs to the record's migration.
@@ -398,10 +420,15 @@ pub async fn run<E: EffectExecutor>(
                     decisions.extend(decided);
                 }
                 host.append(&decisions).await?;
+                earliest.map(|e| (e, decisions.len()))
             }
             _ = tick.tick() => {
                 let decisions = host.core.decide(Input::Tick, now_nanos());
                 host.append(&decisions).await?;
+                if !decisions.is_empty() {
+                    tracing::debug!(target: "switchyard_runtime::reaction", decisions = decisions.len(), "decided on a tick");
+                }
+                None
             }
             Some(request) = async {
                 match requests.as_mut() {
@@ -413,9 +440,29 @@ pub async fn run<E: EffectExecutor>(
                 if let (Some(to), Some(client)) = (request.reply, &commands) {
                     client.publish(to, reply.encode_to_vec().into()).await?;
                 }
+                None
             }
+        };
+        let written = host.execute_effects().await?;
+        // Switchyard's own latency: from the recording of a fact (or another
+        // service's decision) to this service's decisions recorded and its
+        // writes sent, and how long the writes took (the API server's part)
+        // — for the benchmarks, which read it from the service's log.
+        if let Some((earliest, decisions)) = reacting
+            && (decisions > 0 || written.first > 0)
+        {
+            let done = now_nanos();
+            tracing::debug!(
+                target: "switchyard_runtime::reaction",
+                since_recorded_us = (done - earliest) / 1000,
+                done_unix_us = done / 1000,
+                writing_us = written.took / 1000,
+                write_started_unix_us = written.started / 1000,
+                decisions,
+                writes = written.first,
+                "reacted"
+            );
         }
-        host.execute_effects().await?;
     }
 }
 

@@ -13,6 +13,8 @@ pub mod health;
 pub mod kube;
 #[cfg(feature = "kube")]
 pub mod kwok;
+#[cfg(feature = "migration")]
+pub mod migration;
 pub mod nats;
 
 use std::time::{Duration, Instant};

@@ -17,62 +17,9 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use switchyard_testkit::kube::{Components, create_namespace};
-use switchyard_testkit::kwok::{Kwok, kwok_node};
 
 use support::*;
 use switchyard_proto::v1::domain_event::Kind;
-
-/// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
-/// pods on the nodes the stack-assigner labels `dra` (in this test the
-/// agents themselves run as processes beside it, one per node).
-async fn create_node_agent_daemonset(client: &Client) {
-    create_namespace(client, "switchyard").await;
-    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "switchyard");
-    let labels = json!({
-        "app.kubernetes.io/name": "switchyard",
-        "app.kubernetes.io/component": "node-agent",
-    });
-    {
-        let ds: DaemonSet = serde_json::from_value(json!({
-            "metadata": {"name": "switchyard-node-agent"},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "nodeSelector": {STACK: "dra"},
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{"name": "main", "image": "registry.example.com/agent:1"}],
-                    },
-                },
-            },
-        }))
-        .expect("daemonset");
-        api.create(&PostParams::default(), &ds)
-            .await
-            .expect("create the node agent's DaemonSet");
-    }
-}
-
-fn gpu_node(name: &str) -> Node {
-    kwok_node(
-        name,
-        &[
-            (GROUP, "gpu"),
-            ("node-role.kubernetes.io/gpu", ""),
-            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
-            ("node.deckhouse.io/device-gpu.config", "exclusive"),
-        ],
-        &[
-            ("nvidia.com/gpu", "8"),
-            ("cpu", "64"),
-            ("memory", "512Gi"),
-            ("pods", "110"),
-        ],
-        Vec::new(),
-    )
-}
 
 /// Runs `switchyard` as the operator `ops@example.com`.
 fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
@@ -107,82 +54,22 @@ fn running_on(pods: &[Pod]) -> Vec<String> {
         .collect()
 }
 
-/// A cluster migrating from `gpu` to `gpu-dra`: the control plane with
-/// scheduler and controller-manager, kwok running `nodes` (in `gpu`, 8 cards
-/// each) with a node agent each, node preparation played, every deciding
-/// service and inventory as processes, the GPUClass `h100` (Step 2, from the
-/// PhysicalGPUs' device label) and the namespace `ml`.
-struct Cluster {
-    world: World,
-    _kwok: Kwok,
-    _agents: Vec<NodeAgent>,
-    bashible: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.bashible.abort();
-    }
-}
-
-async fn cluster(nodes: &[&str]) -> Cluster {
+/// The shared migration cluster on these nodes, 8 cards each.
+async fn cluster(nodes: &[&str]) -> MigrationCluster {
     cluster_upgraded_from(nodes, None).await
 }
 
 /// [`cluster`] after an upgrade of the module from `previous_version`, if given.
-async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -> Cluster {
-    let mut world = World::start(Components {
-        scheduler: true,
-        controller_manager: true,
+async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -> MigrationCluster {
+    let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+    MigrationCluster::start(ClusterOptions {
+        nodes: &nodes,
+        gpus_per_node: 8,
+        binary: switchyard_testkit::bins::binary,
+        service_env: Vec::new(),
+        previous_version,
     })
-    .await;
-    let c = world.client.clone();
-    let mut kwok = Kwok::start(&world.plane);
-    create_group(&c, "gpu", true).await;
-    create_group(&c, "gpu-dra", false).await;
-    set_module_config(&c, true, previous_version).await;
-    for node in nodes {
-        kwok.create_node(&c, &gpu_node(node), WAIT).await;
-    }
-    let agents = nodes.iter().map(|n| node_agent(&world, n)).collect();
-    create_node_agent_daemonset(&c).await;
-    let bashible = tokio::spawn(prepare_nodes(c.clone()));
-    for service in [
-        "inventory",
-        "stack-assigner",
-        "class-compiler",
-        "claim-allocator",
-        "alerter",
-    ] {
-        world.serve(service);
-    }
-    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
-        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
-        "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
-    }))
-    .unwrap();
-    Api::<switchyard_api::GPUClass>::all(c.clone())
-        .create(&PostParams::default(), &class)
-        .await
-        .expect("create the GPUClass");
-    // Step 2 is done when the class-compiler has published the class's
-    // DeviceClass (a move before it is refused for that, not for Step 3).
-    let device_classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(c.clone());
-    world
-        .until("the DeviceClass of GPU class h100", || async {
-            device_classes
-                .get_opt("h100.gpu.deckhouse.io")
-                .await
-                .is_ok_and(|d| d.is_some())
-        })
-        .await;
-    create_namespace(&c, "ml").await;
-    Cluster {
-        world,
-        _kwok: kwok,
-        _agents: agents,
-        bashible,
-    }
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -491,33 +378,6 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .await
         .unwrap();
     assert!(group.spec.gpu.is_some(), "kept until --trial-over");
-}
-
-/// A Deployment `name` in `ml` on the device plugin: `replicas` pods of one
-/// `nvidia.com/gpu` each, bound to the source group.
-async fn create_gpu_deployment(client: &Client, name: &str, replicas: i32) {
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {GROUP: "gpu"},
-                    "containers": [{
-                        "name": "main", "image": "registry.example.com/app:1",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }],
-                },
-            },
-        },
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), "ml")
-        .create(&PostParams::default(), &d)
-        .await
-        .unwrap_or_else(|e| panic!("create {name}: {e}"));
 }
 
 /// `switchyard migrate` over three waves of one node: the circuit breaker

@@ -148,7 +148,11 @@ struct Templates<'a> {
     by_key: HashMap<TemplateKey<'a>, Vec<usize>>,
 }
 
-type TemplateKey<'a> = (Vec<(&'a str, u64)>, Mode, Option<&'a BTreeMap<String, String>>);
+type TemplateKey<'a> = (
+    Vec<(&'a str, u64)>,
+    Mode,
+    Option<&'a BTreeMap<String, String>>,
+);
 
 impl<'a> Templates<'a> {
     /// The index of `template`, added if it is new.
@@ -609,7 +613,10 @@ pub(crate) fn build<'a>(
                 GpuSharing::Exclusive => {}
             }
         }
-        if requests.iter().any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX)) {
+        if requests
+            .iter()
+            .any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX))
+        {
             mode = Mode::Mig;
         } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
             mode = Mode::Shared;
@@ -663,28 +670,25 @@ pub(crate) fn build<'a>(
         let in_plan = on_source && namespace_ok;
         let gpus_total = requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(replicas);
         let entry = namespace_ok.then(|| RegisterEntry {
-                namespace: id.namespace.clone(),
-                kind: id.kind.clone(),
-                name: id.name.clone(),
-                owner,
-                replicas,
-                gpus_per_pod: requests
-                    .iter()
-                    .map(|&(r, n)| (r.to_string(), n))
-                    .collect(),
-                gpus_total,
-                mode,
-                node_selector,
-                affinity: spec.affinity.clone(),
-                tolerations: spec.tolerations.clone().unwrap_or_default(),
-                nodes: node_list().map(str::to_string).collect(),
-                groups: groups_of.into_iter().map(str::to_string).collect(),
-                gpu_models: models.into_iter().cloned().collect(),
-                pod_disruption_budgets: entry_budgets,
-                editable_in_place: managed_by.is_empty(),
-                managed_by,
-                in_plan,
-            });
+            namespace: id.namespace.clone(),
+            kind: id.kind.clone(),
+            name: id.name.clone(),
+            owner,
+            replicas,
+            gpus_per_pod: requests.iter().map(|&(r, n)| (r.to_string(), n)).collect(),
+            gpus_total,
+            mode,
+            node_selector,
+            affinity: spec.affinity.clone(),
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+            nodes: node_list().map(str::to_string).collect(),
+            groups: groups_of.into_iter().map(str::to_string).collect(),
+            gpu_models: models.into_iter().cloned().collect(),
+            pod_disruption_budgets: entry_budgets,
+            editable_in_place: managed_by.is_empty(),
+            managed_by,
+            in_plan,
+        });
         let template = templates.index(Template {
             requests,
             mode,

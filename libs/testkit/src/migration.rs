@@ -1,0 +1,711 @@
+//! The harness of a migration on a real cluster, shared by the process tests
+//! (`services/switchyard/tests`) and the `switchyard-loadtest migrate`
+//! benchmark: Switchyard's services as their own processes beside a real
+//! control plane and JetStream ([`World`]), a node agent per GPU node on a
+//! fixture GPU source with a fake kubelet ([`node_agent`]), node preparation
+//! played as Deckhouse's bashible would ([`prepare_nodes`]), and the objects
+//! a migration starts from ([`MigrationCluster`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, crds};
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
+use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
+
+use crate::kube::{Components, ControlPlane, create_namespace, fake_node, install_crds};
+use crate::kwok::{Kwok, kwok_node, node_is_ready};
+use crate::nats::NatsServer;
+use crate::{KillOnDrop, eventually};
+
+pub const STACK: &str = "node.deckhouse.io/gpu-stack";
+pub const GROUP: &str = "node.deckhouse.io/group";
+pub const SETUP: &str = "node.deckhouse.io/gpu-setup-complete";
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Eight H100s, as the node agent's fixture backend serves them.
+pub const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/fixtures/h100-8x.yaml"
+);
+
+/// Where a binary of the workspace (`switchyard-<name>`) is.
+pub type Locate = fn(&str) -> PathBuf;
+
+/// A binary next to the running executable, as `cargo build` leaves the
+/// workspace's binaries beside the load test's.
+pub fn beside_current_exe(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .expect("the executable's own path")
+        .with_file_name(name)
+}
+
+/// A node agent's process, its kubelet's sockets and their folder.
+pub type NodeAgent = (
+    KillOnDrop,
+    switchyard_kubelet::fake::Kubelet,
+    tempfile::TempDir,
+);
+
+/// A service's process (`switchyard-<name>`), killed when dropped; its log
+/// kept for failures.
+pub struct Service {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    /// Starts `switchyard-<name>` found by `binary`, its log in `dir`, with
+    /// `env` (its flags) over the harness's.
+    pub fn start(
+        name: &'static str,
+        binary: Locate,
+        plane: &ControlPlane,
+        nats: &NatsServer,
+        dir: &Path,
+        health: Option<u16>,
+        env: &[(&str, &str)],
+    ) -> Service {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("service log");
+        let mut command = Command::new(binary(&format!("switchyard-{name}")));
+        command
+            .env("SWITCHYARD_TICK", "200ms")
+            .env("SWITCHYARD_REISSUE", "500ms")
+            .env(
+                "SWITCHYARD_LOG_LEVEL",
+                "info,switchyard_runtime=debug,switchyard_kube=debug,kube_client::client::tls=error",
+            );
+        command.envs(env.iter().copied());
+        if let Some(port) = health {
+            command.env("SWITCHYARD_HEALTH_LISTEN", format!("127.0.0.1:{port}"));
+        }
+        let child = command
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("SWITCHYARD_NATS_URL", nats.url())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start switchyard-{name}: {e}"));
+        Service { name, child, log }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The process id, e.g. to read its CPU time in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    pub fn output(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!(
+            "--- {} (last lines) ---\n{}",
+            self.name,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub struct World {
+    pub plane: ControlPlane,
+    pub nats: NatsServer,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+    pub services: Vec<Service>,
+    /// Where the services' and node agents' binaries are.
+    pub binary: Locate,
+    /// Environment every service started from now on gets (before its own).
+    pub service_env: Vec<(String, String)>,
+    /// The module's version before an upgrade to this one, if it was
+    /// upgraded (the upgrade hold).
+    pub previous_version: Option<&'a str>,
+}
+
+impl World {
+    /// The world of a test: the binaries built by cargo for it
+    /// ([`crate::bins::binary`]).
+    pub async fn start(components: Components) -> World {
+        World::start_with(components, crate::bins::binary).await
+    }
+
+    /// The world with the binaries `binary` finds.
+    pub async fn start_with(components: Components, binary: Locate) -> World {
+        let plane = ControlPlane::start_with(components).await;
+        let client = plane.client();
+        install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
+        World {
+            plane,
+            nats: NatsServer::start(),
+            client,
+            dir: tempfile::tempdir().expect("temp dir"),
+            services: Vec::new(),
+            binary,
+            service_env: Vec::new(),
+        }
+    }
+
+    pub fn serve(&mut self, name: &'static str) {
+        self.serve_with_env(name, &[]);
+    }
+
+    /// Starts a service with these environment variables (its flags).
+    pub fn serve_with_env(&mut self, name: &'static str, env: &[(&str, &str)]) {
+        self.start_service(name, None, env);
+    }
+
+    /// Starts a service with gRPC health on a free loopback port; returns the port.
+    pub fn serve_with_health(&mut self, name: &'static str) -> u16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        self.start_service(name, Some(port), &[]);
+        port
+    }
+
+    fn start_service(&mut self, name: &'static str, health: Option<u16>, env: &[(&str, &str)]) {
+        let env: Vec<(&str, &str)> = self
+            .service_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .chain(env.iter().copied())
+            .collect();
+        let service = Service::start(
+            name,
+            self.binary,
+            &self.plane,
+            &self.nats,
+            self.dir.path(),
+            health,
+            &env,
+        );
+        self.services.push(service);
+    }
+
+    pub fn stop(&mut self, name: &str) {
+        self.services.retain(|s| s.name != name);
+    }
+
+    /// Services' logs, for a failure message.
+    pub fn output(&self) -> String {
+        self.services
+            .iter()
+            .map(Service::output)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub async fn log(&self) -> Arc<dyn EventLog> {
+        Arc::new(
+            NatsLog::connect(
+                &self.nats.url(),
+                NatsOptions {
+                    create: true,
+                    ..NatsOptions::default()
+                },
+            )
+            .await
+            .expect("open the log"),
+        )
+    }
+
+    pub async fn events(&self) -> Vec<(String, DomainEvent)> {
+        let log = self.log().await;
+        log.read(ReadRequest::default())
+            .await
+            .expect("read the log")
+            .into_iter()
+            .filter_map(|s| match s.decode() {
+                Decoded::Event(e) => Some((s.envelope.actor.clone(), e)),
+                Decoded::Unknown { .. } => None,
+            })
+            .collect()
+    }
+
+    pub async fn until<F, Fut>(&self, what: &str, condition: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        if let Err(err) = eventually(what, WAIT, condition).await {
+            let events: Vec<String> = self
+                .events()
+                .await
+                .iter()
+                .map(|(actor, e)| {
+                    format!("{actor}: {}", serde_json::to_string(e).unwrap_or_default())
+                })
+                .collect();
+            panic!(
+                "{err}\n{}\n--- the log ---\n{}",
+                self.output(),
+                events.join("\n")
+            );
+        }
+    }
+
+    pub async fn labels(&self, node: &str) -> BTreeMap<String, String> {
+        Api::<Node>::all(self.client.clone())
+            .get(node)
+            .await
+            .expect("node")
+            .labels()
+            .clone()
+    }
+
+    /// Waits until `node`'s labels are exactly `want`.
+    pub async fn labels_become(&self, node: &str, want: &BTreeMap<String, String>) {
+        self.until(&format!("node {node} labelled {want:?}"), || async {
+            self.labels(node).await == *want
+        })
+        .await;
+    }
+}
+
+pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)], taints: Vec<Taint>) {
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &fake_node(name, labels, taints))
+        .await
+        .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+}
+
+pub async fn create_group(client: &Client, name: &str, gpu: bool) {
+    let group: NodeGroup = serde_json::from_value(json!({
+        "apiVersion": "deckhouse.io/v1", "kind": "NodeGroup",
+        "metadata": {"name": name},
+        "spec": if gpu {
+            json!({"nodeType": "Static", "gpu": {"sharing": "Exclusive"}})
+        } else {
+            json!({"nodeType": "Static"})
+        },
+    }))
+    .expect("group");
+    Api::<NodeGroup>::all(client.clone())
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap_or_else(|e| panic!("create group {name}: {e}"));
+}
+
+pub async fn set_module_config(client: &Client, dra: bool, previous_version: Option<&str>) {
+    let mut config = json!({
+        "apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig",
+        "metadata": {"name": "gpu"},
+        "spec": {"enabled": true, "version": 1, "settings": {"dra": {"enabled": dra}}},
+    });
+    if let Some(v) = previous_version {
+        config["metadata"]["annotations"] = json!({"gpu.deckhouse.io/previous-module-version": v});
+    }
+    Api::<ModuleConfig>::all(client.clone())
+        .patch(
+            "gpu",
+            &PatchParams::apply("test-operator").force(),
+            &Patch::Apply(&config),
+        )
+        .await
+        .expect("module config");
+}
+
+pub fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> usize {
+    events
+        .iter()
+        .filter(|(_, e)| e.kind.as_ref().is_some_and(&pred))
+        .count()
+}
+
+/// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
+/// after a node's group changes, its preparation label goes and comes back
+/// once the node has its new stack label. Follows the Nodes with a watch (a
+/// poll of every Node would load the API server in proportion to the
+/// cluster's size, whatever changes).
+pub async fn prepare_nodes(client: Client) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut groups = BTreeMap::new();
+    let changes = watcher(nodes.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    futures::pin_mut!(changes);
+    loop {
+        let node = match changes.try_next().await {
+            Ok(Some(node)) => node,
+            Ok(None) => return,
+            // The watcher backs off and lists again by itself.
+            Err(_) => continue,
+        };
+        let name = node.name_any();
+        let labels = node.labels();
+        let group = labels.get(GROUP).cloned().unwrap_or_default();
+        let moved = groups
+            .insert(name.clone(), group.clone())
+            .is_some_and(|g| g != group);
+        let patch = if moved {
+            json!({"metadata": {"labels": {SETUP: null}}})
+        } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
+            json!({"metadata": {"labels": {SETUP: "true"}}})
+        } else {
+            continue;
+        };
+        // The change comes back through the watch; a failed write is tried
+        // again a few times (nothing else would bring the node round).
+        for _ in 0..5 {
+            let written = nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            if written.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A node agent for `node` on the fixture, with a kubelet of its own.
+pub fn node_agent(world: &World, node: &str) -> NodeAgent {
+    node_agent_with(world, node, 8)
+}
+
+/// [`node_agent`] on the first `gpus` cards of the fixture (at most 8).
+pub fn node_agent_with(world: &World, node: &str, gpus: usize) -> NodeAgent {
+    assert!((1..=8).contains(&gpus), "the fixture has 8 cards: {gpus}");
+    let dir = tempfile::tempdir().expect("kubelet dir");
+    let kubelet = switchyard_kubelet::fake::Kubelet::default();
+    kubelet
+        .serve(dir.path())
+        .expect("serve the kubelet's sockets");
+    let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
+        .expect("agent log");
+    // Cards have UUIDs of their own on every node, as on real machines (the
+    // evidence checks each is published once): the fixture's first UUID
+    // group is made the node's.
+    let group: String = format!(
+        "{:08x}",
+        node.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b))
+            .wrapping_mul(0x0100_0193))
+    );
+    let fixture = std::fs::read_to_string(FIXTURE).expect("the fixture");
+    let mut cards = 0;
+    let fixture: String = fixture
+        .lines()
+        .take_while(|line| {
+            cards += usize::from(line.starts_with("- index: "));
+            cards <= gpus
+        })
+        .map(|line| match line.split_once("uuid: GPU-") {
+            Some((indent, rest)) if rest.len() > 8 => {
+                format!("{indent}uuid: GPU-{group}{}\n", &rest[8..])
+            }
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    let fixture_path = dir.path().join("fixture.yaml");
+    std::fs::write(&fixture_path, fixture).expect("write the node's fixture");
+    let agent = Command::new((world.binary)("switchyard-node-agent"))
+        .args(["serve", "--node-name", node, "--gpu-source"])
+        .arg(format!("fixture:{}", fixture_path.display()))
+        .arg("--kubelet-dir")
+        .arg(dir.path())
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .env("SWITCHYARD_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the node agent");
+    tokio::spawn(advertise(
+        world.client.clone(),
+        node.to_string(),
+        kubelet.clone(),
+    ));
+    (KillOnDrop(agent), kubelet, dir)
+}
+
+/// Kubelet's device manager for `node` (kwok has none): the devices the
+/// node agent's device plugin lists healthy are the node's capacity and
+/// allocatable of its resource; none once the plugin has gone.
+async fn advertise(client: Client, node: String, kubelet: switchyard_kubelet::fake::Kubelet) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut written = BTreeMap::new();
+    loop {
+        let changed = kubelet.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = kubelet.advertised.lock().expect("advertised").clone();
+        if now != written {
+            let counts: serde_json::Map<String, serde_json::Value> = now
+                .iter()
+                .map(|(resource, n)| (resource.clone(), json!(n.to_string())))
+                .collect();
+            let status = json!({"status": {"capacity": counts, "allocatable": counts}});
+            if nodes
+                .patch_status(&node, &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .is_ok()
+            {
+                written = now;
+            }
+        }
+        // Woken by the next change; a failed write is tried again.
+        let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+    }
+}
+
+/// A kwok GPU node of the source group `gpu`: `gpus` H100s on the device
+/// plugin, as the NodeGroup's node preparation labels them.
+pub fn gpu_node(name: &str, gpus: usize) -> Node {
+    let gpus = gpus.to_string();
+    kwok_node(
+        name,
+        &[
+            (GROUP, "gpu"),
+            ("node-role.kubernetes.io/gpu", ""),
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("node.deckhouse.io/device-gpu.config", "exclusive"),
+        ],
+        &[
+            ("nvidia.com/gpu", &gpus),
+            ("cpu", "64"),
+            ("memory", "512Gi"),
+            ("pods", "110"),
+        ],
+        Vec::new(),
+    )
+}
+
+/// Switchyard's node-agent DaemonSet as the chart labels it: kwok runs its
+/// pods on the nodes the stack-assigner labels `dra` (the agents themselves
+/// run as processes beside it, one per node).
+pub async fn create_node_agent_daemonset(client: &Client) {
+    create_namespace(client, "switchyard").await;
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "switchyard");
+    let labels = json!({
+        "app.kubernetes.io/name": "switchyard",
+        "app.kubernetes.io/component": "node-agent",
+    });
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "switchyard-node-agent"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {STACK: "dra"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "registry.example.com/agent:1"}],
+                },
+            },
+        },
+    }))
+    .expect("daemonset");
+    api.create(&PostParams::default(), &ds)
+        .await
+        .expect("create the node agent's DaemonSet");
+}
+
+/// Creates [`gpu_deployment`] `name` in `ml`.
+pub async fn create_gpu_deployment(client: &Client, name: &str, replicas: i32) {
+    Api::<Deployment>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &gpu_deployment(name, replicas))
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+/// A Deployment `name` on the device plugin: `replicas` pods of one
+/// `nvidia.com/gpu` each, bound to the source group.
+pub fn gpu_deployment(name: &str, replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {GROUP: "gpu"},
+                    "containers": [{
+                        "name": "main", "image": "registry.example.com/app:1",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .expect("deployment")
+}
+
+/// What a [`MigrationCluster`] is made of.
+pub struct ClusterOptions<'a> {
+    /// The GPU nodes, in the source group `gpu`.
+    pub nodes: &'a [String],
+    pub gpus_per_node: usize,
+    /// Where the services' and node agents' binaries are.
+    pub binary: Locate,
+    /// Environment of every service (its flags), over the harness's.
+    pub service_env: Vec<(String, String)>,
+    /// The module's version before an upgrade to this one, if it was
+    /// upgraded (the upgrade hold).
+    pub previous_version: Option<&'a str>,
+}
+
+/// A cluster migrating from `gpu` to `gpu-dra`: the control plane with
+/// scheduler and controller-manager, kwok running the nodes (in `gpu`) with a
+/// node agent each, node preparation played, every deciding service and
+/// inventory as processes, the GPUClass `h100` (Step 2, from the
+/// PhysicalGPUs' device label) and the namespace `ml`.
+pub struct MigrationCluster {
+    pub world: World,
+    pub kwok: Kwok,
+    pub agents: Vec<NodeAgent>,
+    bashible: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MigrationCluster {
+    fn drop(&mut self) {
+        self.bashible.abort();
+    }
+}
+
+/// The services a migration runs on, as processes.
+pub const SERVICES: [&str; 5] = [
+    "inventory",
+    "stack-assigner",
+    "class-compiler",
+    "claim-allocator",
+    "alerter",
+];
+
+impl MigrationCluster {
+    pub async fn start(options: ClusterOptions<'_>) -> MigrationCluster {
+        let mut world = World::start_with(
+            Components {
+                scheduler: true,
+                controller_manager: true,
+            },
+            options.binary,
+        )
+        .await;
+        world.service_env = options.service_env;
+        let c = world.client.clone();
+        let kwok = Kwok::start(&world.plane);
+        create_group(&c, "gpu", true).await;
+        create_group(&c, "gpu-dra", false).await;
+        set_module_config(&c, true, options.previous_version).await;
+        create_kwok_nodes(&c, &kwok, options.nodes, options.gpus_per_node).await;
+        let agents = options
+            .nodes
+            .iter()
+            .map(|n| node_agent_with(&world, n, options.gpus_per_node))
+            .collect();
+        create_node_agent_daemonset(&c).await;
+        let bashible = tokio::spawn(prepare_nodes(c.clone()));
+        for service in SERVICES {
+            world.serve(service);
+        }
+        let class: GPUClass = serde_json::from_value(json!({
+            "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+            "spec": {"selector": {"matchLabels": {"gpu.deckhouse.io/device": "h100-80gb-hbm3"}}},
+        }))
+        .expect("the GPUClass");
+        Api::<GPUClass>::all(c.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .expect("create the GPUClass");
+        // Step 2 is done when the class-compiler has published the class's
+        // DeviceClass (a move before it is refused for that, not for Step 3).
+        let device_classes: Api<DeviceClass> = Api::all(c.clone());
+        world
+            .until("the DeviceClass of GPU class h100", || async {
+                device_classes
+                    .get_opt("h100.gpu.deckhouse.io")
+                    .await
+                    .is_ok_and(|d| d.is_some())
+            })
+            .await;
+        create_namespace(&c, "ml").await;
+        MigrationCluster {
+            world,
+            kwok,
+            agents,
+            bashible,
+        }
+    }
+}
+
+/// Creates the GPU nodes, a few at a time, and waits until kwok has made
+/// them all Ready.
+async fn create_kwok_nodes(client: &Client, kwok: &Kwok, names: &[String], gpus: usize) {
+    let api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &gpu_node(name, gpus))
+                    .await
+                    .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<()>()
+        .await;
+    let ready = eventually(
+        &format!("{} nodes Ready", names.len()),
+        WAIT + Duration::from_millis(100) * names.len() as u32,
+        || async {
+            api.list(&Default::default()).await.is_ok_and(|list| {
+                let ready: std::collections::BTreeSet<String> = list
+                    .items
+                    .iter()
+                    .filter(|n| node_is_ready(n))
+                    .map(|n| n.name_any())
+                    .collect();
+                names.iter().all(|n| ready.contains(n))
+            })
+        },
+    )
+    .await;
+    if let Err(err) = ready {
+        panic!("{err}\n--- kwok.log\n{}", kwok.log_tail());
+    }
+}
