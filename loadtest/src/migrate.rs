@@ -410,6 +410,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
+        previous_version: None,
     })
     .await;
     eprintln!(
@@ -649,7 +650,7 @@ async fn measure(
                 .push(r.writing as f64 / 1000.0);
         }
     }
-    let agents = agent_times.lock().expect("agent times");
+    let agents = std::mem::take(&mut *agent_times.lock().expect("agent times"));
     let mut agent_ms = Vec::new();
     for (node, labelled) in &agents.dra_label {
         if let Some(slice) = agents.first_slice.get(node)

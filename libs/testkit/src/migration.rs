@@ -152,9 +152,6 @@ pub struct World {
     pub binary: Locate,
     /// Environment every service started from now on gets (before its own).
     pub service_env: Vec<(String, String)>,
-    /// The module's version before an upgrade to this one, if it was
-    /// upgraded (the upgrade hold).
-    pub previous_version: Option<&'a str>,
 }
 
 impl World {
