@@ -630,7 +630,8 @@ pub async fn run_reference<S: Services, L: LogSink>(
 ) -> Outcome<S, L> {
     const SOURCE: &str = "gpu";
     const TARGET: &str = "gpu-dra";
-    const CLASS: &str = "a100";
+    let class = config.card.class.clone();
+    let class = class.as_str();
     let mut m = Migration::new(config, services, sink).await;
     let mut steps = Vec::new();
     let mut report = |sim: &Simulator, step: String, result: Result<String, StepFailed>| {
@@ -670,7 +671,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
         }),
     );
     // Step 2: a GPU class; the class-compiler publishes its DeviceClass.
-    m.sim.create_gpu_class(CLASS);
+    m.sim.create_gpu_class(class);
     m.pump().await;
     let compiled = m
         .states()
@@ -678,19 +679,19 @@ pub async fn run_reference<S: Services, L: LogSink>(
         .claims
         .cluster
         .gpu_classes
-        .get(CLASS)
+        .get(class)
         .cloned()
         .unwrap_or_default();
     report(
         &m.sim,
-        "step 2: create GPU class a100".into(),
+        format!("step 2: create GPU class {class}"),
         if compiled.is_empty() {
             Err(StepFailed::NotReached(
                 "the class has no DeviceClass".into(),
             ))
         } else {
             Ok(format!(
-                "DeviceClass {}, requested as gpu.deckhouse.io/{CLASS}",
+                "DeviceClass {}, requested as gpu.deckhouse.io/{class}",
                 compiled.join(", ")
             ))
         },
@@ -703,10 +704,10 @@ pub async fn run_reference<S: Services, L: LogSink>(
         // Move what fits now; the rest waits for the next node.
         while let Some(i) = waiting
             .iter()
-            .position(|w| m.sim.fits_on_class(w, TARGET, CLASS))
+            .position(|w| m.sim.fits_on_class(w, TARGET, class))
         {
             let workload = waiting.remove(i);
-            let result = m.move_application(&workload, TARGET, CLASS).await;
+            let result = m.move_application(&workload, TARGET, class).await;
             report(&m.sim, format!("step 4: move {}", workload.name), result);
         }
         let Some(node) = m.sim.nodes_in(SOURCE).first().cloned() else {
@@ -748,10 +749,10 @@ pub async fn run_reference<S: Services, L: LogSink>(
     );
 
     // Completion; the source group stays for the trial period.
-    let refusals = m.complete(SOURCE, CLASS, false).await;
+    let refusals = m.complete(SOURCE, class, false).await;
     let quota = m.sim.quota("ml", "gpu-quota").cloned().unwrap_or_default();
     let translated = !quota.contains_key("requests.nvidia.com/gpu")
-        && quota.contains_key("requests.gpu.deckhouse.io/a100");
+        && quota.contains_key(&format!("requests.gpu.deckhouse.io/{class}"));
     report(
         &m.sim,
         "completion: quotas and leftover labels".into(),

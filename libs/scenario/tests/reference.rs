@@ -5,7 +5,7 @@
 use prost::Message;
 use switchyard_runtime::{Actors, Local, Services};
 use switchyard_scenario::{Outcome, run_reference};
-use switchyard_sim::SimConfig;
+use switchyard_sim::{Card, SimConfig};
 
 async fn run(seed: u64) -> Outcome<Local> {
     run_reference(
@@ -130,4 +130,40 @@ async fn many_seeds_and_sizes_complete() {
         let outcome = run_reference(config.clone(), Local::default(), (), |_| {}).await;
         assert!(outcome.ok(), "{config:?}\n{}", describe(&outcome));
     }
+}
+
+#[tokio::test]
+async fn another_card_model_migrates_on_its_own_class() {
+    let outcome = run_reference(
+        SimConfig {
+            card: Card::h100(),
+            ..SimConfig::default()
+        },
+        Local::default(),
+        (),
+        |_| {},
+    )
+    .await;
+    assert!(outcome.ok(), "{}", describe(&outcome));
+    let names: Vec<&str> = outcome.steps.iter().map(|s| s.step.as_str()).collect();
+    assert!(
+        names.contains(&"step 2: create GPU class h100"),
+        "{names:?}"
+    );
+    let quota = outcome
+        .migration
+        .sim
+        .quota("ml", "gpu-quota")
+        .expect("the quota");
+    assert!(
+        quota.contains_key("requests.gpu.deckhouse.io/h100")
+            && !quota.contains_key("requests.nvidia.com/gpu"),
+        "{quota:?}"
+    );
+    let before = switchyard_sim::Simulator::new(outcome.migration.sim.config().clone());
+    assert_eq!(
+        before.node_labels("gpu-0").unwrap()["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3",
+        "the nodes are labelled with the card's product"
+    );
 }

@@ -9,7 +9,7 @@ use switchyard_proto::v1::{
     WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
-use crate::{GPU_DEVICE, LEGACY_GPU_DEVICE, SimWorkload, Simulator, class_selects, ev};
+use crate::{LEGACY_GPU_DEVICE, SimWorkload, Simulator, class_selects, ev};
 
 impl Simulator {
     /// `kubectl apply` of a NodeGroup.
@@ -35,7 +35,7 @@ impl Simulator {
     pub fn create_gpu_class(&mut self, name: &str) {
         self.classes.insert(name.into(), Vec::new());
         // The demo's classes select the card model they are named after.
-        let device = [GPU_DEVICE, LEGACY_GPU_DEVICE]
+        let device = [self.config.card.device.as_str(), LEGACY_GPU_DEVICE]
             .into_iter()
             .find(|d| class_selects(name, d))
             .unwrap_or(name);

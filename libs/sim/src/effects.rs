@@ -328,7 +328,7 @@ impl Simulator {
                     let serving = stack.as_deref() == Some(STACK_DEVICE_PLUGIN);
                     self.edit_node(&node, |n| {
                         n.labels
-                            .insert(GPU_SETUP_COMPLETE_LABEL.into(), String::new());
+                            .insert(GPU_SETUP_COMPLETE_LABEL.into(), "true".into());
                         if serving {
                             n.allocatable = n.gpus;
                         }

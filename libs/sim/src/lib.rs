@@ -49,6 +49,40 @@ pub const LEGACY_GPU_PRODUCT: &str = "NVIDIA-H100-SXM5-80GB";
 /// The group with spec.gpu that DRA served before the upgrade (held on DRA).
 pub const LEGACY_GROUP: &str = "gpu-legacy";
 
+/// The model of the source group's cards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Card {
+    /// The `gpu.deckhouse.io/device` label of their PhysicalGPUs.
+    pub device: String,
+    /// `nvidia.com/gpu.product`, as GPU feature discovery labels the node.
+    pub product: String,
+    pub memory_mib: u64,
+    /// The GPU class the reference scenario creates for them (Step 2).
+    pub class: String,
+}
+
+impl Card {
+    /// The demo's cards: A100 SXM4 40GB, class `a100`.
+    pub fn a100() -> Card {
+        Card {
+            device: GPU_DEVICE.into(),
+            product: GPU_PRODUCT.into(),
+            memory_mib: 40_960,
+            class: "a100".into(),
+        }
+    }
+
+    /// H100 80GB HBM3, class `h100` (the node agent's `h100-8x` fixture).
+    pub fn h100() -> Card {
+        Card {
+            device: "h100-80gb-hbm3".into(),
+            product: "NVIDIA-H100-80GB-HBM3".into(),
+            memory_mib: 81_559,
+            class: "h100".into(),
+        }
+    }
+}
+
 /// How the simulated cluster looks and behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
@@ -56,6 +90,8 @@ pub struct SimConfig {
     /// Nodes of the source group `gpu` (spec.gpu, device plugin).
     pub gpu_nodes: usize,
     pub gpus_per_node: u32,
+    /// The model of those nodes' cards.
+    pub card: Card,
     /// Deployments requesting `nvidia.com/gpu`, bound to the source group.
     pub workloads: usize,
     /// Node preparation after a stack change: this long, plus up to half again.
@@ -77,6 +113,7 @@ impl Default for SimConfig {
             seed: 1,
             gpu_nodes: 4,
             gpus_per_node: 8,
+            card: Card::a100(),
             workloads: 6,
             prep_delay: 40 * SECOND,
             start: 1_764_000_000 * SECOND,
@@ -242,7 +279,7 @@ impl Simulator {
                         (GROUP_LABEL.to_string(), LEGACY_GROUP.to_string()),
                         (format!("{NODE_ROLE_PREFIX}{LEGACY_GROUP}"), String::new()),
                         (GPU_STACK_LABEL.to_string(), STACK_DRA.to_string()),
-                        (GPU_SETUP_COMPLETE_LABEL.to_string(), String::new()),
+                        (GPU_SETUP_COMPLETE_LABEL.to_string(), "true".to_string()),
                     ]
                     .into(),
                     gpus: 2,
@@ -276,11 +313,11 @@ impl Simulator {
                     (GROUP_LABEL.to_string(), "gpu".to_string()),
                     (format!("{NODE_ROLE_PREFIX}gpu"), String::new()),
                     (GPU_STACK_LABEL.to_string(), STACK_DEVICE_PLUGIN.to_string()),
-                    (GPU_SETUP_COMPLETE_LABEL.to_string(), String::new()),
+                    (GPU_SETUP_COMPLETE_LABEL.to_string(), "true".to_string()),
                     (DEVICE_GPU_CONFIG_LABEL.to_string(), "default".to_string()),
                     (
                         "nvidia.com/gpu.product".to_string(),
-                        GPU_PRODUCT.to_string(),
+                        config.card.product.clone(),
                     ),
                     (
                         "nvidia.com/gpu.count".to_string(),
@@ -289,7 +326,7 @@ impl Simulator {
                 ]
                 .into(),
                 gpus: config.gpus_per_node,
-                device: GPU_DEVICE.into(),
+                device: config.card.device.clone(),
                 allocatable: config.gpus_per_node,
                 ..SimNode::default()
             };

@@ -38,6 +38,16 @@ impl Simulator {
         self.nodes.get(node).map(|n| n.taints.as_slice())
     }
 
+    /// Whether a node is cordoned.
+    pub fn node_unschedulable(&self, node: &str) -> Option<bool> {
+        self.nodes.get(node).map(|n| n.unschedulable)
+    }
+
+    /// Whether a NodeGroup has `spec.gpu`; `None` if there is no such group.
+    pub fn group_has_gpu(&self, group: &str) -> Option<bool> {
+        self.groups.get(group).map(Option::is_some)
+    }
+
     pub fn workload_placement(&self, workload: &WorkloadRef) -> Option<&WorkloadPlacement> {
         self.workloads
             .get(&workload_key(workload))

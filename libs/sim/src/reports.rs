@@ -8,7 +8,7 @@ use switchyard_proto::v1::{
     SliceDevice, WorkloadObserved, WorkloadRef, domain_event::Kind,
 };
 
-use crate::{GPU_DEVICE, GPU_PRODUCT, LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT, Simulator, ev};
+use crate::{LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT, Simulator, ev};
 
 impl Simulator {
     pub(crate) fn report_node(&mut self, name: &str) {
@@ -71,9 +71,10 @@ impl Simulator {
             .next()
             .and_then(|i| i.parse().ok())
             .unwrap_or(0);
-        let (device, product) = match self.nodes.get(node).map(|n| n.device.as_str()) {
-            Some(LEGACY_GPU_DEVICE) => (LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT),
-            _ => (GPU_DEVICE, GPU_PRODUCT),
+        let card = &self.config.card;
+        let (device, product, memory_mib) = match self.nodes.get(node).map(|n| n.device.as_str()) {
+            Some(LEGACY_GPU_DEVICE) => (LEGACY_GPU_DEVICE, LEGACY_GPU_PRODUCT, 81_559),
+            _ => (card.device.as_str(), card.product.as_str(), card.memory_mib),
         };
         PhysicalGpuObserved {
             name: name.into(),
@@ -82,7 +83,7 @@ impl Simulator {
             uuid: format!("GPU-{:08x}", fnv1a(name)),
             product: product.into(),
             device: device.into(),
-            memory_mib: 40_960,
+            memory_mib,
             phase: phase as i32,
         }
     }

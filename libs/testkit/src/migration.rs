@@ -352,9 +352,11 @@ pub fn count(events: &[(String, DomainEvent)], pred: impl Fn(&Kind) -> bool) -> 
         .count()
 }
 
-/// Plays node preparation (Deckhouse's bashible, not Switchyard's part):
-/// after a node's group changes, its preparation label goes and comes back
-/// once the node has its new stack label. Follows the Nodes with a watch (a
+/// Plays the platform's part of a node's move (Deckhouse's, not
+/// Switchyard's): node-manager labels a node that joined a group with the
+/// group's role, `node-role.kubernetes.io/<group>`; node preparation
+/// (bashible) takes the node's preparation label away and puts it back once
+/// the node has its new stack label. Follows the Nodes with a watch (a
 /// poll of every Node would load the API server in proportion to the
 /// cluster's size, whatever changes).
 pub async fn prepare_nodes(client: Client) {
@@ -378,7 +380,7 @@ pub async fn prepare_nodes(client: Client) {
             .insert(name.clone(), group.clone())
             .is_some_and(|g| g != group);
         let patch = if moved {
-            json!({"metadata": {"labels": {SETUP: null}}})
+            json!({"metadata": {"labels": {SETUP: null, format!("node-role.kubernetes.io/{group}"): ""}}})
         } else if labels.contains_key(STACK) && !labels.contains_key(SETUP) {
             json!({"metadata": {"labels": {SETUP: "true"}}})
         } else {

@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -1090,4 +1091,343 @@ async fn migrate_abort_rolls_the_current_wave_back_on_the_cluster() {
     let (code, out, _) = cli(world, &["status"]);
     assert_eq!(code, 0);
     assert!(out.contains("mig-a"), "{out}");
+}
+
+/// A GPU node as a migration leaves it: the labels Deckhouse, Switchyard
+/// and NVIDIA own, the taints and whether it is cordoned.
+type NodeEnd = (
+    BTreeMap<String, String>,
+    Vec<switchyard_proto::v1::Taint>,
+    bool,
+);
+
+/// A workload as a migration leaves it: its pod template as placement reads
+/// it (resources, node selector), and its pods' nodes and phases.
+type WorkloadEnd = (
+    switchyard_proto::v1::WorkloadPlacement,
+    Vec<(String, switchyard_proto::v1::PodPhase)>,
+);
+
+/// The part of a cluster a migration changes, as the simulator and the API
+/// server each show it.
+#[derive(Debug, PartialEq)]
+struct EndState {
+    nodes: BTreeMap<String, NodeEnd>,
+    workloads: BTreeMap<String, WorkloadEnd>,
+    /// The namespace's quota.
+    quota: BTreeMap<String, String>,
+    /// Per NodeGroup: whether it has spec.gpu.
+    groups: BTreeMap<String, bool>,
+}
+
+const PARITY_NODES: [&str; 2] = ["gpu-0", "gpu-1"];
+const PARITY_GROUPS: [&str; 2] = ["gpu", "gpu-dra"];
+
+fn owned_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| {
+            [
+                "node.deckhouse.io/",
+                "node-role.kubernetes.io/",
+                "nvidia.com/",
+                "gpu.deckhouse.io/",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
+    let nodes = PARITY_NODES
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                (
+                    owned_labels(sim.node_labels(n).expect("the simulator's node")),
+                    sim.node_taints(n).unwrap_or_default().to_vec(),
+                    sim.node_unschedulable(n).unwrap_or_default(),
+                ),
+            )
+        })
+        .collect();
+    let workloads = sim
+        .workloads()
+        .iter()
+        .map(|w| {
+            let mut pods = sim.workload_pods(w);
+            pods.sort();
+            (
+                w.name.clone(),
+                (sim.workload_placement(w).cloned().unwrap_or_default(), pods),
+            )
+        })
+        .collect();
+    EndState {
+        nodes,
+        workloads,
+        quota: sim.quota("ml", "gpu-quota").cloned().unwrap_or_default(),
+        groups: PARITY_GROUPS
+            .iter()
+            .map(|g| (g.to_string(), sim.group_has_gpu(g).unwrap_or_default()))
+            .collect(),
+    }
+}
+
+/// The same view of the cluster on the API server, through the facts the
+/// inventory reports.
+async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
+    use switchyard_kube::facts;
+    let mut nodes = BTreeMap::new();
+    for n in PARITY_NODES {
+        let node = Api::<Node>::all(client.clone()).get(n).await.expect("node");
+        let Some(Kind::NodeObserved(fact)) = facts::node(&node).kind else {
+            panic!("a node's fact")
+        };
+        nodes.insert(
+            n.to_string(),
+            (owned_labels(&fact.labels), fact.taints, fact.unschedulable),
+        );
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "ml");
+    let mut workloads = BTreeMap::new();
+    for name in names {
+        let d = deployments.get(name).await.expect("deployment");
+        let placement = facts::placement(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+        let mut pods: Vec<(String, switchyard_proto::v1::PodPhase)> = pods_of(client, name)
+            .await
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| match facts::pod(p).kind {
+                Some(Kind::PodObserved(o)) => Some((
+                    o.node,
+                    switchyard_proto::v1::PodPhase::try_from(o.phase).unwrap_or_default(),
+                )),
+                _ => None,
+            })
+            .collect();
+        pods.sort();
+        workloads.insert(name.clone(), (placement, pods));
+    }
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), "ml")
+        .get("gpu-quota")
+        .await
+        .ok()
+        .and_then(|q| q.spec)
+        .and_then(|s| s.hard)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, q)| (k, q.0))
+        .collect();
+    let mut groups = BTreeMap::new();
+    for g in PARITY_GROUPS {
+        let group = Api::<switchyard_api::NodeGroup>::all(client.clone())
+            .get(g)
+            .await
+            .expect("group");
+        groups.insert(g.to_string(), group.spec.gpu.is_some());
+    }
+    EndState {
+        nodes,
+        workloads,
+        quota,
+        groups,
+    }
+}
+
+/// Scenario-level parity: the simulator's reference migration (Steps 1–5,
+/// completion, a node's and an application's rollback) on two nodes of eight
+/// H100s, driven on kwok with the commands its steps name, ends in the same
+/// cluster — every GPU node's labels, taints, cordon and group, every
+/// workload's pod template and pods, the quota and the groups' spec.gpu.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
+    use switchyard_sim::{Card, SimConfig, Simulator};
+    let config = SimConfig {
+        gpu_nodes: 2,
+        gpus_per_node: 8,
+        card: Card::h100(),
+        workloads: 4,
+        upgraded_with_dra: false,
+        legacy_nodes: 0,
+        ..SimConfig::default()
+    };
+    let outcome = switchyard_scenario::run_reference(
+        config.clone(),
+        switchyard_runtime::Local::default(),
+        (),
+        |_| {},
+    )
+    .await;
+    let steps: Vec<String> = outcome
+        .steps
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}: {}",
+                if s.ok { "ok" } else { "FAILED" },
+                s.step,
+                s.detail
+            )
+        })
+        .collect();
+    assert!(outcome.ok(), "the simulator's run:\n{}", steps.join("\n"));
+    let expected = sim_end_state(&outcome.migration.sim);
+
+    // The simulator's cluster before the migration, on kwok: its nodes'
+    // labels, its Deployments and its quota.
+    let mut before = Simulator::new(config);
+    let facts = before.take_facts();
+    let cluster = cluster(&PARITY_NODES).await;
+    let world = &cluster.world;
+    let c = world.client.clone();
+    let nodes: Api<Node> = Api::all(c.clone());
+    for n in PARITY_NODES {
+        let labels: BTreeMap<&String, &String> = before
+            .node_labels(n)
+            .expect("the simulator's node")
+            .iter()
+            .filter(|(k, _)| ![STACK, SETUP].contains(&k.as_str()))
+            .collect();
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("label the node as the simulator has it");
+    }
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
+    let mut names = Vec::new();
+    let mut pods = 0;
+    for fact in &facts {
+        let Some(Kind::WorkloadObserved(w)) = &fact.kind else {
+            continue;
+        };
+        let id = w.workload.clone().expect("workload");
+        let placement = w.placement.clone().unwrap_or_default();
+        let containers: Vec<_> = placement
+            .container_limits
+            .iter()
+            .map(|(name, limits)| {
+                json!({"name": name, "image": "registry.example.com/train:1",
+                       "resources": {"limits": limits.quantities}})
+            })
+            .collect();
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": id.name},
+            "spec": {
+                "replicas": w.replicas,
+                "selector": {"matchLabels": {"app": id.name}},
+                "template": {
+                    "metadata": {"labels": {"app": id.name}},
+                    "spec": {"containers": containers, "nodeSelector": placement.node_selector},
+                },
+            },
+        }))
+        .expect("deployment");
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create the simulator's workload");
+        pods += w.replicas as usize;
+        names.push(id.name);
+    }
+    assert!(names.len() >= 2, "the scenario moves several workloads");
+    let hard = before
+        .quota("ml", "gpu-quota")
+        .expect("the simulator's quota");
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-quota"},
+        "spec": {"hard": hard},
+    }))
+    .unwrap();
+    Api::<ResourceQuota>::namespaced(c.clone(), "ml")
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    world
+        .until("every workload running on the device plugin", || async {
+            let mut running = 0;
+            for name in &names {
+                running += running_on(&pods_of(&c, name).await).len();
+            }
+            running == pods
+        })
+        .await;
+
+    // Each of the simulator's steps as the command an operator types.
+    for step in &outcome.steps {
+        let s = step.step.as_str();
+        let args: Vec<String> = if let Some(node) = s.strip_prefix("step 3: hand over ") {
+            ["handover", "--node", node, "--to", "gpu-dra", "--wait"]
+                .map(String::from)
+                .to_vec()
+        } else if let Some(name) = s.strip_prefix("step 4: move ") {
+            let workload = format!("ml/Deployment/{name}");
+            ["move", "--workload", &workload, "--class", "h100", "--wait"]
+                .map(String::from)
+                .to_vec()
+        } else if s == "step 5: verify" {
+            ["evidence"].map(String::from).to_vec()
+        } else if s.starts_with("completion") {
+            ["complete", "--from", "gpu", "--class", "h100"]
+                .map(String::from)
+                .to_vec()
+        } else if let Some(node) = s.strip_prefix("rollback: node ") {
+            ["rollback", "node", "--node", node, "--wait"]
+                .map(String::from)
+                .to_vec()
+        } else if let Some(name) = s.strip_prefix("rollback: application ") {
+            let workload = format!("ml/Deployment/{name}");
+            ["rollback", "app", "--workload", &workload, "--wait"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            // Steps 1 and 2 are the cluster's set-up: gpu-dra, DRA on, the
+            // GPUClass h100 and its DeviceClass.
+            assert!(
+                s.starts_with("step 1:") || s == "step 2: create GPU class h100",
+                "a step this test does not drive: {s}"
+            );
+            continue;
+        };
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = cli(world, &args);
+        assert_eq!(code, 0, "{s}: {args:?}\n{out}\n{err}\n{}", world.output());
+        if s.starts_with("completion") {
+            // Its effects are applied before the rollbacks that follow, as in
+            // the simulator, which settles after every step.
+            world
+                .until(
+                    "the quota translated and the leftover labels cleared",
+                    || async {
+                        let state = cluster_end_state(&c, &names).await;
+                        state.quota == expected.quota
+                            && state.nodes.values().all(|(labels, _, _)| {
+                                !labels.contains_key("node.deckhouse.io/device-gpu.config")
+                                    && !labels.keys().any(|k| k.starts_with("nvidia.com/"))
+                            })
+                    },
+                )
+                .await;
+        }
+    }
+
+    // The end state settles to the simulator's.
+    let settled = switchyard_testkit::eventually("the simulator's end state", WAIT, || async {
+        cluster_end_state(&c, &names).await == expected
+    })
+    .await;
+    let actual = cluster_end_state(&c, &names).await;
+    assert!(
+        settled.is_ok(),
+        "kwok:\n{actual:#?}\nthe simulator:\n{expected:#?}\n{}",
+        steps.join("\n")
+    );
+    assert_eq!(actual, expected);
 }
