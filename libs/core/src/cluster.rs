@@ -405,6 +405,8 @@ pub struct Cluster {
     pub pods: BTreeMap<ObjectKey, Pod>,
     /// Node -> pods scheduled on it, sorted.
     pub pods_by_node: BTreeMap<String, Vec<ObjectKey>>,
+    /// The workload that owns them (namespace, kind, name) -> pod names.
+    pub pods_by_owner: BTreeMap<WorkloadKey, BTreeSet<String>>,
     /// Node -> its PhysicalGPUs, by name. GPUs never move between nodes.
     pub gpus: BTreeMap<String, Vec<PhysicalGpu>>,
     pub workloads: BTreeMap<WorkloadKey, Workload>,
@@ -500,6 +502,14 @@ impl Cluster {
                     .map(|(k, v)| (k.into(), v.into()))
                     .collect()
             };
+        self.pods_by_owner
+            .entry((
+                key.0.clone(),
+                owner_kind.to_string(),
+                owner_name.to_string(),
+            ))
+            .or_default()
+            .insert(key.1.clone());
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,
@@ -683,37 +693,53 @@ impl Cluster {
     }
 
     /// The pods of `workload` with their names.
+    /// Sorted by name; a CronJob's are the pods of the Jobs it made.
     pub fn named_pods_of(&self, workload: &WorkloadKey) -> Vec<(&str, &Pod)> {
-        let start = (workload.0.clone(), String::new());
-        self.pods
-            .range(start..)
-            .take_while(|((namespace, _), _)| *namespace == workload.0)
-            .filter(|((namespace, _), pod)| {
-                pod.owned_by(namespace, workload) || self.made_by_cron_job(namespace, pod, workload)
+        let mut owners = vec![workload];
+        if workload.1 == "CronJob" {
+            let jobs = (workload.0.clone(), "Job".to_string(), String::new());
+            owners.extend(
+                self.workloads
+                    .range(jobs..)
+                    .take_while(|((namespace, kind, _), _)| {
+                        *namespace == workload.0 && kind == "Job"
+                    })
+                    .filter(|(_, job)| job.cron_job.as_deref() == Some(workload.2.as_str()))
+                    .map(|(key, _)| key),
+            );
+        }
+        let mut pods: Vec<(&str, &Pod)> = owners
+            .into_iter()
+            .filter_map(|owner| self.pods_by_owner.get(owner))
+            .flatten()
+            .filter_map(|name| {
+                self.pods
+                    .get_key_value(&(workload.0.clone(), name.clone()))
+                    .map(|((_, name), pod)| (name.as_str(), pod))
             })
-            .map(|((_, name), pod)| (name.as_str(), pod))
-            .collect()
-    }
-
-    /// Whether `pod` belongs to one of the Jobs the CronJob `workload` made.
-    fn made_by_cron_job(&self, namespace: &str, pod: &Pod, workload: &WorkloadKey) -> bool {
-        workload.1 == "CronJob"
-            && &*pod.owner_kind == "Job"
-            && self
-                .workloads
-                .get(&(
-                    namespace.to_string(),
-                    "Job".to_string(),
-                    pod.owner_name.to_string(),
-                ))
-                .and_then(|job| job.cron_job.as_deref())
-                == Some(workload.2.as_str())
+            .collect();
+        if workload.1 == "CronJob" {
+            pods.sort_unstable_by_key(|(name, _)| *name);
+        }
+        pods
     }
 
     fn unindex_pod(&mut self, key: &ObjectKey) {
-        let Some(node) = self.pods.get(key).map(|p| p.node.to_string()) else {
+        let Some(pod) = self.pods.get(key) else {
             return;
         };
+        let node = pod.node.to_string();
+        let owner = (
+            key.0.clone(),
+            pod.owner_kind.to_string(),
+            pod.owner_name.to_string(),
+        );
+        if let Some(pods) = self.pods_by_owner.get_mut(&owner) {
+            pods.remove(&key.1);
+            if pods.is_empty() {
+                self.pods_by_owner.remove(&owner);
+            }
+        }
         if let Some(pods) = self.pods_by_node.get_mut(&node) {
             if let Ok(i) = pods.binary_search(key) {
                 pods.remove(i);
