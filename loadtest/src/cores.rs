@@ -159,14 +159,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
 }
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::rss_kib().unwrap_or(0)
 }
 
 fn percentile(sorted: &[u128], p: f64) -> u128 {

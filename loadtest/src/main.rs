@@ -133,16 +133,20 @@ pub fn oracle(name: &str) -> anyhow::Result<String> {
     switchyard_testkit::oracle(std::path::Path::new("."), name).map_err(anyhow::Error::msg)
 }
 
+/// A size field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB; `pid`
+/// may be `self`.
+pub fn status_kib(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Resident set size of this process now (VmRSS), in KiB.
 pub fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    status_kib("self", "VmRSS:")
 }
 
 /// Peak resident set size of this process (VmHWM), in KiB.
 pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    status_kib("self", "VmHWM:")
 }

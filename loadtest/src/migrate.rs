@@ -106,14 +106,7 @@ fn stat(pid: u32) -> Option<(char, u64, u32)> {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::status_kib(&pid.to_string(), "VmRSS:").unwrap_or(0)
 }
 
 /// The component a process is counted in, from its executable's name.

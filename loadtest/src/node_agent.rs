@@ -20,9 +20,7 @@ pub struct Args {
 }
 
 fn rss_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    crate::status_kib(&pid.to_string(), field)
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {

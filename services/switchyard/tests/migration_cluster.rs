@@ -47,6 +47,15 @@ async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
         .items
 }
 
+/// How many pods of these apps run.
+async fn running_of(client: &Client, apps: &[&str]) -> usize {
+    let mut running = 0;
+    for app in apps {
+        running += running_on(&pods_of(client, app).await).len();
+    }
+    running
+}
+
 fn running_on(pods: &[Pod]) -> Vec<String> {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -407,11 +416,7 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
         .expect("create db-0");
     world
         .until("4 pods running", || async {
-            let mut running = 0;
-            for app in ["web", "db", "batch"] {
-                running += running_on(&pods_of(&c, app).await).len();
-            }
-            running == 4
+            running_of(&c, &["web", "db", "batch"]).await == 4
         })
         .await;
     let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
@@ -1352,11 +1357,8 @@ async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
         .expect("create the quota");
     world
         .until("every workload running on the device plugin", || async {
-            let mut running = 0;
-            for name in &names {
-                running += running_on(&pods_of(&c, name).await).len();
-            }
-            running == pods
+            let apps: Vec<&str> = names.iter().map(String::as_str).collect();
+            running_of(&c, &apps).await == pods
         })
         .await;
 
