@@ -292,37 +292,79 @@ struct AgentTimes {
     first_slice: BTreeMap<String, i64>,
 }
 
-fn watch_agents(client: Client, times: Arc<Mutex<AgentTimes>>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// What the watches of [`watch_agents`] saw.
+enum Seen {
+    /// A node, and whether it is labelled `gpu-stack=dra`.
+    Node(String, bool),
+    /// A ResourceSlice of a node.
+    Slice(String),
+    /// A watch has listed what exists.
+    Listed,
+}
+
+/// Follows the nodes and slices into `times`; the receiver hears once both
+/// watches have listed what exists (what changes after that is seen).
+fn watch_agents(
+    client: Client,
+    times: Arc<Mutex<AgentTimes>>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let handle = tokio::spawn(async move {
         let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
-            .applied_objects()
-            .map_ok(|n: Node| {
-                let dra = n.labels().get(STACK).is_some_and(|s| s == "dra");
-                (n.name_any(), dra, true)
+            .map_ok(|event| match event {
+                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                    let dra = n.labels().get(STACK).is_some_and(|s| s == "dra");
+                    Some(Seen::Node(n.name_any(), dra))
+                }
+                watcher::Event::InitDone => Some(Seen::Listed),
+                _ => None,
             });
         let slices = watcher(
             Api::<ResourceSlice>::all(client),
             watcher::Config::default(),
         )
         .default_backoff()
-        .applied_objects()
-        .map_ok(|s: ResourceSlice| (s.spec.node_name.unwrap_or_default(), true, false));
+        .map_ok(|event| match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+                Some(Seen::Slice(s.spec.node_name.unwrap_or_default()))
+            }
+            watcher::Event::InitDone => Some(Seen::Listed),
+            _ => None,
+        });
         let merged = futures::stream::select(nodes.boxed(), slices.boxed());
         futures::pin_mut!(merged);
+        let mut listed_tx = Some(listed_tx);
+        let mut listings = 0;
         while let Some(seen) = merged.next().await {
-            let Ok((node, yes, is_node)) = seen else {
+            let Ok(Some(seen)) = seen else {
                 continue;
             };
             let now = unix_us();
             let mut times = times.lock().expect("agent times");
-            if is_node && yes {
-                times.dra_label.entry(node).or_insert(now);
-            } else if !is_node {
-                times.first_slice.entry(node).or_insert(now);
+            match seen {
+                Seen::Node(node, true) => {
+                    times.dra_label.entry(node).or_insert(now);
+                }
+                Seen::Node(_, false) => {}
+                Seen::Slice(node) => {
+                    times.first_slice.entry(node).or_insert(now);
+                }
+                Seen::Listed => {
+                    listings += 1;
+                    if listings == 2
+                        && let Some(tx) = listed_tx.take()
+                    {
+                        let _ = tx.send(());
+                    }
+                }
             }
         }
-    })
+    });
+    (handle, listed)
 }
 
 async fn count_running(client: &Client) -> anyhow::Result<usize> {
@@ -521,22 +563,36 @@ async fn measure(
         "{} workloads running ({workloads_running_s:.1} s)",
         args.workloads
     );
-    // Inventory has recorded the cluster once the log stands still.
+    // Inventory has recorded the cluster once the log stands still: the
+    // same last sequence read 3 s running.
     let log = world.log().await;
-    let mut last = log.last_sequence(None).await?;
-    let mut still = 0;
-    while still < 3 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = log.last_sequence(None).await?;
-        still = if now == last { still + 1 } else { 0 };
-        last = now;
-    }
+    let last: Mutex<(Option<u64>, u32)> = Mutex::new((None, 0));
+    until(
+        "the log standing still for 3 s",
+        setup_timeout,
+        Duration::from_secs(1),
+        || async {
+            let now = log.last_sequence(None).await?;
+            let mut last = last.lock().expect("last sequence");
+            *last = match *last {
+                (Some(seq), still) if seq == now => (Some(seq), still + 1),
+                _ => (Some(now), 0),
+            };
+            Ok(last.1 >= 3)
+        },
+    )
+    .await?;
     let setup_s = setup_started.elapsed().as_secs_f64();
-    let log_before = last;
+    let log_before = last.lock().expect("last sequence").0.unwrap_or_default();
 
     let agent_times = Arc::new(Mutex::new(AgentTimes::default()));
-    let watching = watch_agents(c.clone(), agent_times.clone());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (watching, listed) = watch_agents(c.clone(), agent_times.clone());
+    tokio::time::timeout(setup_timeout, listed)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("the node and slice watches did not list in {setup_timeout:?}")
+        })?
+        .map_err(|_| anyhow::anyhow!("the node and slice watches ended"))?;
 
     let ticks = clock_ticks();
     let out_path = world.dir.path().join("migrate.out");

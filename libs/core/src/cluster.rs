@@ -405,8 +405,8 @@ pub struct Cluster {
     pub pods: BTreeMap<ObjectKey, Pod>,
     /// Node -> pods scheduled on it, sorted.
     pub pods_by_node: BTreeMap<String, Vec<ObjectKey>>,
-    /// The workload that owns them (namespace, kind, name) -> pod names.
-    pub pods_by_owner: BTreeMap<WorkloadKey, BTreeSet<String>>,
+    /// The workload that owns them (namespace, kind, name) -> pods.
+    pub pods_by_owner: BTreeMap<WorkloadKey, BTreeSet<ObjectKey>>,
     /// Node -> its PhysicalGPUs, by name. GPUs never move between nodes.
     pub gpus: BTreeMap<String, Vec<PhysicalGpu>>,
     pub workloads: BTreeMap<WorkloadKey, Workload>,
@@ -509,7 +509,7 @@ impl Cluster {
                 owner_name.to_string(),
             ))
             .or_default()
-            .insert(key.1.clone());
+            .insert(key.clone());
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,
@@ -712,9 +712,9 @@ impl Cluster {
             .into_iter()
             .filter_map(|owner| self.pods_by_owner.get(owner))
             .flatten()
-            .filter_map(|name| {
+            .filter_map(|key| {
                 self.pods
-                    .get_key_value(&(workload.0.clone(), name.clone()))
+                    .get_key_value(key)
                     .map(|((_, name), pod)| (name.as_str(), pod))
             })
             .collect();
@@ -735,7 +735,7 @@ impl Cluster {
             pod.owner_name.to_string(),
         );
         if let Some(pods) = self.pods_by_owner.get_mut(&owner) {
-            pods.remove(&key.1);
+            pods.remove(key);
             if pods.is_empty() {
                 self.pods_by_owner.remove(&owner);
             }

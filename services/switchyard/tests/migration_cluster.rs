@@ -47,6 +47,19 @@ async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
         .items
 }
 
+/// The ResourceQuota `gpu-quota` in `ml` with this `spec.hard`.
+async fn create_quota(client: &Client, hard: serde_json::Value) {
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-quota"},
+        "spec": {"hard": hard},
+    }))
+    .expect("the quota");
+    Api::<ResourceQuota>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+}
+
 /// How many pods of these apps run.
 async fn running_of(client: &Client, apps: &[&str]) -> usize {
     let mut running = 0;
@@ -113,15 +126,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
         .create(&PostParams::default(), &train)
         .await
         .expect("create train");
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "gpu-quota"},
-        "spec": {"hard": {"requests.nvidia.com/gpu": "4"}},
-    }))
-    .unwrap();
-    Api::<ResourceQuota>::namespaced(c.clone(), "ml")
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("create the quota");
+    create_quota(&c, json!({"requests.nvidia.com/gpu": "4"})).await;
     world
         .until("train running on the device plugin", || async {
             running_on(&pods_of(&c, "train").await).len() == 1
@@ -1346,15 +1351,7 @@ async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
     let hard = before
         .quota("ml", "gpu-quota")
         .expect("the simulator's quota");
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "gpu-quota"},
-        "spec": {"hard": hard},
-    }))
-    .unwrap();
-    Api::<ResourceQuota>::namespaced(c.clone(), "ml")
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("create the quota");
+    create_quota(&c, json!(hard)).await;
     world
         .until("every workload running on the device plugin", || async {
             let apps: Vec<&str> = names.iter().map(String::as_str).collect();
