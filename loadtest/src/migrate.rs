@@ -179,6 +179,10 @@ struct Reaction {
     /// writes done.
     since_recorded: i64,
     done: i64,
+    /// When the service took the records from the log (0: not logged).
+    received: i64,
+    /// How long appending its decisions to the log took.
+    appending: i64,
     /// The writes: when they were sent, and how long until the API server
     /// had answered them all (0: none).
     write_started: i64,
@@ -192,9 +196,10 @@ impl Reaction {
     }
 
     /// When Switchyard itself was at it: before the writes went out, and
-    /// after they came back.
-    fn own_intervals(&self) -> Vec<(i64, i64)> {
-        let start = self.done - self.since_recorded;
+    /// after they came back; from the record's recording, or from `free`
+    /// where the service was busy until then with an earlier reaction.
+    fn own_intervals(&self, free: i64) -> Vec<(i64, i64)> {
+        let start = (self.done - self.since_recorded).max(free);
         if self.writing == 0 {
             return vec![(start, self.done)];
         }
@@ -234,6 +239,8 @@ fn reactions(service: &str, log: &Path) -> (Vec<Reaction>, usize) {
                 service: service.to_string(),
                 since_recorded,
                 done,
+                received: field(line, "received_unix_us").unwrap_or(0),
+                appending: field(line, "appending_us").unwrap_or(0),
                 write_started: field(line, "write_started_unix_us").unwrap_or(0),
                 writing: field(line, "writing_us").unwrap_or(0),
             });
@@ -680,7 +687,32 @@ async fn measure(
         on_tick.insert(service.name(), ticked);
     }
     all.retain(|r| r.done >= started_us && r.done <= ended_us);
-    let mut intervals: Vec<(i64, i64)> = all.iter().flat_map(Reaction::own_intervals).collect();
+    all.sort_by_key(|r| (r.service.clone(), r.done));
+    // From each record's recording: time a service spent on earlier
+    // reactions (their writes included) counts again.
+    let mut intervals: Vec<(i64, i64)> = all.iter().flat_map(|r| r.own_intervals(0)).collect();
+    // From the later of the recording and the service's previous reaction
+    // done: a service reacts to one batch at a time, so until then it was
+    // at that reaction (counted there) or waiting on its writes (Kubernetes').
+    let mut from_free: Vec<(i64, i64)> = Vec::new();
+    let mut breakdown: BTreeMap<String, [f64; 4]> = BTreeMap::new();
+    for (i, r) in all.iter().enumerate() {
+        let free = match i.checked_sub(1).map(|p| &all[p]) {
+            Some(previous) if previous.service == r.service => previous.done,
+            _ => 0,
+        };
+        from_free.extend(r.own_intervals(free));
+        let parts = breakdown.entry(r.service.clone()).or_default();
+        let waiting = if r.received > 0 {
+            r.received - (r.done - r.since_recorded)
+        } else {
+            0
+        };
+        parts[0] += waiting as f64 / 1e6;
+        parts[1] += r.appending as f64 / 1e6;
+        parts[2] += r.writing as f64 / 1e6;
+        parts[3] += (r.since_recorded - waiting - r.appending - r.writing) as f64 / 1e6;
+    }
     let mut with_writes: Vec<(i64, i64)> = all
         .iter()
         .map(|r| (r.done - r.since_recorded, r.done))
@@ -707,10 +739,27 @@ async fn measure(
         {
             agent_ms.push((slice - labelled) as f64 / 1000.0);
             intervals.push((*labelled, *slice));
+            from_free.push((*labelled, *slice));
             with_writes.push((*labelled, *slice));
         }
     }
     let busy_us = union_us(intervals, (started_us, ended_us));
+    let busy_from_free_us = union_us(from_free, (started_us, ended_us));
+    let breakdown: Value = breakdown
+        .iter()
+        .map(|(service, [waiting, appending, writing, rest])| {
+            (
+                service.clone(),
+                json!({
+                    "recorded_to_read_s": round(*waiting),
+                    "appending_to_the_log_s": round(*appending),
+                    "kubernetes_writes_s": round(*writing),
+                    "deciding_and_the_rest_s": round(*rest),
+                }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     let busy_with_writes_us = union_us(with_writes, (started_us, ended_us));
     let write_round_trips: Value = writes_by_service
         .iter()
@@ -798,9 +847,11 @@ async fn measure(
         },
         "switchyard_own_latency": latency,
         "write_round_trips": write_round_trips,
+        "reaction_time_by_part": breakdown,
         "decisions_on_a_tick": on_tick,
         "switchyard_reacting_share_of_wall_pct": {
             "own": share(busy_us as f64 / 1e6),
+            "own_from_the_service_free": share(busy_from_free_us as f64 / 1e6),
             "with_the_writes_round_trips": share(busy_with_writes_us as f64 / 1e6),
         },
         "peak_rss_mib": rss,

@@ -1,12 +1,13 @@
-//! Appending in log order: consecutive events of one subject go in one atomic
-//! batch, so a stop never falls between them; what comes next waits for the
-//! batch before it.
+//! Appending in log order: the events go in atomic batches of up to
+//! [`MAX_BATCH_EVENTS`], whatever their subjects, so a stop never falls
+//! inside one and a reaction's decisions cost one round trip; what comes next
+//! waits for the batch before it.
 
 use switchyard_core::ServiceName;
 use switchyard_core::subjects::subject_of;
 use switchyard_proto::v1::DomainEvent;
 
-use crate::{EventLog, Expected, LogError, MAX_BATCH_EVENTS, NewEvent, Payload, Subject};
+use crate::{EventLog, LogError, MAX_BATCH_EVENTS, NewEvent, Payload, Subject};
 
 /// Wall-clock time, Unix nanoseconds: what a writer records as the time of
 /// what it appends (cores get time as data, never read it).
@@ -16,23 +17,18 @@ pub fn now_nanos() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// Appends `events` in order, consecutive events of one subject as one batch
-/// (at most [`MAX_BATCH_EVENTS`]). Returns the log sequence of each event.
+/// Appends `events` in order, as atomic batches of at most
+/// [`MAX_BATCH_EVENTS`] across their subjects. Returns the log sequence of
+/// each event.
 pub async fn append_in_order(
     log: &dyn EventLog,
     events: Vec<(Subject, NewEvent)>,
 ) -> Result<Vec<u64>, LogError> {
     let mut sequences = Vec::with_capacity(events.len());
     let mut events = events.into_iter().peekable();
-    while let Some((subject, first)) = events.next() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_EVENTS {
-            match events.next_if(|(next, _)| *next == subject) {
-                Some((_, event)) => batch.push(event),
-                None => break,
-            }
-        }
-        let ack = log.append(&subject, Expected::Any, batch).await?;
+    while events.peek().is_some() {
+        let batch: Vec<_> = events.by_ref().take(MAX_BATCH_EVENTS).collect();
+        let ack = log.append_batch(batch, &[]).await?;
         sequences.extend(ack.sequences);
     }
     Ok(sequences)

@@ -28,7 +28,8 @@ macro_rules! conformance_suite {
             racing_writers_one_wins_each_sequence, retried_append_is_stored_once,
             reused_ids_are_never_stored_twice,
             last_sequence_per_subject, follow_sees_existing_then_new, unknown_events_are_kept,
-            oversize_is_refused_with_the_limit, bad_input_is_refused_whole, verify_accepts_a_healthy_log);
+            oversize_is_refused_with_the_limit, bad_input_is_refused_whole, verify_accepts_a_healthy_log,
+            one_batch_across_subjects_is_stored_whole);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -640,4 +641,120 @@ pub async fn verify_accepts_a_healthy_log(log: &dyn EventLog) {
     assert_eq!(report.records, log.last_sequence(None).await.unwrap());
     assert_eq!(report.subjects, 3);
     assert!(report.undecodable.is_empty());
+}
+
+/// One batch across subjects: stored whole and in its order, each subject's
+/// chain continued; a failed check on any one subject stores none of it; a
+/// retry is acknowledged as the earlier append.
+pub async fn one_batch_across_subjects_is_stored_whole(log: &dyn EventLog) {
+    let (a, b, c) = (subject("x.a"), subject("x.b"), subject("x.c"));
+    log.append(&c, Expected::Empty, vec![removed("c0")])
+        .await
+        .expect("append");
+    let batch = vec![
+        (a.clone(), removed("a1")),
+        (b.clone(), removed("b1")),
+        (a.clone(), removed("a2")),
+        (c.clone(), removed("c1")),
+    ];
+    let checks = [
+        (a.clone(), Expected::Empty),
+        (c.clone(), Expected::Sequence(1)),
+    ];
+    let ack = log
+        .append_batch(batch.clone(), &checks)
+        .await
+        .expect("append across subjects");
+    assert_eq!(
+        (ack.sequences.as_slice(), ack.duplicates),
+        ([2, 3, 4, 5].as_slice(), 0)
+    );
+    for (s, last) in [(&a, 4), (&b, 3), (&c, 5)] {
+        assert_eq!(log.last_sequence(Some(s)).await.unwrap(), last, "{s}");
+    }
+
+    // One stale check refuses the whole batch, naming its subject.
+    let err = log
+        .append_batch(
+            vec![(a.clone(), removed("a3")), (b.clone(), removed("b2"))],
+            &[
+                (a.clone(), Expected::Sequence(4)),
+                (b.clone(), Expected::Sequence(2)),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LogError::Conflict { subject, expected: 2, actual } if subject == "x.b" && actual == "3"),
+        "{err}"
+    );
+    assert_eq!(
+        read_all(log).await.len(),
+        5,
+        "a refused batch writes nothing"
+    );
+
+    // The writer never saw the ack and retries with the same ids and checks.
+    let retry = log.append_batch(batch, &checks).await.expect("retry");
+    assert_eq!((retry.sequences, retry.duplicates), (ack.sequences, 4));
+
+    // Unchecked subjects chain on whatever is there.
+    let ack = log
+        .append_batch(
+            vec![(b.clone(), removed("b2")), (a.clone(), removed("a3"))],
+            &[],
+        )
+        .await
+        .expect("append without checks");
+    assert_eq!(ack.sequences, [6, 7]);
+
+    // Checks must name the batch's subjects, each once.
+    let err = log
+        .append_batch(
+            vec![(a.clone(), removed("a4"))],
+            &[(subject("x.z"), Expected::Empty)],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LogError::InvalidBatch { .. }) && err.to_string().contains("x.z"),
+        "{err}"
+    );
+    let err = log
+        .append_batch(
+            vec![(a.clone(), removed("a4"))],
+            &[
+                (a.clone(), Expected::Any),
+                (a.clone(), Expected::Sequence(7)),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("x.a has two"), "{err}");
+
+    let stored: Vec<(String, String)> = read_all(log)
+        .await
+        .into_iter()
+        .map(|e| (e.envelope.subject, e.envelope.id))
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("x.c", "c0"),
+        ("x.a", "a1"),
+        ("x.b", "b1"),
+        ("x.a", "a2"),
+        ("x.c", "c1"),
+        ("x.b", "b2"),
+        ("x.a", "a3"),
+    ]
+    .iter()
+    .map(|(s, id)| (s.to_string(), id.to_string()))
+    .collect();
+    assert_eq!(stored, expected);
+    let report = log.verify().await.unwrap();
+    assert!(
+        report.is_ok(),
+        "every subject's chain holds: {:?}",
+        report.problems
+    );
+    assert_eq!(report.subjects, 3);
 }

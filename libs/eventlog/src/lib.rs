@@ -147,6 +147,22 @@ pub trait EventLog: Send + Sync {
         subject: &Subject,
         expected: Expected,
         events: Vec<NewEvent>,
+    ) -> Result<AppendAck, LogError> {
+        let events = events.into_iter().map(|e| (subject.clone(), e)).collect();
+        self.append_batch(events, &[(subject.clone(), expected)])
+            .await
+    }
+
+    /// Appends `events`, each to its own subject, in this order, as one atomic
+    /// batch: all of them or none. `expected` holds the checks, at most one per
+    /// subject of the batch; a subject without one is appended as with
+    /// [`Expected::Any`]. A failed check is [`LogError::Conflict`] and nothing
+    /// is written. A retry with the same ids is acknowledged as the earlier
+    /// append, with `duplicates` counting every event.
+    async fn append_batch(
+        &self,
+        events: Vec<(Subject, NewEvent)>,
+        expected: &[(Subject, Expected)],
     ) -> Result<AppendAck, LogError>;
 
     /// Events that exist when the read starts, in log order.

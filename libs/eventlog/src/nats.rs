@@ -3,16 +3,20 @@
 //! One file-storage stream (deny delete, deny purge) holds the log; an aggregate
 //! `node.worker-1` is the stream subject `<prefix>.node.worker-1`. Appends carry
 //! `Nats-Msg-Id` (the event id) for de-duplication and
-//! `Nats-Expected-Last-Subject-Sequence` for optimistic concurrency; a batch of
-//! several events is one JetStream atomic batch, stored whole or not at all.
-//! Reads use ordered consumers. After a timeout or a lost connection an append
+//! `Nats-Expected-Last-Subject-Sequence` (on each subject's first event of a
+//! batch) for optimistic concurrency; a batch of several events, on one
+//! subject or several, is one JetStream atomic batch, stored whole or not at
+//! all. The subjects' heads an append chains to come from this process's own
+//! appends and from what its followers read, so a service appending after
+//! the facts it follows needs no extra round trip; a stale head is refused by
+//! the server and read again. Reads use ordered consumers. After a timeout or a lost connection an append
 //! is retried with the same ids until its deadline; the server's de-duplication
 //! (or, on a standalone server, a look at the subject's last message) makes sure
 //! a retried event is stored once.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -26,10 +30,10 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use crate::record::{EncodedEvent, validate_batch};
+use crate::record::{EncodedEvent, batch_label, batch_subjects, expectation_of, validate_batch};
 use crate::{
     AppendAck, EventLog, Expected, LogError, MAX_RECORD_BYTES, NewEvent, Problem, ReadRequest,
-    StoredEvent, Subject, SubjectChains, VerifyReport, note_undecodable,
+    StoredEvent, Subject, SubjectChains, TraceContext, VerifyReport, note_undecodable,
 };
 
 const MSG_ID: &str = "Nats-Msg-Id";
@@ -80,11 +84,26 @@ pub struct NatsLog {
     js: jetstream::Context,
     stream: Stream,
     options: NatsOptions,
-    /// Last sequence and hash of each subject this process has seen; a stale
-    /// entry is caught by the server's expected-sequence check and reloaded.
-    heads: Mutex<BTreeMap<String, Head>>,
+    /// Last sequence and hash of each subject this process has seen, appended
+    /// or followed; a stale entry is caught by the server's expected-sequence
+    /// check and reloaded.
+    heads: Heads,
     /// Appends retried after a timeout or a lost connection, for metrics and tests.
     retried: AtomicU64,
+    /// Subject heads an append had to read from the server (its cache did not
+    /// know them, or knew them wrong), for metrics and tests.
+    head_reads: AtomicU64,
+}
+
+/// A batch on its way: its events encoded, each with its subject's index.
+struct Outgoing<'a> {
+    /// The stream subject of each of the batch's subjects.
+    stream_subjects: Vec<String>,
+    /// Index into `stream_subjects` of each event's subject.
+    of_event: Vec<usize>,
+    ids: Vec<&'a str>,
+    traces: Vec<Option<&'a TraceContext>>,
+    encoded: &'a [EncodedEvent],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +113,20 @@ struct Head {
 }
 
 const EMPTY: Head = Head { seq: 0, hash: None };
+
+type Heads = Arc<Mutex<BTreeMap<String, Head>>>;
+
+/// Notes `head` as `subject`'s, unless a later one is known already.
+fn remember_in(heads: &Heads, subject: &str, head: Head) {
+    let mut heads = heads.lock().expect("heads lock");
+    match heads.get_mut(subject) {
+        Some(known) if known.seq > head.seq => {}
+        Some(known) => *known = head,
+        None => {
+            heads.insert(subject.to_string(), head);
+        }
+    }
+}
 
 impl NatsLog {
     /// Connects to `url` and opens (or, with `options.create`, creates) the stream.
@@ -161,8 +194,9 @@ impl NatsLog {
             js,
             stream,
             options,
-            heads: Mutex::new(BTreeMap::new()),
+            heads: Arc::new(Mutex::new(BTreeMap::new())),
             retried: AtomicU64::new(0),
+            head_reads: AtomicU64::new(0),
         })
     }
 
@@ -179,14 +213,7 @@ impl NatsLog {
     }
 
     fn remember(&self, subject: &Subject, head: Head) {
-        let mut heads = self.heads.lock().expect("heads lock");
-        match heads.get_mut(subject.as_str()) {
-            Some(known) if known.seq > head.seq => {}
-            Some(known) => *known = head,
-            None => {
-                heads.insert(subject.to_string(), head);
-            }
-        }
+        remember_in(&self.heads, subject.as_str(), head);
     }
 
     /// The subject's last message from the server: its head and event id.
@@ -222,45 +249,73 @@ impl NatsLog {
         }
     }
 
-    /// If the subject's last messages are exactly this batch (`ids`, in order,
-    /// contiguous as an atomic batch is stored), the acknowledgement of that
-    /// earlier append; `head_id` is the id of the message at `head`, if known.
-    async fn stored_as_tail(
+    /// If this batch is stored already (an earlier attempt whose ack was
+    /// lost), its acknowledgement. `latest` holds each subject's head and its
+    /// event id, from the server: a subject whose last message is its last
+    /// event of the batch places the batch, which an atomic batch stores
+    /// contiguously; every other position must then hold the batch's event.
+    async fn stored_as_batch(
         &self,
-        subject: &Subject,
-        head: Head,
-        head_id: Option<&str>,
-        ids: &[&str],
+        batch: &Outgoing<'_>,
+        latest: &[(Head, Option<String>)],
     ) -> Result<Option<AppendAck>, LogError> {
-        let count = ids.len() as u64;
-        let Some(first) = (head.seq + 1)
-            .checked_sub(count)
-            .filter(|first| *first >= 1)
-        else {
-            return Ok(None);
-        };
-        if head_id.is_some_and(|id| id != ids[ids.len() - 1]) {
-            return Ok(None);
-        }
-        let stream_subject = self.stream_subject(subject);
-        for (seq, id) in (first..=head.seq).zip(ids) {
-            if seq == head.seq && head_id.is_some() {
+        let count = batch.ids.len();
+        for (j, (head, head_id)) in latest.iter().enumerate() {
+            let Some(k) = batch.of_event.iter().rposition(|&s| s == j) else {
+                continue;
+            };
+            if head_id.as_deref() != Some(batch.ids[k]) {
                 continue;
             }
-            let message = match self.stream.get_raw_message(seq).await {
-                Ok(message) => message,
-                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
-                Err(err) => return Err(LogError::nats(format!("read stream sequence {seq}"), err)),
+            let Some(first) = head.seq.checked_sub(k as u64).filter(|first| *first >= 1) else {
+                continue;
             };
-            let stored_id = message.headers.get(MSG_ID).map(|v| v.as_str());
-            if message.subject.as_str() != stream_subject || stored_id != Some(*id) {
-                return Ok(None);
+            let mut whole = true;
+            for (i, id) in batch.ids.iter().enumerate() {
+                let seq = first + i as u64;
+                if i == k {
+                    continue;
+                }
+                let message = match self.stream.get_raw_message(seq).await {
+                    Ok(message) => message,
+                    Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => {
+                        whole = false;
+                        break;
+                    }
+                    Err(err) => {
+                        return Err(LogError::nats(format!("read stream sequence {seq}"), err));
+                    }
+                };
+                let stored_id = message.headers.get(MSG_ID).map(|v| v.as_str());
+                if message.subject.as_str() != batch.stream_subjects[batch.of_event[i]]
+                    || stored_id != Some(*id)
+                {
+                    whole = false;
+                    break;
+                }
+            }
+            if whole {
+                return Ok(Some(AppendAck {
+                    sequences: (first..first + count as u64).collect(),
+                    duplicates: count,
+                }));
             }
         }
-        Ok(Some(AppendAck {
-            sequences: (first..=head.seq).collect(),
-            duplicates: ids.len(),
-        }))
+        Ok(None)
+    }
+
+    /// Every subject's head and last event id from the server, read together.
+    async fn load_heads_until(
+        &self,
+        subjects: &[Subject],
+        deadline: Instant,
+    ) -> Result<Vec<(Head, Option<String>)>, LogError> {
+        futures::future::try_join_all(
+            subjects
+                .iter()
+                .map(|subject| self.load_head_until(subject, deadline)),
+        )
+        .await
     }
 
     /// [`Self::load_head`], retried through timeouts and reconnects until
@@ -271,6 +326,7 @@ impl NatsLog {
         deadline: Instant,
     ) -> Result<(Head, Option<String>), LogError> {
         let mut backoff = Duration::from_millis(50);
+        self.head_reads.fetch_add(1, Ordering::Relaxed);
         loop {
             match self.load_head(subject).await {
                 Err(err) if Instant::now() < deadline => {
@@ -285,39 +341,40 @@ impl NatsLog {
         }
     }
 
-    /// Publishes the batch chained to `head`; returns the acks' sequences.
+    /// Publishes the batch, each subject's events chained to its head in
+    /// `heads`; returns the events' sequences, whether the server had them
+    /// already, and each subject's new head.
     async fn publish(
         &self,
-        subject: &Subject,
-        head: Head,
-        events: &[EncodedEvent],
-        originals: &[NewEvent],
+        batch: &Outgoing<'_>,
+        heads: &[Head],
         attempt: u32,
-    ) -> Result<(Vec<u64>, bool, Head), PublishError> {
-        let stream_subject = self.stream_subject(subject);
-        let mut prev = head.hash;
-        let mut bodies = Vec::with_capacity(events.len());
-        for event in events {
-            let body = event.finish(prev.as_ref());
-            prev = Some(*blake3::hash(&body).as_bytes());
-            bodies.push(body);
-        }
+    ) -> Result<(Vec<u64>, bool, Vec<Head>), PublishError> {
+        let events = &batch.encoded;
+        let mut prev: Vec<Option<[u8; 32]>> = heads.iter().map(|h| h.hash).collect();
+        let mut expectation_sent = vec![false; heads.len()];
         let batch_id = (events.len() > 1).then(|| {
             let key = format!("{}/{}/{attempt}", events[0].id, events.len());
             blake3::hash(key.as_bytes()).to_hex()[..32].to_string()
         });
         let last = events.len() - 1;
         let mut ack = None;
-        for (i, (event, body)) in events.iter().zip(bodies).enumerate() {
+        for (i, event) in events.iter().enumerate() {
+            let j = batch.of_event[i];
+            let body = event.finish(prev[j].as_ref());
+            prev[j] = Some(*blake3::hash(&body).as_bytes());
             let mut headers = HeaderMap::new();
             headers.insert(MSG_ID, event.id.as_str());
-            if i == 0 {
+            // The check goes on each subject's first event only: the server
+            // checks it against the stream before the batch.
+            if !expectation_sent[j] {
+                expectation_sent[j] = true;
                 headers.insert(
                     EXPECTED_LAST_SUBJECT_SEQUENCE,
-                    head.seq.to_string().as_str(),
+                    heads[j].seq.to_string().as_str(),
                 );
             }
-            if let Some(trace) = &originals[i].trace {
+            if let Some(trace) = &batch.traces[i] {
                 if !trace.traceparent.is_empty() {
                     headers.insert("traceparent", trace.traceparent.as_str());
                 }
@@ -332,16 +389,17 @@ impl NatsLog {
                     headers.insert(BATCH_COMMIT, "1");
                 }
             }
+            let stream_subject = batch.stream_subjects[j].clone();
             if i < last {
                 // Non-commit messages of an atomic batch get no acknowledgement.
                 self.client
-                    .publish_with_headers(stream_subject.clone(), headers, body)
+                    .publish_with_headers(stream_subject, headers, body)
                     .await
                     .map_err(|err| PublishError::with_source(PublishErrorKind::BrokenPipe, err))?;
             } else {
                 ack = Some(
                     self.js
-                        .publish_with_headers(stream_subject.clone(), headers, body)
+                        .publish_with_headers(stream_subject, headers, body)
                         .await?
                         .await?,
                 );
@@ -349,11 +407,17 @@ impl NatsLog {
         }
         let ack = ack.expect("a batch has a last event");
         let first = ack.sequence + 1 - events.len() as u64;
-        let head = Head {
-            seq: ack.sequence,
-            hash: prev,
-        };
-        Ok(((first..=ack.sequence).collect(), ack.duplicate, head))
+        let mut new_heads = heads.to_vec();
+        for (i, &j) in batch.of_event.iter().enumerate() {
+            new_heads[j] = Head {
+                seq: first + i as u64,
+                hash: None,
+            };
+        }
+        for (head, hash) in new_heads.iter_mut().zip(prev) {
+            head.hash = hash;
+        }
+        Ok(((first..=ack.sequence).collect(), ack.duplicate, new_heads))
     }
 
     async fn bound(&self, subject: Option<&Subject>) -> Result<u64, LogError> {
@@ -417,69 +481,101 @@ fn to_stored(message: &jetstream::Message) -> Result<StoredEvent, LogError> {
 
 #[async_trait]
 impl EventLog for NatsLog {
-    async fn append(
+    async fn append_batch(
         &self,
-        subject: &Subject,
-        expected: Expected,
-        events: Vec<NewEvent>,
+        events: Vec<(Subject, NewEvent)>,
+        expected: &[(Subject, Expected)],
     ) -> Result<AppendAck, LogError> {
-        validate_batch(subject, &events)?;
+        validate_batch(&events, expected)?;
+        let subjects: Vec<Subject> = batch_subjects(&events).into_iter().cloned().collect();
+        let label = batch_label(&events);
+        let position: BTreeMap<&str, usize> = subjects
+            .iter()
+            .enumerate()
+            .map(|(j, s)| (s.as_str(), j))
+            .collect();
         let encoded = events
             .iter()
-            .map(|e| e.encode(subject))
+            .map(|(subject, event)| event.encode(subject))
             .collect::<Result<Vec<_>, _>>()?;
-        let ids: Vec<&str> = encoded.iter().map(|e| e.id.as_str()).collect();
+        let batch = Outgoing {
+            stream_subjects: subjects.iter().map(|s| self.stream_subject(s)).collect(),
+            of_event: events.iter().map(|(s, _)| position[s.as_str()]).collect(),
+            ids: encoded.iter().map(|e| e.id.as_str()).collect(),
+            traces: events.iter().map(|(_, e)| e.trace.as_ref()).collect(),
+            encoded: &encoded,
+        };
+        let required: Vec<Option<u64>> = subjects
+            .iter()
+            .map(|s| expectation_of(expected, s).required())
+            .collect();
         let deadline = Instant::now() + self.options.retry_for;
         let gave_up = |err: &dyn std::fmt::Display| {
             LogError::nats(
                 format!(
-                    "append to {subject} (gave up after {:?})",
+                    "append to {label} (gave up after {:?})",
                     self.options.retry_for
                 ),
                 err,
             )
         };
+        let conflict = |j: usize, actual: u64| LogError::Conflict {
+            subject: subjects[j].to_string(),
+            expected: required[j].unwrap_or(actual),
+            actual: actual.to_string(),
+        };
         let mut attempt = 0u32;
-        let mut head = self.cached_head(subject);
+        // Each subject's head: from the cache (`true`) or the server (`false`),
+        // or `None` where the server must be asked.
+        let mut heads: Vec<Option<(Head, bool)>> = subjects
+            .iter()
+            .map(|s| self.cached_head(s).map(|h| (h, true)))
+            .collect();
         loop {
             if attempt > 0 && Instant::now() >= deadline {
                 return Err(gave_up(&"still conflicting or unreachable"));
             }
-            let (current, current_id, from_cache) = match head.take() {
-                Some(head) => (head, None, true),
-                None => {
-                    let (head, id) = self.load_head_until(subject, deadline).await?;
-                    (head, id, false)
-                }
-            };
-            if let Some(required) = expected.required() {
-                if current.seq != required && from_cache {
+            let missing: Vec<usize> = (0..subjects.len())
+                .filter(|&j| heads[j].is_none())
+                .collect();
+            let loaded = futures::future::try_join_all(
+                missing
+                    .iter()
+                    .map(|&j| self.load_head_until(&subjects[j], deadline)),
+            )
+            .await?;
+            for (&j, (head, _)) in missing.iter().zip(loaded) {
+                heads[j] = Some((head, false));
+            }
+            let current: Vec<(Head, bool)> = heads.iter().map(|h| h.expect("loaded")).collect();
+            let mut refused = None;
+            for (j, &(head, from_cache)) in current.iter().enumerate() {
+                match required[j] {
                     // The cache may be behind; ask the server before refusing.
-                    continue;
-                }
-                if current.seq != required {
-                    // A retry of a batch that was stored although its ack was lost
-                    // finds the subject moved on by exactly that batch.
-                    if let Some(ack) = self
-                        .stored_as_tail(subject, current, current_id.as_deref(), &ids)
-                        .await?
-                    {
-                        return Ok(ack);
-                    }
-                    return Err(LogError::Conflict {
-                        subject: subject.to_string(),
-                        expected: required,
-                        actual: current.seq.to_string(),
-                    });
+                    Some(required) if head.seq != required && from_cache => heads[j] = None,
+                    Some(required) if head.seq != required => refused = Some(j),
+                    _ => {}
                 }
             }
-            let err = match self
-                .publish(subject, current, &encoded, &events, attempt)
-                .await
-            {
-                Ok((sequences, duplicate, new_head)) => {
+            if heads.iter().any(Option::is_none) {
+                continue;
+            }
+            if let Some(j) = refused {
+                // A retry of a batch that was stored although its ack was lost
+                // finds the subjects moved on by exactly that batch.
+                let latest = self.load_heads_until(&subjects, deadline).await?;
+                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
+                    return Ok(ack);
+                }
+                return Err(conflict(j, latest[j].0.seq));
+            }
+            let chained: Vec<Head> = current.iter().map(|(h, _)| *h).collect();
+            let err = match self.publish(&batch, &chained, attempt).await {
+                Ok((sequences, duplicate, new_heads)) => {
                     if !duplicate {
-                        self.remember(subject, new_head);
+                        for (subject, head) in subjects.iter().zip(new_heads) {
+                            self.remember(subject, head);
+                        }
                     }
                     let duplicates = if duplicate { sequences.len() } else { 0 };
                     return Ok(AppendAck {
@@ -493,13 +589,14 @@ impl EventLog for NatsLog {
             let code = error_code(&err);
             if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE)
             {
-                let size = encoded
+                let (i, size) = encoded
                     .iter()
                     .map(|e| e.finish(None).len())
-                    .max()
-                    .unwrap_or(0);
+                    .enumerate()
+                    .max_by_key(|(_, size)| *size)
+                    .unwrap_or((0, 0));
                 return Err(LogError::Oversize {
-                    id: ids[ids.len() - 1].to_string(),
+                    id: batch.ids[i].to_string(),
                     size,
                     limit: MAX_RECORD_BYTES,
                 });
@@ -507,57 +604,52 @@ impl EventLog for NatsLog {
             if err.kind() == PublishErrorKind::WrongLastSequence
                 || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
             {
-                // Another writer got in first, or an earlier attempt of this very
-                // batch was stored before its ack was lost.
-                let (latest, latest_id) = self.load_head_until(subject, deadline).await?;
-                if let Some(ack) = self
-                    .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
-                    .await?
-                {
+                // Another writer got in first on some subject, or an earlier
+                // attempt of this very batch was stored before its ack was lost.
+                let latest = self.load_heads_until(&subjects, deadline).await?;
+                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
                     return Ok(ack);
                 }
-                // Any: try again on the new head. Also on a clustered stream, where
-                // 10164 can mean a write in flight rather than a moved subject.
-                if expected == Expected::Any || expected.required() == Some(latest.seq) {
-                    head = Some(latest);
-                    continue;
+                // Unchecked subjects: try again on the new heads. Also where the
+                // check still holds: on a clustered stream 10164 can mean a write
+                // in flight rather than a moved subject.
+                if let Some(j) =
+                    (0..subjects.len()).find(|&j| required[j].is_some_and(|r| r != latest[j].0.seq))
+                {
+                    return Err(conflict(j, latest[j].0.seq));
                 }
-                return Err(LogError::Conflict {
-                    subject: subject.to_string(),
-                    expected: expected.required().unwrap_or(current.seq),
-                    actual: latest.seq.to_string(),
-                });
+                heads = latest.into_iter().map(|(h, _)| Some((h, false))).collect();
+                continue;
             }
             if code == Some(DUPLICATE_IN_BATCH) {
-                // Some id of the batch is stored already. Fine if the whole batch is
-                // the subject's tail (a retry); anything else is refused whole.
-                let (latest, latest_id) = self.load_head_until(subject, deadline).await?;
-                if let Some(ack) = self
-                    .stored_as_tail(subject, latest, latest_id.as_deref(), &ids)
-                    .await?
-                {
+                // Some id of the batch is stored already. Fine if the whole batch
+                // is stored as it is (a retry); anything else is refused whole.
+                let latest = self.load_heads_until(&subjects, deadline).await?;
+                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
                     return Ok(ack);
                 }
                 return Err(LogError::InvalidBatch {
-                    subject: subject.to_string(),
-                    count: ids.len(),
+                    subject: label.clone(),
+                    count: batch.ids.len(),
                     expected: "events that are not stored yet; some of these ids are already stored \
-                               (a retry is recognised while the batch is still the subject's latest events)"
+                               (a retry is recognised while the batch is still a subject's latest events)"
                         .into(),
                 });
             }
             if code.is_some_and(|c| !RETRYABLE.contains(&c))
                 || err.kind() == PublishErrorKind::StreamNotFound
             {
-                return Err(LogError::nats(format!("append to {subject}"), err));
+                return Err(LogError::nats(format!("append to {label}"), err));
             }
             // Timeout, lost connection, abandoned or throttled batch: it may or may
-            // not be stored. Retry with the same ids; de-duplication keeps it single.
+            // not be stored. Retry with the same ids, on the server's heads;
+            // de-duplication keeps it single.
             if Instant::now() >= deadline {
                 return Err(gave_up(&err));
             }
-            tracing::debug!(%subject, attempt, error = %err, "append retried");
+            tracing::debug!(batch = %label, attempt, error = %err, "append retried");
             self.retried.fetch_add(1, Ordering::Relaxed);
+            heads = vec![None; subjects.len()];
         }
     }
 
@@ -589,9 +681,23 @@ impl EventLog for NatsLog {
         from: u64,
     ) -> Result<BoxStream<'static, Result<StoredEvent, LogError>>, LogError> {
         let messages = self.consumer_from(subject.as_ref(), from).await?;
+        // What passes by tells this process each subject's head, so its next
+        // append there chains to it without a rejected first attempt.
+        let heads = self.heads.clone();
+        let prefix = format!("{}.", self.options.subject_prefix);
         Ok(messages
-            .map(|message| match message {
-                Ok(message) => to_stored(&message),
+            .map(move |message| match message {
+                Ok(message) => {
+                    let stored = to_stored(&message)?;
+                    if let Some(subject) = message.subject.as_str().strip_prefix(&prefix) {
+                        let head = Head {
+                            seq: stored.sequence,
+                            hash: Some(*blake3::hash(&message.payload).as_bytes()),
+                        };
+                        remember_in(&heads, subject, head);
+                    }
+                    Ok(stored)
+                }
                 Err(err) => Err(LogError::nats("follow", err)),
             })
             .boxed())
@@ -697,6 +803,12 @@ impl NatsLog {
     /// How many publish attempts were retried after a timeout or a lost connection.
     pub fn retried_publishes(&self) -> u64 {
         self.retried.load(Ordering::Relaxed)
+    }
+
+    /// How many subject heads appends had to read from the server: the
+    /// subjects this process neither wrote nor followed since they moved.
+    pub fn head_reads(&self) -> u64 {
+        self.head_reads.load(Ordering::Relaxed)
     }
 
     /// The underlying client, for callers that share the connection.

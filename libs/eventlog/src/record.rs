@@ -4,7 +4,7 @@ use bytes::Bytes;
 use prost::Message;
 use switchyard_proto::v1::{DomainEvent, Envelope, SCHEMA_VERSION, TraceContext};
 
-use crate::{LogError, MAX_BATCH_EVENTS, MAX_RECORD_BYTES};
+use crate::{Expected, LogError, MAX_BATCH_EVENTS, MAX_RECORD_BYTES};
 
 const MAX_SUBJECT_LEN: usize = 255;
 const MAX_ID_LEN: usize = 128;
@@ -382,9 +382,33 @@ impl std::fmt::Display for UnknownReason {
 }
 
 /// Checks a batch before it reaches the writer, so bad input fails fast and whole.
-pub(crate) fn validate_batch(subject: &Subject, events: &[NewEvent]) -> Result<(), LogError> {
+/// The subjects of a batch, each once, in the order they first appear: how a
+/// batch names itself in errors.
+pub(crate) fn batch_subjects<T>(events: &[(Subject, T)]) -> Vec<&Subject> {
+    let mut subjects: Vec<&Subject> = Vec::new();
+    for (subject, _) in events {
+        if !subjects.contains(&subject) {
+            subjects.push(subject);
+        }
+    }
+    subjects
+}
+
+/// What a batch names itself by in errors: its subject, or its subjects.
+pub(crate) fn batch_label<T>(events: &[(Subject, T)]) -> String {
+    batch_subjects(events)
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn validate_batch(
+    events: &[(Subject, NewEvent)],
+    expected: &[(Subject, Expected)],
+) -> Result<(), LogError> {
     let invalid = |expected: String| LogError::InvalidBatch {
-        subject: subject.to_string(),
+        subject: batch_label(events),
         count: events.len(),
         expected,
     };
@@ -397,7 +421,7 @@ pub(crate) fn validate_batch(subject: &Subject, events: &[NewEvent]) -> Result<(
         )));
     }
     let mut seen = std::collections::BTreeSet::new();
-    for event in events {
+    for (_, event) in events {
         event.validate()?;
         if events.len() > 1 && !seen.insert(event.id.as_str()) {
             return Err(invalid(format!(
@@ -406,7 +430,29 @@ pub(crate) fn validate_batch(subject: &Subject, events: &[NewEvent]) -> Result<(
             )));
         }
     }
+    let subjects = batch_subjects(events);
+    let mut checked = std::collections::BTreeSet::new();
+    for (subject, _) in expected {
+        if !subjects.contains(&subject) {
+            return Err(invalid(format!(
+                "expectations only for the batch's subjects, but one names {subject}"
+            )));
+        }
+        if !checked.insert(subject.as_str()) {
+            return Err(invalid(format!(
+                "at most one expectation per subject, but {subject} has two"
+            )));
+        }
+    }
     Ok(())
+}
+
+/// The expectation `expected` holds for `subject` ([`Expected::Any`] if none).
+pub(crate) fn expectation_of(expected: &[(Subject, Expected)], subject: &Subject) -> Expected {
+    expected
+        .iter()
+        .find(|(s, _)| s == subject)
+        .map_or(Expected::Any, |(_, e)| *e)
 }
 
 #[cfg(test)]

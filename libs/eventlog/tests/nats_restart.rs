@@ -44,6 +44,7 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
         let restarted = restarted.clone();
         writers.push(tokio::spawn(async move {
             let subject = Subject::new(format!("restart.writer-{writer}")).unwrap();
+            let side = Subject::new(format!("restart.writer-{writer}-side")).unwrap();
             let mut expected = Expected::Empty;
             // Writers never pause, so the kill always catches appends in flight.
             let mut after_restart = 0;
@@ -54,22 +55,27 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
                         break;
                     }
                 }
-                let batch: Vec<NewEvent> = (0..1 + n % 3)
+                // Batches of one to three events, every other one on the
+                // writer's second subject: one atomic batch across both.
+                let batch: Vec<(Subject, NewEvent)> = (0..1 + n % 3)
                     .map(|i| {
                         let id = format!("w{writer}-{n}-{i}");
-                        NewEvent::new(
+                        let on = if i % 2 == 0 { &subject } else { &side };
+                        let event = NewEvent::new(
                             id.clone(),
                             n as i64,
                             Kind::NodeRemoved(NodeRemoved { node: id }).into(),
-                        )
+                        );
+                        (on.clone(), event)
                     })
                     .collect();
-                let ids: Vec<String> = batch.iter().map(|e| e.id.clone()).collect();
+                let ids: Vec<String> = batch.iter().map(|(_, e)| e.id.clone()).collect();
                 let ack = log
-                    .append(&subject, expected, batch)
+                    .append_batch(batch, &[(subject.clone(), expected)])
                     .await
                     .expect("append survives the restart");
-                expected = Expected::Sequence(ack.last_sequence());
+                let last_on_subject = ack.sequences.iter().step_by(2).next_back();
+                expected = Expected::Sequence(*last_on_subject.expect("one event on it"));
                 for (id, seq) in ids.into_iter().zip(ack.sequences) {
                     acks.send((id, seq)).unwrap();
                 }

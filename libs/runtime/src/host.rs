@@ -385,6 +385,7 @@ pub async fn run<E: EffectExecutor>(
         // decisions made: what the reaction below is timed from.
         let reacting = tokio::select! {
             stored = follow.next() => {
+                let received = now_nanos();
                 // This record and whatever else is ready: decided together,
                 // appended together, then the effects issued once.
                 let mut batch = vec![stored];
@@ -419,8 +420,15 @@ pub async fn run<E: EffectExecutor>(
                     }
                     decisions.extend(decided);
                 }
+                let appending = now_nanos();
                 host.append(&decisions).await?;
-                earliest.map(|e| (e, decisions.len()))
+                let appended = now_nanos();
+                earliest.map(|earliest| Reacting {
+                    earliest,
+                    received,
+                    appending: appended - appending,
+                    decisions: decisions.len(),
+                })
             }
             _ = tick.tick() => {
                 let decisions = host.core.decide(Input::Tick, now_nanos());
@@ -448,13 +456,20 @@ pub async fn run<E: EffectExecutor>(
         // service's decision) to this service's decisions recorded and its
         // writes sent, and how long the writes took (the API server's part)
         // — for the benchmarks, which read it from the service's log.
-        if let Some((earliest, decisions)) = reacting
+        if let Some(Reacting {
+            earliest,
+            received,
+            appending,
+            decisions,
+        }) = reacting
             && (decisions > 0 || written.first > 0)
         {
             let done = now_nanos();
             tracing::debug!(
                 target: "switchyard_runtime::reaction",
                 since_recorded_us = (done - earliest) / 1000,
+                received_unix_us = received / 1000,
+                appending_us = appending / 1000,
                 done_unix_us = done / 1000,
                 writing_us = written.took / 1000,
                 write_started_unix_us = written.started / 1000,
@@ -464,6 +479,16 @@ pub async fn run<E: EffectExecutor>(
             );
         }
     }
+}
+
+/// A reaction to records, for its timing: the earliest recording time of the
+/// records decided on, when the service took them from the log, how long
+/// appending its decisions took, and how many it made (ns).
+struct Reacting {
+    earliest: i64,
+    received: i64,
+    appending: i64,
+    decisions: usize,
 }
 
 /// Why a hosted service could not start or stopped; `E` is its own part

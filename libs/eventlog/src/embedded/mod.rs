@@ -119,9 +119,10 @@ pub(crate) struct Shared {
 }
 
 pub(crate) struct WriteRequest {
-    pub subject: Subject,
-    pub expected: Expected,
-    pub events: Vec<crate::record::EncodedEvent>,
+    /// Each event with its subject, in log order.
+    pub events: Vec<(Subject, crate::record::EncodedEvent)>,
+    /// The checks, at most one per subject of the batch.
+    pub expected: Vec<(Subject, Expected)>,
     pub reply: oneshot::Sender<Result<AppendAck, LogError>>,
 }
 
@@ -130,7 +131,7 @@ impl WriteRequest {
     pub(crate) fn encoded_len(&self) -> usize {
         self.events
             .iter()
-            .map(|e| e.encoded_len() + segment::FRAME_HEADER)
+            .map(|(_, e)| e.encoded_len() + segment::FRAME_HEADER)
             .sum()
     }
 }
@@ -356,11 +357,10 @@ impl Shared {
 
 #[async_trait]
 impl EventLog for EmbeddedLog {
-    async fn append(
+    async fn append_batch(
         &self,
-        subject: &Subject,
-        expected: Expected,
-        events: Vec<NewEvent>,
+        events: Vec<(Subject, NewEvent)>,
+        expected: &[(Subject, Expected)],
     ) -> Result<AppendAck, LogError> {
         let tx = self.tx.as_ref().ok_or_else(|| LogError::Io {
             context: format!("append to {}", self.shared.dir.display()),
@@ -369,16 +369,18 @@ impl EventLog for EmbeddedLog {
                 "the log is open read-only",
             ),
         })?;
-        validate_batch(subject, &events)?;
+        validate_batch(&events, expected)?;
         let events = events
-            .iter()
-            .map(|event| event.encode(subject))
-            .collect::<Result<Vec<_>, _>>()?;
+            .into_iter()
+            .map(|(subject, event)| {
+                let encoded = event.encode(&subject)?;
+                Ok((subject, encoded))
+            })
+            .collect::<Result<Vec<_>, LogError>>()?;
         let (reply, ack) = oneshot::channel();
         tx.send(WriteRequest {
-            subject: subject.clone(),
-            expected,
             events,
+            expected: expected.to_vec(),
             reply,
         })
         .await

@@ -14,6 +14,7 @@ use super::{
     Durability, EmbeddedOptions, INDEX_EVERY, IndexPoint, SegmentInfo, Shared, SubjectHead,
     WriteRequest,
 };
+use crate::record::batch_label;
 use crate::{AppendAck, LogError};
 
 /// Recently appended ids, for de-duplication of retried appends.
@@ -91,8 +92,9 @@ pub(crate) struct Writer {
 /// What a group changed, so a failed write can be undone in memory.
 #[derive(Default)]
 struct Undo {
-    /// Index of the request in the group, and its subject's head before it.
-    heads: Vec<(usize, Option<SubjectHead>)>,
+    /// Each subject the group appended to, with its head before the group
+    /// (the earliest, where several requests appended to it).
+    heads: BTreeMap<String, Option<SubjectHead>>,
     /// How many ids the group added to the de-duplication window.
     ids: usize,
     /// Ids the group pushed out of the de-duplication window, oldest first.
@@ -191,10 +193,7 @@ impl Writer {
         let mut new_points = Vec::new();
         let outcomes: Vec<Result<AppendAck, LogError>> = group
             .iter()
-            .enumerate()
-            .map(|(i, request)| {
-                self.stage(i, request, segment, &mut buf, &mut undo, &mut new_points)
-            })
+            .map(|request| self.stage(request, segment, &mut buf, &mut undo, &mut new_points))
             .collect();
 
         if !buf.is_empty() {
@@ -203,11 +202,10 @@ impl Writer {
                 // Undo in memory and on disk; if the file cannot be cut back, stop writing.
                 self.next_seq = start_seq;
                 self.chain = start_chain;
-                for &(i, head) in undo.heads.iter().rev() {
-                    let subject = group[i].subject.as_str();
+                for (subject, head) in std::mem::take(&mut undo.heads) {
                     match head {
-                        Some(head) => self.heads.insert(subject.to_string(), head),
-                        None => self.heads.remove(subject),
+                        Some(head) => self.heads.insert(subject, head),
+                        None => self.heads.remove(&subject),
                     };
                 }
                 self.recent
@@ -223,7 +221,7 @@ impl Writer {
                 return;
             }
             self.len += buf.len() as u64;
-            self.publish(&group, &undo, new_points);
+            self.publish(&undo, new_points);
         }
         for (request, outcome) in group.into_iter().zip(outcomes) {
             let _ = request.reply.send(outcome);
@@ -233,19 +231,17 @@ impl Writer {
     /// Checks one append and encodes its frames into `buf`.
     fn stage(
         &mut self,
-        index_in_group: usize,
         request: &WriteRequest,
         segment: usize,
         buf: &mut Vec<u8>,
         undo: &mut Undo,
         new_points: &mut Vec<IndexPoint>,
     ) -> Result<AppendAck, LogError> {
-        let subject = request.subject.as_str();
         // De-duplication comes first: a retry of a stored batch is acknowledged again.
         let known: Vec<Option<u64>> = request
             .events
             .iter()
-            .map(|e| self.recent.get(&e.id))
+            .map(|(_, e)| self.recent.get(&e.id))
             .collect();
         let duplicates = known.iter().filter(|k| k.is_some()).count();
         if duplicates == request.events.len() {
@@ -260,32 +256,37 @@ impl Writer {
                 .iter()
                 .zip(&known)
                 .filter(|(_, k)| k.is_some())
-                .map(|(e, _)| e.id.as_str())
+                .map(|((_, e), _)| e.id.as_str())
                 .collect();
             return Err(LogError::InvalidBatch {
-                subject: subject.to_string(),
+                subject: batch_label(&request.events),
                 count: request.events.len(),
                 expected: format!(
                     "all events new or all already stored (a batch is stored whole), but {stored:?} are stored already"
                 ),
             });
         }
-        let head = self.heads.get(subject).copied();
-        let actual = head.map_or(0, |(seq, _)| seq);
-        if let Some(expected) = request.expected.required()
-            && expected != actual
-        {
-            return Err(LogError::Conflict {
-                subject: subject.to_string(),
-                expected,
-                actual: actual.to_string(),
-            });
+        // Every check before anything is staged: a batch is stored whole or not at all.
+        for (subject, expected) in &request.expected {
+            let actual = self.heads.get(subject.as_str()).map_or(0, |(seq, _)| *seq);
+            if let Some(expected) = expected.required()
+                && expected != actual
+            {
+                return Err(LogError::Conflict {
+                    subject: subject.to_string(),
+                    expected,
+                    actual: actual.to_string(),
+                });
+            }
         }
 
-        let mut prev = head.map(|(_, hash)| hash);
         let mut sequences = Vec::with_capacity(request.events.len());
         let last = request.events.len() - 1;
-        for (i, event) in request.events.iter().enumerate() {
+        for (i, (subject, event)) in request.events.iter().enumerate() {
+            let head = self.heads.get(subject.as_str()).copied();
+            if !undo.heads.contains_key(subject.as_str()) {
+                undo.heads.insert(subject.to_string(), head);
+            }
             let seq = self.next_seq;
             if seq.is_multiple_of(INDEX_EVERY) {
                 new_points.push(IndexPoint {
@@ -295,21 +296,19 @@ impl Writer {
                 });
             }
             let flags = if i == last { FLAG_END_OF_BATCH } else { 0 };
+            let prev = head.map(|(_, hash)| hash);
             let parts = event.body_parts(prev.as_ref());
             let hash = encode_frame(buf, seq, flags, &self.chain, &parts.as_slices());
             self.chain = next_chain(&self.chain, &hash);
             undo.evicted.extend(self.recent.insert(&event.id, seq));
             undo.ids += 1;
-            prev = Some(hash);
             sequences.push(seq);
             self.next_seq += 1;
-        }
-        undo.heads.push((index_in_group, head));
-        let new_head = (self.next_seq - 1, prev.expect("non-empty batch"));
-        match self.heads.get_mut(subject) {
-            Some(slot) => *slot = new_head,
-            None => {
-                self.heads.insert(subject.to_string(), new_head);
+            match self.heads.get_mut(subject.as_str()) {
+                Some(slot) => *slot = (seq, hash),
+                None => {
+                    self.heads.insert(subject.to_string(), (seq, hash));
+                }
             }
         }
         Ok(AppendAck {
@@ -327,16 +326,15 @@ impl Writer {
     }
 
     /// Makes a committed group visible to readers and followers.
-    fn publish(&self, group: &[WriteRequest], undo: &Undo, new_points: Vec<IndexPoint>) {
+    fn publish(&self, undo: &Undo, new_points: Vec<IndexPoint>) {
         let last_seq = self.next_seq - 1;
         {
             let mut index = self.shared.index.write().expect("index lock");
             index.segments.last_mut().expect("one segment").len = self.len;
             index.sparse.extend(new_points);
             index.last_seq = last_seq;
-            for &(i, _) in &undo.heads {
-                let subject = group[i].subject.as_str();
-                let seq = self.heads[subject].0;
+            for subject in undo.heads.keys() {
+                let seq = self.heads[subject.as_str()].0;
                 match index.subject_last.get_mut(subject) {
                     Some(slot) => *slot = seq,
                     None => {
