@@ -181,6 +181,9 @@ struct Reaction {
     done: i64,
     /// When the service took the records from the log (0: not logged).
     received: i64,
+    /// Whether it decided or wrote anything: a reaction to the records, not
+    /// only the time to read them.
+    acted: bool,
     /// How long appending its decisions to the log took.
     appending: i64,
     /// The writes: when they were sent, and how long until the API server
@@ -240,6 +243,8 @@ fn reactions(service: &str, log: &Path) -> (Vec<Reaction>, usize) {
                 since_recorded,
                 done,
                 received: field(line, "received_unix_us").unwrap_or(0),
+                acted: field(line, "decisions").unwrap_or(0) > 0
+                    || field(line, "writes").unwrap_or(0) > 0,
                 appending: field(line, "appending_us").unwrap_or(0),
                 write_started: field(line, "write_started_unix_us").unwrap_or(0),
                 writing: field(line, "writing_us").unwrap_or(0),
@@ -688,21 +693,24 @@ async fn measure(
     }
     all.retain(|r| r.done >= started_us && r.done <= ended_us);
     all.sort_by_key(|r| (r.service.clone(), r.done));
-    // From each record's recording: time a service spent on earlier
-    // reactions (their writes included) counts again.
-    let mut intervals: Vec<(i64, i64)> = all.iter().flat_map(|r| r.own_intervals(0)).collect();
     // From the later of the recording and the service's previous reaction
     // done: a service reacts to one batch at a time, so until then it was
     // at that reaction (counted there) or waiting on its writes (Kubernetes').
+    // Records that changed nothing count from their reading.
     let mut from_free: Vec<(i64, i64)> = Vec::new();
-    let mut breakdown: BTreeMap<String, [f64; 4]> = BTreeMap::new();
+    let mut breakdown: BTreeMap<String, [f64; 5]> = BTreeMap::new();
     for (i, r) in all.iter().enumerate() {
         let free = match i.checked_sub(1).map(|p| &all[p]) {
             Some(previous) if previous.service == r.service => previous.done,
             _ => 0,
         };
-        from_free.extend(r.own_intervals(free));
         let parts = breakdown.entry(r.service.clone()).or_default();
+        if !r.acted {
+            from_free.push((r.received, r.done));
+            parts[4] += (r.done - r.received) as f64 / 1e6;
+            continue;
+        }
+        from_free.extend(r.own_intervals(free));
         let waiting = if r.received > 0 {
             r.received - (r.done - r.since_recorded)
         } else {
@@ -713,6 +721,10 @@ async fn measure(
         parts[2] += r.writing as f64 / 1e6;
         parts[3] += (r.since_recorded - waiting - r.appending - r.writing) as f64 / 1e6;
     }
+    all.retain(|r| r.acted);
+    // From each record's recording: time a service spent on earlier
+    // reactions (their writes included) counts again.
+    let mut intervals: Vec<(i64, i64)> = all.iter().flat_map(|r| r.own_intervals(0)).collect();
     let mut with_writes: Vec<(i64, i64)> = all
         .iter()
         .map(|r| (r.done - r.since_recorded, r.done))
@@ -747,17 +759,20 @@ async fn measure(
     let busy_from_free_us = union_us(from_free, (started_us, ended_us));
     let breakdown: Value = breakdown
         .iter()
-        .map(|(service, [waiting, appending, writing, rest])| {
-            (
-                service.clone(),
-                json!({
-                    "recorded_to_read_s": round(*waiting),
-                    "appending_to_the_log_s": round(*appending),
-                    "kubernetes_writes_s": round(*writing),
-                    "deciding_and_the_rest_s": round(*rest),
-                }),
-            )
-        })
+        .map(
+            |(service, [waiting, appending, writing, rest, unchanged])| {
+                (
+                    service.clone(),
+                    json!({
+                        "recorded_to_read_s": round(*waiting),
+                        "appending_to_the_log_s": round(*appending),
+                        "kubernetes_writes_s": round(*writing),
+                        "deciding_and_the_rest_s": round(*rest),
+                        "records_that_changed_nothing_s": round(*unchanged),
+                    }),
+                )
+            },
+        )
         .collect::<serde_json::Map<_, _>>()
         .into();
     let busy_with_writes_us = union_us(with_writes, (started_us, ended_us));

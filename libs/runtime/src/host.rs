@@ -455,14 +455,14 @@ pub async fn run<E: EffectExecutor>(
         // Switchyard's own latency: from the recording of a fact (or another
         // service's decision) to this service's decisions recorded and its
         // writes sent, and how long the writes took (the API server's part)
-        // — for the benchmarks, which read it from the service's log.
+        // — for the benchmarks, which read it from the service's log. Records
+        // that changed nothing are logged too: the service was busy with them.
         if let Some(Reacting {
             earliest,
             received,
             appending,
             decisions,
         }) = reacting
-            && (decisions > 0 || written.first > 0)
         {
             let done = now_nanos();
             tracing::debug!(

@@ -6,6 +6,8 @@ pub mod evidence;
 pub mod migration;
 pub mod moves;
 
+use std::collections::BTreeSet;
+
 use switchyard_proto::v1::{
     ApplicationMoveRefused, DomainEvent, WorkloadRef, domain_event::Kind, event,
 };
@@ -113,14 +115,26 @@ impl ClaimAllocator {
             }
             Input::Fact(fact) => {
                 trigger = Some(fact);
+                // A move follows its workload's own pods: a pod's fact can move
+                // on only the move of the workload that owned it before the
+                // fact or owns it after; a node's, any move.
+                let pod = match &fact.kind {
+                    Some(Kind::PodObserved(p)) => Some((p.namespace.clone(), p.name.clone())),
+                    Some(Kind::PodRemoved(p)) => Some((p.namespace.clone(), p.name.clone())),
+                    _ => None,
+                };
+                let mut owners = BTreeSet::new();
+                owners.extend(pod.as_ref().and_then(|key| self.move_of_pod(key)));
                 self.apply_at(fact, now);
+                owners.extend(pod.as_ref().and_then(|key| self.move_of_pod(key)));
                 match &fact.kind {
                     Some(Kind::WorkloadObserved(f)) => {
                         f.workload.iter().map(workload_key).collect()
                     }
-                    Some(Kind::PodObserved(_) | Kind::PodRemoved(_) | Kind::NodeObserved(_)) => {
-                        self.moves.active.keys().cloned().collect()
+                    Some(Kind::PodObserved(_) | Kind::PodRemoved(_)) => {
+                        owners.into_iter().collect()
                     }
+                    Some(Kind::NodeObserved(_)) => self.moves.active.keys().cloned().collect(),
                     _ => Vec::new(),
                 }
             }
@@ -370,6 +384,23 @@ impl ClaimAllocator {
         self.follow(keys, now, &mut out);
         self.run_migrations(None, now, &mut out);
         out
+    }
+
+    /// The workload in a move that pod `key` belongs to, if any: its owner,
+    /// or the CronJob whose Job owns it.
+    fn move_of_pod(&self, key: &(String, String)) -> Option<WorkloadKey> {
+        let pod = self.cluster.pods.get(key)?;
+        let owner = (
+            key.0.clone(),
+            pod.owner_kind.to_string(),
+            pod.owner_name.to_string(),
+        );
+        if self.moves.active.contains_key(&owner) {
+            return Some(owner);
+        }
+        let cron_job = self.cluster.workloads.get(&owner)?.cron_job.as_deref()?;
+        let parent = (key.0.clone(), "CronJob".to_string(), cron_job.to_string());
+        self.moves.active.contains_key(&parent).then_some(parent)
     }
 
     /// Moves each workload of `keys` on as far as the facts allow.
