@@ -15,11 +15,16 @@
 //!   those records' recording to its decisions recorded and writes done (the
 //!   services log it at debug, `switchyard_runtime::reaction`); for a node
 //!   agent, from its Node's `gpu-stack=dra` to its first ResourceSlice, both
-//!   seen by this process's watch. The union of those intervals, over the
-//!   wall time, bounds the share of the migration spent in Switchyard from
-//!   above: at any moment the migration waits either on a reaction of
-//!   Switchyard's or on Kubernetes (and the write's own round trip to the API
-//!   server is counted as Switchyard's).
+//!   seen by this process's watch.
+//! - The share of the wall time in which Switchyard was at it, as the union
+//!   of intervals, less the writes' round trips to the API server (the
+//!   cluster's part): `own` takes each reaction from its records' recording;
+//!   `own_from_the_service_free` from the later of that and the service's
+//!   previous reaction done (a service reacts to one batch of records at a
+//!   time: until then it was at that reaction, counted there, or waiting on
+//!   its writes), and reading records that changed nothing from their
+//!   reading; both with the node agents' intervals, and the latter also
+//!   without them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -706,8 +711,11 @@ async fn measure(
         };
         let parts = breakdown.entry(r.service.clone()).or_default();
         if !r.acted {
-            from_free.push((r.received, r.done));
-            parts[4] += (r.done - r.received) as f64 / 1e6;
+            // Effects issued again (their first answer not seen yet) are
+            // the API server's time, as for any reaction.
+            from_free.extend(r.own_intervals(r.received));
+            parts[2] += r.writing as f64 / 1e6;
+            parts[4] += (r.done - r.received - r.writing) as f64 / 1e6;
             continue;
         }
         from_free.extend(r.own_intervals(free));
@@ -743,6 +751,7 @@ async fn measure(
                 .push(r.writing as f64 / 1000.0);
         }
     }
+    let services_from_free_us = union_us(from_free.clone(), (started_us, ended_us));
     let agents = std::mem::take(&mut *agent_times.lock().expect("agent times"));
     let mut agent_ms = Vec::new();
     for (node, labelled) in &agents.dra_label {
@@ -867,6 +876,7 @@ async fn measure(
         "switchyard_reacting_share_of_wall_pct": {
             "own": share(busy_us as f64 / 1e6),
             "own_from_the_service_free": share(busy_from_free_us as f64 / 1e6),
+            "own_from_the_service_free_services_only": share(services_from_free_us as f64 / 1e6),
             "with_the_writes_round_trips": share(busy_with_writes_us as f64 / 1e6),
         },
         "peak_rss_mib": rss,
