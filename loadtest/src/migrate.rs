@@ -218,6 +218,19 @@ impl Reaction {
     }
 }
 
+/// Where a service's reactions spent their time (µs, summed).
+#[derive(Default)]
+struct Parts {
+    /// From the records' recording to the service taking them.
+    waiting: i64,
+    appending: i64,
+    /// The writes' round trips to the API server.
+    writing: i64,
+    deciding: i64,
+    /// Reading records that changed nothing.
+    unchanged: i64,
+}
+
 fn field(line: &str, name: &str) -> Option<i64> {
     let at = line.find(&format!("{name}="))? + name.len() + 1;
     line[at..]
@@ -703,7 +716,7 @@ async fn measure(
     // at that reaction (counted there) or waiting on its writes (Kubernetes').
     // Records that changed nothing count from their reading.
     let mut from_free: Vec<(i64, i64)> = Vec::new();
-    let mut breakdown: BTreeMap<String, [f64; 5]> = BTreeMap::new();
+    let mut breakdown: BTreeMap<String, Parts> = BTreeMap::new();
     for (i, r) in all.iter().enumerate() {
         let free = match i.checked_sub(1).map(|p| &all[p]) {
             Some(previous) if previous.service == r.service => previous.done,
@@ -714,8 +727,8 @@ async fn measure(
             // Effects issued again (their first answer not seen yet) are
             // the API server's time, as for any reaction.
             from_free.extend(r.own_intervals(r.received));
-            parts[2] += r.writing as f64 / 1e6;
-            parts[4] += (r.done - r.received - r.writing) as f64 / 1e6;
+            parts.writing += r.writing;
+            parts.unchanged += r.done - r.received - r.writing;
             continue;
         }
         from_free.extend(r.own_intervals(free));
@@ -724,10 +737,10 @@ async fn measure(
         } else {
             0
         };
-        parts[0] += waiting as f64 / 1e6;
-        parts[1] += r.appending as f64 / 1e6;
-        parts[2] += r.writing as f64 / 1e6;
-        parts[3] += (r.since_recorded - waiting - r.appending - r.writing) as f64 / 1e6;
+        parts.waiting += waiting;
+        parts.appending += r.appending;
+        parts.writing += r.writing;
+        parts.deciding += r.since_recorded - waiting - r.appending - r.writing;
     }
     all.retain(|r| r.acted);
     // From each record's recording: time a service spent on earlier
@@ -768,20 +781,19 @@ async fn measure(
     let busy_from_free_us = union_us(from_free, (started_us, ended_us));
     let breakdown: Value = breakdown
         .iter()
-        .map(
-            |(service, [waiting, appending, writing, rest, unchanged])| {
-                (
-                    service.clone(),
-                    json!({
-                        "recorded_to_read_s": round(*waiting),
-                        "appending_to_the_log_s": round(*appending),
-                        "kubernetes_writes_s": round(*writing),
-                        "deciding_and_the_rest_s": round(*rest),
-                        "records_that_changed_nothing_s": round(*unchanged),
-                    }),
-                )
-            },
-        )
+        .map(|(service, parts)| {
+            let s = |us: i64| round(us as f64 / 1e6);
+            (
+                service.clone(),
+                json!({
+                    "recorded_to_read_s": s(parts.waiting),
+                    "appending_to_the_log_s": s(parts.appending),
+                    "kubernetes_writes_s": s(parts.writing),
+                    "deciding_and_the_rest_s": s(parts.deciding),
+                    "records_that_changed_nothing_s": s(parts.unchanged),
+                }),
+            )
+        })
         .collect::<serde_json::Map<_, _>>()
         .into();
     let busy_with_writes_us = union_us(with_writes, (started_us, ended_us));

@@ -148,6 +148,16 @@ impl Pod {
         })
     }
 
+    /// [`Self::owner`] as a key of `Cluster::workloads` (empty kind and name
+    /// for a pod no controller owns).
+    pub fn owner_key(&self, namespace: &str) -> WorkloadKey {
+        (
+            namespace.to_string(),
+            self.owner_kind.to_string(),
+            self.owner_name.to_string(),
+        )
+    }
+
     /// Whether the pod (in `namespace`) belongs to `workload`.
     pub fn owned_by(&self, namespace: &str, workload: &WorkloadKey) -> bool {
         namespace == workload.0
@@ -502,14 +512,6 @@ impl Cluster {
                     .map(|(k, v)| (k.into(), v.into()))
                     .collect()
             };
-        self.pods_by_owner
-            .entry((
-                key.0.clone(),
-                owner_kind.to_string(),
-                owner_name.to_string(),
-            ))
-            .or_default()
-            .insert(key.clone());
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,
@@ -520,6 +522,10 @@ impl Cluster {
             claims_needed: fact.claims_needed,
             device_plugin_gpus: fact.device_plugin_gpus,
         };
+        self.pods_by_owner
+            .entry(pod.owner_key(&key.0))
+            .or_default()
+            .insert(key.clone());
         self.pods.insert(key, pod);
     }
 
@@ -729,11 +735,7 @@ impl Cluster {
             return;
         };
         let node = pod.node.to_string();
-        let owner = (
-            key.0.clone(),
-            pod.owner_kind.to_string(),
-            pod.owner_name.to_string(),
-        );
+        let owner = pod.owner_key(&key.0);
         if let Some(pods) = self.pods_by_owner.get_mut(&owner) {
             pods.remove(key);
             if pods.is_empty() {

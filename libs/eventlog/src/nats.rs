@@ -304,15 +304,15 @@ impl NatsLog {
         Ok(None)
     }
 
-    /// Every subject's head and last event id from the server, read together.
+    /// The subjects' heads and last event ids from the server, read together.
     async fn load_heads_until(
         &self,
-        subjects: &[Subject],
+        subjects: impl IntoIterator<Item = &Subject>,
         deadline: Instant,
     ) -> Result<Vec<(Head, Option<String>)>, LogError> {
         futures::future::try_join_all(
             subjects
-                .iter()
+                .into_iter()
                 .map(|subject| self.load_head_until(subject, deadline)),
         )
         .await
@@ -407,15 +407,16 @@ impl NatsLog {
         }
         let ack = ack.expect("a batch has a last event");
         let first = ack.sequence + 1 - events.len() as u64;
-        let mut new_heads = heads.to_vec();
+        let mut new_heads: Vec<Head> = heads
+            .iter()
+            .zip(prev)
+            .map(|(head, hash)| Head {
+                seq: head.seq,
+                hash,
+            })
+            .collect();
         for (i, &j) in batch.of_event.iter().enumerate() {
-            new_heads[j] = Head {
-                seq: first + i as u64,
-                hash: None,
-            };
-        }
-        for (head, hash) in new_heads.iter_mut().zip(prev) {
-            head.hash = hash;
+            new_heads[j].seq = first + i as u64;
         }
         Ok(((first..=ack.sequence).collect(), ack.duplicate, new_heads))
     }
@@ -538,12 +539,9 @@ impl EventLog for NatsLog {
             let missing: Vec<usize> = (0..subjects.len())
                 .filter(|&j| heads[j].is_none())
                 .collect();
-            let loaded = futures::future::try_join_all(
-                missing
-                    .iter()
-                    .map(|&j| self.load_head_until(&subjects[j], deadline)),
-            )
-            .await?;
+            let loaded = self
+                .load_heads_until(missing.iter().map(|&j| &subjects[j]), deadline)
+                .await?;
             for (&j, (head, _)) in missing.iter().zip(loaded) {
                 heads[j] = Some((head, false));
             }
@@ -692,7 +690,7 @@ impl EventLog for NatsLog {
                     if let Some(subject) = message.subject.as_str().strip_prefix(&prefix) {
                         let head = Head {
                             seq: stored.sequence,
-                            hash: Some(*blake3::hash(&message.payload).as_bytes()),
+                            hash: Some(stored.hash()),
                         };
                         remember_in(&heads, subject, head);
                     }

@@ -9,7 +9,8 @@ pub mod moves;
 use std::collections::BTreeSet;
 
 use switchyard_proto::v1::{
-    ApplicationMoveRefused, DomainEvent, WorkloadRef, domain_event::Kind, event,
+    ApplicationMoveRefused, DomainEvent, PodObserved, PodRemoved, WorkloadRef, domain_event::Kind,
+    event,
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
@@ -119,8 +120,12 @@ impl ClaimAllocator {
                 // on only the move of the workload that owned it before the
                 // fact or owns it after; a node's, any move.
                 let pod = match &fact.kind {
-                    Some(Kind::PodObserved(p)) => Some((p.namespace.clone(), p.name.clone())),
-                    Some(Kind::PodRemoved(p)) => Some((p.namespace.clone(), p.name.clone())),
+                    Some(Kind::PodObserved(PodObserved {
+                        namespace, name, ..
+                    }))
+                    | Some(Kind::PodRemoved(PodRemoved { namespace, name })) => {
+                        Some((namespace.clone(), name.clone()))
+                    }
                     _ => None,
                 };
                 let mut owners = BTreeSet::new();
@@ -389,12 +394,7 @@ impl ClaimAllocator {
     /// The workload in a move that pod `key` belongs to, if any: its owner,
     /// or the CronJob whose Job owns it.
     fn move_of_pod(&self, key: &(String, String)) -> Option<WorkloadKey> {
-        let pod = self.cluster.pods.get(key)?;
-        let owner = (
-            key.0.clone(),
-            pod.owner_kind.to_string(),
-            pod.owner_name.to_string(),
-        );
+        let owner = self.cluster.pods.get(key)?.owner_key(&key.0);
         if self.moves.active.contains_key(&owner) {
             return Some(owner);
         }
