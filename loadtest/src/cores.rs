@@ -144,6 +144,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
             placement: Some(placement),
             managed_by: String::new(),
             owner: None,
+            restarted_at: String::new(),
         })));
         facts.push(ev(Kind::PodObserved(PodObserved {
             namespace: workload.namespace.clone(),

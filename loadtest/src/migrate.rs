@@ -22,9 +22,12 @@
 //!   `own_from_the_service_free` from the later of that and the service's
 //!   previous reaction done (a service reacts to one batch of records at a
 //!   time: until then it was at that reaction, counted there, or waiting on
-//!   its writes), and reading records that changed nothing from their
-//!   reading; both with the node agents' intervals, and the latter also
-//!   without them.
+//!   its writes), and reading records that changed nothing — or a tick's or
+//!   a command's effects issued again — from their reading. `own` adds the
+//!   node agents' intervals as this process's watch saw them (the label to
+//!   the first slice); `own_from_the_service_free` adds each agent's own part
+//!   as it logged it (its node's change seen to its switch done, less its
+//!   calls to the API server and kubelet), and is also given without them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -180,6 +183,8 @@ fn is_switchyard(component: &str) -> bool {
 /// One reaction of a service, as it logged it (µs).
 struct Reaction {
     service: String,
+    /// What it reacted to: records, a tick or a command.
+    input: String,
     /// From the earliest record read to the decisions recorded and the
     /// writes done.
     since_recorded: i64,
@@ -221,7 +226,8 @@ impl Reaction {
 /// Where a service's reactions spent their time (µs, summed).
 #[derive(Default)]
 struct Parts {
-    /// From the records' recording to the service taking them.
+    /// From the later of the records' recording and the service free to
+    /// the service taking them.
     waiting: i64,
     appending: i64,
     /// The writes' round trips to the API server.
@@ -229,6 +235,94 @@ struct Parts {
     deciding: i64,
     /// Reading records that changed nothing.
     unchanged: i64,
+    /// Ticks and commands that decided nothing: effects issued again.
+    ticks: i64,
+}
+
+/// A node agent's switch to DRA, as it logged it (µs since the epoch): from
+/// its node's change seen to the switch done, and the calls to the API server
+/// (its slices) and to kubelet it waited on.
+struct Switch {
+    seen: i64,
+    done: i64,
+    api: (i64, i64),
+    kubelet: (i64, i64),
+}
+
+impl Switch {
+    /// The agent's own part: the switch less its calls.
+    fn own_intervals(&self) -> Vec<(i64, i64)> {
+        let mut calls: Vec<(i64, i64)> = [self.api, self.kubelet]
+            .into_iter()
+            .filter(|(_, took)| *took > 0)
+            .map(|(start, took)| (start, start + took))
+            .collect();
+        calls.sort();
+        let mut out = Vec::new();
+        let mut at = self.seen;
+        for (start, end) in calls {
+            if start > at {
+                out.push((at, start));
+            }
+            at = at.max(end);
+        }
+        if self.done > at {
+            out.push((at, self.done));
+        }
+        out
+    }
+
+    /// From the node's change seen to the first slice written, less the
+    /// wait on kubelet before it.
+    fn own_latency(&self) -> i64 {
+        let (kubelet_start, kubelet) = self.kubelet;
+        let before_write = if kubelet > 0 && kubelet_start < self.api.0 {
+            kubelet
+        } else {
+            0
+        };
+        self.api.0 - self.seen - before_write
+    }
+}
+
+/// The node agents' switches to DRA in the logs in `dir`.
+fn switches(dir: &Path) -> Vec<Switch> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.starts_with("node-agent-") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text
+            .lines()
+            .filter(|l| l.contains(" serving ") && l.contains("stack=Some(Dra)"))
+        {
+            let (Some(seen), Some(done), Some(api_started)) = (
+                field(line, "seen_unix_us"),
+                field(line, "done_unix_us"),
+                field(line, "api_started_unix_us"),
+            ) else {
+                continue;
+            };
+            out.push(Switch {
+                seen,
+                done,
+                api: (api_started, field(line, "api_us").unwrap_or(0)),
+                kubelet: (
+                    field(line, "kubelet_started_unix_us").unwrap_or(0),
+                    field(line, "kubelet_us").unwrap_or(0),
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// A string field as tracing writes it: `name="value"`.
+fn text_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let at = line.find(&format!("{name}=\""))? + name.len() + 2;
+    line[at..].split('"').next()
 }
 
 fn field(line: &str, name: &str) -> Option<i64> {
@@ -258,6 +352,7 @@ fn reactions(service: &str, log: &Path) -> (Vec<Reaction>, usize) {
         ) {
             out.push(Reaction {
                 service: service.to_string(),
+                input: text_field(line, "input").unwrap_or("records").to_string(),
                 since_recorded,
                 done,
                 received: field(line, "received_unix_us").unwrap_or(0),
@@ -728,19 +823,23 @@ async fn measure(
             // the API server's time, as for any reaction.
             from_free.extend(r.own_intervals(r.received));
             parts.writing += r.writing;
-            parts.unchanged += r.done - r.received - r.writing;
+            if r.input == "records" {
+                parts.unchanged += r.done - r.received - r.writing;
+            } else {
+                parts.ticks += r.done - r.received - r.writing;
+            }
             continue;
         }
         from_free.extend(r.own_intervals(free));
         let waiting = if r.received > 0 {
-            r.received - (r.done - r.since_recorded)
+            r.received - (r.done - r.since_recorded).max(free)
         } else {
             0
         };
         parts.waiting += waiting;
         parts.appending += r.appending;
         parts.writing += r.writing;
-        parts.deciding += r.since_recorded - waiting - r.appending - r.writing;
+        parts.deciding += r.done - r.received.max(free) - r.appending - r.writing;
     }
     all.retain(|r| r.acted);
     // From each record's recording: time a service spent on earlier
@@ -773,9 +872,18 @@ async fn measure(
         {
             agent_ms.push((slice - labelled) as f64 / 1000.0);
             intervals.push((*labelled, *slice));
-            from_free.push((*labelled, *slice));
             with_writes.push((*labelled, *slice));
         }
+    }
+    // From the service free: a node agent's own part, as it logged it.
+    let switched: Vec<Switch> = switches(world.dir.path())
+        .into_iter()
+        .filter(|s| s.done >= started_us && s.done <= ended_us)
+        .collect();
+    let mut agent_own_ms = Vec::new();
+    for switch in &switched {
+        agent_own_ms.push(switch.own_latency() as f64 / 1000.0);
+        from_free.extend(switch.own_intervals());
     }
     let busy_us = union_us(intervals, (started_us, ended_us));
     let busy_from_free_us = union_us(from_free, (started_us, ended_us));
@@ -786,11 +894,12 @@ async fn measure(
             (
                 service.clone(),
                 json!({
-                    "recorded_to_read_s": s(parts.waiting),
+                    "free_to_read_s": s(parts.waiting),
                     "appending_to_the_log_s": s(parts.appending),
                     "kubernetes_writes_s": s(parts.writing),
                     "deciding_and_the_rest_s": s(parts.deciding),
                     "records_that_changed_nothing_s": s(parts.unchanged),
+                    "ticks_and_commands_s": s(parts.ticks),
                 }),
             )
         })
@@ -805,10 +914,17 @@ async fn measure(
     let latency: Value = by_service
         .iter()
         .map(|(s, v)| (s.clone(), summary(v.clone())))
-        .chain([(
-            "node agents (gpu-stack=dra to the first slice)".to_string(),
-            summary(agent_ms),
-        )])
+        .chain([
+            (
+                "node agents (gpu-stack=dra to the first slice, seen by the harness)".to_string(),
+                summary(agent_ms),
+            ),
+            (
+                "node agents own (node change seen to its slices written, less kubelet)"
+                    .to_string(),
+                summary(agent_own_ms),
+            ),
+        ])
         .collect::<serde_json::Map<_, _>>()
         .into();
 

@@ -209,6 +209,8 @@ pub struct Workload {
     pub managed_by: Box<str>,
     /// The CronJob a Job was made by, in the Job's namespace.
     pub cron_job: Option<Box<str>>,
+    /// The pod template's `kubectl.kubernetes.io/restartedAt`; empty: none.
+    pub restarted_at: Box<str>,
 }
 
 /// A workload's placement kept encoded: a few dozen bytes instead of nested
@@ -558,6 +560,7 @@ impl Cluster {
                         .owner
                         .filter(|o| o.kind == "CronJob")
                         .map(|o| o.name.as_str().into()),
+                    restarted_at: fact.restarted_at.into(),
                 },
             );
         }

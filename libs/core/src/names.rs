@@ -52,6 +52,9 @@ pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 
 /// The device-plugin resource name.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
+/// The pod-template annotation `kubectl rollout restart` sets; a move's
+/// restart sets it to the move's id.
+pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 /// Prefix of a GPU class's extended resource: `gpu.deckhouse.io/<class>`.
 pub const CLASS_RESOURCE_PREFIX: &str = "gpu.deckhouse.io/";
 /// Prefix of the NFD / GPU feature discovery labels cleared on completion.

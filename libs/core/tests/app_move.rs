@@ -8,7 +8,7 @@ use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::command::MoveApplication;
 use switchyard_core::effects::Effect;
 use switchyard_core::placement::rewrite;
-use switchyard_proto::v1::{DomainEvent, PodPhase, WorkloadRef, domain_event::Kind};
+use switchyard_proto::v1::{DomainEvent, PodPhase, WorkloadPlacement, WorkloadRef, domain_event::Kind};
 
 fn web() -> WorkloadRef {
     WorkloadRef {
@@ -99,7 +99,7 @@ fn an_application_is_moved_restarted_and_verified() {
     );
     let after = rw.after.clone().unwrap();
     assert_eq!(
-        core.moves.effects(),
+        core.moves.effects(&core.cluster),
         [Effect::SetPlacement {
             workload: web(),
             placement: after.clone()
@@ -109,10 +109,38 @@ fn an_application_is_moved_restarted_and_verified() {
     // The edge wrote the manifest: restart it.
     let decisions = core.handle(Input::Fact(&mk_workload("apps", "web", 1, after.clone())));
     assert_eq!(names(&decisions), ["WorkloadRestarted"]);
-    assert!(core.moves.effects().contains(&Effect::RestartWorkload {
+    assert!(core.moves.effects(&core.cluster).contains(&Effect::RestartWorkload {
         workload: web(),
         restarted_at: "m-web".into()
     }));
+    // What the cluster shows is not written again: the rewritten template is
+    // seen, and once the restart shows in it, nothing is wanted.
+    assert!(
+        !core
+            .moves
+            .effects(&core.cluster)
+            .iter()
+            .any(|e| matches!(e, Effect::SetPlacement { .. }))
+    );
+    let restarted = |placement: &WorkloadPlacement| {
+        let mut fact = mk_workload("apps", "web", 1, placement.clone());
+        if let Some(Kind::WorkloadObserved(w)) = &mut fact.kind {
+            w.restarted_at = "m-web".into();
+        }
+        fact
+    };
+    assert!(core.handle(Input::Fact(&restarted(&after))).is_empty());
+    assert_eq!(core.moves.effects(&core.cluster), []);
+    // Something undoes the rewrite mid-move: it is wanted again.
+    assert!(core.handle(Input::Fact(&restarted(&before()))).is_empty());
+    assert_eq!(
+        core.moves.effects(&core.cluster),
+        [Effect::SetPlacement {
+            workload: web(),
+            placement: after.clone()
+        }]
+    );
+    assert!(core.handle(Input::Fact(&restarted(&after))).is_empty());
 
     // Old pod on the source node, then a new one Pending: not verified.
     assert!(
@@ -155,7 +183,7 @@ fn an_application_is_moved_restarted_and_verified() {
         (v.pod_nodes.clone(), v.claims_allocated),
         (vec!["d1".to_string()], 1)
     );
-    assert!(core.moves.effects().is_empty());
+    assert!(core.moves.effects(&core.cluster).is_empty());
 }
 
 #[test]

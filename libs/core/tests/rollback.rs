@@ -422,7 +422,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         ["RollbackStarted"]
     );
     assert_eq!(
-        core.moves.effects(),
+        core.moves.effects(&core.cluster),
         [Effect::SetPlacement {
             workload: web(),
             placement: original.clone()

@@ -43,6 +43,7 @@ fn observed(
         placement: Some(placement),
         managed_by: String::new(),
         owner: owner.map(Box::new),
+        restarted_at: String::new(),
     }))
 }
 
@@ -133,7 +134,7 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         None,
     )));
     assert_eq!(names(&d), ["WorkloadRestarted"]);
-    assert!(core.moves.effects().contains(&Effect::RestartWorkload {
+    assert!(core.moves.effects(&core.cluster).contains(&Effect::RestartWorkload {
         workload: ds.clone(),
         restarted_at: "m-exporter".into()
     }));
@@ -195,7 +196,7 @@ fn a_job_is_refused_and_one_made_by_a_cronjob_names_it() {
     let reason = refused(&move_of(&mut core, reference("Job", "nightly-29000000")));
     assert!(reason.contains("move the CronJob"), "{reason}");
     assert!(reason.contains("CronJob apps/nightly"), "{reason}");
-    assert!(core.moves.effects().is_empty());
+    assert!(core.moves.effects(&core.cluster).is_empty());
 }
 
 #[test]
@@ -231,7 +232,7 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
     assert!(d.is_empty(), "{d:?}");
     assert!(
         core.moves
-            .effects()
+            .effects(&core.cluster)
             .iter()
             .all(|e| !matches!(e, Effect::RestartWorkload { .. }))
     );
@@ -294,7 +295,7 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
         (v.pod_nodes.clone(), v.claims_allocated),
         (vec!["d1".to_string()], 1)
     );
-    assert!(core.moves.effects().is_empty());
+    assert!(core.moves.effects(&core.cluster).is_empty());
 }
 
 #[test]
@@ -340,7 +341,7 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
         ["RollbackStarted"]
     );
     assert_eq!(
-        core.moves.effects(),
+        core.moves.effects(&core.cluster),
         [Effect::SetPlacement {
             workload: cron.clone(),
             placement: on_gpu()
@@ -354,7 +355,7 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
         None,
     )));
     assert_eq!(names(&d), ["StepCompensated", "RollbackCompleted"]);
-    assert!(core.moves.effects().is_empty());
+    assert!(core.moves.effects(&core.cluster).is_empty());
 }
 
 #[test]

@@ -7,13 +7,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceQuota};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodTemplateSpec, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
-use switchyard_core::names::{GPU_DEVICE_LABEL, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX};
+use switchyard_core::names::{
+    GPU_DEVICE_LABEL, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, RESTARTED_AT_ANNOTATION,
+};
 use switchyard_proto::v1::{
     AllocatedDevice, DeviceClassObserved, DeviceClassRemoved, DomainEvent, GpuClassObserved,
     GpuClassRemoved, GpuPhase, GpuSharing, GpuSpec, LabelSelector, LabelSelectorRequirement,
@@ -505,7 +507,7 @@ pub fn deployment(d: &Deployment) -> DomainEvent {
         &d.metadata,
         "Deployment",
         spec.and_then(|s| s.replicas).unwrap_or(1),
-        spec.and_then(|s| s.template.spec.as_ref()),
+        spec.map(|s| &s.template),
     )
 }
 
@@ -515,7 +517,7 @@ pub fn stateful_set(s: &StatefulSet) -> DomainEvent {
         &s.metadata,
         "StatefulSet",
         spec.and_then(|s| s.replicas).unwrap_or(1),
-        spec.and_then(|s| s.template.spec.as_ref()),
+        spec.map(|s| &s.template),
     )
 }
 
@@ -532,7 +534,7 @@ pub fn daemon_set(d: &DaemonSet) -> DomainEvent {
         &d.metadata,
         "DaemonSet",
         desired,
-        d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+        d.spec.as_ref().map(|s| &s.template),
     )
 }
 
@@ -552,7 +554,7 @@ pub fn job(j: &Job) -> DomainEvent {
         &j.metadata,
         "Job",
         if finished { 0 } else { parallelism },
-        spec.and_then(|s| s.template.spec.as_ref()),
+        spec.map(|s| &s.template),
     );
     if let Some(Kind::WorkloadObserved(w)) = &mut fact.kind {
         w.owner = j
@@ -576,11 +578,7 @@ pub fn cron_job(c: &CronJob) -> DomainEvent {
         &c.metadata,
         "CronJob",
         0,
-        c.spec
-            .job_template
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref()),
+        c.spec.job_template.spec.as_ref().map(|s| &s.template),
     )
 }
 
@@ -598,8 +596,14 @@ fn workload(
     meta: &ObjectMeta,
     kind: &str,
     replicas: i32,
-    template: Option<&PodSpec>,
+    template: Option<&PodTemplateSpec>,
 ) -> DomainEvent {
+    let restarted_at = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
     event(Kind::WorkloadObserved(WorkloadObserved {
         workload: Some(WorkloadRef {
             namespace: meta.namespace.clone().unwrap_or_default(),
@@ -607,9 +611,10 @@ fn workload(
             name: meta.name.clone().unwrap_or_default(),
         }),
         replicas: replicas.max(0) as u32,
-        placement: Some(placement(template)),
+        placement: Some(placement(template.and_then(|t| t.spec.as_ref()))),
         managed_by: managed_by(meta),
         owner: None,
+        restarted_at,
     }))
 }
 

@@ -200,6 +200,42 @@ pub struct Agent {
     usage: Arc<dyn DeviceUsage>,
     running: Option<Running>,
     generation: i64,
+    waits: Waits,
+}
+
+/// What the last switch of stacks waited on (µs since the epoch, µs): the
+/// API server (the node's slices published or withdrawn) and kubelet (the
+/// devices it holds). The rest of the switch is the agent's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Waits {
+    pub api: Option<Span>,
+    pub kubelet: Option<Span>,
+}
+
+/// From its first start to its last end, the calls of one kind a switch made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub started_unix_us: i64,
+    pub took_us: i64,
+}
+
+pub(crate) fn now_unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// `call`, its time added to `span`.
+async fn timed<T>(span: &mut Option<Span>, call: impl Future<Output = T>) -> T {
+    let started = now_unix_us();
+    let out = call.await;
+    let ended = now_unix_us();
+    let first = span.map_or(started, |s| s.started_unix_us);
+    *span = Some(Span {
+        started_unix_us: first,
+        took_us: ended - first,
+    });
+    out
 }
 
 impl Agent {
@@ -218,7 +254,13 @@ impl Agent {
             usage,
             running: None,
             generation: 0,
+            waits: Waits::default(),
         }
+    }
+
+    /// What the last [`Agent::serve`] that switched waited on.
+    pub fn waits(&self) -> Waits {
+        self.waits
     }
 
     /// The machine as it changed (a card's health): the served stack tells
@@ -263,6 +305,7 @@ impl Agent {
         if self.serving() == stack {
             return Ok(());
         }
+        self.waits = Waits::default();
         match self.running.take() {
             None => {}
             Some(Running::Dra { plugin, server }) => {
@@ -275,7 +318,7 @@ impl Agent {
                     }
                     .into());
                 }
-                if let Err(e) = self.slices.withdraw().await {
+                if let Err(e) = timed(&mut self.waits.api, self.slices.withdraw()).await {
                     plugin.reopen();
                     self.running = Some(Running::Dra { plugin, server });
                     return Err(AgentError::Withdraw(e));
@@ -291,7 +334,7 @@ impl Agent {
                 // and what was handed out but may not have reached it yet,
                 // is all.
                 let answered = gate.close();
-                let mut in_use = match self.usage.in_use().await {
+                let mut in_use = match timed(&mut self.waits.kubelet, self.usage.in_use()).await {
                     Ok(in_use) => in_use,
                     Err(e) => {
                         gate.reopen();
@@ -357,13 +400,8 @@ impl Agent {
             self.claims.clone(),
         )?);
         self.generation += 1;
-        self.slices
-            .publish(publish::resource_slices(
-                &c.node,
-                &self.machine,
-                c.layout,
-                self.generation,
-            ))
+        let slices = publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
+        timed(&mut self.waits.api, self.slices.publish(slices))
             .await
             .map_err(AgentError::Publish)?;
         let (stop, stopped) = oneshot::channel::<()>();

@@ -319,11 +319,14 @@ pub async fn serve_node(
     // A refused switch is tried again on the next change or retry tick.
     let mut retry = tokio::time::interval(std::time::Duration::from_secs(30));
     let mut wanted = None;
+    // When the node last changed, as this agent saw it (µs since the epoch).
+    let mut seen_unix_us = 0;
     let mut started = Some(started);
     loop {
         tokio::select! {
             event = watch.next() => match event {
                 Some(Ok(node)) => {
+                    seen_unix_us = crate::agent::now_unix_us();
                     wanted = Some(assigned(&node));
                     node_ref = node.object_ref(&());
                 }
@@ -365,7 +368,27 @@ pub async fn serve_node(
             && agent.serving() != stack
         {
             match agent.serve(stack).await {
-                Ok(()) => tracing::info!(?stack, "serving"),
+                Ok(()) => {
+                    // From the node's change seen to the switch done, with
+                    // what it waited on (the API server, kubelet): the
+                    // benchmarks take the agent's own part from it.
+                    let waits = agent.waits();
+                    let span = |s: Option<crate::agent::Span>| {
+                        s.map_or((0, 0), |s| (s.started_unix_us, s.took_us))
+                    };
+                    let (api_started, api) = span(waits.api);
+                    let (kubelet_started, kubelet) = span(waits.kubelet);
+                    tracing::info!(
+                        ?stack,
+                        seen_unix_us,
+                        done_unix_us = crate::agent::now_unix_us(),
+                        api_started_unix_us = api_started,
+                        api_us = api,
+                        kubelet_started_unix_us = kubelet_started,
+                        kubelet_us = kubelet,
+                        "serving"
+                    );
+                }
                 Err(AgentError::Blocked(blocked)) => {
                     tracing::warn!(error = %blocked, "HandoverBlocked: the switch waits");
                     events.handover_blocked(&blocked, stack, &node_ref).await;

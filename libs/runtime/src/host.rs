@@ -423,20 +423,33 @@ pub async fn run<E: EffectExecutor>(
                 let appending = now_nanos();
                 host.append(&decisions).await?;
                 let appended = now_nanos();
-                earliest.map(|earliest| Reacting {
-                    earliest,
+                // Records this service wrote itself only: nothing to time
+                // unless effects go out after them.
+                Reacting {
+                    input: "records",
+                    earliest: earliest.unwrap_or(received),
                     received,
                     appending: appended - appending,
                     decisions: decisions.len(),
-                })
+                    from_records: earliest.is_some(),
+                }
             }
             _ = tick.tick() => {
+                let received = now_nanos();
                 let decisions = host.core.decide(Input::Tick, now_nanos());
+                let appending = now_nanos();
                 host.append(&decisions).await?;
                 if !decisions.is_empty() {
                     tracing::debug!(target: "switchyard_runtime::reaction", decisions = decisions.len(), "decided on a tick");
                 }
-                None
+                Reacting {
+                    input: "tick",
+                    earliest: received,
+                    received,
+                    appending: now_nanos() - appending,
+                    decisions: decisions.len(),
+                    from_records: false,
+                }
             }
             Some(request) = async {
                 match requests.as_mut() {
@@ -444,11 +457,20 @@ pub async fn run<E: EffectExecutor>(
                     None => std::future::pending().await,
                 }
             } => {
+                let received = now_nanos();
                 let reply = host.command(&request.payload).await;
+                let decisions = reply.decisions.len();
                 if let (Some(to), Some(client)) = (request.reply, &commands) {
                     client.publish(to, reply.encode_to_vec().into()).await?;
                 }
-                None
+                Reacting {
+                    input: "command",
+                    earliest: received,
+                    received,
+                    appending: 0,
+                    decisions,
+                    from_records: false,
+                }
             }
         };
         let written = host.execute_effects().await?;
@@ -456,17 +478,22 @@ pub async fn run<E: EffectExecutor>(
         // service's decision) to this service's decisions recorded and its
         // writes sent, and how long the writes took (the API server's part)
         // — for the benchmarks, which read it from the service's log. Records
-        // that changed nothing are logged too: the service was busy with them.
-        if let Some(Reacting {
-            earliest,
-            received,
-            appending,
-            decisions,
-        }) = reacting
-        {
+        // that changed nothing are logged too: the service was busy with
+        // them; so are a tick's or a command's decisions and writes (effects
+        // issued again among them), which keep it from the log meanwhile.
+        if reacting.from_records || reacting.decisions > 0 || written.took > 0 {
+            let Reacting {
+                input,
+                earliest,
+                received,
+                appending,
+                decisions,
+                from_records: _,
+            } = reacting;
             let done = now_nanos();
             tracing::debug!(
                 target: "switchyard_runtime::reaction",
+                input,
                 since_recorded_us = (done - earliest) / 1000,
                 received_unix_us = received / 1000,
                 appending_us = appending / 1000,
@@ -481,14 +508,17 @@ pub async fn run<E: EffectExecutor>(
     }
 }
 
-/// A reaction to records, for its timing: the earliest recording time of the
-/// records decided on, when the service took them from the log, how long
-/// appending its decisions took, and how many it made (ns).
+/// One input's reaction, for its timing (ns): the earliest recording time of
+/// the records decided on (a tick's or a command's arrival), when the service
+/// took the input, how long appending its decisions took, and how many it
+/// made; `from_records` when another's records were among them.
 struct Reacting {
+    input: &'static str,
     earliest: i64,
     received: i64,
     appending: i64,
     decisions: usize,
+    from_records: bool,
 }
 
 /// Why a hosted service could not start or stopped; `E` is its own part

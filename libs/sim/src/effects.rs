@@ -187,6 +187,7 @@ impl Simulator {
                 }
                 w.restarted_at = restarted_at.clone();
                 let replicas = w.replicas;
+                self.report_workload(workload);
                 let old: Vec<ObjectKey> = self
                     .pods
                     .iter()

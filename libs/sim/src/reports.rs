@@ -53,6 +53,7 @@ impl Simulator {
             placement: Some(w.placement.clone()),
             managed_by: String::new(),
             owner: None,
+            restarted_at: w.restarted_at.clone(),
         })));
     }
 

@@ -39,8 +39,7 @@ pub fn template_patch(kind: &str, pod_spec: serde_json::Value) -> serde_json::Va
     }
 }
 
-/// The `kubectl rollout restart` annotation.
-pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
+pub use switchyard_core::names::RESTARTED_AT_ANNOTATION;
 
 /// The claim-allocator's writers (field manager `switchyard-claim-allocator`), as the
 /// runtime's executor.

@@ -78,7 +78,7 @@ impl ClaimAllocator {
     /// What the edge should keep true: the moves' rewrites and restarts, then
     /// completion's quotas, labels and group.
     pub fn effects(&self) -> Vec<Effect> {
-        let mut effects = self.moves.effects();
+        let mut effects = self.moves.effects(&self.cluster);
         effects.extend(self.completion.effects(&self.cluster));
         effects
     }

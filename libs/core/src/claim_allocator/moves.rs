@@ -357,7 +357,7 @@ impl AppMoves {
         let restarted = event(Kind::WorkloadRestarted(WorkloadRestarted {
             move_id: m.id.clone(),
             workload: Some(m.workload.clone()),
-            restarted_at_before: String::new(),
+            restarted_at_before: workload.restarted_at.to_string(),
             restarted_at: m.id.clone(),
         }));
         // A CronJob is not restarted: its next run is made from the template.
@@ -465,15 +465,24 @@ impl AppMoves {
         }
     }
 
-    /// What the edge should be doing for the moves in progress.
-    pub fn effects(&self) -> Vec<Effect> {
+    /// What the edge should be doing for the moves in progress: what the
+    /// cluster does not show yet — the rewritten template until it is seen
+    /// (and again should something undo it), the restart until the template
+    /// carries the move's `restartedAt`. A workload not seen has nothing to
+    /// write to.
+    pub fn effects(&self, cluster: &Cluster) -> Vec<Effect> {
         let mut effects = Vec::new();
-        for m in self.active.values() {
-            effects.push(Effect::SetPlacement {
-                workload: m.workload.clone(),
-                placement: m.after.clone(),
-            });
-            if m.step == MoveStep::Verify {
+        for (key, m) in &self.active {
+            let Some(workload) = cluster.workloads.get(key) else {
+                continue;
+            };
+            if !workload.placement.is(&m.after) {
+                effects.push(Effect::SetPlacement {
+                    workload: m.workload.clone(),
+                    placement: m.after.clone(),
+                });
+            }
+            if m.step == MoveStep::Verify && *workload.restarted_at != *m.id {
                 effects.push(Effect::RestartWorkload {
                     workload: m.workload.clone(),
                     restarted_at: m.id.clone(),

@@ -306,6 +306,7 @@ pub fn mk_workload(
         placement: Some(placement),
         managed_by: String::new(),
         owner: None,
+        restarted_at: String::new(),
     }))
 }
 
