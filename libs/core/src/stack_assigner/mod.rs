@@ -36,7 +36,7 @@ use switchyard_proto::v1::{
 
 pub mod handover;
 
-use crate::cluster::{Cluster, ReadinessSelectors, WorkloadKey, workload_key};
+use crate::cluster::{Cluster, Node, ReadinessSelectors, WorkloadKey, workload_key};
 use crate::command::{Command, StartHandover, wave_handover_id};
 use crate::effects::Effect;
 use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
@@ -484,10 +484,13 @@ impl StackAssigner {
         let mut out = Vec::new();
         let nodes: Vec<String> = match input {
             Input::Fact(fact) => {
+                // A pod's fact moves on only the handover of the node it was
+                // on before the fact, or is on after it.
+                let was_on = self.pod_node(fact);
                 self.apply(fact, now);
                 let decisions = self.decide(fact);
                 self.fold(decisions, now, &mut out);
-                let mut nodes = self.handovers_touched_by(fact);
+                let mut nodes = self.handovers_touched_by(fact, was_on);
                 if matches!(fact.kind, Some(Kind::WaveStarted(_))) {
                     nodes.extend(self.start_waves_due(now, &mut out));
                 }
@@ -602,34 +605,65 @@ impl StackAssigner {
         }
     }
 
-    /// Active handovers a fact may move on.
-    fn handovers_touched_by(&self, fact: &DomainEvent) -> Vec<String> {
-        match &fact.kind {
-            Some(Kind::NodeObserved(f)) if self.handovers.active.contains_key(&f.node) => {
-                vec![f.node.clone()]
+    /// The node the pod of a pod fact is on now, as folded so far.
+    fn pod_node(&self, fact: &DomainEvent) -> Option<String> {
+        let key = match &fact.kind {
+            Some(Kind::PodObserved(f)) => (f.namespace.clone(), f.name.clone()),
+            Some(Kind::PodRemoved(f)) => (f.namespace.clone(), f.name.clone()),
+            _ => return None,
+        };
+        self.cluster.pods.get(&key).map(|p| p.node.to_string())
+    }
+
+    /// Active handovers a fact may move on. A step reads its node, the
+    /// node's pods and PhysicalGPUs, and the groups and module settings: a
+    /// fact on one node or pod touches that node's handover only (`was_on`:
+    /// where the pod of a pod fact was before it).
+    fn handovers_touched_by(&self, fact: &DomainEvent, was_on: Option<String>) -> Vec<String> {
+        let node = match &fact.kind {
+            Some(Kind::NodeObserved(f)) => f.node.clone(),
+            Some(Kind::NodeRemoved(f)) => f.node.clone(),
+            Some(Kind::PhysicalGpuObserved(f)) => f.node.clone(),
+            Some(Kind::PhysicalGpuRemoved(f)) => f.node.clone(),
+            Some(Kind::PodObserved(f)) => {
+                let mut nodes: Vec<String> = was_on
+                    .into_iter()
+                    .chain([f.node.clone()])
+                    .filter(|n| self.handovers.active.contains_key(n))
+                    .collect();
+                nodes.dedup();
+                return nodes;
             }
-            Some(Kind::NodeRemoved(f)) if self.handovers.active.contains_key(&f.node) => {
-                vec![f.node.clone()]
+            Some(Kind::PodRemoved(_)) => return was_on
+                .filter(|n| self.handovers.active.contains_key(n))
+                .into_iter()
+                .collect(),
+            Some(Kind::NodeGroupObserved(_) | Kind::ModuleSettingsObserved(_)) => {
+                return self.handovers.active.keys().cloned().collect();
             }
-            Some(
-                Kind::PodObserved(_)
-                | Kind::PodRemoved(_)
-                | Kind::PhysicalGpuObserved(_)
-                | Kind::PhysicalGpuRemoved(_)
-                | Kind::NodeGroupObserved(_)
-                | Kind::ModuleSettingsObserved(_),
-            ) => self.handovers.active.keys().cloned().collect(),
-            _ => Vec::new(),
+            _ => return Vec::new(),
+        };
+        if self.handovers.active.contains_key(&node) {
+            vec![node]
+        } else {
+            Vec::new()
         }
     }
 
     /// What the edge should be doing: the gpu-stack label of every node as
     /// decided, and the steps of the handovers in progress.
     pub fn effects(&self) -> Vec<Effect> {
+        // Both maps are sorted by node name: one pass over the nodes, no
+        // lookups (this runs after every record).
+        let mut nodes = self.cluster.nodes.iter().peekable();
         let mut effects: Vec<Effect> = self
             .assignments
-            .keys()
-            .filter_map(|node| self.stack_label_effect(node))
+            .iter()
+            .filter_map(|(name, assignment)| {
+                while nodes.next_if(|(n, _)| *n < name).is_some() {}
+                let node = nodes.peek().filter(|(n, _)| *n == name).map(|(_, n)| *n);
+                label_effect(name, assignment, node)
+            })
             .collect();
         effects.extend(self.switch_holds.iter().map(|(node, held)| {
             Effect::NodeEvent {
@@ -647,22 +681,7 @@ impl StackAssigner {
 
     /// The label change `node` needs, if its gpu-stack label is not the decided stack.
     pub fn stack_label_effect(&self, node: &str) -> Option<Effect> {
-        let assignment = self.assignments.get(node)?;
-        let want = match assignment.stack {
-            Stack::DevicePlugin => Some(STACK_DEVICE_PLUGIN),
-            Stack::Dra => Some(STACK_DRA),
-            Stack::None | Stack::Unspecified => None,
-        };
-        let have = self
-            .cluster
-            .nodes
-            .get(node)
-            .and_then(|n| n.labels.get(GPU_STACK_LABEL))
-            .map(String::as_str);
-        (have != want).then(|| Effect::SetStackLabel {
-            node: node.to_string(),
-            stack: want.map(str::to_string),
-        })
+        label_effect(node, self.assignments.get(node)?, self.cluster.nodes.get(node))
     }
 
     /// Nodes whose decided stack is not what the rules give now (always empty
@@ -691,6 +710,22 @@ impl StackAssigner {
     pub fn stack_of(&self, node: &str) -> Option<Stack> {
         self.assignments.get(node).map(|a| a.stack)
     }
+}
+
+/// The label change `name` needs, decided `assignment`, as `node` shows it.
+fn label_effect(name: &str, assignment: &Assignment, node: Option<&Node>) -> Option<Effect> {
+    let want = match assignment.stack {
+        Stack::DevicePlugin => Some(STACK_DEVICE_PLUGIN),
+        Stack::Dra => Some(STACK_DRA),
+        Stack::None | Stack::Unspecified => None,
+    };
+    let have = node
+        .and_then(|n| n.labels.get(GPU_STACK_LABEL))
+        .map(String::as_str);
+    (have != want).then(|| Effect::SetStackLabel {
+        node: name.to_string(),
+        stack: want.map(str::to_string),
+    })
 }
 
 impl crate::service::Core for StackAssigner {
