@@ -564,7 +564,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             ("SWITCHYARD_REISSUE", "2s"),
             (
                 "SWITCHYARD_LOG_LEVEL",
-                "info,switchyard_runtime::reaction=debug,kube_client::client::tls=error",
+                "info,switchyard_runtime::reaction=debug,switchyard_eventlog::nats=debug,kube_client::client::tls=error",
             ),
         ]
         .into_iter()

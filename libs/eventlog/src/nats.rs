@@ -604,6 +604,7 @@ impl EventLog for NatsLog {
             {
                 // Another writer got in first on some subject, or an earlier
                 // attempt of this very batch was stored before its ack was lost.
+                tracing::debug!(batch = %label, attempt, "append refused on a moved head; reading the heads");
                 let latest = self.load_heads_until(&subjects, deadline).await?;
                 if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
                     return Ok(ack);

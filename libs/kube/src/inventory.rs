@@ -378,6 +378,18 @@ pub async fn run(
     appended: Option<tokio::sync::mpsc::UnboundedSender<u64>>,
 ) -> Result<(), LogError> {
     let mut reported = rebuild(&log).await?;
+    // Reading what the others append keeps the log's knowledge of each
+    // subject's head fresh: the stack-assigner writes on the node subjects
+    // too, and an append chained to a stale head is refused and tried again.
+    let mut others = log.follow(None, log.last_sequence(None).await? + 1).await?;
+    tokio::spawn(async move {
+        while let Some(record) = others.next().await {
+            if let Err(e) = record {
+                tracing::warn!(error = %e, "following the log for its heads stopped");
+                return;
+            }
+        }
+    });
     let dra_api = dra_api_served(&client).await;
     tracing::info!(dra_api, "inventory watching");
     let mut seen = Box::pin(watchers(&client, &options, dra_api));
@@ -393,7 +405,15 @@ pub async fn run(
         if news.is_empty() {
             continue;
         }
-        let sequences = append_as(log.as_ref(), INVENTORY, &news, now_nanos()).await?;
+        let appending = now_nanos();
+        let sequences = append_as(log.as_ref(), INVENTORY, &news, appending).await?;
+        // How long the facts took to reach the log, for the benchmarks.
+        tracing::debug!(
+            target: "switchyard_runtime::reaction",
+            facts = news.len(),
+            appending_us = (now_nanos() - appending) / 1000,
+            "appended facts"
+        );
         if let Some(tx) = &appended {
             for seq in sequences {
                 let _ = tx.send(seq);
