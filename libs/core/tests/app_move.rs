@@ -8,7 +8,9 @@ use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::command::MoveApplication;
 use switchyard_core::effects::Effect;
 use switchyard_core::placement::rewrite;
-use switchyard_proto::v1::{DomainEvent, PodPhase, WorkloadPlacement, WorkloadRef, domain_event::Kind};
+use switchyard_proto::v1::{
+    DomainEvent, PodPhase, WorkloadPlacement, WorkloadRef, domain_event::Kind,
+};
 
 fn web() -> WorkloadRef {
     WorkloadRef {
@@ -109,10 +111,14 @@ fn an_application_is_moved_restarted_and_verified() {
     // The edge wrote the manifest: restart it.
     let decisions = core.handle(Input::Fact(&mk_workload("apps", "web", 1, after.clone())));
     assert_eq!(names(&decisions), ["WorkloadRestarted"]);
-    assert!(core.moves.effects(&core.cluster).contains(&Effect::RestartWorkload {
-        workload: web(),
-        restarted_at: "m-web".into()
-    }));
+    assert!(
+        core.moves
+            .effects(&core.cluster)
+            .contains(&Effect::RestartWorkload {
+                workload: web(),
+                restarted_at: "m-web".into()
+            })
+    );
     // What the cluster shows is not written again: the rewritten template is
     // seen, and once the restart shows in it, nothing is wanted.
     assert!(

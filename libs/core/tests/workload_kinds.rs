@@ -134,10 +134,14 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         None,
     )));
     assert_eq!(names(&d), ["WorkloadRestarted"]);
-    assert!(core.moves.effects(&core.cluster).contains(&Effect::RestartWorkload {
-        workload: ds.clone(),
-        restarted_at: "m-exporter".into()
-    }));
+    assert!(
+        core.moves
+            .effects(&core.cluster)
+            .contains(&Effect::RestartWorkload {
+                workload: ds.clone(),
+                restarted_at: "m-exporter".into()
+            })
+    );
     // A pod running on the target with its claim is not enough while the
     // desired count is not known.
     let running = pod(

@@ -634,10 +634,12 @@ impl StackAssigner {
                 nodes.dedup();
                 return nodes;
             }
-            Some(Kind::PodRemoved(_)) => return was_on
-                .filter(|n| self.handovers.active.contains_key(n))
-                .into_iter()
-                .collect(),
+            Some(Kind::PodRemoved(_)) => {
+                return was_on
+                    .filter(|n| self.handovers.active.contains_key(n))
+                    .into_iter()
+                    .collect();
+            }
             Some(Kind::NodeGroupObserved(_) | Kind::ModuleSettingsObserved(_)) => {
                 return self.handovers.active.keys().cloned().collect();
             }
@@ -681,7 +683,11 @@ impl StackAssigner {
 
     /// The label change `node` needs, if its gpu-stack label is not the decided stack.
     pub fn stack_label_effect(&self, node: &str) -> Option<Effect> {
-        label_effect(node, self.assignments.get(node)?, self.cluster.nodes.get(node))
+        label_effect(
+            node,
+            self.assignments.get(node)?,
+            self.cluster.nodes.get(node),
+        )
     }
 
     /// Nodes whose decided stack is not what the rules give now (always empty
