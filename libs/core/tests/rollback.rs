@@ -400,6 +400,12 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         &mut log,
         mk_workload("apps", "web", 1, moved.clone()),
     );
+    // The restart shows in the template.
+    let mut restarted = mk_workload("apps", "web", 1, moved.clone());
+    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
+        w.restarted_at = "m1".into();
+    }
+    feed(&mut core, &mut log, restarted);
     let d = feed(
         &mut core,
         &mut log,
@@ -435,6 +441,11 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         mk_workload("apps", "web", 1, original.clone()),
     );
     assert_eq!(names(&d), ["StepCompensated", "WorkloadRestarted"]);
+    let mut restarted = mk_workload("apps", "web", 1, original.clone());
+    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
+        w.restarted_at = "rb-web".into();
+    }
+    feed(&mut core, &mut log, restarted);
     feed(&mut core, &mut log, mk_pod_removed("apps", "web-1"));
     let d = feed(
         &mut core,

@@ -152,17 +152,13 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         (1, 1),
     );
     assert!(core.handle(Input::Fact(&running)).is_empty());
-    // The controller wants two pods: one is not all of them.
-    assert!(
-        core.handle(Input::Fact(&observed(
-            "DaemonSet",
-            "exporter",
-            2,
-            after.clone(),
-            None
-        )))
-        .is_empty()
-    );
+    // The restart shows, and the controller wants two pods: one is not all
+    // of them.
+    let mut restarted = observed("DaemonSet", "exporter", 2, after.clone(), None);
+    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
+        w.restarted_at = "m-exporter".into();
+    }
+    assert!(core.handle(Input::Fact(&restarted)).is_empty());
     for fact in mk_ready_dra_node("d2", "gpu-dra", 2) {
         core.handle(Input::Fact(&fact));
     }

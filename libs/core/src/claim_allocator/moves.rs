@@ -368,6 +368,9 @@ impl AppMoves {
             }))
         };
         let rewritten = workload.placement.is(&m.after);
+        // Pods count for a restarted workload only once the cluster shows the
+        // restart: until then the pods running are the ones it replaces.
+        let restart_shown = *workload.restarted_at == *m.id;
         match (m.step, m.compensates) {
             (MoveStep::Rewrite, None) if rewritten && scheduled => {
                 self.verify_scheduled(cluster, key, m)
@@ -391,6 +394,7 @@ impl AppMoves {
                 }))),
                 if scheduled { restored() } else { restarted },
             ],
+            (MoveStep::Verify, _) if !restart_shown => Vec::new(),
             (MoveStep::Verify, Some(_)) => {
                 // Back on the device plugin: running pods, on the source group if bound to it.
                 let pods = cluster.pods_of(key);
