@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, ReadRequest, Subject};
-use switchyard_testkit::nats::NatsServer;
+use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,6 +28,11 @@ pub struct Args {
     /// Events per append call.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// How an append stores its events: one atomic batch on the producer's
+    /// subject, one atomic batch across `--batch` subjects, or one by one
+    /// across them (`append_each`, as the inventory appends facts).
+    #[arg(long, value_enum, default_value_t = Append::OneSubject)]
+    append: Append,
     /// Events appended with an fsync per append.
     #[arg(long, default_value_t = 5_000)]
     fsync_events: usize,
@@ -37,9 +42,21 @@ pub struct Args {
     /// Events published to JetStream, by the backend and by the bare loop each.
     #[arg(long, default_value_t = 50_000)]
     nats_events: usize,
+    /// Run nats-server with `sync_interval: always` (fsync before every
+    /// ack), as `deploy/nats/jetstream.conf` advises for production.
+    #[arg(long)]
+    sync_always: bool,
     /// Directory for the embedded logs (a temp dir under it); default: the system temp dir.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Append {
+    OneSubject,
+    Across,
+    Each,
 }
 
 fn payload(size: usize) -> Bytes {
@@ -57,12 +74,13 @@ fn event(id: String, body: &Bytes) -> NewEvent {
     }
 }
 
-/// Appends `total` events from `producers` concurrent tasks; returns events/s.
+/// Appends `total` events from `producers` concurrent tasks, `batch` an
+/// append as `append` says; returns events/s.
 async fn drive(
     log: Arc<dyn EventLog>,
     total: usize,
     producers: usize,
-    batch: usize,
+    (batch, append): (usize, Append),
     body: &Bytes,
     tag: &str,
 ) -> anyhow::Result<f64> {
@@ -78,10 +96,24 @@ async fn drive(
             let mut n = 0;
             while n < per_producer {
                 let size = batch.min(per_producer - n);
-                let events = (0..size)
-                    .map(|i| event(format!("{tag}-{p}-{}", n + i), &body))
-                    .collect();
-                log.append(&subject, Expected::Any, events).await?;
+                let events = (0..size).map(|i| event(format!("{tag}-{p}-{}", n + i), &body));
+                match append {
+                    Append::OneSubject => {
+                        log.append(&subject, Expected::Any, events.collect())
+                            .await?
+                    }
+                    Append::Across | Append::Each => {
+                        let across = events
+                            .enumerate()
+                            .map(|(i, e)| (Subject::new(format!("{subject}.{i}")).unwrap(), e))
+                            .collect();
+                        if matches!(append, Append::Each) {
+                            log.append_each(across).await?
+                        } else {
+                            log.append_batch(across, &[]).await?
+                        }
+                    }
+                };
                 n += size;
             }
             anyhow::Ok(())
@@ -111,7 +143,15 @@ async fn embedded(args: &Args, body: &Bytes, root: &std::path::Path) -> anyhow::
                 ..Default::default()
             },
         )?);
-        let rate = drive(log.clone(), total, args.producers, args.batch, body, name).await?;
+        let rate = drive(
+            log.clone(),
+            total,
+            args.producers,
+            (args.batch, args.append),
+            body,
+            name,
+        )
+        .await?;
         results.insert(format!("append_{name}_events_per_s"), json!(rate.round()));
         results.insert(format!("append_{name}_events"), json!(total));
     }
@@ -206,7 +246,10 @@ async fn bare_jetstream(
 }
 
 async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
-    let server = tokio::task::spawn_blocking(NatsServer::start).await?;
+    let options = ServerOptions {
+        sync_always: args.sync_always,
+    };
+    let server = tokio::task::spawn_blocking(move || NatsServer::start_with(options)).await?;
     let url = server.url();
     let log: Arc<dyn EventLog> = Arc::new(NatsLog::connect(&url, NatsOptions::default()).await?);
     let mut runs = Vec::new();
@@ -230,7 +273,7 @@ async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
                     log.clone(),
                     args.nats_events / 2,
                     producers,
-                    args.batch,
+                    (args.batch, args.append),
                     body,
                     &tag,
                 )
@@ -246,7 +289,12 @@ async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
             "backend_to_bare_ratio": (backend_rate / bare_rate * 1000.0).round() / 1000.0,
         }));
     }
-    Ok(json!({ "server": server.version(), "events_each": args.nats_events, "runs": runs }))
+    Ok(json!({
+        "server": server.version(),
+        "sync_always": args.sync_always,
+        "events_each": args.nats_events,
+        "runs": runs,
+    }))
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
@@ -262,6 +310,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "payload_bytes": args.payload,
         "producers": args.producers,
         "events_per_append": args.batch,
+        "append": args.append,
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "embedded": embedded,
         "jetstream": jetstream,

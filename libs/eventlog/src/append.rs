@@ -1,7 +1,8 @@
 //! Appending in log order: the events go in atomic batches of up to
 //! [`MAX_BATCH_EVENTS`], whatever their subjects, so a stop never falls
 //! inside one and a reaction's decisions cost one round trip; what comes next
-//! waits for the batch before it.
+//! waits for the batch before it. Facts, which stand alone, go one by one
+//! ([`append_facts`]).
 
 use switchyard_core::ServiceName;
 use switchyard_core::subjects::subject_of;
@@ -24,27 +25,41 @@ pub async fn append_in_order(
     log: &dyn EventLog,
     events: Vec<(Subject, NewEvent)>,
 ) -> Result<Vec<u64>, LogError> {
+    in_chunks(events, |chunk| log.append_batch(chunk, &[])).await
+}
+
+/// Appends `events` in chunks of at most [`MAX_BATCH_EVENTS`], one after
+/// the other, with `append`; the sequences of all of them.
+async fn in_chunks<F, Fut>(
+    events: Vec<(Subject, NewEvent)>,
+    append: F,
+) -> Result<Vec<u64>, LogError>
+where
+    F: Fn(Vec<(Subject, NewEvent)>) -> Fut,
+    Fut: std::future::Future<Output = Result<crate::AppendAck, LogError>>,
+{
     let mut sequences = Vec::with_capacity(events.len());
     let mut events = events.into_iter().peekable();
     while events.peek().is_some() {
-        let batch: Vec<_> = events.by_ref().take(MAX_BATCH_EVENTS).collect();
-        let ack = log.append_batch(batch, &[]).await?;
-        sequences.extend(ack.sequences);
+        let chunk: Vec<_> = events.by_ref().take(MAX_BATCH_EVENTS).collect();
+        sequences.extend(append(chunk).await?.sequences);
     }
     Ok(sequences)
 }
 
-/// Appends a service's decisions (or an observer's facts), recorded at `at`,
-/// each under its aggregate's subject with a fresh id. Returns the log
-/// sequence of each event.
-pub async fn append_as(
+/// Appends an observer's facts, recorded at `at`, each under its
+/// aggregate's subject with a fresh id, as `actor`: one by one
+/// ([`EventLog::append_each`]) in chunks of at most [`MAX_BATCH_EVENTS`],
+/// since a fact stands alone. Returns the log sequence of each event.
+pub async fn append_facts(
     log: &dyn EventLog,
     actor: ServiceName,
     events: &[DomainEvent],
     at: i64,
 ) -> Result<Vec<u64>, LogError> {
-    let events: Vec<(&DomainEvent, &str)> = events.iter().map(|e| (e, "")).collect();
-    append_attributed(log, actor.as_str(), actor.as_str(), &events, at).await
+    let attributed: Vec<(&DomainEvent, &str)> = events.iter().map(|e| (e, "")).collect();
+    let events = attributed_events(actor.as_str(), actor.as_str(), &attributed, at)?;
+    in_chunks(events, |chunk| log.append_each(chunk)).await
 }
 
 /// Appends `events`, each with its correlation id (the migration, wave or
@@ -58,21 +73,32 @@ pub async fn append_attributed(
     events: &[(&DomainEvent, &str)],
     at: i64,
 ) -> Result<Vec<u64>, LogError> {
-    let mut batch = Vec::with_capacity(events.len());
-    for (event, correlation_id) in events {
-        let subject = Subject::new(subject_of(event))?;
-        batch.push((
-            subject,
-            NewEvent {
-                id: format!("{writer}-{}", uuid::Uuid::new_v4()),
-                recorded_at_unix_nanos: at,
-                correlation_id: correlation_id.to_string(),
-                causation_id: String::new(),
-                actor: actor.to_string(),
-                trace: None,
-                payload: Payload::Domain((*event).clone()),
-            },
-        ));
-    }
-    append_in_order(log, batch).await
+    append_in_order(log, attributed_events(writer, actor, events, at)?).await
+}
+
+/// `events` as the log takes them: each under its aggregate's subject, with
+/// a fresh id `<writer>-<uuid>`, its correlation id and `actor`.
+fn attributed_events(
+    writer: &str,
+    actor: &str,
+    events: &[(&DomainEvent, &str)],
+    at: i64,
+) -> Result<Vec<(Subject, NewEvent)>, LogError> {
+    events
+        .iter()
+        .map(|(event, correlation_id)| {
+            Ok((
+                Subject::new(subject_of(event))?,
+                NewEvent {
+                    id: format!("{writer}-{}", uuid::Uuid::new_v4()),
+                    recorded_at_unix_nanos: at,
+                    correlation_id: correlation_id.to_string(),
+                    causation_id: String::new(),
+                    actor: actor.to_string(),
+                    trace: None,
+                    payload: Payload::Domain((*event).clone()),
+                },
+            ))
+        })
+        .collect()
 }

@@ -29,7 +29,7 @@ macro_rules! conformance_suite {
             reused_ids_are_never_stored_twice,
             last_sequence_per_subject, follow_sees_existing_then_new, unknown_events_are_kept,
             oversize_is_refused_with_the_limit, bad_input_is_refused_whole, verify_accepts_a_healthy_log,
-            one_batch_across_subjects_is_stored_whole);
+            one_batch_across_subjects_is_stored_whole, events_appended_each_are_stored_once_in_order);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -757,4 +757,95 @@ pub async fn one_batch_across_subjects_is_stored_whole(log: &dyn EventLog) {
         report.problems
     );
     assert_eq!(report.subjects, 3);
+}
+
+/// `append_each`: every event stored once, at the sequence its ack gives,
+/// each subject's events in order, chains intact also when writers race on
+/// the same subjects; a retry is acknowledged as the earlier append.
+pub async fn events_appended_each_are_stored_once_in_order(log: &dyn EventLog) {
+    let (a, b, c) = (subject("f.a"), subject("f.b"), subject("f.c"));
+    log.append(&c, Expected::Empty, vec![removed("c0")])
+        .await
+        .expect("append");
+    let events = vec![
+        (a.clone(), removed("a1")),
+        (b.clone(), removed("b1")),
+        (a.clone(), removed("a2")),
+        (c.clone(), removed("c1")),
+        (a.clone(), removed("a3")),
+    ];
+    let ack = log.append_each(events.clone()).await.expect("append each");
+    assert_eq!(ack.duplicates, 0);
+    let where_stored =
+        |stored: &[crate::StoredEvent]| -> std::collections::BTreeMap<String, (u64, String)> {
+            stored
+                .iter()
+                .map(|e| {
+                    (
+                        e.envelope.id.clone(),
+                        (e.sequence, e.envelope.subject.clone()),
+                    )
+                })
+                .collect()
+        };
+    let stored = where_stored(&read_all(log).await);
+    assert_eq!(stored.len(), 6);
+    for ((s, event), seq) in events.iter().zip(&ack.sequences) {
+        assert_eq!(stored[&event.id], (*seq, s.to_string()), "{}", event.id);
+    }
+    let seq = |id: &str| stored[id].0;
+    assert!(seq("c0") < seq("c1") && seq("a1") < seq("a2") && seq("a2") < seq("a3"));
+
+    // The writer never saw the ack and retries with the same ids.
+    let retry = log.append_each(events).await.expect("retry");
+    assert_eq!((retry.sequences, retry.duplicates), (ack.sequences, 5));
+    assert_eq!(read_all(log).await.len(), 6, "a retry stores nothing");
+
+    // Two writers on the same subjects at once: all stored, each writer's
+    // events of a subject in its order.
+    let racing = |writer: &str| -> Vec<(Subject, NewEvent)> {
+        (0..12)
+            .map(|k| {
+                let s = if k % 3 == 0 { b.clone() } else { a.clone() };
+                (s, removed(&format!("{writer}-{k:02}")))
+            })
+            .collect()
+    };
+    let (left, right) = tokio::join!(
+        log.append_each(racing("left")),
+        log.append_each(racing("right"))
+    );
+    left.expect("left writer");
+    right.expect("right writer");
+    let all = read_all(log).await;
+    assert_eq!(all.len(), 30);
+    for writer in ["left", "right"] {
+        for s in [&a, &b] {
+            let ids: Vec<&str> = all
+                .iter()
+                .filter(|e| e.envelope.subject == s.as_str() && e.envelope.id.starts_with(writer))
+                .map(|e| e.envelope.id.as_str())
+                .collect();
+            let mut sorted = ids.clone();
+            sorted.sort();
+            assert_eq!(ids, sorted, "{writer}'s events on {s} in order");
+        }
+    }
+    let report = log.verify().await.unwrap();
+    assert!(report.is_ok(), "every chain holds: {:?}", report.problems);
+    assert_eq!(report.subjects, 3);
+
+    // Bad input is refused whole.
+    let err = log.append_each(Vec::new()).await.unwrap_err();
+    assert!(matches!(err, LogError::InvalidBatch { .. }), "{err}");
+    let err = log
+        .append_each(vec![(a.clone(), removed("z1")), (b.clone(), removed("z1"))])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("appears twice"), "{err}");
+    assert_eq!(
+        read_all(log).await.len(),
+        30,
+        "a refused append writes nothing"
+    );
 }

@@ -26,7 +26,7 @@ pub mod conformance;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-pub use append::{append_as, append_attributed, append_in_order, now_nanos};
+pub use append::{append_attributed, append_facts, append_in_order, now_nanos};
 pub use error::LogError;
 pub use record::{Decoded, NewEvent, Payload, StoredEvent, Subject, UnknownReason};
 pub use switchyard_proto::v1::{DomainEvent, Envelope, TraceContext};
@@ -164,6 +164,21 @@ pub trait EventLog: Send + Sync {
         events: Vec<(Subject, NewEvent)>,
         expected: &[(Subject, Expected)],
     ) -> Result<AppendAck, LogError>;
+
+    /// Appends `events`, each to its own subject, one by one rather than as
+    /// one batch: for records that stand alone (observed facts), where
+    /// all-or-nothing across subjects is not worth its price (JetStream
+    /// stages every atomic batch; see the backend). Each event is chained to
+    /// its subject's head and stored once (a retry is recognised by its id),
+    /// and a subject's events keep their order; events of different subjects
+    /// may be stored in another order than given. A failure may leave some
+    /// events stored and others not; the error names the event it stopped at.
+    /// The ack gives each event's sequence in the order given. Backends whose
+    /// batches cost no more than their events keep the default: one atomic
+    /// batch, which gives all of these guarantees and more.
+    async fn append_each(&self, events: Vec<(Subject, NewEvent)>) -> Result<AppendAck, LogError> {
+        self.append_batch(events, &[]).await
+    }
 
     /// Events that exist when the read starts, in log order.
     async fn read(&self, request: ReadRequest) -> Result<Vec<StoredEvent>, LogError>;

@@ -2,7 +2,8 @@
 //! SIGKILL while writers append, stays down until appends have timed out and
 //! been retried, and comes back on the same port and store. The
 //! client reconnects, appends caught in the outage are retried with the same ids,
-//! and afterwards every acknowledged event is in the stream exactly once.
+//! and afterwards every acknowledged event is in the stream exactly once —
+//! for atomic batches and for events appended one by one (`append_each`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,7 +57,8 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
                     }
                 }
                 // Batches of one to three events, every other one on the
-                // writer's second subject: one atomic batch across both.
+                // writer's second subject: one atomic batch across both, or
+                // (odd writers) the events one by one.
                 let batch: Vec<(Subject, NewEvent)> = (0..1 + n % 3)
                     .map(|i| {
                         let id = format!("w{writer}-{n}-{i}");
@@ -70,10 +72,14 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
                     })
                     .collect();
                 let ids: Vec<String> = batch.iter().map(|(_, e)| e.id.clone()).collect();
-                let ack = log
-                    .append_batch(batch, &[(subject.clone(), expected)])
-                    .await
-                    .expect("append survives the restart");
+                let ack = if writer % 2 == 1 {
+                    // Half the writers append their events one by one.
+                    log.append_each(batch).await
+                } else {
+                    log.append_batch(batch, &[(subject.clone(), expected)])
+                        .await
+                }
+                .expect("append survives the restart");
                 let last_on_subject = ack.sequences.iter().step_by(2).next_back();
                 expected = Expected::Sequence(*last_on_subject.expect("one event on it"));
                 for (id, seq) in ids.into_iter().zip(ack.sequences) {

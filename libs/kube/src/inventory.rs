@@ -26,7 +26,7 @@ use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::ServiceName;
 use switchyard_core::inventory::Observer;
 use switchyard_core::subjects::subject_of;
-use switchyard_eventlog::{EventLog, LogError, append_as, now_nanos};
+use switchyard_eventlog::{EventLog, LogError, append_facts, now_nanos};
 use switchyard_proto::v1::{
     DeviceClassRemoved, DomainEvent, GpuClassRemoved, NodeGroupRemoved, NodeRemoved,
     PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, WorkloadObserved,
@@ -406,7 +406,7 @@ pub async fn run(
             continue;
         }
         let appending = now_nanos();
-        let sequences = append_as(log.as_ref(), INVENTORY, &news, appending).await?;
+        let sequences = append_facts(log.as_ref(), INVENTORY, &news, appending).await?;
         // How long the facts took to reach the log, for the benchmarks.
         tracing::debug!(
             target: "switchyard_runtime::reaction",
