@@ -123,6 +123,9 @@ pub struct Pod {
     pub claims_needed: u32,
     /// Device-plugin GPU resources it asks for.
     pub device_plugin_gpus: u32,
+    /// The restart of its workload that made it (the template's
+    /// `kubectl.kubernetes.io/restartedAt` it was created from); empty if none.
+    pub restarted_at: Box<str>,
 }
 
 impl Pod {
@@ -523,6 +526,7 @@ impl Cluster {
             claims_allocated: fact.claims_allocated,
             claims_needed: fact.claims_needed,
             device_plugin_gpus: fact.device_plugin_gpus,
+            restarted_at: fact.restarted_at.into(),
         };
         self.pods_by_owner
             .entry(pod.owner_key(&key.0))

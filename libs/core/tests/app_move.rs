@@ -172,14 +172,25 @@ fn an_application_is_moved_restarted_and_verified() {
         )))
         .is_empty()
     );
-    // Running on the DRA node with its claim allocated: verified.
-    let decisions = core.handle(Input::Fact(&mk_app_pod(
-        "apps",
-        "web-new",
-        "web",
-        "d1",
-        PodPhase::Running,
-        (1, 1),
+    // Running on the DRA node with its claim allocated, but made before
+    // the restart (the rewrite's rollout): its controller is about to
+    // replace it, so it does not count.
+    assert!(
+        core.handle(Input::Fact(&mk_app_pod(
+            "apps",
+            "web-new",
+            "web",
+            "d1",
+            PodPhase::Running,
+            (1, 1)
+        )))
+        .is_empty()
+    );
+    core.handle(Input::Fact(&mk_pod_removed("apps", "web-new")));
+    // The restart's pod, running on the DRA node with its claim: verified.
+    let decisions = core.handle(Input::Fact(&made_by_restart(
+        mk_app_pod("apps", "web-rst", "web", "d1", PodPhase::Running, (1, 1)),
+        "m-web",
     )));
     assert_eq!(names(&decisions), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &decisions[0].kind else {

@@ -409,7 +409,10 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     let d = feed(
         &mut core,
         &mut log,
-        mk_app_pod("apps", "web-1", "web", "d1", PodPhase::Running, (1, 1)),
+        made_by_restart(
+            mk_app_pod("apps", "web-1", "web", "d1", PodPhase::Running, (1, 1)),
+            "m1",
+        ),
     );
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
 
@@ -447,10 +450,22 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     }
     feed(&mut core, &mut log, restarted);
     feed(&mut core, &mut log, mk_pod_removed("apps", "web-1"));
+    // A pod back on the device plugin but from before the rollback's
+    // restart is about to be replaced: the rollback is not done yet.
     let d = feed(
         &mut core,
         &mut log,
         mk_app_pod("apps", "web-2", "web", "w1", PodPhase::Running, (0, 0)),
+    );
+    assert!(d.is_empty(), "{:?}", names(&d));
+    feed(&mut core, &mut log, mk_pod_removed("apps", "web-2"));
+    let d = feed(
+        &mut core,
+        &mut log,
+        made_by_restart(
+            mk_app_pod("apps", "web-3", "web", "w1", PodPhase::Running, (0, 0)),
+            "rb-web",
+        ),
     );
     assert_eq!(names(&d), ["RollbackCompleted"]);
     assert_eq!(

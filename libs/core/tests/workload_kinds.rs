@@ -144,12 +144,15 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
     );
     // A pod running on the target with its claim is not enough while the
     // desired count is not known.
-    let running = pod(
-        "exporter-a",
-        ("DaemonSet", "exporter"),
-        "d1",
-        PodPhase::Running,
-        (1, 1),
+    let running = made_by_restart(
+        pod(
+            "exporter-a",
+            ("DaemonSet", "exporter"),
+            "d1",
+            PodPhase::Running,
+            (1, 1),
+        ),
+        "m-exporter",
     );
     assert!(core.handle(Input::Fact(&running)).is_empty());
     // The restart shows, and the controller wants two pods: one is not all
@@ -162,13 +165,16 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
     for fact in mk_ready_dra_node("d2", "gpu-dra", 2) {
         core.handle(Input::Fact(&fact));
     }
-    let d = core.handle(Input::Fact(&pod(
+    // A pod from before the restart does not count.
+    let before_restart = pod(
         "exporter-b",
         ("DaemonSet", "exporter"),
         "d2",
         PodPhase::Running,
         (1, 1),
-    )));
+    );
+    assert!(core.handle(Input::Fact(&before_restart)).is_empty());
+    let d = core.handle(Input::Fact(&made_by_restart(before_restart, "m-exporter")));
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &d[0].kind else {
         unreachable!()

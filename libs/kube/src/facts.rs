@@ -455,6 +455,11 @@ pub fn pod(pod: &Pod) -> DomainEvent {
         claims_allocated,
         claims_needed,
         device_plugin_gpus: device_plugin_gpus(&spec),
+        restarted_at: pod
+            .annotations()
+            .get(RESTARTED_AT_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
     }))
 }
 

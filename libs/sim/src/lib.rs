@@ -152,6 +152,9 @@ struct SimPod {
     labels: BTreeMap<String, String>,
     /// The DeviceClass of its ResourceClaim `<pod>-gpu`, while allocated.
     claim: Option<String>,
+    /// The restart of its workload it was made by (its template's
+    /// `restartedAt` when it was created).
+    restarted_at: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -37,6 +37,7 @@ impl Simulator {
             claims_allocated: p.claims_allocated,
             claims_needed: p.claims_needed,
             device_plugin_gpus,
+            restarted_at: p.restarted_at.clone(),
             labels: if p.owner.kind == "DaemonSet" {
                 p.labels.clone()
             } else {

@@ -46,6 +46,7 @@ impl Simulator {
             gpus: 0,
             labels,
             claim: None,
+            restarted_at: String::new(),
         };
         if self.pods.get(&key) != Some(&pod) {
             self.pods.insert(key.clone(), pod);
@@ -72,6 +73,11 @@ impl Simulator {
             gpus: 0,
             labels: [("app".to_string(), owner.name.clone())].into(),
             claim: None,
+            restarted_at: self
+                .workloads
+                .get(&workload_key(owner))
+                .map(|w| w.restarted_at.clone())
+                .unwrap_or_default(),
         };
         self.pods.insert(key.clone(), pod);
         self.report_pod(&key);

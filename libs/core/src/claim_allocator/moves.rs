@@ -369,8 +369,12 @@ impl AppMoves {
         };
         let rewritten = workload.placement.is(&m.after);
         // Pods count for a restarted workload only once the cluster shows the
-        // restart: until then the pods running are the ones it replaces.
+        // restart, and only pods the restart made (their template's
+        // `restartedAt` is the move's): until then the pods running are the
+        // ones it replaces — also after the template shows it, while its
+        // controller rolls the pods.
         let restart_shown = *workload.restarted_at == *m.id;
+        let made_by_restart = |p: &crate::cluster::Pod| *p.restarted_at == *m.id;
         match (m.step, m.compensates) {
             (MoveStep::Rewrite, None) if rewritten && scheduled => {
                 self.verify_scheduled(cluster, key, m)
@@ -404,9 +408,9 @@ impl AppMoves {
                             == Some(m.target_group.as_str())
                 };
                 let back = pods.len() as u32 == workload.replicas
-                    && pods
-                        .iter()
-                        .all(|p| p.phase == PodPhase::Running && in_group(&p.node));
+                    && pods.iter().all(|p| {
+                        p.phase == PodPhase::Running && in_group(&p.node) && made_by_restart(p)
+                    });
                 if back { vec![restored()] } else { Vec::new() }
             }
             (MoveStep::Verify, None) => {
@@ -418,6 +422,7 @@ impl AppMoves {
                     && workload.replicas > 0
                     && pods.iter().all(|p| {
                         p.phase == PodPhase::Running
+                            && made_by_restart(p)
                             && on_target(&p.node)
                             && p.claims_needed > 0
                             && p.claims_allocated >= p.claims_needed

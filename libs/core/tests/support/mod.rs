@@ -333,6 +333,15 @@ pub fn mk_app_pod(
     pod
 }
 
+/// `pod` as made by the workload's restart `restarted_at` (its template's
+/// `kubectl.kubernetes.io/restartedAt`, copied onto the pod).
+pub fn made_by_restart(mut pod: DomainEvent, restarted_at: &str) -> DomainEvent {
+    if let Some(Kind::PodObserved(p)) = &mut pod.kind {
+        p.restarted_at = restarted_at.into();
+    }
+    pod
+}
+
 pub fn mk_quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> DomainEvent {
     ev(Kind::ResourceQuotaObserved(
         switchyard_proto::v1::ResourceQuotaObserved {
