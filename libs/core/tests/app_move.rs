@@ -129,11 +129,7 @@ fn an_application_is_moved_restarted_and_verified() {
             .any(|e| matches!(e, Effect::SetPlacement { .. }))
     );
     let restarted = |placement: &WorkloadPlacement| {
-        let mut fact = mk_workload("apps", "web", 1, placement.clone());
-        if let Some(Kind::WorkloadObserved(w)) = &mut fact.kind {
-            w.restarted_at = "m-web".into();
-        }
-        fact
+        with_restart(mk_workload("apps", "web", 1, placement.clone()), "m-web")
     };
     assert!(core.handle(Input::Fact(&restarted(&after))).is_empty());
     assert_eq!(core.moves.effects(&core.cluster), []);
@@ -188,7 +184,7 @@ fn an_application_is_moved_restarted_and_verified() {
     );
     core.handle(Input::Fact(&mk_pod_removed("apps", "web-new")));
     // The restart's pod, running on the DRA node with its claim: verified.
-    let decisions = core.handle(Input::Fact(&made_by_restart(
+    let decisions = core.handle(Input::Fact(&with_restart(
         mk_app_pod("apps", "web-rst", "web", "d1", PodPhase::Running, (1, 1)),
         "m-web",
     )));

@@ -401,15 +401,15 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         mk_workload("apps", "web", 1, moved.clone()),
     );
     // The restart shows in the template.
-    let mut restarted = mk_workload("apps", "web", 1, moved.clone());
-    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
-        w.restarted_at = "m1".into();
-    }
-    feed(&mut core, &mut log, restarted);
+    feed(
+        &mut core,
+        &mut log,
+        with_restart(mk_workload("apps", "web", 1, moved.clone()), "m1"),
+    );
     let d = feed(
         &mut core,
         &mut log,
-        made_by_restart(
+        with_restart(
             mk_app_pod("apps", "web-1", "web", "d1", PodPhase::Running, (1, 1)),
             "m1",
         ),
@@ -444,11 +444,11 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         mk_workload("apps", "web", 1, original.clone()),
     );
     assert_eq!(names(&d), ["StepCompensated", "WorkloadRestarted"]);
-    let mut restarted = mk_workload("apps", "web", 1, original.clone());
-    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
-        w.restarted_at = "rb-web".into();
-    }
-    feed(&mut core, &mut log, restarted);
+    feed(
+        &mut core,
+        &mut log,
+        with_restart(mk_workload("apps", "web", 1, original.clone()), "rb-web"),
+    );
     feed(&mut core, &mut log, mk_pod_removed("apps", "web-1"));
     // A pod back on the device plugin but from before the rollback's
     // restart is about to be replaced: the rollback is not done yet.
@@ -462,7 +462,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     let d = feed(
         &mut core,
         &mut log,
-        made_by_restart(
+        with_restart(
             mk_app_pod("apps", "web-3", "web", "w1", PodPhase::Running, (0, 0)),
             "rb-web",
         ),

@@ -144,7 +144,7 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
     );
     // A pod running on the target with its claim is not enough while the
     // desired count is not known.
-    let running = made_by_restart(
+    let running = with_restart(
         pod(
             "exporter-a",
             ("DaemonSet", "exporter"),
@@ -157,10 +157,10 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
     assert!(core.handle(Input::Fact(&running)).is_empty());
     // The restart shows, and the controller wants two pods: one is not all
     // of them.
-    let mut restarted = observed("DaemonSet", "exporter", 2, after.clone(), None);
-    if let Some(Kind::WorkloadObserved(w)) = &mut restarted.kind {
-        w.restarted_at = "m-exporter".into();
-    }
+    let restarted = with_restart(
+        observed("DaemonSet", "exporter", 2, after.clone(), None),
+        "m-exporter",
+    );
     assert!(core.handle(Input::Fact(&restarted)).is_empty());
     for fact in mk_ready_dra_node("d2", "gpu-dra", 2) {
         core.handle(Input::Fact(&fact));
@@ -174,7 +174,7 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         (1, 1),
     );
     assert!(core.handle(Input::Fact(&before_restart)).is_empty());
-    let d = core.handle(Input::Fact(&made_by_restart(before_restart, "m-exporter")));
+    let d = core.handle(Input::Fact(&with_restart(before_restart, "m-exporter")));
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &d[0].kind else {
         unreachable!()

@@ -7,10 +7,11 @@
 //! batch) for optimistic concurrency; a batch of several events, on one
 //! subject or several, is one JetStream atomic batch, stored whole or not at
 //! all (`append_each` sends its events as single publishes instead,
-//! pipelined, each checked against its subject's head). The subjects' heads an append chains to come from this process's own
-//! appends and from what its followers read, so a service appending after
-//! the facts it follows needs no extra round trip; a stale head is refused by
-//! the server and read again. Reads use ordered consumers. After a timeout or a lost connection an append
+//! pipelined, each checked against its subject's head). The subjects' heads
+//! an append chains to come from this process's own appends and from what
+//! its followers read, so a service appending after the facts it follows
+//! needs no extra round trip; a stale head is refused by the server and read
+//! again. Reads use ordered consumers. After a timeout or a lost connection an append
 //! is retried with the same ids until its deadline; the server's de-duplication
 //! (or, on a standalone server, a look at the subject's last message) makes sure
 //! a retried event is stored once.
@@ -528,34 +529,28 @@ impl NatsLog {
                     }
                     Err(err) => err,
                 };
-                let code = error_code(&err);
-                if err.kind() == PublishErrorKind::MaxPayloadExceeded
-                    || code == Some(MESSAGE_TOO_LARGE)
-                {
-                    return Err(LogError::Oversize {
-                        id: encoded[i].id.clone(),
-                        size: encoded[i].encoded_len(),
-                        limit: MAX_RECORD_BYTES,
-                    });
-                }
-                let moved = err.kind() == PublishErrorKind::WrongLastSequence
-                    || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c));
-                if !moved
-                    && (code.is_some_and(|c| !RETRYABLE.contains(&c))
-                        || err.kind() == PublishErrorKind::StreamNotFound)
-                {
-                    return Err(LogError::nats(
-                        format!("append {} to {subject}", encoded[i].id),
-                        err,
-                    ));
-                }
-                if moved {
-                    tracing::debug!(%subject, round, "append refused on a moved head; reading the head");
-                } else {
-                    // Timeout or lost connection: it may or may not be
-                    // stored; the head read tells.
-                    tracing::debug!(%subject, round, error = %err, "append retried");
-                    self.retried.fetch_add(1, Ordering::Relaxed);
+                match refusal(&err) {
+                    Refusal::TooLarge => {
+                        return Err(LogError::Oversize {
+                            id: encoded[i].id.clone(),
+                            size: encoded[i].encoded_len(),
+                            limit: MAX_RECORD_BYTES,
+                        });
+                    }
+                    Refusal::DuplicateInBatch | Refusal::Fatal => {
+                        return Err(LogError::nats(
+                            format!("append {} to {subject}", encoded[i].id),
+                            err,
+                        ));
+                    }
+                    Refusal::MovedHead => {
+                        tracing::debug!(%subject, round, "append refused on a moved head; reading the head");
+                    }
+                    Refusal::Retry => {
+                        // It may or may not be stored; the head read tells.
+                        tracing::debug!(%subject, round, error = %err, "append retried");
+                        self.retried.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 heads.insert(subject, None);
             }
@@ -618,6 +613,41 @@ fn event_headers(id: &str, check: Option<u64>, trace: Option<&TraceContext>) -> 
         }
     }
     headers
+}
+
+/// What a refused or unanswered publish means for the append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// A message is over the stream's limit.
+    TooLarge,
+    /// A subject's last sequence is not the expected one.
+    MovedHead,
+    /// An id of the atomic batch is stored already.
+    DuplicateInBatch,
+    /// Nothing a retry can change.
+    Fatal,
+    /// Timeout, lost connection, abandoned or throttled batch: it may or may
+    /// not be stored, and trying again with the same ids can succeed.
+    Retry,
+}
+
+fn refusal(err: &PublishError) -> Refusal {
+    let code = error_code(err);
+    if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE) {
+        Refusal::TooLarge
+    } else if err.kind() == PublishErrorKind::WrongLastSequence
+        || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
+    {
+        Refusal::MovedHead
+    } else if code == Some(DUPLICATE_IN_BATCH) {
+        Refusal::DuplicateInBatch
+    } else if code.is_some_and(|c| !RETRYABLE.contains(&c))
+        || err.kind() == PublishErrorKind::StreamNotFound
+    {
+        Refusal::Fatal
+    } else {
+        Refusal::Retry
+    }
 }
 
 fn error_code(err: &PublishError) -> Option<u64> {
@@ -744,9 +774,8 @@ impl EventLog for NatsLog {
                 Err(err) => err,
             };
             attempt += 1;
-            let code = error_code(&err);
-            if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE)
-            {
+            let refused = refusal(&err);
+            if refused == Refusal::TooLarge {
                 let (i, size) = encoded
                     .iter()
                     .map(|e| e.finish(None).len())
@@ -759,9 +788,7 @@ impl EventLog for NatsLog {
                     limit: MAX_RECORD_BYTES,
                 });
             }
-            if err.kind() == PublishErrorKind::WrongLastSequence
-                || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
-            {
+            if refused == Refusal::MovedHead {
                 // Another writer got in first on some subject, or an earlier
                 // attempt of this very batch was stored before its ack was lost.
                 tracing::debug!(batch = %label, attempt, "append refused on a moved head; reading the heads");
@@ -780,7 +807,7 @@ impl EventLog for NatsLog {
                 heads = latest.into_iter().map(|(h, _)| Some((h, false))).collect();
                 continue;
             }
-            if code == Some(DUPLICATE_IN_BATCH) {
+            if refused == Refusal::DuplicateInBatch {
                 // Some id of the batch is stored already. Fine if the whole batch
                 // is stored as it is (a retry); anything else is refused whole.
                 let latest = self.load_heads_until(&subjects, deadline).await?;
@@ -795,9 +822,7 @@ impl EventLog for NatsLog {
                         .into(),
                 });
             }
-            if code.is_some_and(|c| !RETRYABLE.contains(&c))
-                || err.kind() == PublishErrorKind::StreamNotFound
-            {
+            if refused == Refusal::Fatal {
                 return Err(LogError::nats(format!("append to {label}"), err));
             }
             // Timeout, lost connection, abandoned or throttled batch: it may or may
@@ -814,10 +839,6 @@ impl EventLog for NatsLog {
 
     async fn append_each(&self, events: Vec<(Subject, NewEvent)>) -> Result<AppendAck, LogError> {
         validate_batch(&events, &[])?;
-        if events.len() == 1 {
-            // One event is one publish either way.
-            return self.append_batch(events, &[]).await;
-        }
         self.publish_each(&events).await
     }
 

@@ -333,13 +333,16 @@ pub fn mk_app_pod(
     pod
 }
 
-/// `pod` as made by the workload's restart `restarted_at` (its template's
-/// `kubectl.kubernetes.io/restartedAt`, copied onto the pod).
-pub fn made_by_restart(mut pod: DomainEvent, restarted_at: &str) -> DomainEvent {
-    if let Some(Kind::PodObserved(p)) = &mut pod.kind {
-        p.restarted_at = restarted_at.into();
+/// A workload's or pod's fact carrying the restart `restarted_at` (the
+/// template's `kubectl.kubernetes.io/restartedAt`, which a pod made from it
+/// carries too).
+pub fn with_restart(mut fact: DomainEvent, restarted_at: &str) -> DomainEvent {
+    match &mut fact.kind {
+        Some(Kind::PodObserved(p)) => p.restarted_at = restarted_at.into(),
+        Some(Kind::WorkloadObserved(w)) => w.restarted_at = restarted_at.into(),
+        other => panic!("no restart to carry on {other:?}"),
     }
-    pod
+    fact
 }
 
 pub fn mk_quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> DomainEvent {
