@@ -18,10 +18,17 @@ struct Counting;
 
 static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static LIVE_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static PEAK_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static ALLOCATED_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
 
 fn count(delta: isize) {
-    if COUNTING.load(std::sync::atomic::Ordering::Relaxed) {
-        LIVE_BYTES.fetch_add(delta, std::sync::atomic::Ordering::Relaxed);
+    use std::sync::atomic::Ordering::Relaxed;
+    if COUNTING.load(Relaxed) {
+        let live = LIVE_BYTES.fetch_add(delta, Relaxed) + delta;
+        PEAK_BYTES.fetch_max(live, Relaxed);
+        if delta > 0 {
+            ALLOCATED_BYTES.fetch_add(delta, Relaxed);
+        }
     }
 }
 
@@ -51,6 +58,20 @@ pub fn count_bytes(on: bool) {
 /// (Counted while counting was on; frees of earlier allocations count too.)
 pub fn live_bytes() -> isize {
     LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The most [`live_bytes`] reached, and the bytes allocated in all (a
+/// `realloc`'s growth counted), since [`reset_peak`].
+pub fn peak_and_allocated_bytes() -> (isize, isize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (PEAK_BYTES.load(Relaxed), ALLOCATED_BYTES.load(Relaxed))
+}
+
+/// Starts [`peak_and_allocated_bytes`] over from the bytes live now.
+pub fn reset_peak() {
+    use std::sync::atomic::Ordering::Relaxed;
+    PEAK_BYTES.store(LIVE_BYTES.load(Relaxed), Relaxed);
+    ALLOCATED_BYTES.store(0, Relaxed);
 }
 
 mod allocate;

@@ -167,14 +167,27 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let mut digests = Vec::new();
     let mut summary = json!({});
     for _ in 0..args.runs.max(1) {
+        crate::count_bytes(true);
+        let before = crate::live_bytes();
+        crate::reset_peak();
         let t = Instant::now();
         let plan = plan::plan_reading(&snapshot, &request, reading)?;
         let plan_s = t.elapsed().as_secs_f64();
+        let (peak, allocated) = crate::peak_and_allocated_bytes();
+        let kept = crate::live_bytes() - before;
+        crate::count_bytes(false);
         let t = Instant::now();
         let bytes = serde_json::to_vec(&plan)?;
         let json_s = t.elapsed().as_secs_f64();
         digests.push(hex_digest(&bytes));
-        runs.push(json!({"plan_s": plan_s, "json_s": json_s}));
+        let mib = |b: isize| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
+        runs.push(json!({
+            "plan_s": plan_s,
+            "json_s": json_s,
+            "plan_peak_mib": mib(peak - before),
+            "plan_allocated_mib": mib(allocated),
+            "plan_kept_mib": mib(kept),
+        }));
         summary = json!({
             "register": plan.register.len(),
             "waves": plan.waves.len(),

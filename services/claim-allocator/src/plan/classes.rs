@@ -19,7 +19,9 @@
 //! - publishing a member under another name with other UUIDs (in the reverse
 //!   order) changes only names and attribute values no selector reads.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -138,7 +140,7 @@ impl Classes {
             return out;
         };
         // Members by their machine without UUIDs.
-        let mut by_key: HashMap<Machine, Option<usize>> = HashMap::new();
+        let mut by_key: HashMap<Machine, Option<usize>> = HashMap::default();
         for (n, name) in source.iter().enumerate() {
             let Some(mut key) = machine(n) else { continue };
             set_uuids(&mut key, |_| String::new());
@@ -371,7 +373,7 @@ impl NodeClass {
         Some(NodeClass {
             devices,
             position,
-            answers: HashMap::new(),
+            answers: HashMap::default(),
         })
     }
 }

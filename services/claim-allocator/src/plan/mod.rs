@@ -25,18 +25,22 @@ mod waves;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use litemap::LiteMap;
 use serde::Serialize;
 use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
 use switchyard_gpu::publish::Layout;
 
 pub use register::{gpu_resources, is_gpu_resource};
+
+/// The plan's hash maps: a fixed seed (nothing of the plan depends on their
+/// order, and the same input hashes alike in every run), and a hash much
+/// cheaper than SipHash for the snapshot's many short keys.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
 pub use waves::Reading;
 
 /// What the plan is computed from: the objects as the API server lists them.
@@ -151,12 +155,12 @@ pub struct RegisterEntry {
     pub owner: Option<OwnerRef>,
     pub replicas: u32,
     /// Device-plugin resources a pod requests.
-    pub gpus_per_pod: BTreeMap<String, u64>,
+    pub gpus_per_pod: LiteMap<String, u64>,
     /// `gpus_per_pod` summed over the resources, times `replicas`.
     pub gpus_total: u64,
     pub mode: Mode,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "LiteMap::is_empty")]
+    pub node_selector: LiteMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -238,7 +242,7 @@ pub struct Wave {
     pub pending: Vec<Pending>,
     /// The source group after the wave, per resource: what its nodes offer and
     /// what the workloads not moved need.
-    pub source_after: BTreeMap<String, SourceCapacity>,
+    pub source_after: LiteMap<String, SourceCapacity>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -246,7 +250,7 @@ pub struct Wave {
 pub struct Handover {
     pub node: String,
     /// The node's device-plugin resources.
-    pub capacity: BTreeMap<String, u64>,
+    pub capacity: LiteMap<String, u64>,
     /// Workloads (not moved yet) with pods on the node, which its drain evicts.
     pub evicts: Vec<WorkloadRef>,
     /// Budgets the drain has to respect (namespace/name).
@@ -262,7 +266,7 @@ pub struct Handover {
 pub struct Move {
     pub workload: WorkloadRef,
     /// The extended resources the rewritten manifest requests, per pod.
-    pub requests: BTreeMap<String, u64>,
+    pub requests: LiteMap<String, u64>,
     /// Where the allocator puts each pod, and the devices it allocates.
     pub pods: Vec<PodPlacement>,
 }
@@ -319,8 +323,17 @@ pub fn plan_reading(
         return Err(PlanError::SameGroup(request.from.clone()));
     }
     let class = choose_class(snapshot, request.class.as_deref())?;
-    let register = register::build(snapshot, request)?;
-    waves::plan(snapshot, request, class, register, reading)
+    let built = register::build(snapshot, request)?;
+    // The rows of the register are copied out of the snapshot while the
+    // waves are planned: two threads, the same plan.
+    std::thread::scope(|scope| {
+        let register = scope.spawn(|| built.entries());
+        let plan = waves::plan(snapshot, request, class, &built, reading);
+        let register = register
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        plan.map(|plan| Plan { register, ..plan })
+    })
 }
 
 fn choose_class<'a>(snapshot: &'a Snapshot, name: Option<&str>) -> Result<&'a GPUClass, PlanError> {

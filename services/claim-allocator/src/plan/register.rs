@@ -2,7 +2,7 @@
 //! plugin's extended resources, read from their controllers and their pods.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelector, Pod, PodSpec, PodTemplateSpec, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -12,8 +12,8 @@ use switchyard_api::{GpuSharing, NodeGroup, PhysicalGPU};
 use switchyard_core::names::{GROUP_LABEL, NVIDIA_GPU};
 
 use super::{
-    Budget, GpuModel, Manager, Mode, OwnerRef, PlanError, PlanRequest, RegisterEntry, Snapshot,
-    WorkloadRef,
+    Budget, GpuModel, HashMap, Manager, Mode, OwnerRef, PlanError, PlanRequest, RegisterEntry,
+    Snapshot, WorkloadRef,
 };
 
 /// The device plugin's time-sliced resource when it is renamed.
@@ -173,22 +173,101 @@ impl<'a> Templates<'a> {
 }
 
 pub(crate) struct Built<'a> {
-    pub entries: Vec<RegisterEntry>,
     pub workloads: Vec<Workload<'a>>,
     pub templates: Vec<Template<'a>>,
     /// Budgets by `namespace/name`, with their allowance.
     pub budgets: Vec<(String, u32)>,
+    /// The register's rows, sorted, still borrowed: [`Built::entries`] makes
+    /// them (while the waves are planned from the rest).
+    rows: Vec<Row<'a>>,
+    /// Each node's group and cards.
+    nodes: HashMap<&'a str, NodeInfo<'a>>,
+}
+
+/// A row of the register, borrowed: what [`Built::entries`] copies out of
+/// the snapshot for it.
+struct Row<'a> {
+    /// Index into [`Built::workloads`].
+    workload: usize,
+    meta: Meta<'a>,
+    spec: Option<&'a PodSpec>,
+    groups: Vec<&'a str>,
+    budgets: Vec<&'a PodDisruptionBudget>,
 }
 
 /// A workload read, before the register is sorted.
 struct Read<'a> {
     key: Key<'a>,
-    /// Its row, if it is in the namespace asked for.
-    entry: Option<RegisterEntry>,
+    /// Its row, if it is in the namespace asked for ([`Row::workload`] still 0).
+    row: Option<Row<'a>>,
     /// [`Workload::budgets`] still empty.
     workload: Workload<'a>,
     /// Budgets selecting it by `namespace/name`, with their allowance.
     budgets: Vec<(String, u32)>,
+}
+
+impl Built<'_> {
+    /// The register: a row for every workload of the namespace asked for,
+    /// sorted by namespace, kind, name.
+    pub fn entries(&self) -> Vec<RegisterEntry> {
+        self.rows.iter().map(|row| self.entry(row)).collect()
+    }
+
+    fn entry(&self, row: &Row<'_>) -> RegisterEntry {
+        let w = &self.workloads[row.workload];
+        let t = &self.templates[w.template];
+        let spec = row.spec;
+        // The nodes, each once (the pods are sorted).
+        let nodes: Vec<&str> = w
+            .pod_nodes
+            .chunk_by(|a, b| a == b)
+            .map(|same| same[0])
+            .collect();
+        let mut models: Vec<&GpuModel> = nodes
+            .iter()
+            .filter_map(|n| self.nodes.get(n))
+            .flat_map(|n| &n.models)
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        let meta = row.meta.get();
+        let managed_by = managers(&meta);
+        let owner = controller(&meta)
+            .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
+            .map(|o| OwnerRef {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            });
+        RegisterEntry {
+            namespace: w.id.namespace.clone(),
+            kind: w.id.kind.clone(),
+            name: w.id.name.clone(),
+            owner,
+            replicas: w.replicas,
+            gpus_per_pod: t
+                .requests
+                .iter()
+                .map(|&(r, n)| (r.to_string(), n))
+                .collect(),
+            gpus_total: t.requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(w.replicas),
+            mode: t.mode,
+            node_selector: spec
+                .and_then(|s| s.node_selector.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            affinity: spec.and_then(|s| s.affinity.clone()),
+            tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+            nodes: nodes.into_iter().map(str::to_string).collect(),
+            groups: row.groups.iter().map(|g| g.to_string()).collect(),
+            gpu_models: models.into_iter().cloned().collect(),
+            pod_disruption_budgets: row.budgets.iter().map(|b| budget(b, w.replicas)).collect(),
+            editable_in_place: managed_by.is_empty(),
+            managed_by,
+            in_plan: w.in_plan,
+        }
+    }
 }
 
 /// A workload as found, borrowed from the snapshot (the objects are large:
@@ -271,6 +350,22 @@ pub(crate) fn build<'a>(
     snapshot: &'a Snapshot,
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
+    // The nodes are read on a second thread while the workloads are found.
+    std::thread::scope(|scope| {
+        let nodes = scope.spawn(|| node_info(snapshot));
+        build_with(snapshot, request, move || {
+            nodes
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    })
+}
+
+fn build_with<'a>(
+    snapshot: &'a Snapshot,
+    request: &PlanRequest,
+    nodes: impl FnOnce() -> HashMap<&'a str, NodeInfo<'a>>,
+) -> Result<Built<'a>, PlanError> {
     // In the order found (the snapshot's: its objects are read in the order
     // they were made), indexed while pods are matched to their workloads;
     // sorted once read.
@@ -281,7 +376,8 @@ pub(crate) fn build<'a>(
         + snapshot.jobs.len()
         + snapshot.cron_jobs.len();
     let mut found: Vec<(Key<'a>, Found<'a>)> = Vec::with_capacity(controllers);
-    let mut index: HashMap<Key<'a>, usize> = HashMap::with_capacity(controllers);
+    let mut index: HashMap<Key<'a>, usize> =
+        HashMap::with_capacity_and_hasher(controllers, Default::default());
     let mut add = |kind: &'static str,
                    meta: &'a ObjectMeta,
                    template: Option<&'a PodTemplateSpec>,
@@ -472,54 +568,7 @@ pub(crate) fn build<'a>(
         }
     }
 
-    let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
-    for g in &snapshot.physical_gpus {
-        gpus_by_node
-            .entry(g.spec.node.as_str())
-            .or_default()
-            .push(g);
-    }
-    // Each node's group and cards, read once (a node runs many workloads).
-    let mut nodes: HashMap<&str, NodeInfo<'_>> = HashMap::with_capacity(snapshot.nodes.len());
-    for n in &snapshot.nodes {
-        let Some(name) = n.metadata.name.as_deref() else {
-            continue;
-        };
-        let labels = n.metadata.labels.as_ref();
-        let models: Vec<GpuModel> = match gpus_by_node.get(name) {
-            Some(cards) => {
-                // A node's cards are mostly of one model: made once each.
-                let distinct: BTreeSet<(&str, Option<u64>)> = cards
-                    .iter()
-                    .map(|c| {
-                        let memory = c.status.as_ref().and_then(|s| s.capabilities.as_ref());
-                        (c.spec.product.as_str(), memory.map(|c| c.memory_mib))
-                    })
-                    .collect();
-                distinct
-                    .into_iter()
-                    .map(|(product, memory_mib)| GpuModel {
-                        product: product.to_string(),
-                        memory_mib,
-                        source: "PhysicalGPU".into(),
-                    })
-                    .collect()
-            }
-            None => labels
-                .and_then(|l| l.get(PRODUCT_LABEL))
-                .map(|product| GpuModel {
-                    product: product.clone(),
-                    memory_mib: labels
-                        .and_then(|l| l.get(MEMORY_LABEL))
-                        .and_then(|m| m.parse().ok()),
-                    source: "NFD".into(),
-                })
-                .into_iter()
-                .collect(),
-        };
-        let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
-        nodes.insert(name, NodeInfo { group, models });
-    }
+    let nodes = nodes();
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
         .iter()
@@ -527,7 +576,8 @@ pub(crate) fn build<'a>(
         .collect();
     // Budgets by namespace, indexed by their first matchLabels pair.
     type ByLabel<'a> = HashMap<(&'a str, &'a str), Vec<&'a PodDisruptionBudget>>;
-    let mut budgets_by_ns: HashMap<&str, (ByLabel<'_>, Vec<&PodDisruptionBudget>)> = HashMap::new();
+    let mut budgets_by_ns: HashMap<&str, (ByLabel<'_>, Vec<&PodDisruptionBudget>)> =
+        HashMap::default();
     for b in &snapshot.pod_disruption_budgets {
         let (by_label, others) = budgets_by_ns
             .entry(b.metadata.namespace.as_deref().unwrap_or_default())
@@ -551,9 +601,7 @@ pub(crate) fn build<'a>(
     let mut read: Vec<Option<Read<'a>>> = Vec::with_capacity(found.len());
     let mut invalid: Option<(Key<'a>, PlanError)> = None;
     let empty_labels = BTreeMap::new();
-    let empty_spec = PodSpec::default();
     for (key, mut f) in found {
-        let spec = f.spec.unwrap_or(&empty_spec);
         let (kind, name) = f.object;
         let object = || format!("{kind} {}/{name}", key.0);
         let requests = f.spec.map(|spec| pod_requests(spec, object, f.path));
@@ -574,19 +622,11 @@ pub(crate) fn build<'a>(
         let replicas = f.replicas.unwrap_or(f.pod_count);
         f.pods.sort_unstable();
         let template_labels = f.labels.unwrap_or(&empty_labels);
-        let node_selector = spec.node_selector.clone().unwrap_or_default();
 
-        // Sets, sorted and deduplicated once (most have one member).
+        // A set, sorted and deduplicated once (most have one member).
         let mut groups_of: Vec<&str> = Vec::new();
-        let mut models: Vec<&GpuModel> = Vec::new();
-        // The nodes, each once (the pods are sorted).
-        let node_list = || f.pods.chunk_by(|a, b| a == b).map(|same| same[0]);
-        for node in node_list() {
-            let Some(n) = nodes.get(node) else {
-                continue;
-            };
-            groups_of.extend(n.group);
-            models.extend(&n.models);
+        for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
+            groups_of.extend(nodes.get(node).and_then(|n| n.group));
         }
         groups_of.extend(
             f.spec
@@ -596,8 +636,6 @@ pub(crate) fn build<'a>(
         );
         groups_of.sort_unstable();
         groups_of.dedup();
-        models.sort_unstable();
-        models.dedup();
 
         let group_sharing = groups_of.iter().filter_map(|g| {
             groups
@@ -646,48 +684,29 @@ pub(crate) fn build<'a>(
             if !selects {
                 continue;
             }
-            let budget = budget(b, replicas);
             budgets.push((
-                format!("{}/{}", id.namespace, budget.name),
-                budget.disruptions_allowed,
+                format!(
+                    "{}/{}",
+                    id.namespace,
+                    b.metadata.name.as_deref().unwrap_or_default()
+                ),
+                budget(b, replicas).disruptions_allowed,
             ));
-            entry_budgets.push(budget);
+            entry_budgets.push(b);
         }
 
-        let meta = f.meta.get();
-        let managed_by = managers(&meta);
-        let owner = controller(&meta)
-            .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
-            .map(|o| OwnerRef {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
-            });
         let namespace_ok = request
             .namespace
             .as_deref()
             .is_none_or(|ns| ns == id.namespace);
         let on_source = groups_of.contains(&request.from.as_str());
         let in_plan = on_source && namespace_ok;
-        let gpus_total = requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(replicas);
-        let entry = namespace_ok.then(|| RegisterEntry {
-            namespace: id.namespace.clone(),
-            kind: id.kind.clone(),
-            name: id.name.clone(),
-            owner,
-            replicas,
-            gpus_per_pod: requests.iter().map(|&(r, n)| (r.to_string(), n)).collect(),
-            gpus_total,
-            mode,
-            node_selector,
-            affinity: spec.affinity.clone(),
-            tolerations: spec.tolerations.clone().unwrap_or_default(),
-            nodes: node_list().map(str::to_string).collect(),
-            groups: groups_of.into_iter().map(str::to_string).collect(),
-            gpu_models: models.into_iter().cloned().collect(),
-            pod_disruption_budgets: entry_budgets,
-            editable_in_place: managed_by.is_empty(),
-            managed_by,
-            in_plan,
+        let row = namespace_ok.then_some(Row {
+            workload: 0,
+            meta: f.meta,
+            spec: f.spec,
+            groups: groups_of,
+            budgets: entry_budgets,
         });
         let template = templates.index(Template {
             requests,
@@ -708,7 +727,7 @@ pub(crate) fn build<'a>(
         });
         read.push(Some(Read {
             key,
-            entry,
+            row,
             workload: Workload {
                 id,
                 template,
@@ -733,15 +752,16 @@ pub(crate) fn build<'a>(
         .collect();
     order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut built = Built {
-        entries: Vec::with_capacity(order.len()),
         workloads: Vec::with_capacity(order.len()),
         templates: templates.list,
         budgets: Vec::new(),
+        rows: Vec::with_capacity(order.len()),
+        nodes,
     };
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
     for (_, i) in order {
         let Read {
-            entry,
+            row,
             mut workload,
             budgets,
             ..
@@ -757,10 +777,67 @@ pub(crate) fn build<'a>(
             };
             workload.budgets.push(index);
         }
-        built.entries.extend(entry);
+        built.rows.extend(row.map(|row| Row {
+            workload: built.workloads.len(),
+            ..row
+        }));
         built.workloads.push(workload);
     }
     Ok(built)
+}
+
+/// Each node's group and cards' models, read once (a node runs many
+/// workloads).
+fn node_info(snapshot: &Snapshot) -> HashMap<&str, NodeInfo<'_>> {
+    let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::default();
+    for g in &snapshot.physical_gpus {
+        gpus_by_node
+            .entry(g.spec.node.as_str())
+            .or_default()
+            .push(g);
+    }
+    let mut nodes: HashMap<&str, NodeInfo<'_>> =
+        HashMap::with_capacity_and_hasher(snapshot.nodes.len(), Default::default());
+    for n in &snapshot.nodes {
+        let Some(name) = n.metadata.name.as_deref() else {
+            continue;
+        };
+        let labels = n.metadata.labels.as_ref();
+        let models: Vec<GpuModel> = match gpus_by_node.get(name) {
+            Some(cards) => {
+                // A node's cards are mostly of one model: made once each.
+                let distinct: BTreeSet<(&str, Option<u64>)> = cards
+                    .iter()
+                    .map(|c| {
+                        let memory = c.status.as_ref().and_then(|s| s.capabilities.as_ref());
+                        (c.spec.product.as_str(), memory.map(|c| c.memory_mib))
+                    })
+                    .collect();
+                distinct
+                    .into_iter()
+                    .map(|(product, memory_mib)| GpuModel {
+                        product: product.to_string(),
+                        memory_mib,
+                        source: "PhysicalGPU".into(),
+                    })
+                    .collect()
+            }
+            None => labels
+                .and_then(|l| l.get(PRODUCT_LABEL))
+                .map(|product| GpuModel {
+                    product: product.clone(),
+                    memory_mib: labels
+                        .and_then(|l| l.get(MEMORY_LABEL))
+                        .and_then(|m| m.parse().ok()),
+                    source: "NFD".into(),
+                })
+                .into_iter()
+                .collect(),
+        };
+        let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
+        nodes.insert(name, NodeInfo { group, models });
+    }
+    nodes
 }
 
 /// Who else writes a workload's manifest.

@@ -1,6 +1,6 @@
 //! The planner on small snapshots built with `mk_*` helpers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 use switchyard_gpu::publish::{self, Layout};
@@ -210,12 +210,12 @@ fn idle_nodes_go_first_and_each_wave_moves_what_then_fits() {
     let m = &p.waves[0].moves[0];
     assert_eq!(
         m.requests,
-        BTreeMap::from([("gpu.deckhouse.io/a100".to_string(), 2)])
+        litemap::LiteMap::from_iter([("gpu.deckhouse.io/a100".to_string(), 2)])
     );
     assert_eq!(m.pods[0].node, "n3");
     assert_eq!(m.pods[0].devices, ["gpu-0", "gpu-1"]);
     // The group selector is what the rewrite drops; the source keeps room.
-    let after = &p.waves[0].source_after["nvidia.com/gpu"];
+    let after = &p.waves[0].source_after.get("nvidia.com/gpu").unwrap();
     assert_eq!((after.available, after.needed), (4, 1));
     assert_eq!(p.waves[1].handovers[0].evicts, []);
 }
@@ -228,7 +228,14 @@ fn at_most_max_unavailable_nodes_a_wave_and_the_source_keeps_room() {
     // 10 GPUs, 5 needed: two idle nodes may go at once, not three.
     let p = plan(&s, &request(3)).unwrap();
     assert_eq!(handovers(&p)[0], ["n4", "n5"]);
-    assert_eq!(p.waves[0].source_after["nvidia.com/gpu"].available, 6);
+    assert_eq!(
+        p.waves[0]
+            .source_after
+            .get("nvidia.com/gpu")
+            .unwrap()
+            .available,
+        6
+    );
     assert!(p.waves.iter().all(|w| w.handovers.len() <= 3));
     assert!(p.complete, "{p:#?}");
     let p1 = plan(&s, &request(1)).unwrap();

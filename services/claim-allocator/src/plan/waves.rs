@@ -16,7 +16,7 @@
 //! once per class, shape and devices in use, not once per pod.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSpec, Taint, Toleration};
@@ -39,8 +39,8 @@ use switchyard_gpu::publish::Layout;
 use super::classes::{self, Classes, Member};
 use super::register::{Built, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Workload, is_gpu_resource};
 use super::{
-    Blocked, Handover, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
-    RegisterEntry, Snapshot, SourceCapacity, Wave,
+    Blocked, Handover, HashMap, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
+    Snapshot, SourceCapacity, Wave,
 };
 
 /// How the plan reads the slices the handed-over nodes would publish. Both
@@ -792,7 +792,7 @@ pub(crate) fn plan(
     snapshot: &Snapshot,
     request: &PlanRequest,
     class: &GPUClass,
-    built: Built<'_>,
+    built: &Built<'_>,
     reading: Reading,
 ) -> Result<Plan, PlanError> {
     let from = request.from.as_str();
@@ -800,7 +800,7 @@ pub(crate) fn plan(
     let max_unavailable = request.max_unavailable.max(1);
     let variants = Variants::new(class);
 
-    let mut cards_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::new();
+    let mut cards_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::default();
     for g in &snapshot.physical_gpus {
         cards_by_node
             .entry(g.spec.node.as_str())
@@ -827,12 +827,12 @@ pub(crate) fn plan(
 
     // Shapes: the requests after the rewrite and the scheduling constraints,
     // keyed by their JSON; a template's, where a workload first has it.
-    let workloads = built.workloads;
+    let workloads = &built.workloads;
     let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
     let mut shapes = Vec::new();
     let mut shape_of_template: Vec<Option<usize>> = vec![None; built.templates.len()];
     let mut shape_of = Vec::with_capacity(workloads.len());
-    for w in &workloads {
+    for w in workloads {
         if let Some(s) = shape_of_template[w.template] {
             shape_of.push(s);
             continue;
@@ -941,12 +941,12 @@ pub(crate) fn plan(
             device_classes: &snapshot.device_classes,
             nodes: source.clone(),
             cards: cards_by_node,
-            read: HashMap::new(),
+            read: HashMap::default(),
         },
         cursors: vec![Cursor::default(); shapes.len()],
         shapes,
         shape_of,
-        fatal: HashMap::new(),
+        fatal: HashMap::default(),
     };
 
     let handed = source.len();
@@ -1018,7 +1018,7 @@ pub(crate) fn plan(
     }
     let mut order: BTreeSet<(u64, usize)> = (0..source.len()).map(|n| (usage[n], n)).collect();
     let mut in_source = vec![true; source.len()];
-    let mut exhausted: HashMap<(usize, u32), usize> = HashMap::new();
+    let mut exhausted: HashMap<(usize, u32), usize> = HashMap::default();
 
     let mut waves = Vec::new();
     let mut blocked_reason = None;
@@ -1095,7 +1095,7 @@ pub(crate) fn plan(
             }
             handovers.push(Handover {
                 node: node_name(source[n]).to_string(),
-                capacity: cap[n].clone(),
+                capacity: cap[n].iter().map(|(r, k)| (r.clone(), *k)).collect(),
                 evicts: evicts.iter().map(|w| workloads[*w].id.clone()).collect(),
                 budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
@@ -1232,7 +1232,7 @@ pub(crate) fn plan(
         reason: blocked_reason.unwrap_or_else(|| "no node can be handed over".into()),
     });
     let mut remaining = Vec::new();
-    let mut reasons: HashMap<(usize, u32), String> = HashMap::new();
+    let mut reasons: HashMap<(usize, u32), String> = HashMap::default();
     for (i, w) in workloads.iter().enumerate() {
         if !w.in_plan || moved[i] || w.id.kind == "DaemonSet" {
             continue;
@@ -1253,13 +1253,13 @@ pub(crate) fn plan(
             reason,
         });
     }
-    let register: Vec<RegisterEntry> = built.entries;
     Ok(Plan {
         from: from.to_string(),
         to: to.to_string(),
         class: variants.class.clone(),
         max_unavailable,
-        register,
+        // Built::entries, made beside the waves.
+        register: Vec::new(),
         complete: blocked.is_none() && remaining.is_empty(),
         blocked,
         remaining,
