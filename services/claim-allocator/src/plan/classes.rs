@@ -20,8 +20,6 @@
 //!   order) changes only names and attribute values no selector reads.
 
 use std::collections::BTreeSet;
-
-use super::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -32,6 +30,8 @@ use switchyard_dra::alloc::{AllocatedState, DeviceId, Inventory};
 use switchyard_dra::cel::Compiler;
 use switchyard_gpu::Machine;
 use switchyard_gpu::publish::{self, Layout};
+
+use super::HashMap;
 
 const DRIVER_VERSION_LABEL: &str = "nvidia.com/cuda.driver-version.full";
 const CUDA_VERSION_LABEL: &str = "nvidia.com/cuda.runtime-version.full";

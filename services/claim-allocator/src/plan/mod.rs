@@ -36,12 +36,12 @@ use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
 use switchyard_gpu::publish::Layout;
 
 pub use register::{gpu_resources, is_gpu_resource};
+pub use waves::Reading;
 
 /// The plan's hash maps: a fixed seed (nothing of the plan depends on their
 /// order, and the same input hashes alike in every run), and a hash much
 /// cheaper than SipHash for the snapshot's many short keys.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
-pub use waves::Reading;
 
 /// What the plan is computed from: the objects as the API server lists them.
 #[derive(Clone, Debug, Default)]

@@ -180,9 +180,14 @@ pub(crate) struct Built<'a> {
     /// The register's rows, sorted, still borrowed: [`Built::entries`] makes
     /// them (while the waves are planned from the rest).
     rows: Vec<Row<'a>>,
+    /// The PhysicalGPUs of each node.
+    pub cards: Cards<'a>,
     /// Each node's group and cards.
     nodes: HashMap<&'a str, NodeInfo<'a>>,
 }
+
+/// PhysicalGPUs by node name.
+pub(crate) type Cards<'a> = HashMap<&'a str, Vec<&'a PhysicalGPU>>;
 
 /// A row of the register, borrowed: what [`Built::entries`] copies out of
 /// the snapshot for it.
@@ -364,7 +369,7 @@ pub(crate) fn build<'a>(
 fn build_with<'a>(
     snapshot: &'a Snapshot,
     request: &PlanRequest,
-    nodes: impl FnOnce() -> HashMap<&'a str, NodeInfo<'a>>,
+    nodes: impl FnOnce() -> (Cards<'a>, HashMap<&'a str, NodeInfo<'a>>),
 ) -> Result<Built<'a>, PlanError> {
     // In the order found (the snapshot's: its objects are read in the order
     // they were made), indexed while pods are matched to their workloads;
@@ -568,7 +573,7 @@ fn build_with<'a>(
         }
     }
 
-    let nodes = nodes();
+    let (cards, nodes) = nodes();
     let groups: HashMap<&str, &NodeGroup> = snapshot
         .node_groups
         .iter()
@@ -756,6 +761,7 @@ fn build_with<'a>(
         templates: templates.list,
         budgets: Vec::new(),
         rows: Vec::with_capacity(order.len()),
+        cards,
         nodes,
     };
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
@@ -786,10 +792,10 @@ fn build_with<'a>(
     Ok(built)
 }
 
-/// Each node's group and cards' models, read once (a node runs many
-/// workloads).
-fn node_info(snapshot: &Snapshot) -> HashMap<&str, NodeInfo<'_>> {
-    let mut gpus_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::default();
+/// The PhysicalGPUs of each node, and each node's group and cards' models,
+/// read once (a node runs many workloads).
+fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
+    let mut gpus_by_node: Cards<'_> = HashMap::default();
     for g in &snapshot.physical_gpus {
         gpus_by_node
             .entry(g.spec.node.as_str())
@@ -837,7 +843,7 @@ fn node_info(snapshot: &Snapshot) -> HashMap<&str, NodeInfo<'_>> {
         let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
         nodes.insert(name, NodeInfo { group, models });
     }
-    nodes
+    (gpus_by_node, nodes)
 }
 
 /// Who else writes a workload's manifest.

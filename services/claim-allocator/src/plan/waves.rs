@@ -25,7 +25,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceClaimSpec, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use switchyard_api::{GPUClass, PhysicalGPU};
+use switchyard_api::GPUClass;
 use switchyard_core::names::{
     CLASS_RESOURCE_PREFIX, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU, STACK_DRA,
 };
@@ -37,7 +37,9 @@ use switchyard_dra::cel::Compiler;
 use switchyard_gpu::publish::Layout;
 
 use super::classes::{self, Classes, Member};
-use super::register::{Built, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Workload, is_gpu_resource};
+use super::register::{
+    Built, Cards, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Workload, is_gpu_resource,
+};
 use super::{
     Blocked, Handover, HashMap, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
     Snapshot, SourceCapacity, Wave,
@@ -179,7 +181,7 @@ struct Publication<'a> {
     layout: Layout,
     device_classes: &'a [DeviceClass],
     nodes: Vec<&'a Node>,
-    cards: HashMap<&'a str, Vec<&'a PhysicalGPU>>,
+    cards: &'a Cards<'a>,
     /// Members' own inventories, by source node, read on first use.
     read: HashMap<usize, Arc<Inventory>>,
 }
@@ -800,13 +802,6 @@ pub(crate) fn plan(
     let max_unavailable = request.max_unavailable.max(1);
     let variants = Variants::new(class);
 
-    let mut cards_by_node: HashMap<&str, Vec<&PhysicalGPU>> = HashMap::default();
-    for g in &snapshot.physical_gpus {
-        cards_by_node
-            .entry(g.spec.node.as_str())
-            .or_default()
-            .push(g);
-    }
     let mut source: Vec<&Node> = snapshot
         .nodes
         .iter()
@@ -887,7 +882,7 @@ pub(crate) fn plan(
     let compiler = Arc::new(Compiler::default());
     let machine = |n: usize| {
         let node = source[n];
-        let cards = cards_by_node.get(node_name(node))?;
+        let cards = built.cards.get(node_name(node))?;
         Some(classes::machine(node, cards))
     };
     let classes = match reading {
@@ -940,7 +935,7 @@ pub(crate) fn plan(
             layout: request.layout,
             device_classes: &snapshot.device_classes,
             nodes: source.clone(),
-            cards: cards_by_node,
+            cards: &built.cards,
             read: HashMap::default(),
         },
         cursors: vec![Cursor::default(); shapes.len()],
