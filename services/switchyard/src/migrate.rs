@@ -112,17 +112,17 @@ fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
         .waves
         .iter()
         .map(|wave| PlannedWave {
-            nodes: wave.handovers.iter().map(|h| h.node.clone()).collect(),
+            nodes: wave.handovers.iter().map(|h| h.node.to_string()).collect(),
             workloads: wave
                 .moves
                 .iter()
                 .filter_map(|m| {
                     let w = &m.workload;
-                    if MOVED_KINDS.contains(&w.kind.as_str()) {
+                    if MOVED_KINDS.contains(&w.kind) {
                         Some(WorkloadRef {
-                            namespace: w.namespace.clone(),
-                            kind: w.kind.clone(),
-                            name: w.name.clone(),
+                            namespace: w.namespace.to_string(),
+                            kind: w.kind.to_string(),
+                            name: w.name.to_string(),
                         })
                     } else {
                         left.push(format!(

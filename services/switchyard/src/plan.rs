@@ -166,9 +166,9 @@ fn table(plan: &Plan) -> String {
     ];
     for e in &plan.register {
         rows.push([
-            e.namespace.clone(),
-            e.kind.clone(),
-            e.name.clone(),
+            e.namespace.to_string(),
+            e.kind.to_string(),
+            e.name.to_string(),
             e.replicas.to_string(),
             join(e.gpus_per_pod.iter().map(|(r, n)| format!("{r}={n}"))),
             e.gpus_total.to_string(),
@@ -179,7 +179,7 @@ fn table(plan: &Plan) -> String {
             join(&e.groups),
             join(e.gpu_models.iter().map(|m| match m.memory_mib {
                 Some(mib) => format!("{} ({mib} MiB)", m.product),
-                None => m.product.clone(),
+                None => m.product.to_string(),
             })),
             join(e.pod_disruption_budgets.iter().map(|b| &b.name)),
             join(

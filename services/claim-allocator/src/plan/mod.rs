@@ -25,6 +25,8 @@ mod waves;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
+
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
@@ -104,85 +106,86 @@ pub enum PlanError {
     Inventory(#[from] switchyard_dra::alloc::InputError),
 }
 
-/// A workload, as the operator knows it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct WorkloadRef {
-    pub namespace: String,
-    pub kind: String,
-    pub name: String,
+/// A workload, as the operator knows it (borrowed from the snapshot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct WorkloadRef<'a> {
+    pub namespace: &'a str,
+    pub kind: &'a str,
+    pub name: &'a str,
 }
 
-impl std::fmt::Display for WorkloadRef {
+impl std::fmt::Display for WorkloadRef<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.namespace, self.kind, self.name)
     }
 }
 
-/// The plan: the register, then the waves.
+/// The plan: the register, then the waves. Its names are borrowed from the
+/// snapshot it is computed from (copying them was most of what it cost).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Plan {
+pub struct Plan<'a> {
     pub from: String,
     pub to: String,
     pub class: String,
     pub max_unavailable: usize,
     /// Every workload using device-plugin GPUs, sorted by namespace, kind, name.
-    pub register: Vec<RegisterEntry>,
-    pub waves: Vec<Wave>,
+    pub register: Vec<RegisterEntry<'a>>,
+    pub waves: Vec<Wave<'a>>,
     /// Every node of the source group handed over and every workload of it moved.
     pub complete: bool,
     /// Nodes of the source group the plan could not hand over, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub blocked: Option<Blocked>,
+    pub blocked: Option<Blocked<'a>>,
     /// Workloads of the source group the plan did not move, and why.
-    pub remaining: Vec<Pending>,
+    pub remaining: Vec<Pending<'a>>,
     /// DaemonSets on the source group: their pods go with their nodes; they
     /// are moved by rewriting their manifest, not planned into a wave.
-    pub follow_nodes: Vec<WorkloadRef>,
+    pub follow_nodes: Vec<WorkloadRef<'a>>,
 }
 
 /// One row of the migration-wave register.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RegisterEntry {
-    pub namespace: String,
+pub struct RegisterEntry<'a> {
+    pub namespace: &'a str,
     /// The controller kind: Deployment, StatefulSet, DaemonSet, Job, CronJob,
     /// ReplicaSet, Pod, or an operator's kind for pods it controls directly.
-    pub kind: String,
-    pub name: String,
+    pub kind: &'a str,
+    pub name: &'a str,
     /// The controller above the workload (an operator's object), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner: Option<OwnerRef>,
+    pub owner: Option<OwnerRef<'a>>,
     pub replicas: u32,
     /// Device-plugin resources a pod requests.
-    pub gpus_per_pod: LiteMap<String, u64>,
+    pub gpus_per_pod: LiteMap<&'a str, u64>,
     /// `gpus_per_pod` summed over the resources, times `replicas`.
     pub gpus_total: u64,
     pub mode: Mode,
     #[serde(skip_serializing_if = "LiteMap::is_empty")]
-    pub node_selector: LiteMap<String, String>,
+    pub node_selector: LiteMap<&'a str, &'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tolerations: Vec<Toleration>,
+    pub affinity: Option<&'a Affinity>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub tolerations: &'a [Toleration],
     /// Nodes its pods run on, and their groups.
-    pub nodes: Vec<String>,
-    pub groups: Vec<String>,
+    pub nodes: Vec<&'a str>,
+    pub groups: Vec<&'a str>,
     /// The cards of those nodes: product and memory.
-    pub gpu_models: Vec<GpuModel>,
-    pub pod_disruption_budgets: Vec<Budget>,
+    pub gpu_models: Vec<GpuModel<'a>>,
+    pub pod_disruption_budgets: Vec<Budget<'a>>,
     /// What owns the manifest besides the cluster (Switchyard must not edit
     /// it in place: the change goes to the chart, the repository, the CR).
-    pub managed_by: Vec<Manager>,
+    pub managed_by: Vec<Manager<'a>>,
     pub editable_in_place: bool,
     /// Runs on (or is bound to) the source group: the plan moves it.
     pub in_plan: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct OwnerRef {
-    pub kind: String,
-    pub name: String,
+pub struct OwnerRef<'a> {
+    pub kind: &'a str,
+    pub name: &'a str,
 }
 
 /// How a workload uses its cards today.
@@ -199,60 +202,60 @@ pub enum Mode {
     Shared,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct GpuModel {
-    pub product: String,
+pub struct GpuModel<'a> {
+    pub product: &'a str,
     #[serde(rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u64>,
     /// `PhysicalGPU` or `NFD` (the node's `nvidia.com/gpu.*` labels).
-    pub source: String,
+    pub source: &'static str,
 }
 
 /// A PodDisruptionBudget selecting a workload's pods.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Budget {
-    pub name: String,
+pub struct Budget<'a> {
+    pub name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_available: Option<String>,
+    pub min_available: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_unavailable: Option<String>,
+    pub max_unavailable: Option<Cow<'a, str>>,
     /// Pods it lets a drain evict at once (its status, or from its spec).
     pub disruptions_allowed: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Manager {
+pub struct Manager<'a> {
     /// `Helm`, `ArgoCD`, `Flux` or `Operator`.
-    pub kind: String,
+    pub kind: &'static str,
     /// The release, application, Kustomization / HelmRelease, or owner object.
-    pub name: String,
+    pub name: Cow<'a, str>,
 }
 
 /// One wave: hand these nodes over, then move these workloads.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Wave {
+pub struct Wave<'a> {
     pub number: usize,
-    pub handovers: Vec<Handover>,
-    pub moves: Vec<Move>,
+    pub handovers: Vec<Handover<'a>>,
+    pub moves: Vec<Move<'a>>,
     /// Workloads evicted by this wave's drains that do not fit on the target
     /// group yet: they are rescheduled in the source group.
-    pub pending: Vec<Pending>,
+    pub pending: Vec<Pending<'a>>,
     /// The source group after the wave, per resource: what its nodes offer and
     /// what the workloads not moved need.
-    pub source_after: LiteMap<String, SourceCapacity>,
+    pub source_after: LiteMap<&'a str, SourceCapacity>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Handover {
-    pub node: String,
+pub struct Handover<'a> {
+    pub node: &'a str,
     /// The node's device-plugin resources.
-    pub capacity: LiteMap<String, u64>,
+    pub capacity: LiteMap<&'a str, u64>,
     /// Workloads (not moved yet) with pods on the node, which its drain evicts.
-    pub evicts: Vec<WorkloadRef>,
+    pub evicts: Vec<WorkloadRef<'a>>,
     /// Budgets the drain has to respect (namespace/name).
     pub budgets: Vec<String>,
     /// Budgets whose allowance this node's drain alone exceeds: it waits for
@@ -263,30 +266,30 @@ pub struct Handover {
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Move {
-    pub workload: WorkloadRef,
+pub struct Move<'a> {
+    pub workload: WorkloadRef<'a>,
     /// The extended resources the rewritten manifest requests, per pod.
     pub requests: LiteMap<String, u64>,
     /// Where the allocator puts each pod, and the devices it allocates.
-    pub pods: Vec<PodPlacement>,
+    pub pods: Vec<PodPlacement<'a>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct PodPlacement {
-    pub node: String,
+pub struct PodPlacement<'a> {
+    pub node: &'a str,
     pub devices: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct Pending {
-    pub workload: WorkloadRef,
+pub struct Pending<'a> {
+    pub workload: WorkloadRef<'a>,
     /// Why it would stay Pending on the target group (the allocator's reason).
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct Blocked {
-    pub nodes: Vec<String>,
+pub struct Blocked<'a> {
+    pub nodes: Vec<&'a str>,
     pub reason: String,
 }
 
@@ -297,16 +300,16 @@ pub struct SourceCapacity {
 }
 
 /// The register and the waves for `request` over `snapshot`.
-pub fn plan(snapshot: &Snapshot, request: &PlanRequest) -> Result<Plan, PlanError> {
+pub fn plan<'a>(snapshot: &'a Snapshot, request: &PlanRequest) -> Result<Plan<'a>, PlanError> {
     plan_reading(snapshot, request, Reading::ByClass)
 }
 
 /// [`plan`], the handed-over nodes' slices read as `reading` says.
-pub fn plan_reading(
-    snapshot: &Snapshot,
+pub fn plan_reading<'a>(
+    snapshot: &'a Snapshot,
     request: &PlanRequest,
     reading: Reading,
-) -> Result<Plan, PlanError> {
+) -> Result<Plan<'a>, PlanError> {
     let groups: Vec<&str> = snapshot
         .node_groups
         .iter()
@@ -329,9 +332,7 @@ pub fn plan_reading(
     std::thread::scope(|scope| {
         let register = scope.spawn(|| built.entries());
         let plan = waves::plan(snapshot, request, class, &built, reading);
-        let register = register
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let register = register::join(register);
         plan.map(|plan| Plan { register, ..plan })
     })
 }

@@ -110,7 +110,7 @@ fn pod_requests<'s>(
 /// snapshot.
 #[derive(Clone, Debug)]
 pub(crate) struct Workload<'a> {
-    pub id: WorkloadRef,
+    pub id: WorkloadRef<'a>,
     /// Index into [`Built::templates`]: what a pod requests, and where it
     /// may run.
     pub template: usize,
@@ -211,14 +211,14 @@ struct Read<'a> {
     budgets: Vec<(String, u32)>,
 }
 
-impl Built<'_> {
+impl<'a> Built<'a> {
     /// The register: a row for every workload of the namespace asked for,
     /// sorted by namespace, kind, name.
-    pub fn entries(&self) -> Vec<RegisterEntry> {
+    pub fn entries(&self) -> Vec<RegisterEntry<'a>> {
         self.rows.iter().map(|row| self.entry(row)).collect()
     }
 
-    fn entry(&self, row: &Row<'_>) -> RegisterEntry {
+    fn entry(&self, row: &Row<'a>) -> RegisterEntry<'a> {
         let w = &self.workloads[row.workload];
         let t = &self.templates[w.template];
         let spec = row.spec;
@@ -228,45 +228,43 @@ impl Built<'_> {
             .chunk_by(|a, b| a == b)
             .map(|same| same[0])
             .collect();
-        let mut models: Vec<&GpuModel> = nodes
+        let mut models: Vec<GpuModel<'a>> = nodes
             .iter()
             .filter_map(|n| self.nodes.get(n))
-            .flat_map(|n| &n.models)
+            .flat_map(|n| n.models.iter().copied())
             .collect();
         models.sort_unstable();
         models.dedup();
-        let meta = row.meta.get();
-        let managed_by = managers(&meta);
-        let owner = controller(&meta)
+        let (labelled, owned) = row.meta.parts();
+        let managed_by = managers(labelled, owned);
+        let owner = controller(owned)
             .filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str()))
             .map(|o| OwnerRef {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
+                kind: &o.kind,
+                name: &o.name,
             });
         RegisterEntry {
-            namespace: w.id.namespace.clone(),
-            kind: w.id.kind.clone(),
-            name: w.id.name.clone(),
+            namespace: w.id.namespace,
+            kind: w.id.kind,
+            name: w.id.name,
             owner,
             replicas: w.replicas,
-            gpus_per_pod: t
-                .requests
-                .iter()
-                .map(|&(r, n)| (r.to_string(), n))
-                .collect(),
+            gpus_per_pod: t.requests.iter().copied().collect(),
             gpus_total: t.requests.iter().map(|(_, n)| n).sum::<u64>() * u64::from(w.replicas),
             mode: t.mode,
             node_selector: spec
                 .and_then(|s| s.node_selector.as_ref())
                 .into_iter()
                 .flatten()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect(),
-            affinity: spec.and_then(|s| s.affinity.clone()),
-            tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
-            nodes: nodes.into_iter().map(str::to_string).collect(),
-            groups: row.groups.iter().map(|g| g.to_string()).collect(),
-            gpu_models: models.into_iter().cloned().collect(),
+            affinity: spec.and_then(|s| s.affinity.as_ref()),
+            tolerations: spec
+                .and_then(|s| s.tolerations.as_deref())
+                .unwrap_or_default(),
+            nodes,
+            groups: row.groups.clone(),
+            gpu_models: models,
             pod_disruption_budgets: row.budgets.iter().map(|b| budget(b, w.replicas)).collect(),
             editable_in_place: managed_by.is_empty(),
             managed_by,
@@ -293,7 +291,7 @@ struct Found<'a> {
 /// (sorted, each once).
 struct NodeInfo<'a> {
     group: Option<&'a str>,
-    models: Vec<GpuModel>,
+    models: Vec<GpuModel<'a>>,
 }
 
 /// A workload's key while the register is built: namespace, kind, name (the
@@ -311,13 +309,12 @@ enum Meta<'a> {
 }
 
 impl<'a> Meta<'a> {
-    fn get(self) -> Cow<'a, ObjectMeta> {
+    /// The metadata whose labels and annotations count (none for a pod an
+    /// operator controls), and the metadata whose owners count.
+    fn parts(self) -> (Option<&'a ObjectMeta>, &'a ObjectMeta) {
         match self {
-            Meta::Of(meta) => Cow::Borrowed(meta),
-            Meta::OwnersOf(pod) => Cow::Owned(ObjectMeta {
-                owner_references: pod.owner_references.clone(),
-                ..Default::default()
-            }),
+            Meta::Of(meta) => (Some(meta), meta),
+            Meta::OwnersOf(pod) => (None, pod),
         }
     }
 }
@@ -329,11 +326,11 @@ fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-fn workload_ref((namespace, kind, name): Key<'_>) -> WorkloadRef {
+fn workload_ref((namespace, kind, name): Key<'_>) -> WorkloadRef<'_> {
     WorkloadRef {
-        namespace: namespace.to_string(),
-        kind: kind.to_string(),
-        name: name.to_string(),
+        namespace,
+        kind,
+        name,
     }
 }
 
@@ -355,25 +352,43 @@ pub(crate) fn build<'a>(
     snapshot: &'a Snapshot,
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
-    // The nodes are read on a second thread while the workloads are found.
+    // Two threads: the nodes and the budgets are indexed while the workloads
+    // are found; then each reads half of the workloads.
     std::thread::scope(|scope| {
-        let nodes = scope.spawn(|| node_info(snapshot));
-        build_with(snapshot, request, move || {
-            nodes
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+        let indexed = scope.spawn(|| (node_info(snapshot), budget_index(snapshot)));
+        let mut found = found(snapshot);
+        let ((cards, nodes), budgets) = join(indexed);
+        let groups: HashMap<&str, &NodeGroup> = snapshot
+            .node_groups
+            .iter()
+            .filter_map(|g| Some((g.metadata.name.as_deref()?, g)))
+            .collect();
+        let reader = Reader {
+            request,
+            nodes: &nodes,
+            groups: &groups,
+            budgets: &budgets,
+        };
+        let second = found.split_off(found.len() / 2);
+        let (first, second) = std::thread::scope(|scope| {
+            let second = scope.spawn(|| reader.read(second));
+            (reader.read(found), join(second))
+        });
+        assemble(first, second, cards, nodes)
     })
 }
 
-fn build_with<'a>(
-    snapshot: &'a Snapshot,
-    request: &PlanRequest,
-    nodes: impl FnOnce() -> (Cards<'a>, HashMap<&'a str, NodeInfo<'a>>),
-) -> Result<Built<'a>, PlanError> {
-    // In the order found (the snapshot's: its objects are read in the order
-    // they were made), indexed while pods are matched to their workloads;
-    // sorted once read.
+/// A scoped thread's result, its panic resumed here.
+pub(crate) fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Every workload of the snapshot with its live pods: in the order found
+/// (the snapshot's: its objects are read in the order they were made).
+fn found<'a>(snapshot: &'a Snapshot) -> Vec<(Key<'a>, Found<'a>)> {
+    // Indexed while pods are matched to their workloads.
     let controllers = snapshot.deployments.len()
         + snapshot.replica_sets.len()
         + snapshot.stateful_sets.len()
@@ -573,16 +588,21 @@ fn build_with<'a>(
         }
     }
 
-    let (cards, nodes) = nodes();
-    let groups: HashMap<&str, &NodeGroup> = snapshot
-        .node_groups
-        .iter()
-        .filter_map(|g| Some((g.metadata.name.as_deref()?, g)))
-        .collect();
-    // Budgets by namespace, indexed by their first matchLabels pair.
-    type ByLabel<'a> = HashMap<(&'a str, &'a str), Vec<&'a PodDisruptionBudget>>;
-    let mut budgets_by_ns: HashMap<&str, (ByLabel<'_>, Vec<&PodDisruptionBudget>)> =
-        HashMap::default();
+    found
+}
+
+/// PodDisruptionBudgets by namespace, indexed by their first matchLabels
+/// pair (and those without matchLabels).
+type BudgetIndex<'a> = HashMap<
+    &'a str,
+    (
+        HashMap<(&'a str, &'a str), Vec<&'a PodDisruptionBudget>>,
+        Vec<&'a PodDisruptionBudget>,
+    ),
+>;
+
+fn budget_index(snapshot: &Snapshot) -> BudgetIndex<'_> {
+    let mut budgets_by_ns: BudgetIndex<'_> = HashMap::default();
     for b in &snapshot.pod_disruption_budgets {
         let (by_label, others) = budgets_by_ns
             .entry(b.metadata.namespace.as_deref().unwrap_or_default())
@@ -602,176 +622,247 @@ fn build_with<'a>(
         }
     }
 
-    let mut templates = Templates::default();
-    let mut read: Vec<Option<Read<'a>>> = Vec::with_capacity(found.len());
-    let mut invalid: Option<(Key<'a>, PlanError)> = None;
-    let empty_labels = BTreeMap::new();
-    for (key, mut f) in found {
-        let (kind, name) = f.object;
-        let object = || format!("{kind} {}/{name}", key.0);
-        let requests = f.spec.map(|spec| pod_requests(spec, object, f.path));
-        let requests = match requests.transpose() {
-            Ok(requests) => requests.unwrap_or_default(),
-            // The first by key is the error, as if read in that order.
-            Err(e) => {
-                if invalid.as_ref().is_none_or(|(first, _)| key < *first) {
-                    invalid = Some((key, e));
+    budgets_by_ns
+}
+
+/// What reading a workload looks up.
+struct Reader<'r, 'a> {
+    request: &'r PlanRequest,
+    nodes: &'r HashMap<&'a str, NodeInfo<'a>>,
+    groups: &'r HashMap<&'a str, &'a NodeGroup>,
+    budgets: &'r BudgetIndex<'a>,
+}
+
+/// Workloads read by one thread: sorted by key, with the templates they
+/// index and the first invalid one by key.
+struct Part<'a> {
+    read: Vec<Option<Read<'a>>>,
+    order: Vec<(Key<'a>, usize)>,
+    templates: Templates<'a>,
+    invalid: Option<(Key<'a>, PlanError)>,
+}
+
+impl<'a> Reader<'_, 'a> {
+    fn read(&self, found: Vec<(Key<'a>, Found<'a>)>) -> Part<'a> {
+        let mut templates = Templates::default();
+        let mut read: Vec<Option<Read<'a>>> = Vec::with_capacity(found.len());
+        let mut invalid: Option<(Key<'a>, PlanError)> = None;
+        let empty_labels = BTreeMap::new();
+        for (key, mut f) in found {
+            let (kind, name) = f.object;
+            let object = || format!("{kind} {}/{name}", key.0);
+            let requests = f.spec.map(|spec| pod_requests(spec, object, f.path));
+            let requests = match requests.transpose() {
+                Ok(requests) => requests.unwrap_or_default(),
+                // The first by key is the error, as if read in that order.
+                Err(e) => {
+                    if invalid.as_ref().is_none_or(|(first, _)| key < *first) {
+                        invalid = Some((key, e));
+                    }
+                    continue;
                 }
+            };
+            if requests.is_empty() {
                 continue;
             }
-        };
-        if requests.is_empty() {
-            continue;
-        }
-        let id = workload_ref(key);
-        let replicas = f.replicas.unwrap_or(f.pod_count);
-        f.pods.sort_unstable();
-        let template_labels = f.labels.unwrap_or(&empty_labels);
+            let id = workload_ref(key);
+            let replicas = f.replicas.unwrap_or(f.pod_count);
+            f.pods.sort_unstable();
+            let template_labels = f.labels.unwrap_or(&empty_labels);
 
-        // A set, sorted and deduplicated once (most have one member).
-        let mut groups_of: Vec<&str> = Vec::new();
-        for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
-            groups_of.extend(nodes.get(node).and_then(|n| n.group));
-        }
-        groups_of.extend(
-            f.spec
-                .and_then(|s| s.node_selector.as_ref())
-                .and_then(|s| s.get(GROUP_LABEL))
-                .map(String::as_str),
-        );
-        groups_of.sort_unstable();
-        groups_of.dedup();
-
-        let group_sharing = groups_of.iter().filter_map(|g| {
-            groups
-                .get(g)
-                .and_then(|g| g.spec.gpu.as_ref())
-                .map(|gpu| gpu.sharing)
-        });
-        let mut mode = Mode::Exclusive;
-        for sharing in group_sharing {
-            match sharing {
-                GpuSharing::TimeSlicing => mode = mode.max(Mode::TimeSliced),
-                GpuSharing::Mig => mode = mode.max(Mode::Mig),
-                GpuSharing::Exclusive => {}
+            // A set, sorted and deduplicated once (most have one member).
+            let mut groups_of: Vec<&str> = Vec::new();
+            for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
+                groups_of.extend(self.nodes.get(node).and_then(|n| n.group));
             }
+            groups_of.extend(
+                f.spec
+                    .and_then(|s| s.node_selector.as_ref())
+                    .and_then(|s| s.get(GROUP_LABEL))
+                    .map(String::as_str),
+            );
+            groups_of.sort_unstable();
+            groups_of.dedup();
+
+            let group_sharing = groups_of.iter().filter_map(|g| {
+                self.groups
+                    .get(g)
+                    .and_then(|g| g.spec.gpu.as_ref())
+                    .map(|gpu| gpu.sharing)
+            });
+            let mut mode = Mode::Exclusive;
+            for sharing in group_sharing {
+                match sharing {
+                    GpuSharing::TimeSlicing => mode = mode.max(Mode::TimeSliced),
+                    GpuSharing::Mig => mode = mode.max(Mode::Mig),
+                    GpuSharing::Exclusive => {}
+                }
+            }
+            if requests
+                .iter()
+                .any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX))
+            {
+                mode = Mode::Mig;
+            } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
+                mode = Mode::Shared;
+            }
+
+            let mut budgets = Vec::new();
+            let mut entry_budgets = Vec::new();
+            // Candidates: budgets keyed by one of the template's labels, and
+            // those without matchLabels; each is then matched in full.
+            let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
+            if let Some((by_label, others)) = self.budgets.get(id.namespace) {
+                for (k, v) in template_labels {
+                    if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
+                        candidates.extend(list.iter().copied());
+                    }
+                }
+                candidates.extend(others.iter().copied());
+            }
+            candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+            for b in candidates {
+                let selects = b
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    .is_some_and(|s| label_selector_matches(s, template_labels));
+                if !selects {
+                    continue;
+                }
+                budgets.push((
+                    format!(
+                        "{}/{}",
+                        id.namespace,
+                        b.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    budget(b, replicas).disruptions_allowed,
+                ));
+                entry_budgets.push(b);
+            }
+
+            let namespace_ok = self
+                .request
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| ns == id.namespace);
+            let on_source = groups_of.contains(&self.request.from.as_str());
+            let in_plan = on_source && namespace_ok;
+            let row = namespace_ok.then_some(Row {
+                workload: 0,
+                meta: f.meta,
+                spec: f.spec,
+                groups: groups_of,
+                budgets: entry_budgets,
+            });
+            let template = templates.index(Template {
+                requests,
+                mode,
+                node_selector: f.spec.and_then(|s| s.node_selector.as_ref()),
+                affinity: f
+                    .spec
+                    .and_then(|s| s.affinity.as_ref())
+                    .and_then(|a| a.node_affinity.as_ref())
+                    .and_then(|a| {
+                        a.required_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    }),
+                tolerations: f
+                    .spec
+                    .and_then(|s| s.tolerations.as_deref())
+                    .unwrap_or_default(),
+            });
+            read.push(Some(Read {
+                key,
+                row,
+                workload: Workload {
+                    id,
+                    template,
+                    replicas,
+                    pod_nodes: f.pods,
+                    on_source,
+                    in_plan,
+                    budgets: Vec::new(),
+                },
+                budgets,
+            }));
         }
-        if requests
+
+        let mut order: Vec<(Key<'a>, usize)> = read
             .iter()
-            .any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX))
-        {
-            mode = Mode::Mig;
-        } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
-            mode = Mode::Shared;
+            .enumerate()
+            .filter_map(|(i, r)| Some((r.as_ref()?.key, i)))
+            .collect();
+        order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Part {
+            read,
+            order,
+            templates,
+            invalid,
         }
-
-        let mut budgets = Vec::new();
-        let mut entry_budgets = Vec::new();
-        // Candidates: budgets keyed by one of the template's labels, and
-        // those without matchLabels; each is then matched in full.
-        let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
-        if let Some((by_label, others)) = budgets_by_ns.get(id.namespace.as_str()) {
-            for (k, v) in template_labels {
-                if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
-                    candidates.extend(list.iter().copied());
-                }
-            }
-            candidates.extend(others.iter().copied());
-        }
-        candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
-        for b in candidates {
-            let selects = b
-                .spec
-                .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .is_some_and(|s| label_selector_matches(s, template_labels));
-            if !selects {
-                continue;
-            }
-            budgets.push((
-                format!(
-                    "{}/{}",
-                    id.namespace,
-                    b.metadata.name.as_deref().unwrap_or_default()
-                ),
-                budget(b, replicas).disruptions_allowed,
-            ));
-            entry_budgets.push(b);
-        }
-
-        let namespace_ok = request
-            .namespace
-            .as_deref()
-            .is_none_or(|ns| ns == id.namespace);
-        let on_source = groups_of.contains(&request.from.as_str());
-        let in_plan = on_source && namespace_ok;
-        let row = namespace_ok.then_some(Row {
-            workload: 0,
-            meta: f.meta,
-            spec: f.spec,
-            groups: groups_of,
-            budgets: entry_budgets,
-        });
-        let template = templates.index(Template {
-            requests,
-            mode,
-            node_selector: f.spec.and_then(|s| s.node_selector.as_ref()),
-            affinity: f
-                .spec
-                .and_then(|s| s.affinity.as_ref())
-                .and_then(|a| a.node_affinity.as_ref())
-                .and_then(|a| {
-                    a.required_during_scheduling_ignored_during_execution
-                        .as_ref()
-                }),
-            tolerations: f
-                .spec
-                .and_then(|s| s.tolerations.as_deref())
-                .unwrap_or_default(),
-        });
-        read.push(Some(Read {
-            key,
-            row,
-            workload: Workload {
-                id,
-                template,
-                replicas,
-                pod_nodes: f.pods,
-                on_source,
-                in_plan,
-                budgets: Vec::new(),
-            },
-            budgets,
-        }));
     }
+}
+
+/// The two halves' workloads merged in key order (as one thread reading
+/// them all would have them, templates numbered alike), budgets indexed in
+/// that order.
+fn assemble<'a>(
+    mut first: Part<'a>,
+    mut second: Part<'a>,
+    cards: Cards<'a>,
+    nodes: HashMap<&'a str, NodeInfo<'a>>,
+) -> Result<Built<'a>, PlanError> {
+    let invalid = match (first.invalid, second.invalid) {
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    };
     if let Some((_, e)) = invalid {
         return Err(e);
     }
-
-    // Sorted by key, the budgets indexed in that order.
-    let mut order: Vec<(Key<'a>, usize)> = read
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| Some((r.as_ref()?.key, i)))
+    let renumber: Vec<usize> = second
+        .templates
+        .list
+        .into_iter()
+        .map(|t| first.templates.index(t))
         .collect();
-    order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let count = first.order.len() + second.order.len();
     let mut built = Built {
-        workloads: Vec::with_capacity(order.len()),
-        templates: templates.list,
+        workloads: Vec::with_capacity(count),
+        templates: first.templates.list,
         budgets: Vec::new(),
-        rows: Vec::with_capacity(order.len()),
+        rows: Vec::with_capacity(count),
         cards,
         nodes,
     };
+    let (mut a, mut b) = (
+        first.order.into_iter().peekable(),
+        second.order.into_iter().peekable(),
+    );
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, i) in order {
+    loop {
+        // The next by key of either half (the keys are distinct).
+        let from_second = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => y.0 < x.0,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (None, None) => break,
+        };
+        let (read, next) = if from_second {
+            (&mut second.read, b.next())
+        } else {
+            (&mut first.read, a.next())
+        };
+        let Some((_, i)) = next else { break };
         let Read {
             row,
             mut workload,
             budgets,
             ..
         } = read[i].take().expect("each read once");
+        if from_second {
+            workload.template = renumber[workload.template];
+        }
         for (name, allowed) in budgets {
             let index = match budget_index.get(&name) {
                 Some(&index) => index,
@@ -809,7 +900,7 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
             continue;
         };
         let labels = n.metadata.labels.as_ref();
-        let models: Vec<GpuModel> = match gpus_by_node.get(name) {
+        let models: Vec<GpuModel<'_>> = match gpus_by_node.get(name) {
             Some(cards) => {
                 // A node's cards are mostly of one model: made once each.
                 let distinct: BTreeSet<(&str, Option<u64>)> = cards
@@ -822,20 +913,20 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
                 distinct
                     .into_iter()
                     .map(|(product, memory_mib)| GpuModel {
-                        product: product.to_string(),
+                        product,
                         memory_mib,
-                        source: "PhysicalGPU".into(),
+                        source: "PhysicalGPU",
                     })
                     .collect()
             }
             None => labels
                 .and_then(|l| l.get(PRODUCT_LABEL))
                 .map(|product| GpuModel {
-                    product: product.clone(),
+                    product,
                     memory_mib: labels
                         .and_then(|l| l.get(MEMORY_LABEL))
                         .and_then(|m| m.parse().ok()),
-                    source: "NFD".into(),
+                    source: "NFD",
                 })
                 .into_iter()
                 .collect(),
@@ -847,10 +938,14 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
 }
 
 /// Who else writes a workload's manifest.
-pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
-    let empty = BTreeMap::new();
-    let labels = meta.labels.as_ref().unwrap_or(&empty);
-    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
+/// Labels and annotations are read from `labelled`, the controller from
+/// `owned`.
+fn managers<'a>(labelled: Option<&'a ObjectMeta>, owned: &'a ObjectMeta) -> Vec<Manager<'a>> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    let labels = labelled.and_then(|m| m.labels.as_ref()).unwrap_or(&EMPTY);
+    let annotations = labelled
+        .and_then(|m| m.annotations.as_ref())
+        .unwrap_or(&EMPTY);
     let mut out = Vec::new();
     let release = annotations.get("meta.helm.sh/release-name");
     if release.is_some()
@@ -860,23 +955,22 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
             == Some("Helm")
     {
         let name = release
-            .cloned()
-            .or_else(|| labels.get("app.kubernetes.io/instance").cloned())
-            .unwrap_or_default();
+            .or_else(|| labels.get("app.kubernetes.io/instance"))
+            .map_or("", String::as_str);
         out.push(Manager {
-            kind: "Helm".into(),
-            name,
+            kind: "Helm",
+            name: Cow::Borrowed(name),
         });
     }
     if let Some(app) = labels.get("argocd.argoproj.io/instance") {
         out.push(Manager {
-            kind: "ArgoCD".into(),
-            name: app.clone(),
+            kind: "ArgoCD",
+            name: Cow::Borrowed(app),
         });
     } else if let Some(id) = annotations.get("argocd.argoproj.io/tracking-id") {
         out.push(Manager {
-            kind: "ArgoCD".into(),
-            name: id.split(':').next().unwrap_or_default().to_string(),
+            kind: "ArgoCD",
+            name: Cow::Borrowed(id.split(':').next().unwrap_or_default()),
         });
     }
     for (prefix, kind) in [
@@ -895,15 +989,15 @@ pub(crate) fn managers(meta: &ObjectMeta) -> Vec<Manager> {
                 _ => kind.to_string(),
             };
             out.push(Manager {
-                kind: "Flux".into(),
-                name,
+                kind: "Flux",
+                name: Cow::Owned(name),
             });
         }
     }
-    if let Some(o) = controller(meta).filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str())) {
+    if let Some(o) = controller(owned).filter(|o| !WORKLOAD_KINDS.contains(&o.kind.as_str())) {
         out.push(Manager {
-            kind: "Operator".into(),
-            name: format!("{}/{}", o.kind, o.name),
+            kind: "Operator",
+            name: Cow::Owned(format!("{}/{}", o.kind, o.name)),
         });
     }
     out.sort_unstable();
@@ -943,14 +1037,14 @@ fn percent_of(value: &IntOrString, total: u32) -> Option<u32> {
     }
 }
 
-fn text(value: &IntOrString) -> String {
+fn text(value: &IntOrString) -> Cow<'_, str> {
     match value {
-        IntOrString::Int(n) => n.to_string(),
-        IntOrString::String(s) => s.clone(),
+        IntOrString::Int(n) => Cow::Owned(n.to_string()),
+        IntOrString::String(s) => Cow::Borrowed(s),
     }
 }
 
-fn budget(b: &PodDisruptionBudget, replicas: u32) -> Budget {
+fn budget(b: &PodDisruptionBudget, replicas: u32) -> Budget<'_> {
     let spec = b.spec.as_ref();
     let min = spec.and_then(|s| s.min_available.as_ref());
     let max = spec.and_then(|s| s.max_unavailable.as_ref());
@@ -966,7 +1060,7 @@ fn budget(b: &PodDisruptionBudget, replicas: u32) -> Budget {
         (None, None) => 0,
     };
     Budget {
-        name: b.metadata.name.clone().unwrap_or_default(),
+        name: b.metadata.name.as_deref().unwrap_or_default(),
         min_available: min.map(text),
         max_unavailable: max.map(text),
         disruptions_allowed: observed.unwrap_or(computed),

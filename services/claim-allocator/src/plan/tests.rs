@@ -177,17 +177,17 @@ fn run(name: &str, replicas: i32, gpus: &str, nodes: &[&str], s: &mut Snapshot, 
     }
 }
 
-fn handovers(p: &Plan) -> Vec<Vec<&str>> {
+fn handovers<'a>(p: &Plan<'a>) -> Vec<Vec<&'a str>> {
     p.waves
         .iter()
-        .map(|w| w.handovers.iter().map(|h| h.node.as_str()).collect())
+        .map(|w| w.handovers.iter().map(|h| h.node).collect())
         .collect()
 }
 
-fn moves(p: &Plan) -> Vec<Vec<&str>> {
+fn moves<'a>(p: &Plan<'a>) -> Vec<Vec<&'a str>> {
     p.waves
         .iter()
-        .map(|w| w.moves.iter().map(|m| m.workload.name.as_str()).collect())
+        .map(|w| w.moves.iter().map(|m| m.workload.name).collect())
         .collect()
 }
 
@@ -400,11 +400,7 @@ fn time_sliced_groups_use_the_class_shares() {
     let mut req = request(1);
     req.layout = Layout::Shared { replicas: 4 };
     let p = plan(&s, &req).unwrap();
-    let modes: BTreeMap<&str, Mode> = p
-        .register
-        .iter()
-        .map(|e| (e.name.as_str(), e.mode))
-        .collect();
+    let modes: BTreeMap<&str, Mode> = p.register.iter().map(|e| (e.name, e.mode)).collect();
     assert_eq!(
         modes,
         BTreeMap::from([("renamed", Mode::Shared), ("ts", Mode::TimeSliced)])
@@ -492,7 +488,7 @@ fn the_register_names_owners_managers_models_and_budgets() {
     assert_eq!(
         helm.managed_by,
         [Manager {
-            kind: "Helm".into(),
+            kind: "Helm",
             name: "trainer".into()
         }]
     );
@@ -504,22 +500,22 @@ fn the_register_names_owners_managers_models_and_budgets() {
     assert_eq!(
         nim.owner,
         Some(OwnerRef {
-            kind: "NIMService".into(),
-            name: "llama".into()
+            kind: "NIMService",
+            name: "llama"
         })
     );
     assert_eq!(nim.managed_by[0].kind, "Operator");
     assert_eq!(
         nim.gpu_models[0],
         GpuModel {
-            product: "Tesla-V100-SXM2-16GB".into(),
+            product: "Tesla-V100-SXM2-16GB",
             memory_mib: Some(16384),
-            source: "NFD".into()
+            source: "NFD"
         }
     );
     assert!(!nim.in_plan, "it runs on another group");
     let bare = by("scratch");
-    let kinds: Vec<&str> = bare.managed_by.iter().map(|m| m.kind.as_str()).collect();
+    let kinds: Vec<&str> = bare.managed_by.iter().map(|m| m.kind).collect();
     assert_eq!(kinds, ["ArgoCD", "Flux"]);
     assert_eq!(bare.managed_by[1].name, "Kustomization flux-system/apps");
     let cron = by("nightly");
@@ -574,6 +570,29 @@ fn bad_input_is_named_by_object_and_field() {
 }
 
 #[test]
+fn the_first_bad_workload_by_key_is_named_whichever_thread_reads_it() {
+    // The register reads the workloads in two halves: the error is the one
+    // a single reader in key order would meet first.
+    for reversed in [false, true] {
+        let mut s = mk_cluster(&[("n1", 2)]);
+        let mut deployments = vec![
+            mk_deployment("ml", "zz", 1, &[("nvidia.com/gpu", "one")], json!({})),
+            mk_deployment("ml", "mm", 1, &[("nvidia.com/gpu", "1")], json!({})),
+            mk_deployment("ml", "aa", 1, &[("nvidia.com/gpu", "two")], json!({})),
+        ];
+        if reversed {
+            deployments.reverse();
+        }
+        s.deployments.extend(deployments);
+        let err = plan(&s, &request(1)).unwrap_err().to_string();
+        assert!(
+            err.starts_with("Deployment ml/aa: spec.template.spec.containers[0]"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn a_namespace_limits_what_moves_but_not_what_the_source_must_keep() {
     let mut s = mk_cluster(&[("n1", 2), ("n2", 2), ("n3", 2)]);
     run("mine", 1, "1", &["n1"], &mut s, json!({}));
@@ -602,7 +621,7 @@ fn a_namespace_limits_what_moves_but_not_what_the_source_must_keep() {
 
 /// Both ways of reading the handed-over nodes' slices, compared: by class
 /// (the plan) and every node's up front (what the classes must agree with).
-fn by_class_and_every_node(s: &Snapshot, req: &PlanRequest) -> Plan {
+fn by_class_and_every_node<'a>(s: &'a Snapshot, req: &PlanRequest) -> Plan<'a> {
     let by_class = plan_reading(s, req, Reading::ByClass);
     let every_node = plan_reading(s, req, Reading::EveryNode);
     match (by_class, every_node) {

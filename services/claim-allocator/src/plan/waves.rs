@@ -168,9 +168,9 @@ struct Shape {
     tolerations: Vec<Toleration>,
 }
 
-struct Target {
+struct Target<'a> {
     nodes: Vec<Node>,
-    names: Vec<String>,
+    names: Vec<&'a str>,
     /// The class of each, for a handed-over node in one.
     members: Vec<Option<Member>>,
 }
@@ -219,14 +219,16 @@ enum Placed {
     Positions(Vec<u16>),
 }
 
-struct Planner<'a> {
-    request: &'a PlanRequest,
+/// `'p`: what the planner reads while it runs; `'a`: the snapshot, which the
+/// plan's names borrow.
+struct Planner<'p, 'a> {
+    request: &'p PlanRequest,
     inventory: Arc<Inventory>,
     compiler: Arc<Compiler>,
     state: AllocatedState,
-    target: Target,
+    target: Target<'a>,
     classes: Classes,
-    publication: Publication<'a>,
+    publication: Publication<'p>,
     shapes: Vec<Shape>,
     cursors: Vec<Cursor>,
     /// Shape index of each workload.
@@ -277,7 +279,7 @@ fn release(held: Vec<DeviceId>, state: &mut AllocatedState) {
     }
 }
 
-impl Planner<'_> {
+impl<'a> Planner<'_, 'a> {
     /// The inventory the allocator reads for target node `at`.
     fn inventory_at(&mut self, at: usize) -> Arc<Inventory> {
         match &self.target.members[at] {
@@ -425,7 +427,7 @@ fn pod_claim(w: &Workload<'_>, shape: &Shape, pod: u32) -> ResourceClaim {
                 w.id.kind.to_ascii_lowercase(),
                 w.id.name
             )),
-            namespace: Some(w.id.namespace.clone()),
+            namespace: Some(w.id.namespace.to_string()),
             ..Default::default()
         },
         spec: ResourceClaimSpec {
@@ -454,7 +456,7 @@ fn pod_claim(w: &Workload<'_>, shape: &Shape, pod: u32) -> ResourceClaim {
     }
 }
 
-impl Planner<'_> {
+impl<'a> Planner<'_, 'a> {
     fn add(&mut self, allocation: &AllocationResult, undo: &mut Vec<Undo>) {
         for r in allocation
             .devices
@@ -519,7 +521,12 @@ impl Planner<'_> {
 
     /// Places every pod of `w` on the target group, or undoes what it placed
     /// and says why (with `explain`, the allocator's reason).
-    fn try_move(&mut self, w: &Workload<'_>, index: usize, explain: bool) -> Result<Move, String> {
+    fn try_move(
+        &mut self,
+        w: &Workload<'a>,
+        index: usize,
+        explain: bool,
+    ) -> Result<Move<'a>, String> {
         let s = self.shape_of[index];
         if let Some(reason) = self.fatal.get(&s) {
             return Err(reason.clone());
@@ -564,7 +571,7 @@ impl Planner<'_> {
                             saved = Some(self.cursors[s].clone());
                         }
                         pods.push(PodPlacement {
-                            node: self.target.names[at].clone(),
+                            node: self.target.names[at],
                             devices,
                         });
                         break;
@@ -590,7 +597,7 @@ impl Planner<'_> {
         }
         match failure {
             None => Ok(Move {
-                workload: w.id.clone(),
+                workload: w.id,
                 requests: self.shapes[s]
                     .requests
                     .iter()
@@ -751,7 +758,7 @@ fn handed_over(node: &Node, from: &str, to: &str) -> Node {
 
 /// A node's device-plugin resources, from its allocatable (or, for
 /// `nvidia.com/gpu`, its PhysicalGPUs when it lists none).
-fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<String, u64>, PlanError> {
+fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<&str, u64>, PlanError> {
     let mut out = BTreeMap::new();
     let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
     for (name, q) in allocatable.into_iter().flatten() {
@@ -767,36 +774,31 @@ fn capacity(node: &Node, cards: usize) -> Result<BTreeMap<String, u64>, PlanErro
                 field: format!("status.allocatable[{name}]"),
                 message: format!("{:?} is not a whole number of devices", q.0),
             })?;
-        out.insert(name.clone(), n);
+        out.insert(name.as_str(), n);
     }
     if out.is_empty() && cards > 0 {
-        out.insert(NVIDIA_GPU.to_string(), cards as u64);
+        out.insert(NVIDIA_GPU, cards as u64);
     }
     Ok(out)
 }
 
-fn add_demand(demand: &mut BTreeMap<String, i128>, resource: &str, n: i128) {
-    match demand.get_mut(resource) {
-        Some(d) => *d += n,
-        None => {
-            demand.insert(resource.to_string(), n);
-        }
-    }
+fn add_demand<'a>(demand: &mut BTreeMap<&'a str, i128>, resource: &'a str, n: i128) {
+    *demand.entry(resource).or_default() += n;
 }
 
-fn add_to(total: &mut BTreeMap<String, i128>, add: &BTreeMap<String, u64>, sign: i128) {
+fn add_to<'a>(total: &mut BTreeMap<&'a str, i128>, add: &BTreeMap<&'a str, u64>, sign: i128) {
     for (r, n) in add {
-        *total.entry(r.clone()).or_default() += sign * i128::from(*n);
+        *total.entry(r).or_default() += sign * i128::from(*n);
     }
 }
 
-pub(crate) fn plan(
-    snapshot: &Snapshot,
+pub(crate) fn plan<'a>(
+    snapshot: &'a Snapshot,
     request: &PlanRequest,
     class: &GPUClass,
-    built: &Built<'_>,
+    built: &Built<'a>,
     reading: Reading,
-) -> Result<Plan, PlanError> {
+) -> Result<Plan<'a>, PlanError> {
     let from = request.from.as_str();
     let to = request.to.as_str();
     let max_unavailable = request.max_unavailable.max(1);
@@ -923,10 +925,7 @@ pub(crate) fn plan(
         compiler,
         state,
         target: Target {
-            names: target_nodes
-                .iter()
-                .map(|n| node_name(n).to_string())
-                .collect(),
+            names: target_nodes.iter().map(|n| node_name(n)).collect(),
             members: target_nodes.iter().map(|_| None).collect(),
             nodes: target_nodes.into_iter().cloned().collect(),
         },
@@ -952,7 +951,7 @@ pub(crate) fn plan(
     // The source group: capacity per node (less what DaemonSets hold, which
     // goes with the node), what the workloads not moved need, and what each
     // node runs of them.
-    let mut cap: Vec<BTreeMap<String, u64>> = Vec::with_capacity(source.len());
+    let mut cap: Vec<BTreeMap<&str, u64>> = Vec::with_capacity(source.len());
     for node in &source {
         let cards = planner
             .publication
@@ -962,7 +961,7 @@ pub(crate) fn plan(
         cap.push(capacity(node, cards)?);
     }
     let mut follow_nodes = Vec::new();
-    let mut demand: BTreeMap<String, i128> = BTreeMap::new();
+    let mut demand: BTreeMap<&str, i128> = BTreeMap::new();
     let mut on_node: Vec<BTreeMap<usize, u32>> = vec![BTreeMap::new(); source.len()];
     let mut usage: Vec<u64> = vec![0; source.len()];
     let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
@@ -977,7 +976,7 @@ pub(crate) fn plan(
         let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
         if w.id.kind == "DaemonSet" {
             if w.in_plan {
-                follow_nodes.push(w.id.clone());
+                follow_nodes.push(w.id);
             }
             for node in &w.pod_nodes {
                 if let Some(&n) = source_index.get(node) {
@@ -1007,7 +1006,7 @@ pub(crate) fn plan(
                 .insert(i);
         }
     }
-    let mut available: BTreeMap<String, i128> = BTreeMap::new();
+    let mut available: BTreeMap<&str, i128> = BTreeMap::new();
     for c in &cap {
         add_to(&mut available, c, 1);
     }
@@ -1089,14 +1088,14 @@ pub(crate) fn plan(
                 }
             }
             handovers.push(Handover {
-                node: node_name(source[n]).to_string(),
-                capacity: cap[n].iter().map(|(r, k)| (r.clone(), *k)).collect(),
-                evicts: evicts.iter().map(|w| workloads[*w].id.clone()).collect(),
+                node: node_name(source[n]),
+                capacity: cap[n].iter().map(|(r, k)| (*r, *k)).collect(),
+                evicts: evicts.iter().map(|w| workloads[*w].id).collect(),
                 budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
             });
             planner.target.nodes.push(handed_over(source[n], from, to));
-            planner.target.names.push(node_name(source[n]).to_string());
+            planner.target.names.push(node_name(source[n]));
             let member = planner
                 .classes
                 .member(n, node_name(source[n]), &planner.state);
@@ -1109,8 +1108,8 @@ pub(crate) fn plan(
         let count = planner.target.nodes.len();
         let mut done =
             |i: usize,
-             planner: &mut Planner<'_>,
-             demand: &mut BTreeMap<String, i128>,
+             planner: &mut Planner<'_, 'a>,
+             demand: &mut BTreeMap<&'a str, i128>,
              order: &mut BTreeSet<(u64, usize)>,
              moved: &mut Vec<bool>,
              queues: &mut BTreeMap<(usize, u32), BTreeSet<usize>>| {
@@ -1153,7 +1152,7 @@ pub(crate) fn plan(
                 Err(reason) => {
                     exhausted.insert(q, count);
                     pending.push(Pending {
-                        workload: workloads[i].id.clone(),
+                        workload: workloads[i].id,
                         reason,
                     });
                 }
@@ -1193,7 +1192,7 @@ pub(crate) fn plan(
             break;
         }
         moves.sort_by(|a, b| a.workload.cmp(&b.workload));
-        let keys: BTreeSet<&String> = available.keys().chain(demand.keys()).collect();
+        let keys: BTreeSet<&str> = available.keys().chain(demand.keys()).copied().collect();
         waves.push(Wave {
             number: waves.len() + 1,
             handovers,
@@ -1203,9 +1202,9 @@ pub(crate) fn plan(
                 .into_iter()
                 .map(|r| {
                     let get =
-                        |m: &BTreeMap<String, i128>| m.get(r).copied().unwrap_or(0).max(0) as u64;
+                        |m: &BTreeMap<&str, i128>| m.get(r).copied().unwrap_or(0).max(0) as u64;
                     (
-                        r.clone(),
+                        r,
                         SourceCapacity {
                             available: get(&available),
                             needed: get(&demand),
@@ -1216,10 +1215,7 @@ pub(crate) fn plan(
         });
     }
 
-    let left: Vec<String> = order
-        .iter()
-        .map(|&(_, n)| node_name(source[n]).to_string())
-        .collect();
+    let left: Vec<&str> = order.iter().map(|&(_, n)| node_name(source[n])).collect();
     let mut left_sorted = left.clone();
     left_sorted.sort();
     let blocked = (!left.is_empty()).then(|| Blocked {
@@ -1244,7 +1240,7 @@ pub(crate) fn plan(
             }
         };
         remaining.push(Pending {
-            workload: w.id.clone(),
+            workload: w.id,
             reason,
         });
     }
