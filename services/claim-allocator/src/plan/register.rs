@@ -115,8 +115,9 @@ pub(crate) struct Workload<'a> {
     /// may run.
     pub template: usize,
     pub replicas: u32,
-    /// The node of every live pod (one entry a pod), sorted.
-    pub pod_nodes: Vec<&'a str>,
+    /// The node of every live pod (one entry a pod), sorted, with its index
+    /// in [`Snapshot::nodes`] where the node exists.
+    pub pod_nodes: Vec<(&'a str, Option<usize>)>,
     /// Runs on (or is bound to) the source group.
     pub on_source: bool,
     /// On the source group and in the namespace asked for: the plan moves it.
@@ -225,8 +226,8 @@ impl<'a> Built<'a> {
         // The nodes, each once (the pods are sorted).
         let nodes: Vec<&str> = w
             .pod_nodes
-            .chunk_by(|a, b| a == b)
-            .map(|same| same[0])
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|same| same[0].0)
             .collect();
         let mut models: Vec<GpuModel<'a>> = nodes
             .iter()
@@ -290,6 +291,8 @@ struct Found<'a> {
 /// What the register says of a node: its group and its cards' models
 /// (sorted, each once).
 struct NodeInfo<'a> {
+    /// In [`Snapshot::nodes`].
+    index: usize,
     group: Option<&'a str>,
     models: Vec<GpuModel<'a>>,
 }
@@ -672,8 +675,11 @@ impl<'a> Reader<'_, 'a> {
 
             // A set, sorted and deduplicated once (most have one member).
             let mut groups_of: Vec<&str> = Vec::new();
-            for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
-                groups_of.extend(self.nodes.get(node).and_then(|n| n.group));
+            let mut pod_nodes = Vec::with_capacity(f.pods.len());
+            for same in f.pods.chunk_by(|a, b| a == b) {
+                let node = self.nodes.get(same[0]);
+                groups_of.extend(node.and_then(|n| n.group));
+                pod_nodes.extend(same.iter().map(|name| (*name, node.map(|n| n.index))));
             }
             groups_of.extend(
                 f.spec
@@ -780,7 +786,7 @@ impl<'a> Reader<'_, 'a> {
                     id,
                     template,
                     replicas,
-                    pod_nodes: f.pods,
+                    pod_nodes,
                     on_source,
                     in_plan,
                     budgets: Vec::new(),
@@ -895,7 +901,7 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
     }
     let mut nodes: HashMap<&str, NodeInfo<'_>> =
         HashMap::with_capacity_and_hasher(snapshot.nodes.len(), Default::default());
-    for n in &snapshot.nodes {
+    for (index, n) in snapshot.nodes.iter().enumerate() {
         let Some(name) = n.metadata.name.as_deref() else {
             continue;
         };
@@ -932,7 +938,14 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
                 .collect(),
         };
         let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
-        nodes.insert(name, NodeInfo { group, models });
+        nodes.insert(
+            name,
+            NodeInfo {
+                index,
+                group,
+                models,
+            },
+        );
     }
     (gpus_by_node, nodes)
 }

@@ -16,6 +16,7 @@
 //! once per class, shape and devices in use, not once per pod.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -169,10 +170,61 @@ struct Shape {
 }
 
 struct Target<'a> {
-    nodes: Vec<Node>,
+    nodes: Vec<TargetNode<'a>>,
     names: Vec<&'a str>,
     /// The class of each, for a handed-over node in one.
     members: Vec<Option<Member>>,
+    /// The groups, and the source group's role label (a handover removes it).
+    from: String,
+    to: String,
+    role: String,
+}
+
+/// A node of the target group: one of its own, or a source node handed over
+/// — read with its labels as the handover leaves them, the object itself
+/// made only when the allocator or a node affinity must read it.
+enum TargetNode<'a> {
+    Own(&'a Node),
+    HandedOver {
+        node: &'a Node,
+        made: OnceCell<Box<Node>>,
+    },
+}
+
+impl Target<'_> {
+    fn label(&self, at: usize, key: &str) -> Option<&str> {
+        let node = match &self.nodes[at] {
+            TargetNode::Own(node) => node,
+            TargetNode::HandedOver { node, .. } => {
+                if key == GROUP_LABEL {
+                    return Some(&self.to);
+                }
+                if key == GPU_STACK_LABEL {
+                    return Some(STACK_DRA);
+                }
+                if key == self.role {
+                    return None;
+                }
+                node
+            }
+        };
+        let labels = node.metadata.labels.as_ref()?;
+        labels.get(key).map(String::as_str)
+    }
+
+    fn taints(&self, at: usize) -> impl Iterator<Item = &Taint> {
+        let (TargetNode::Own(node) | TargetNode::HandedOver { node, .. }) = &self.nodes[at];
+        node.spec.iter().flat_map(|s| s.taints.iter().flatten())
+    }
+
+    fn node(&self, at: usize) -> &Node {
+        match &self.nodes[at] {
+            TargetNode::Own(node) => node,
+            TargetNode::HandedOver { node, made } => {
+                made.get_or_init(|| Box::new(handed_over(node, &self.from, &self.to)))
+            }
+        }
+    }
 }
 
 /// What the source nodes publish once handed over, to read a member's own
@@ -308,7 +360,7 @@ impl<'a> Planner<'_, 'a> {
                 &inventory,
                 &self.compiler,
                 &mut self.state,
-                &self.target.nodes[at],
+                self.target.node(at),
                 claim,
             )?;
             return Ok(result.map(Placed::Results));
@@ -325,7 +377,7 @@ impl<'a> Planner<'_, 'a> {
             &inventory,
             &self.compiler,
             &mut self.state,
-            &self.target.nodes[at],
+            self.target.node(at),
             claim,
         );
         release(held, &mut self.state);
@@ -392,20 +444,20 @@ impl<'a> Planner<'_, 'a> {
         }
     }
 
-    fn fits_node(&self, shape: &Shape, node: &Node) -> Result<(), Option<String>> {
-        let labels = node.metadata.labels.as_ref();
+    fn fits_node(&self, shape: &Shape, at: usize) -> Result<(), Option<String>> {
+        let target = &self.target;
         let selected = shape
             .node_selector
             .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            .all(|(k, v)| target.label(at, k) == Some(v.as_str()))
             && shape
                 .affinity
                 .as_ref()
-                .is_none_or(|a| selector_matches(node, a).unwrap_or(false));
+                .is_none_or(|a| selector_matches(target.node(at), a).unwrap_or(false));
         if !selected {
             return Err(None);
         }
-        for taint in node.spec.iter().flat_map(|s| s.taints.iter().flatten()) {
+        for taint in target.taints(at) {
             if taint.effect != "NoSchedule" && taint.effect != "NoExecute" {
                 continue;
             }
@@ -551,8 +603,7 @@ impl<'a> Planner<'_, 'a> {
                     });
                     break 'pods;
                 }
-                let node = &self.target.nodes[at];
-                if let Err(taint) = self.fits_node(&self.shapes[s], node) {
+                if let Err(taint) = self.fits_node(&self.shapes[s], at) {
                     let c = &mut self.cursors[s];
                     match taint {
                         None => c.selector += 1,
@@ -671,7 +722,7 @@ impl<'a> Planner<'_, 'a> {
             std::mem::take(&mut self.state),
             self.compiler.clone(),
         );
-        let explained = allocator.explain(&self.target.nodes[at], &[claim]);
+        let explained = allocator.explain(self.target.node(at), &[claim]);
         self.state = allocator.into_state();
         release(held, &mut self.state);
         match explained {
@@ -804,12 +855,20 @@ pub(crate) fn plan<'a>(
     let max_unavailable = request.max_unavailable.max(1);
     let variants = Variants::new(class);
 
-    let mut source: Vec<&Node> = snapshot
+    let mut source: Vec<(usize, &Node)> = snapshot
         .nodes
         .iter()
-        .filter(|n| group_of(n) == Some(from))
+        .enumerate()
+        .filter(|(_, n)| group_of(n) == Some(from))
         .collect();
-    source.sort_by(|a, b| node_name(a).cmp(node_name(b)));
+    source.sort_by(|a, b| node_name(a.1).cmp(node_name(b.1)));
+    // Where each node of the snapshot is in the source group.
+    let mut at_source: Vec<Option<usize>> = vec![None; snapshot.nodes.len()];
+    for (n, (i, _)) in source.iter().enumerate() {
+        at_source[*i] = Some(n);
+    }
+    let source: Vec<&Node> = source.into_iter().map(|(_, n)| n).collect();
+    let source_of = |node: Option<usize>| node.and_then(|i| at_source[i]);
     let mut target_nodes: Vec<&Node> = snapshot
         .nodes
         .iter()
@@ -927,7 +986,10 @@ pub(crate) fn plan<'a>(
         target: Target {
             names: target_nodes.iter().map(|n| node_name(n)).collect(),
             members: target_nodes.iter().map(|_| None).collect(),
-            nodes: target_nodes.into_iter().cloned().collect(),
+            nodes: target_nodes.into_iter().map(TargetNode::Own).collect(),
+            from: from.to_string(),
+            to: to.to_string(),
+            role: format!("{NODE_ROLE_PREFIX}{from}"),
         },
         classes,
         publication: Publication {
@@ -978,8 +1040,8 @@ pub(crate) fn plan<'a>(
             if w.in_plan {
                 follow_nodes.push(w.id);
             }
-            for node in &w.pod_nodes {
-                if let Some(&n) = source_index.get(node) {
+            for &(_, node) in &w.pod_nodes {
+                if let Some(n) = source_of(node) {
                     for (r, k) in requests(w) {
                         if let Some(c) = cap[n].get_mut(*r) {
                             *c = c.saturating_sub(*k);
@@ -992,8 +1054,8 @@ pub(crate) fn plan<'a>(
         for (r, k) in requests(w) {
             add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
-        for node in &w.pod_nodes {
-            if let Some(&n) = source_index.get(node) {
+        for &(_, node) in &w.pod_nodes {
+            if let Some(n) = source_of(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
                 pods_on[i].push(n);
@@ -1094,7 +1156,10 @@ pub(crate) fn plan<'a>(
                 budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
             });
-            planner.target.nodes.push(handed_over(source[n], from, to));
+            planner.target.nodes.push(TargetNode::HandedOver {
+                node: source[n],
+                made: OnceCell::new(),
+            });
             planner.target.names.push(node_name(source[n]));
             let member = planner
                 .classes
