@@ -2,7 +2,9 @@
 //! plugin's extended resources, read from their controllers and their pods.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{NodeSelector, Pod, PodSpec, PodTemplateSpec, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -22,6 +24,8 @@ pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 pub const NVIDIA_MIG_PREFIX: &str = "nvidia.com/mig-";
 const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+/// The register's workloads are read in this many pieces, by two threads.
+const PIECES: usize = 16;
 const WORKLOAD_KINDS: [&str; 6] = [
     "Deployment",
     "ReplicaSet",
@@ -356,10 +360,10 @@ pub(crate) fn build<'a>(
     request: &PlanRequest,
 ) -> Result<Built<'a>, PlanError> {
     // Two threads: the nodes and the budgets are indexed while the workloads
-    // are found; then each reads half of the workloads.
+    // are found; then both read the workloads.
     std::thread::scope(|scope| {
         let indexed = scope.spawn(|| (node_info(snapshot), budget_index(snapshot)));
-        let mut found = found(snapshot);
+        let found = found(snapshot);
         let ((cards, nodes), budgets) = join(indexed);
         let groups: HashMap<&str, &NodeGroup> = snapshot
             .node_groups
@@ -372,12 +376,38 @@ pub(crate) fn build<'a>(
             groups: &groups,
             budgets: &budgets,
         };
-        let second = found.split_off(found.len() / 2);
-        let (first, second) = std::thread::scope(|scope| {
-            let second = scope.spawn(|| reader.read(second));
-            (reader.read(found), join(second))
+        // In pieces, each thread taking the next: a thread that has to
+        // fault in fresh pages does not hold the other up.
+        let size = found.len().div_ceil(PIECES).max(1);
+        let mut found = found.into_iter();
+        let pieces: Vec<Vec<_>> = std::iter::from_fn(|| {
+            let piece: Vec<_> = found.by_ref().take(size).collect();
+            (!piece.is_empty()).then_some(piece)
+        })
+        .collect();
+        let queue = Mutex::new(pieces.into_iter().enumerate());
+        let take = || {
+            let mut read = Vec::new();
+            loop {
+                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+                let Some((p, piece)) = next else {
+                    return read;
+                };
+                read.push((p, reader.read(piece)));
+            }
+        };
+        let mut read = std::thread::scope(|scope| {
+            let other = scope.spawn(take);
+            let mut read = take();
+            read.extend(join(other));
+            read
         });
-        assemble(first, second, cards, nodes)
+        read.sort_unstable_by_key(|(p, _)| *p);
+        assemble(
+            read.into_iter().map(|(_, part)| part).collect(),
+            cards,
+            nodes,
+        )
     })
 }
 
@@ -636,7 +666,7 @@ struct Reader<'r, 'a> {
     budgets: &'r BudgetIndex<'a>,
 }
 
-/// Workloads read by one thread: sorted by key, with the templates they
+/// Workloads read in one piece: sorted by key, with the templates they
 /// index and the first invalid one by key.
 struct Part<'a> {
     read: Vec<Option<Read<'a>>>,
@@ -810,65 +840,65 @@ impl<'a> Reader<'_, 'a> {
     }
 }
 
-/// The two halves' workloads merged in key order (as one thread reading
-/// them all would have them, templates numbered alike), budgets indexed in
+/// The pieces' workloads merged in key order (as one thread reading them all
+/// in order would have them, templates numbered alike), budgets indexed in
 /// that order.
 fn assemble<'a>(
-    mut first: Part<'a>,
-    mut second: Part<'a>,
+    pieces: Vec<Part<'a>>,
     cards: Cards<'a>,
     nodes: HashMap<&'a str, NodeInfo<'a>>,
 ) -> Result<Built<'a>, PlanError> {
-    let invalid = match (first.invalid, second.invalid) {
-        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
-        (a, b) => a.or(b),
-    };
+    let mut templates = Templates::default();
+    let mut invalid: Option<(Key<'a>, PlanError)> = None;
+    let mut reads = Vec::with_capacity(pieces.len());
+    let mut renumbered = Vec::with_capacity(pieces.len());
+    let mut next = BinaryHeap::new();
+    let mut count = 0;
+    for (p, piece) in pieces.into_iter().enumerate() {
+        if let Some((key, e)) = piece.invalid
+            && invalid.as_ref().is_none_or(|(first, _)| key < *first)
+        {
+            invalid = Some((key, e));
+        }
+        let renumber: Vec<usize> = piece
+            .templates
+            .list
+            .into_iter()
+            .map(|t| templates.index(t))
+            .collect();
+        count += piece.order.len();
+        let mut order = piece.order.into_iter();
+        if let Some((key, i)) = order.next() {
+            next.push(Reverse((key, p, i)));
+        }
+        reads.push((piece.read, order));
+        renumbered.push(renumber);
+    }
     if let Some((_, e)) = invalid {
         return Err(e);
     }
-    let renumber: Vec<usize> = second
-        .templates
-        .list
-        .into_iter()
-        .map(|t| first.templates.index(t))
-        .collect();
-    let count = first.order.len() + second.order.len();
     let mut built = Built {
         workloads: Vec::with_capacity(count),
-        templates: first.templates.list,
+        templates: templates.list,
         budgets: Vec::new(),
         rows: Vec::with_capacity(count),
         cards,
         nodes,
     };
-    let (mut a, mut b) = (
-        first.order.into_iter().peekable(),
-        second.order.into_iter().peekable(),
-    );
     let mut budget_index: BTreeMap<String, usize> = BTreeMap::new();
-    loop {
-        // The next by key of either half (the keys are distinct).
-        let from_second = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => y.0 < x.0,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (None, None) => break,
-        };
-        let (read, next) = if from_second {
-            (&mut second.read, b.next())
-        } else {
-            (&mut first.read, a.next())
-        };
-        let Some((_, i)) = next else { break };
+    // The next by key of any piece (the keys are distinct).
+    while let Some(Reverse((_, p, i))) = next.pop() {
+        let (read, order) = &mut reads[p];
         let Read {
             row,
             mut workload,
             budgets,
             ..
         } = read[i].take().expect("each read once");
-        if from_second {
-            workload.template = renumber[workload.template];
+        if let Some((key, i)) = order.next() {
+            next.push(Reverse((key, p, i)));
         }
+        workload.template = renumbered[p][workload.template];
         for (name, allowed) in budgets {
             let index = match budget_index.get(&name) {
                 Some(&index) => index,
