@@ -221,6 +221,27 @@ fn idle_nodes_go_first_and_each_wave_moves_what_then_fits() {
 }
 
 #[test]
+fn a_pod_is_on_the_source_node_of_its_nodes_name() {
+    // Two Node objects of one name, the later in another group: the pod of
+    // a workload bound to the source group, on that name, runs on the source
+    // group's node — it is in use, so the idle n2 goes first.
+    let mut s = mk_cluster(&[("n1", 2), ("n2", 2)]);
+    s.nodes
+        .push(mk_node("n1", TO, &[("nvidia.com/gpu", "2")], &[]));
+    run(
+        "train",
+        1,
+        "2",
+        &["n1"],
+        &mut s,
+        json!({"nodeSelector": {"node.deckhouse.io/group": FROM}}),
+    );
+    let p = plan(&s, &request(1)).unwrap();
+    assert_eq!(handovers(&p), [vec!["n2"], vec!["n1"]]);
+    assert_eq!(moves(&p), [vec!["train"], vec![]]);
+}
+
+#[test]
 fn at_most_max_unavailable_nodes_a_wave_and_the_source_keeps_room() {
     let mut s = mk_cluster(&[("n1", 2), ("n2", 2), ("n3", 2), ("n4", 2), ("n5", 2)]);
     run("a", 3, "1", &["n1", "n1", "n2"], &mut s, json!({}));
@@ -571,8 +592,8 @@ fn bad_input_is_named_by_object_and_field() {
 
 #[test]
 fn the_first_bad_workload_by_key_is_named_whichever_thread_reads_it() {
-    // The register reads the workloads in two halves: the error is the one
-    // a single reader in key order would meet first.
+    // The register reads the workloads in pieces, by two threads: the error
+    // is the one a single reader in key order would meet first.
     for reversed in [false, true] {
         let mut s = mk_cluster(&[("n1", 2)]);
         let mut deployments = vec![

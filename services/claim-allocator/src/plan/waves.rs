@@ -862,13 +862,6 @@ pub(crate) fn plan<'a>(
         .filter(|(_, n)| group_of(n) == Some(from))
         .collect();
     source.sort_by(|a, b| node_name(a.1).cmp(node_name(b.1)));
-    // Where each node of the snapshot is in the source group.
-    let mut at_source: Vec<Option<usize>> = vec![None; snapshot.nodes.len()];
-    for (n, (i, _)) in source.iter().enumerate() {
-        at_source[*i] = Some(n);
-    }
-    let source: Vec<&Node> = source.into_iter().map(|(_, n)| n).collect();
-    let source_of = |node: Option<usize>| node.and_then(|i| at_source[i]);
     let mut target_nodes: Vec<&Node> = snapshot
         .nodes
         .iter()
@@ -878,8 +871,20 @@ pub(crate) fn plan<'a>(
     let source_index: HashMap<&str, usize> = source
         .iter()
         .enumerate()
-        .map(|(i, n)| (node_name(n), i))
+        .map(|(i, (_, n))| (node_name(n), i))
         .collect();
+    // The source node of each node of the snapshot, by name: a pod names
+    // its node, and two nodes of one name are the one the source group has.
+    let at_source: Vec<Option<usize>> = snapshot
+        .nodes
+        .iter()
+        .map(|n| source_index.get(node_name(n)).copied())
+        .collect();
+    let source_of = |(name, node): (&str, Option<usize>)| match node {
+        Some(i) => at_source[i],
+        None => source_index.get(name).copied(),
+    };
+    let source: Vec<&Node> = source.into_iter().map(|(_, n)| n).collect();
 
     // Shapes: the requests after the rewrite and the scheduling constraints,
     // keyed by their JSON; a template's, where a workload first has it.
@@ -1040,7 +1045,7 @@ pub(crate) fn plan<'a>(
             if w.in_plan {
                 follow_nodes.push(w.id);
             }
-            for &(_, node) in &w.pod_nodes {
+            for &node in &w.pod_nodes {
                 if let Some(n) = source_of(node) {
                     for (r, k) in requests(w) {
                         if let Some(c) = cap[n].get_mut(*r) {
@@ -1054,7 +1059,7 @@ pub(crate) fn plan<'a>(
         for (r, k) in requests(w) {
             add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
-        for &(_, node) in &w.pod_nodes {
+        for &node in &w.pod_nodes {
             if let Some(n) = source_of(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
