@@ -119,9 +119,8 @@ pub(crate) struct Workload<'a> {
     /// may run.
     pub template: usize,
     pub replicas: u32,
-    /// The node of every live pod (one entry a pod), sorted, with its index
-    /// in [`Snapshot::nodes`] where the node exists.
-    pub pod_nodes: Vec<(&'a str, Option<usize>)>,
+    /// The node of every live pod (one entry a pod), sorted.
+    pub pod_nodes: Vec<&'a str>,
     /// Runs on (or is bound to) the source group.
     pub on_source: bool,
     /// On the source group and in the namespace asked for: the plan moves it.
@@ -202,7 +201,7 @@ struct Row<'a> {
     meta: Meta<'a>,
     spec: Option<&'a PodSpec>,
     groups: Vec<&'a str>,
-    budgets: Vec<&'a PodDisruptionBudget>,
+    budgets: Vec<Budget<'a>>,
 }
 
 /// A workload read, before the register is sorted.
@@ -230,8 +229,8 @@ impl<'a> Built<'a> {
         // The nodes, each once (the pods are sorted).
         let nodes: Vec<&str> = w
             .pod_nodes
-            .chunk_by(|a, b| a.0 == b.0)
-            .map(|same| same[0].0)
+            .chunk_by(|a, b| a == b)
+            .map(|same| same[0])
             .collect();
         let mut models: Vec<GpuModel<'a>> = nodes
             .iter()
@@ -270,7 +269,7 @@ impl<'a> Built<'a> {
             nodes,
             groups: row.groups.clone(),
             gpu_models: models,
-            pod_disruption_budgets: row.budgets.iter().map(|b| budget(b, w.replicas)).collect(),
+            pod_disruption_budgets: row.budgets.clone(),
             editable_in_place: managed_by.is_empty(),
             managed_by,
             in_plan: w.in_plan,
@@ -295,8 +294,6 @@ struct Found<'a> {
 /// What the register says of a node: its group and its cards' models
 /// (sorted, each once).
 struct NodeInfo<'a> {
-    /// In [`Snapshot::nodes`].
-    index: usize,
     group: Option<&'a str>,
     models: Vec<GpuModel<'a>>,
 }
@@ -705,11 +702,8 @@ impl<'a> Reader<'_, 'a> {
 
             // A set, sorted and deduplicated once (most have one member).
             let mut groups_of: Vec<&str> = Vec::new();
-            let mut pod_nodes = Vec::with_capacity(f.pods.len());
-            for same in f.pods.chunk_by(|a, b| a == b) {
-                let node = self.nodes.get(same[0]);
-                groups_of.extend(node.and_then(|n| n.group));
-                pod_nodes.extend(same.iter().map(|name| (*name, node.map(|n| n.index))));
+            for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
+                groups_of.extend(self.nodes.get(node).and_then(|n| n.group));
             }
             groups_of.extend(
                 f.spec
@@ -767,15 +761,12 @@ impl<'a> Reader<'_, 'a> {
                 if !selects {
                     continue;
                 }
+                let budget = budget(b, replicas);
                 budgets.push((
-                    format!(
-                        "{}/{}",
-                        id.namespace,
-                        b.metadata.name.as_deref().unwrap_or_default()
-                    ),
-                    budget(b, replicas).disruptions_allowed,
+                    format!("{}/{}", id.namespace, budget.name),
+                    budget.disruptions_allowed,
                 ));
-                entry_budgets.push(b);
+                entry_budgets.push(budget);
             }
 
             let namespace_ok = self
@@ -816,7 +807,7 @@ impl<'a> Reader<'_, 'a> {
                     id,
                     template,
                     replicas,
-                    pod_nodes,
+                    pod_nodes: f.pods,
                     on_source,
                     in_plan,
                     budgets: Vec::new(),
@@ -931,7 +922,7 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
     }
     let mut nodes: HashMap<&str, NodeInfo<'_>> =
         HashMap::with_capacity_and_hasher(snapshot.nodes.len(), Default::default());
-    for (index, n) in snapshot.nodes.iter().enumerate() {
+    for n in &snapshot.nodes {
         let Some(name) = n.metadata.name.as_deref() else {
             continue;
         };
@@ -968,14 +959,7 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
                 .collect(),
         };
         let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
-        nodes.insert(
-            name,
-            NodeInfo {
-                index,
-                group,
-                models,
-            },
-        );
+        nodes.insert(name, NodeInfo { group, models });
     }
     (gpus_by_node, nodes)
 }

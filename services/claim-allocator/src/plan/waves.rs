@@ -855,13 +855,12 @@ pub(crate) fn plan<'a>(
     let max_unavailable = request.max_unavailable.max(1);
     let variants = Variants::new(class);
 
-    let mut source: Vec<(usize, &Node)> = snapshot
+    let mut source: Vec<&Node> = snapshot
         .nodes
         .iter()
-        .enumerate()
-        .filter(|(_, n)| group_of(n) == Some(from))
+        .filter(|n| group_of(n) == Some(from))
         .collect();
-    source.sort_by(|a, b| node_name(a.1).cmp(node_name(b.1)));
+    source.sort_by(|a, b| node_name(a).cmp(node_name(b)));
     let mut target_nodes: Vec<&Node> = snapshot
         .nodes
         .iter()
@@ -871,20 +870,8 @@ pub(crate) fn plan<'a>(
     let source_index: HashMap<&str, usize> = source
         .iter()
         .enumerate()
-        .map(|(i, (_, n))| (node_name(n), i))
+        .map(|(i, n)| (node_name(n), i))
         .collect();
-    // The source node of each node of the snapshot, by name: a pod names
-    // its node, and two nodes of one name are the one the source group has.
-    let at_source: Vec<Option<usize>> = snapshot
-        .nodes
-        .iter()
-        .map(|n| source_index.get(node_name(n)).copied())
-        .collect();
-    let source_of = |(name, node): (&str, Option<usize>)| match node {
-        Some(i) => at_source[i],
-        None => source_index.get(name).copied(),
-    };
-    let source: Vec<&Node> = source.into_iter().map(|(_, n)| n).collect();
 
     // Shapes: the requests after the rewrite and the scheduling constraints,
     // keyed by their JSON; a template's, where a workload first has it.
@@ -1045,8 +1032,8 @@ pub(crate) fn plan<'a>(
             if w.in_plan {
                 follow_nodes.push(w.id);
             }
-            for &node in &w.pod_nodes {
-                if let Some(n) = source_of(node) {
+            for node in &w.pod_nodes {
+                if let Some(&n) = source_index.get(node) {
                     for (r, k) in requests(w) {
                         if let Some(c) = cap[n].get_mut(*r) {
                             *c = c.saturating_sub(*k);
@@ -1059,8 +1046,8 @@ pub(crate) fn plan<'a>(
         for (r, k) in requests(w) {
             add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
         }
-        for &node in &w.pod_nodes {
-            if let Some(n) = source_of(node) {
+        for node in &w.pod_nodes {
+            if let Some(&n) = source_index.get(node) {
                 *on_node[n].entry(i).or_default() += 1;
                 usage[n] += per_pod;
                 pods_on[i].push(n);
