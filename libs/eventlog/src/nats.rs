@@ -202,6 +202,11 @@ impl NatsLog {
         })
     }
 
+    /// The stream subjects' prefix, with its dot.
+    fn prefix(&self) -> String {
+        format!("{}.", self.options.subject_prefix)
+    }
+
     fn stream_subject(&self, subject: &Subject) -> String {
         format!("{}.{}", self.options.subject_prefix, subject)
     }
@@ -574,25 +579,113 @@ impl NatsLog {
         subject: Option<&Subject>,
         from: u64,
     ) -> Result<jetstream::consumer::pull::Ordered, LogError> {
-        let filter_subject = match subject {
+        ordered_consumer(&self.stream, self.filter_subject(subject), from).await
+    }
+
+    /// The stream subjects of `subject`, or of the whole log.
+    fn filter_subject(&self, subject: Option<&Subject>) -> String {
+        match subject {
             Some(subject) => self.stream_subject(subject),
             None => format!("{}.>", self.options.subject_prefix),
-        };
-        let consumer = self
-            .stream
-            .create_consumer(OrderedConfig {
-                filter_subject,
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: from.max(1),
+        }
+    }
+}
+
+/// An ordered consumer of `filter_subject`'s messages from `from` on.
+async fn ordered_consumer(
+    stream: &Stream,
+    filter_subject: String,
+    from: u64,
+) -> Result<jetstream::consumer::pull::Ordered, LogError> {
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject,
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from.max(1),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|err| LogError::nats("create ordered consumer", err))?;
+    consumer
+        .messages()
+        .await
+        .map_err(|err| LogError::nats("consume", err))
+}
+
+/// The pauses between attempts to follow again after the consumer failed:
+/// from 100 ms, doubling, up to 2 s, for as long as it takes.
+fn refollow_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// A follower that outlives its consumer. An ordered consumer lives in the
+/// server's memory: a server restart (or a lost connection the client gives
+/// up on) ends it with `consumer not found`. The follower then makes a new
+/// one from the record after the last it passed on, so nothing is lost and
+/// nothing is passed on twice.
+struct Following {
+    stream: Stream,
+    filter: String,
+    messages: Option<jetstream::consumer::pull::Ordered>,
+    /// The sequence of the next record to pass on.
+    next: u64,
+    backoff: backon::ExponentialBackoff,
+    heads: Heads,
+    prefix: String,
+}
+
+impl Following {
+    async fn next_event(&mut self) -> StoredEvent {
+        loop {
+            let failure = match &mut self.messages {
+                None => {
+                    match ordered_consumer(&self.stream, self.filter.clone(), self.next).await {
+                        Ok(messages) => {
+                            tracing::info!(from = self.next, "following the log again");
+                            self.messages = Some(messages);
+                            continue;
+                        }
+                        Err(err) => err.to_string(),
+                    }
+                }
+                Some(messages) => match messages.next().await {
+                    Some(Ok(message)) => match to_stored(&message, &self.prefix) {
+                        // Sequence numbers are the stream's: one below `next`
+                        // was passed on before the consumer was made again.
+                        Ok(stored) if stored.sequence < self.next => continue,
+                        Ok(stored) => {
+                            self.next = stored.sequence + 1;
+                            self.backoff = refollow_backoff();
+                            if let Some(subject) =
+                                message.subject.as_str().strip_prefix(&self.prefix)
+                            {
+                                let head = Head {
+                                    seq: stored.sequence,
+                                    hash: Some(stored.hash()),
+                                };
+                                remember_in(&self.heads, subject, head);
+                            }
+                            return stored;
+                        }
+                        Err(err) => err.to_string(),
+                    },
+                    Some(Err(err)) => format!("follow: {err}"),
+                    None => "the consumer's messages ended".to_string(),
                 },
-                ..Default::default()
-            })
-            .await
-            .map_err(|err| LogError::nats("create ordered consumer", err))?;
-        consumer
-            .messages()
-            .await
-            .map_err(|err| LogError::nats("consume", err))
+            };
+            self.messages = None;
+            let pause = self.backoff.next().unwrap_or(Duration::from_secs(2));
+            tracing::warn!(error = %failure, from = self.next, ?pause, "following the log failed; following again");
+            // A retry pace while the server is away, not a wait for an event.
+            tokio::time::sleep(pause).await;
+        }
     }
 }
 
@@ -661,13 +754,20 @@ fn error_code(err: &PublishError) -> Option<u64> {
     None
 }
 
-fn to_stored(message: &jetstream::Message) -> Result<StoredEvent, LogError> {
+/// The record a message holds; `prefix` is the stream subjects' prefix with
+/// its dot. Bytes that are no envelope (some other client published them on
+/// the log's subjects) give a record readers pass over.
+fn to_stored(message: &jetstream::Message, prefix: &str) -> Result<StoredEvent, LogError> {
     let seq = message
         .info()
         .map_err(|err| LogError::nats("read message metadata", err))?
         .stream_sequence;
-    StoredEvent::from_raw(seq, message.payload.clone())
-        .map_err(|err| LogError::nats(format!("decode stream sequence {seq}"), err))
+    let subject = message.subject.as_str();
+    Ok(StoredEvent::from_stored(
+        seq,
+        subject.strip_prefix(prefix).unwrap_or(subject),
+        message.payload.clone(),
+    ))
 }
 
 #[async_trait]
@@ -854,7 +954,7 @@ impl EventLog for NatsLog {
         while let Some(message) = messages.next().await {
             let message = message.map_err(|err| LogError::nats("read", err))?;
             let pending = message.info().map(|i| i.pending).unwrap_or(0);
-            let event = to_stored(&message)?;
+            let event = to_stored(&message, &self.prefix())?;
             let seq = event.sequence;
             out.push(event);
             if seq >= bound || out.len() >= limit || pending == 0 {
@@ -869,27 +969,28 @@ impl EventLog for NatsLog {
         subject: Option<Subject>,
         from: u64,
     ) -> Result<BoxStream<'static, Result<StoredEvent, LogError>>, LogError> {
-        let messages = self.consumer_from(subject.as_ref(), from).await?;
-        // What passes by tells this process each subject's head, so its next
-        // append there chains to it without a rejected first attempt.
-        let heads = self.heads.clone();
-        let prefix = format!("{}.", self.options.subject_prefix);
-        Ok(messages
-            .map(move |message| match message {
-                Ok(message) => {
-                    let stored = to_stored(&message)?;
-                    if let Some(subject) = message.subject.as_str().strip_prefix(&prefix) {
-                        let head = Head {
-                            seq: stored.sequence,
-                            hash: Some(stored.hash()),
-                        };
-                        remember_in(&heads, subject, head);
-                    }
-                    Ok(stored)
-                }
-                Err(err) => Err(LogError::nats("follow", err)),
+        let filter = self.filter_subject(subject.as_ref());
+        // The first consumer is made here, so a log that cannot be read at
+        // all fails the call; later ones are made again by the stream.
+        let messages = ordered_consumer(&self.stream, filter.clone(), from).await?;
+        let following = Following {
+            stream: self.stream.clone(),
+            filter,
+            messages: Some(messages),
+            next: from.max(1),
+            backoff: refollow_backoff(),
+            // What passes by tells this process each subject's head, so its
+            // next append there chains to it without a rejected first attempt.
+            heads: self.heads.clone(),
+            prefix: self.prefix(),
+        };
+        Ok(
+            futures::stream::unfold(following, |mut following| async move {
+                let event = following.next_event().await;
+                Some((Ok(event), following))
             })
-            .boxed())
+            .boxed(),
+        )
     }
 
     async fn last_sequence(&self, subject: Option<&Subject>) -> Result<u64, LogError> {

@@ -289,6 +289,10 @@ pub struct StoredEvent {
     pub envelope: Envelope,
     /// The stored bytes, exactly as appended.
     pub raw: Bytes,
+    /// Why the stored bytes are not an envelope, for a record some other
+    /// client published on the log's subjects: `envelope` is then empty but
+    /// for its sequence and subject, and [`StoredEvent::decode`] says so.
+    pub malformed: Option<String>,
 }
 
 impl StoredEvent {
@@ -299,6 +303,24 @@ impl StoredEvent {
             sequence,
             envelope,
             raw,
+            malformed: None,
+        })
+    }
+
+    /// The record at `sequence`, stored on `subject`, whatever its bytes are:
+    /// bytes that are no envelope give a record readers pass over (its
+    /// [`Decoded::Unknown`] says why) rather than an error that would stop
+    /// them at it for good — the log denies deleting it.
+    pub(crate) fn from_stored(sequence: u64, subject: &str, raw: Bytes) -> Self {
+        Self::from_raw(sequence, raw.clone()).unwrap_or_else(|err| StoredEvent {
+            sequence,
+            envelope: Envelope {
+                sequence,
+                subject: subject.to_string(),
+                ..Envelope::default()
+            },
+            raw,
+            malformed: Some(format!("the record does not decode as an Envelope: {err}")),
         })
     }
 
@@ -310,6 +332,14 @@ impl StoredEvent {
     /// The payload as a domain event, or the reason it is kept raw.
     pub fn decode(&self) -> Decoded {
         let envelope = &self.envelope;
+        if let Some(why) = &self.malformed {
+            return Decoded::Unknown {
+                event_type: String::new(),
+                schema_version: 0,
+                reason: UnknownReason::Malformed(why.clone()),
+                raw: self.raw.clone(),
+            };
+        }
         let unknown = |reason| Decoded::Unknown {
             event_type: envelope.event_type.clone(),
             schema_version: envelope.schema_version,
@@ -364,6 +394,9 @@ pub enum UnknownReason {
     UnknownType,
     /// The payload does not decode as the type it claims to be.
     Undecodable(String),
+    /// The record is no envelope at all: something other than a writer of
+    /// the log published it on the log's subjects.
+    Malformed(String),
 }
 
 impl std::fmt::Display for UnknownReason {
@@ -377,6 +410,7 @@ impl std::fmt::Display for UnknownReason {
             }
             UnknownReason::UnknownType => f.write_str("event type unknown to this build"),
             UnknownReason::Undecodable(msg) => write!(f, "payload does not decode: {msg}"),
+            UnknownReason::Malformed(msg) => f.write_str(msg),
         }
     }
 }

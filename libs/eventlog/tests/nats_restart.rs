@@ -4,14 +4,23 @@
 //! client reconnects, appends caught in the outage are retried with the same ids,
 //! and afterwards every acknowledged event is in the stream exactly once —
 //! for atomic batches and for events appended one by one (`append_each`).
+//! A follower started before the crash outlives its consumer (which the
+//! server forgot) and passes on every record once, in order.
+//!
+//! A record some other client published on the log's subjects, bytes that
+//! are no envelope, is passed over by readers and followers and named by
+//! `verify`; it stops nobody.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
-use switchyard_eventlog::{EventLog, Expected, NewEvent, ReadRequest, Subject};
+use switchyard_eventlog::{
+    Decoded, EventLog, Expected, NewEvent, ReadRequest, Subject, UnknownReason,
+};
 use switchyard_proto::v1::{NodeRemoved, domain_event::Kind};
 use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
 use tokio::sync::mpsc;
@@ -36,6 +45,8 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
             .expect("connect"),
     );
 
+    // Follows from the start, through the crash.
+    let mut follower = log.follow(None, 1).await.expect("follow");
     let (acks, mut acked_rx) = mpsc::unbounded_channel::<(String, u64)>();
     let restarted = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -147,5 +158,110 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
         log.retried_publishes() > 0,
         "the restart should have interrupted some appends"
     );
+    let mut followed = Vec::new();
+    while followed.len() < events.len() {
+        let event = tokio::time::timeout(Duration::from_secs(30), follower.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the follower stopped after {} of {} records",
+                    followed.len(),
+                    events.len()
+                )
+            })
+            .expect("the follow stream does not end")
+            .expect("the follower outlives the server's restart");
+        followed.push((event.sequence, event.envelope.id));
+    }
+    let stored_in_order: Vec<(u64, String)> = events
+        .iter()
+        .map(|e| (e.sequence, e.envelope.id.clone()))
+        .collect();
+    assert_eq!(
+        followed, stored_in_order,
+        "every record followed once, in order, across the restart"
+    );
     drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_is_no_envelope_is_passed_over_and_named() {
+    let server = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .unwrap();
+    let log = NatsLog::connect(&server.url(), NatsOptions::default())
+        .await
+        .expect("connect");
+    let subject = Subject::new("node.n1").unwrap();
+    let append = |id: &str| {
+        NewEvent::new(
+            id,
+            1,
+            Kind::NodeRemoved(NodeRemoved { node: id.into() }).into(),
+        )
+    };
+    log.append(&subject, Expected::Any, vec![append("before")])
+        .await
+        .unwrap();
+    let mut follower = log.follow(None, 1).await.expect("follow");
+    // Eleven bytes on the log's subjects from a client that is no writer.
+    let js = async_nats::jetstream::new(log.client().clone());
+    let ack = js
+        .publish("switchyard.log.junk", "not a proto".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let junk = ack.sequence;
+    log.append(&subject, Expected::Any, vec![append("after")])
+        .await
+        .expect("the log still takes appends");
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(30), follower.next())
+            .await
+            .expect("the follower goes on past the record")
+            .expect("the follow stream does not end")
+            .expect("a record that is no envelope is no error");
+        seen.push(event);
+    }
+    let read = log.read(ReadRequest::default()).await.expect("read");
+    for events in [&seen, &read] {
+        let described: Vec<(u64, String, bool)> = events
+            .iter()
+            .map(|e| {
+                let malformed = matches!(
+                    e.decode(),
+                    Decoded::Unknown {
+                        reason: UnknownReason::Malformed(_),
+                        ..
+                    }
+                );
+                (e.sequence, e.envelope.subject.clone(), malformed)
+            })
+            .collect();
+        assert_eq!(
+            described,
+            vec![
+                (1, "node.n1".to_string(), false),
+                (junk, "junk".to_string(), true),
+                (junk + 1, "node.n1".to_string(), false),
+            ]
+        );
+    }
+    assert_eq!(seen[1].raw.as_ref(), b"not a proto", "kept as stored");
+    let report = log.verify().await.unwrap();
+    assert_eq!(report.records, 3);
+    let named: Vec<(Option<u64>, &str)> = report
+        .problems
+        .iter()
+        .map(|p| (p.sequence, p.what.as_str()))
+        .collect();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert_eq!(named[0].0, Some(junk));
+    assert!(
+        named[0].1.contains("does not decode as an Envelope"),
+        "{named:?}"
+    );
 }

@@ -19,7 +19,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
@@ -222,24 +222,19 @@ fn watch<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
-            let seen = match event {
-                Ok(watcher::Event::Init) => Some(Seen::Init(kind)),
-                Ok(watcher::Event::InitDone) => Some(Seen::InitDone(kind)),
-                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                    fact(&o).map(|f| Seen::Object(kind, f))
-                }
-                Ok(watcher::Event::Delete(o)) => gone(&o).map(Seen::Gone),
-                Err(err) => {
-                    tracing::warn!(kind, %err, "watch failed; retrying with backoff");
-                    None
-                }
-            };
-            futures::future::ready(seen)
-        })
-        .boxed()
+    let events = watcher(api, watcher::Config::default()).filter_map(move |event| {
+        let seen = match event {
+            Ok(watcher::Event::Init) => Some(Ok(Seen::Init(kind))),
+            Ok(watcher::Event::InitDone) => Some(Ok(Seen::InitDone(kind))),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                fact(&o).map(|f| Ok(Seen::Object(kind, f)))
+            }
+            Ok(watcher::Event::Delete(o)) => gone(&o).map(|g| Ok(Seen::Gone(g))),
+            Err(err) => Some(Err(err)),
+        };
+        futures::future::ready(seen)
+    });
+    crate::watch::resilient(events, kind.to_string()).boxed()
 }
 
 /// Every watcher of inventory, merged.

@@ -5,6 +5,8 @@
 //!   GPUClasses, PhysicalGPUs, Pods, workloads, quotas, ResourceSlices and
 //!   DeviceClasses that append what changed to the log, once — across watch
 //!   restarts, re-lists and restarts of the process.
+//! - [`watch`]: watches that re-list at once after 410 Gone and try again
+//!   within a second while the API server is away.
 //! - [`write`]: what every service's writers share — one field manager per
 //!   service, Server-Side Apply with the manager's fields restated,
 //!   read-decide-write with a resourceVersion precondition, retries with
@@ -15,4 +17,5 @@
 
 pub mod facts;
 pub mod inventory;
+pub mod watch;
 pub mod write;

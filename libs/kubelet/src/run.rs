@@ -309,7 +309,10 @@ pub async fn serve_node(
     );
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("metadata.name={}", args.node));
-    let mut watch = std::pin::pin!(watcher(nodes, config).applied_objects());
+    let mut watch = std::pin::pin!(switchyard_kube::watch::resilient(
+        watcher(nodes, config).applied_objects(),
+        format!("Node {}", args.node),
+    ));
     let mut node_ref = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -325,12 +328,11 @@ pub async fn serve_node(
     loop {
         tokio::select! {
             event = watch.next() => match event {
-                Some(Ok(node)) => {
+                Some(node) => {
                     seen_unix_us = crate::agent::now_unix_us();
                     wanted = Some(assigned(&node));
                     node_ref = node.object_ref(&());
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "watching the node"),
                 None => return Ok(()),
             },
             _ = retry.tick() => agent.tick(),

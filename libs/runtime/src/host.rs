@@ -21,7 +21,9 @@ use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
 use switchyard_core::subjects::process_of;
 use switchyard_core::{Core, Input, ServiceName};
-use switchyard_eventlog::{Decoded, EventLog, LogError, append_attributed, now_nanos};
+use switchyard_eventlog::{
+    Decoded, EventLog, LogError, UnknownReason, append_attributed, now_nanos,
+};
 use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
 use tokio::sync::watch;
 
@@ -113,6 +115,38 @@ pub enum HostError {
 /// records carry a person's name).
 fn author(actor: &str) -> Option<ServiceName> {
     actor.parse().ok()
+}
+
+/// Notes an eviction refusal this service recorded, so the same refusal met
+/// again after a restart is not recorded twice.
+fn remember_blocked(blocked: &mut BTreeMap<(String, String), DomainEvent>, event: &DomainEvent) {
+    if let Some(Kind::EvictionBlocked(block)) = &event.kind {
+        blocked.insert((block.namespace.clone(), block.pod.clone()), event.clone());
+    }
+}
+
+/// A record this build cannot read: kept in the log (nothing is deleted),
+/// passed over by the core — as a record of a newer writer is — and said in
+/// the service's log, so an operator finds it (`switchyard log verify` names
+/// it too).
+fn pass_over(stored: &switchyard_eventlog::StoredEvent, reason: &UnknownReason) {
+    let envelope = &stored.envelope;
+    match reason {
+        UnknownReason::Malformed(_) => tracing::warn!(
+            sequence = stored.sequence,
+            subject = envelope.subject,
+            %reason,
+            "passed over a record that is not an envelope of the log (published by something other than its writers)"
+        ),
+        _ => tracing::warn!(
+            sequence = stored.sequence,
+            subject = envelope.subject,
+            event_type = envelope.event_type,
+            actor = envelope.actor,
+            %reason,
+            "passed over a record this build cannot read"
+        ),
+    }
 }
 
 /// Keeps the correlation id a process's first step carries (the command's,
@@ -333,15 +367,26 @@ pub async fn run<E: EffectExecutor>(
     let service = core.service();
     let mut last = 0;
     let mut correlations = BTreeMap::new();
+    let mut blocked = BTreeMap::new();
+    let mut passed_over = 0;
     let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
-        if let Decoded::Event(event) = stored.decode() {
-            core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-            remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
+        match stored.decode() {
+            Decoded::Event(event) => {
+                core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
+                if author(&stored.envelope.actor) == Some(service) {
+                    remember_blocked(&mut blocked, &event);
+                }
+            }
+            Decoded::Unknown { reason, .. } => {
+                pass_over(&stored, &reason);
+                passed_over += 1;
+            }
         }
         last = stored.sequence;
     })
     .await?;
-    tracing::info!(%service, folded, elapsed = ?started.elapsed(), "rebuilt from the log");
+    tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
     let mut host = Host {
         core,
         log: log.clone(),
@@ -349,7 +394,7 @@ pub async fn run<E: EffectExecutor>(
         options: options.clone(),
         own: BTreeSet::new(),
         issued: BTreeMap::new(),
-        blocked: BTreeMap::new(),
+        blocked,
         correlations,
     };
     let due = host.core.catch_up(now_nanos());
@@ -403,11 +448,18 @@ pub async fn run<E: EffectExecutor>(
                     if host.own.remove(&stored.sequence) {
                         continue;
                     }
-                    let Decoded::Event(event) = stored.decode() else { continue };
+                    let event = match stored.decode() {
+                        Decoded::Event(event) => event,
+                        Decoded::Unknown { reason, .. } => {
+                            pass_over(&stored, &reason);
+                            continue;
+                        }
+                    };
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
                     if author(&stored.envelope.actor) == Some(service) {
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                        remember_blocked(&mut host.blocked, &event);
                         continue;
                     }
                     let recorded = stored.envelope.recorded_at_unix_nanos;
