@@ -86,6 +86,8 @@ pub struct ControlPlane {
     apiserver: Option<Child>,
     others: Vec<Child>,
     apiserver_port: u16,
+    /// How the API server was started, to start it again.
+    apiserver_command: (PathBuf, Vec<String>),
     /// How long etcd and the API server took to become ready.
     pub startup: Duration,
 }
@@ -184,30 +186,69 @@ impl ControlPlane {
             apiserver: Some(apiserver),
             others: Vec::new(),
             apiserver_port,
+            apiserver_command: (bin.join("kube-apiserver"), apiserver_args),
             startup: Duration::ZERO,
         };
-
-        let client = plane.client();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut pause = Duration::from_millis(50);
-        loop {
-            if client.apiserver_version().await.is_ok() {
-                break;
-            }
-            if Instant::now() >= deadline || plane.exited() {
-                return Err(format!(
-                    "kube-apiserver exited or did not become ready within 90 s\n--- kube-apiserver.log\n{}\n--- etcd.log\n{}",
-                    tail(&plane.dir.path().join("kube-apiserver.log")),
-                    tail(&plane.dir.path().join("etcd.log"))
-                ));
-            }
-            // Polling a condition with a deadline: the API has no readiness event to wait on.
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
+        plane.until_ready().await?;
         plane.start_components(&bin, components);
         plane.startup = started.elapsed();
         Ok(plane)
+    }
+
+    /// Waits until the API answers (90 s at most).
+    async fn until_ready(&mut self) -> Result<(), String> {
+        let client = self.client();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if client.apiserver_version().await.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline || self.exited() {
+                return Err(format!(
+                    "kube-apiserver exited or did not become ready within 90 s\n--- kube-apiserver.log\n{}\n--- etcd.log\n{}",
+                    tail(&self.dir.path().join("kube-apiserver.log")),
+                    tail(&self.dir.path().join("etcd.log"))
+                ));
+            }
+            // Polling a condition with a deadline: the API has no readiness
+            // event to wait on. Often, so a restart's downtime is not overstated.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills kube-apiserver (SIGKILL) and starts it again on the same port,
+    /// etcd and certificates; returns once the API answers again. Watches
+    /// and clients see it go away and come back, as in an API server's
+    /// rollout or crash.
+    pub async fn restart_apiserver(&mut self) {
+        if let Some(mut child) = self.apiserver.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let (binary, args) = &self.apiserver_command;
+        let log = self.dir.path().join("kube-apiserver.log");
+        let _ = std::fs::rename(&log, self.dir.path().join("kube-apiserver.log.1"));
+        self.apiserver = Some(spawn(binary, args, &log).unwrap_or_else(|e| panic!("{e}")));
+        self.until_ready().await.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Stops etcd (SIGSTOP) until [`Self::resume_etcd`]: the API server
+    /// stays up but can neither read nor write, and its watches go quiet.
+    pub fn pause_etcd(&self) {
+        self.signal_etcd("-STOP");
+    }
+
+    pub fn resume_etcd(&self) {
+        self.signal_etcd("-CONT");
+    }
+
+    fn signal_etcd(&self, signal: &str) {
+        let pid = self.etcd.as_ref().expect("etcd runs").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     /// A kubeconfig file with the admin token and the self-signed server, for

@@ -1255,6 +1255,234 @@ async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
 /// workload's pod template and pods, the quota and the groups' spec.gpu.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
+    reference_scenario_on_kwok(None).await;
+}
+
+/// The same scenario with a fault in every step: each step's command runs
+/// while, at a point picked by the seed (after so many more records of the
+/// log), one of the faults strikes — a service killed with SIGKILL and
+/// started again, nats-server killed with SIGKILL and started again, the
+/// API server killed and started again, etcd paused past a watch's patience,
+/// or a record that is no envelope published on the log's subjects. The
+/// migration still ends in the simulator's cluster, with nothing recorded
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_scenario_survives_a_fault_in_every_step() {
+    let seed = std::env::var("SWITCHYARD_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_2026);
+    reference_scenario_on_kwok(Some(seed)).await;
+}
+
+/// What strikes during a step.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Kill(&'static str),
+    RestartNats,
+    RestartApiServer,
+    PauseEtcd,
+    Junk,
+}
+
+/// A small deterministic generator (SplitMix64): the same seed, the same
+/// faults; and where in the list of faults the steps start.
+struct Seeded(u64, usize);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// The fault of the `n`-th step and how many records after the
+    /// command's first it strikes: the faults in turn from a place the seed
+    /// picks — each service killed, nats-server, the API server and etcd,
+    /// a record that is no envelope — at a point the seed picks.
+    fn fault(&mut self, n: usize) -> (Fault, u64) {
+        const FAULTS: [Fault; 9] = [
+            Fault::Kill("inventory"),
+            Fault::RestartNats,
+            Fault::Kill("stack-assigner"),
+            Fault::RestartApiServer,
+            Fault::Kill("class-compiler"),
+            Fault::Junk,
+            Fault::Kill("claim-allocator"),
+            Fault::PauseEtcd,
+            Fault::Kill("alerter"),
+        ];
+        if n == 0 {
+            self.1 = self.below(FAULTS.len() as u64) as usize;
+        }
+        (FAULTS[(self.1 + n) % FAULTS.len()], self.below(4))
+    }
+}
+
+/// Runs `switchyard` as `cli` does, off the test's own world (which a fault
+/// may be changing meanwhile).
+fn cli_at(nats: &str, kubeconfig: &std::path::Path, args: &[String]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .env("SWITCHYARD_NATS_URL", nats)
+        .env("KUBECONFIG", kubeconfig)
+        .env("SWITCHYARD_ACTOR", "ops@example.com")
+        .env("SWITCHYARD_TIMEOUT", "5m")
+        .output()
+        .expect("run switchyard");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Strikes `fault` on the cluster; returns what it did, for the report.
+async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize) -> String {
+    let world = &mut cluster.world;
+    match fault {
+        Fault::Kill(service) => {
+            world.stop(service);
+            world.serve(service);
+            format!("killed {service} (SIGKILL) and started it again")
+        }
+        Fault::RestartNats => {
+            world.nats.restart();
+            "killed nats-server (SIGKILL) and started it again".into()
+        }
+        Fault::RestartApiServer => {
+            let started = std::time::Instant::now();
+            world.plane.restart_apiserver().await;
+            let down = started.elapsed();
+            let seen = fact_after_return(world, n).await;
+            format!(
+                "killed kube-apiserver and started it again (down {down:?}); a change made on its return recorded after {seen:?}"
+            )
+        }
+        Fault::PauseEtcd => {
+            world.plane.pause_etcd();
+            // Longer than a watch waits for its next event before the API
+            // server's own timeout; a pause, the fault itself.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            world.plane.resume_etcd();
+            let seen = fact_after_return(world, n).await;
+            format!("paused etcd for 5 s; a change made on its return recorded after {seen:?}")
+        }
+        Fault::Junk => {
+            let client = async_nats::connect(world.nats.url())
+                .await
+                .expect("connect to NATS");
+            async_nats::jetstream::new(client)
+                .publish("switchyard.log.junk", "not a proto".into())
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+            "published 11 bytes that are no envelope on switchyard.log.junk".into()
+        }
+    }
+}
+
+/// How long after the API server answers again inventory records a change
+/// made then: a label (outside what the scenario compares) on gpu-0, from
+/// the API server's return to the fact's recording time.
+async fn fact_after_return(world: &World, n: usize) -> std::time::Duration {
+    let value = format!("fault-{n}");
+    let back = switchyard_eventlog::now_nanos();
+    Api::<Node>::all(world.client.clone())
+        .patch(
+            "gpu-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"fault.switchyard.test/n": value}}}),
+            ),
+        )
+        .await
+        .expect("label gpu-0");
+    let log = world.log().await;
+    let recorded = std::cell::Cell::new(0);
+    world
+        .until(
+            "inventory to record the change made on the API server's return",
+            || async {
+                let records = log
+                    .read(switchyard_eventlog::ReadRequest {
+                        subject: Some(switchyard_eventlog::Subject::new("node.gpu-0").unwrap()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_default();
+                let found = records.iter().find_map(|r| match r.decode() {
+                    switchyard_eventlog::Decoded::Event(e) => match &e.kind {
+                        Some(Kind::NodeObserved(o))
+                            if o.labels.get("fault.switchyard.test/n") == Some(&value) =>
+                        {
+                            Some(r.envelope.recorded_at_unix_nanos)
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                });
+                found.map(|at| recorded.set(at)).is_some()
+            },
+        )
+        .await;
+    std::time::Duration::from_nanos((recorded.get() - back).max(0) as u64)
+}
+
+/// Decisions (records of the deciding services) recorded twice: the same
+/// event, payload and all, on the same subject, by the same author.
+fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut twice = Vec::new();
+    for record in records {
+        let envelope = &record.envelope;
+        if envelope.actor == "inventory" || envelope.event_type.is_empty() {
+            continue;
+        }
+        let key = (
+            envelope.actor.clone(),
+            envelope.subject.clone(),
+            envelope.event_type.clone(),
+            envelope.payload.clone(),
+        );
+        if !seen.insert(key) {
+            twice.push(format!(
+                "sequence {}: {} by {} on {}",
+                record.sequence, envelope.event_type, envelope.actor, envelope.subject
+            ));
+        }
+    }
+    twice
+}
+
+/// Facts inventory recorded twice in a row for one object: a repeat the
+/// observer should have dropped (after a restart, a re-list).
+fn facts_repeated(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+    let mut last: BTreeMap<&str, &[u8]> = BTreeMap::new();
+    let mut repeated = Vec::new();
+    for record in records {
+        let envelope = &record.envelope;
+        if envelope.actor != "inventory" {
+            continue;
+        }
+        if last.insert(&envelope.subject, &envelope.payload) == Some(&envelope.payload[..]) {
+            repeated.push(format!(
+                "sequence {}: {} on {}",
+                record.sequence, envelope.event_type, envelope.subject
+            ));
+        }
+    }
+    repeated
+}
+
+async fn reference_scenario_on_kwok(faults: Option<u64>) {
     use switchyard_sim::{Card, SimConfig, Simulator};
     let config = SimConfig {
         gpu_nodes: 2,
@@ -1286,12 +1514,15 @@ async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
         .collect();
     assert!(outcome.ok(), "the simulator's run:\n{}", steps.join("\n"));
     let expected = sim_end_state(&outcome.migration.sim);
+    let faults_seed = faults;
+    let mut faults = faults.map(|seed| Seeded(seed, 0));
+    let mut struck: Vec<String> = Vec::new();
 
     // The simulator's cluster before the migration, on kwok: its nodes'
     // labels, its Deployments and its quota.
     let mut before = Simulator::new(config);
     let facts = before.take_facts();
-    let cluster = cluster(&PARITY_NODES).await;
+    let mut cluster = cluster(&PARITY_NODES).await;
     let world = &cluster.world;
     let c = world.client.clone();
     let nodes: Api<Node> = Api::all(c.clone());
@@ -1395,9 +1626,48 @@ async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
             );
             continue;
         };
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (code, out, err) = cli(world, &args);
-        assert_eq!(code, 0, "{s}: {args:?}\n{out}\n{err}\n{}", world.output());
+        let (code, out, err) = match &mut faults {
+            None => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                cli(&cluster.world, &args)
+            }
+            Some(seeded) => {
+                let (fault, after) = seeded.fault(struck.len());
+                let log = cluster.world.log().await;
+                let before = log
+                    .last_sequence(None)
+                    .await
+                    .expect("the log's last sequence");
+                let (nats, kubeconfig) =
+                    (cluster.world.nats.url(), cluster.world.plane.kubeconfig());
+                let command = tokio::task::spawn_blocking({
+                    let args = args.clone();
+                    move || cli_at(&nats, &kubeconfig, &args)
+                });
+                // The point: `after` more records once the command's first
+                // is in, or the command's end, whichever comes first.
+                switchyard_testkit::eventually("the command taken", WAIT, || async {
+                    command.is_finished()
+                        || log
+                            .last_sequence(None)
+                            .await
+                            .is_ok_and(|l| l > before + after)
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{s}: {e}\n{}", cluster.world.output()));
+                drop(log);
+                let what = strike(&mut cluster, fault, struck.len()).await;
+                struck.push(format!("{s}: {what}, {after} record(s) into the step"));
+                command.await.expect("the command's thread")
+            }
+        };
+        let world = &cluster.world;
+        assert_eq!(
+            code,
+            0,
+            "{s}: {args:?}\n{out}\n{err}\n{}\nfaults: {struck:#?}",
+            world.output()
+        );
         if s.starts_with("completion") {
             // Its effects are applied before the rollbacks that follow, as in
             // the simulator, which settles after every step.
@@ -1425,8 +1695,37 @@ async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
     let actual = cluster_end_state(&c, &names).await;
     assert!(
         settled.is_ok(),
-        "kwok:\n{actual:#?}\nthe simulator:\n{expected:#?}\n{}",
+        "kwok:\n{actual:#?}\nthe simulator:\n{expected:#?}\n{}\nfaults: {struck:#?}",
         steps.join("\n")
     );
     assert_eq!(actual, expected);
+    // Nothing decided twice, no fact repeated: a restarted service took up
+    // where its records end.
+    let records = cluster
+        .world
+        .log()
+        .await
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .expect("read the log");
+    assert_eq!(
+        recorded_twice(&records),
+        Vec::<String>::new(),
+        "faults: {struck:#?}"
+    );
+    assert_eq!(
+        facts_repeated(&records),
+        Vec::<String>::new(),
+        "faults: {struck:#?}"
+    );
+    if !struck.is_empty() {
+        println!(
+            "{} faults survived (seed {:#x}):",
+            struck.len(),
+            faults_seed.unwrap_or(0)
+        );
+        for line in &struck {
+            println!("  {line}");
+        }
+    }
 }
