@@ -327,6 +327,8 @@ impl<E: EffectExecutor> Host<E> {
                             }
                             self.blocked.insert(pod, refused.clone());
                             news.push(refused);
+                        } else {
+                            tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
                         }
                     }
                 }

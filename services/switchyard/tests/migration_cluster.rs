@@ -402,7 +402,7 @@ async fn the_reference_migration_runs_on_a_real_cluster_from_the_commands() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
     let nodes = ["gpu-0", "gpu-1", "gpu-2"];
-    let cluster = cluster(&nodes).await;
+    let mut cluster = cluster(&nodes).await;
     let world = &cluster.world;
     let c = world.client.clone();
     for (name, replicas) in [("web", 2), ("batch", 1)] {
@@ -475,6 +475,45 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             "by the circuit breaker: the eviction of pod ml/db-0 from node gpu-0 was refused"
         ) && out.contains("refused by PodDisruptionBudget ml/db"),
         "{out}\n{err}"
+    );
+    // A stack-assigner killed and started again meets the same refusal and
+    // does not record it again.
+    assert_eq!(refusals_of(world, "db-0").await, 1);
+    cluster.world.stop("stack-assigner");
+    cluster.world.serve("stack-assigner");
+    let world = &cluster.world;
+    let log_path = world
+        .services
+        .iter()
+        .find(|s| s.name() == "stack-assigner")
+        .expect("the stack-assigner")
+        .log_path()
+        .to_path_buf();
+    let restarts_before = std::fs::read_to_string(&log_path)
+        .unwrap_or_default()
+        .matches("still refused, as recorded before")
+        .count();
+    world
+        .until(
+            "the restarted stack-assigner to meet the refusal again",
+            || async {
+                std::fs::read_to_string(&log_path)
+                    .unwrap_or_default()
+                    .matches("still refused, as recorded before")
+                    .count()
+                    > restarts_before
+                    && std::fs::read_to_string(&log_path)
+                        .unwrap_or_default()
+                        .matches("rebuilt from the log")
+                        .count()
+                        >= 2
+            },
+        )
+        .await;
+    assert_eq!(
+        refusals_of(world, "db-0").await,
+        1,
+        "the refusal recorded once across the restart"
     );
     // Lifting the budget lets the drain finish; resuming runs the rest.
     pdbs.delete("db", &DeleteParams::default())
@@ -613,6 +652,14 @@ async fn migrate_runs_the_waves_and_stops_at_a_disruption_budget() {
             record.envelope.event_type
         );
     }
+}
+
+/// How many eviction refusals of `pod` the log holds.
+async fn refusals_of(world: &World, pod: &str) -> usize {
+    count(
+        &world.events().await,
+        |k| matches!(k, Kind::EvictionBlocked(b) if b.pod == pod),
+    )
 }
 
 /// A DaemonSet, a CronJob and a Job on the device plugin, asking for one card
