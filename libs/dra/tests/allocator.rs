@@ -91,6 +91,11 @@ fn device(
         if g.chance(30) {
             attributes["zone"] = json!({"string": g.pick(&["a", "b"])});
         }
+        if g.chance(1) {
+            // A list-typed attribute, which Kubernetes 1.36 does not read:
+            // any selector on the device fails and the allocation with it.
+            attributes["nvlinkPeers"] = json!({"ints": [g.below(8), g.below(8)]});
+        }
         d["attributes"] = attributes;
     } else {
         d["attributes"] = json!({"other.example.com/kind": {"string": g.pick(&["nic", "fpga"])}, "index": {"int": g.below(4)}});

@@ -61,6 +61,17 @@ fn h100() -> Device {
     }
 }
 
+/// An A100 whose slice carries an attribute without a single value (a list,
+/// which Kubernetes 1.36 does not read): every selector on it fails.
+fn listed() -> Device {
+    let mut d = a100();
+    d.attributes.insert(
+        "gpu.deckhouse.io/nvlinkPeers".into(),
+        Attribute::Unsupported,
+    );
+    d
+}
+
 fn bare() -> Device {
     Device {
         driver: "example.com".into(),
@@ -160,6 +171,7 @@ fn device_json(d: &Device) -> Value {
                 Attribute::Bool(b) => json!({"bool": b}),
                 Attribute::String(s) => json!({"string": s}),
                 Attribute::Version(s) => json!({"version": s}),
+                Attribute::Unsupported => json!({}),
             };
             (k.clone(), v)
         })
@@ -246,7 +258,27 @@ impl Gen {
             "2.0.0",
             "1.2.3-alpha.1",
         ]);
-        match self.next() % 45 {
+        let nv = self.pick(&[
+            "v1.2",
+            "01.02.03",
+            "1",
+            "v1.0.0-rc.1",
+            "1.2-rc",
+            "v",
+            "1.2.3",
+            "00.0.1",
+            "v01.2.3+b",
+            "vv1.2.3",
+        ]);
+        match self.next() % 47 {
+            45 => format!(
+                "semver('{nv}', {}).{} {} {}",
+                self.pick(&["true", "false"]),
+                self.pick(&["major()", "minor()", "patch()"]),
+                self.pick(&["==", ">"]),
+                self.next() % 3
+            ),
+            46 => format!("isSemver('{nv}', {})", self.pick(&["true", "false"])),
             42 => self
                 .pick(&[
                     "[1, 2, 2].indexOf(2) >= 0",
@@ -463,7 +495,7 @@ impl Gen {
 
 #[test]
 fn kubernetes_agrees_on_every_generated_selector() {
-    let devices = [a100(), h100(), bare()];
+    let devices = [a100(), h100(), bare(), listed()];
     let mut g = Gen(0x4345_4c5f_4452_4121);
     let cases: Vec<(String, usize)> = (0..5000)
         .map(|_| (g.expression(2), (g.next() % devices.len() as u64) as usize))

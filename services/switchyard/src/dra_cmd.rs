@@ -210,6 +210,9 @@ pub fn device_of(
             (None, Some(b), None, None) => Attribute::Bool(b),
             (None, None, Some(s), None) => Attribute::String(s.clone()),
             (None, None, None, Some(v)) => Attribute::Version(v.clone()),
+            // A list (list-typed attributes are off in 1.36) or nothing:
+            // every selector on the device fails, as in Kubernetes.
+            (None, None, None, None) => Attribute::Unsupported,
             _ => anyhow::bail!(
                 "device {}: attribute {name}: expected exactly one of int, bool, string, version",
                 device.name

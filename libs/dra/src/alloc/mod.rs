@@ -218,6 +218,9 @@ pub(crate) struct Device {
     pub name: Arc<str>,
     /// The device as selectors see it (attributes keyed as published).
     pub cel: cel::Device,
+    /// Why every selector on the device fails (an attribute without a
+    /// single value, a version that does not parse), checked once.
+    attribute_error: Option<EvalError>,
     prepared: OnceLock<Result<PreparedDevice, EvalError>>,
     pub capacity: BTreeMap<String, Capacity>,
     pub allow_multiple: Option<bool>,
@@ -418,10 +421,13 @@ impl Allocator {
             Ok(s) => s,
             Err(e) => return Err(SelectorFailure::Compile(e.to_string())),
         };
+        if let Some(err) = &device.attribute_error {
+            return Err(SelectorFailure::Runtime(err.to_string()));
+        }
         if selector.is_fast() {
             return self
                 .compiler
-                .matches(selector, &device.cel)
+                .matches_checked(selector, &device.cel)
                 .map_err(|e| SelectorFailure::Runtime(e.to_string()));
         }
         let prepared = device
@@ -478,8 +484,9 @@ fn read_slice(s: &ResourceSlice) -> Result<Slice, InputError> {
             } else if let Some(v) = &a.version {
                 cel::Attribute::Version(v.clone())
             } else {
-                // List-typed attributes are an alpha feature, off in 1.36.
-                continue;
+                // A list (list-typed attributes are an alpha feature, off in
+                // 1.36) or nothing: every selector on the device fails.
+                cel::Attribute::Unsupported
             };
             attributes.insert(name.clone(), value);
         }
@@ -533,14 +540,16 @@ fn read_slice(s: &ResourceSlice) -> Result<Slice, InputError> {
             }
             consumes.push((c.counter_set.clone(), counters));
         }
+        let cel = cel::Device {
+            driver: spec.driver.clone(),
+            allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
+            attributes,
+            capacity: cel_capacity,
+        };
         devices.push(Device {
             name: d.name.as_str().into(),
-            cel: cel::Device {
-                driver: spec.driver.clone(),
-                allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
-                attributes,
-                capacity: cel_capacity,
-            },
+            attribute_error: cel.attribute_error(),
+            cel,
             prepared: OnceLock::new(),
             capacity,
             allow_multiple: d.allow_multiple_allocations,

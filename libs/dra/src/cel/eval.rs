@@ -1,20 +1,39 @@
 //! Evaluating a selector: the `device` variable, the fast path or the interpreter, runtime errors.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 use cel::{ExecutionError, Value};
 
 use super::values::{QuantityValue, Semver, quantity_value};
-use super::{Attribute, Compiler, Device, EvalError, PreparedDevice, Selector, SelectorError};
+use super::{
+    Compiler, Device, EvalError, PreparedDevice, Selector, SelectorError, attribute_value,
+};
 
 impl Compiler {
     /// Evaluates `selector` against `device`.
     pub fn matches(&self, selector: &Selector, device: &Device) -> Result<bool, EvalError> {
         if let Some(fast) = &selector.fast {
+            // Kubernetes makes every attribute a value first: one it cannot
+            // fails the selector whatever the selector reads.
+            if let Some(err) = device.attribute_error() {
+                return Err(err);
+            }
             return fast.eval(device).map_err(EvalError);
         }
         self.matches_prepared(selector, &self.prepare(device)?)
+    }
+
+    /// [`Self::matches`] on a device known to have no
+    /// [`Device::attribute_error`] (the allocator checks each device once).
+    pub(crate) fn matches_checked(
+        &self,
+        selector: &Selector,
+        device: &Device,
+    ) -> Result<bool, EvalError> {
+        match &selector.fast {
+            Some(fast) => fast.eval(device).map_err(EvalError),
+            None => self.matches_prepared(selector, &self.prepare(device)?),
+        }
     }
 
     /// [`Self::matches`] through the interpreter only (for tests comparing the two).
@@ -49,6 +68,7 @@ impl Compiler {
         selector: &Selector,
         device: &PreparedDevice,
     ) -> Result<bool, EvalError> {
+        // A prepared device has every attribute as a value (see `prepare`).
         if let Some(fast) = &selector.fast {
             return fast.eval(&device.device).map_err(EvalError);
         }
@@ -124,18 +144,7 @@ fn device_value(device: &Device, domains: &BTreeSet<String>) -> Result<Value, Ev
     }
     for (name, attribute) in &device.attributes {
         let (domain, id) = split_name(name, &device.driver);
-        let value = match attribute {
-            Attribute::Int(v) => Value::Int(*v),
-            Attribute::Bool(v) => Value::Bool(*v),
-            Attribute::String(v) => Value::from(v.as_str()),
-            Attribute::Version(v) => {
-                Value::Opaque(Arc::new(Semver::parse(v).ok_or_else(|| {
-                    EvalError(format!(
-                        "attribute {name}: parse semantic version: {v:?} is not a semantic version"
-                    ))
-                })?))
-            }
-        };
+        let value = attribute_value(name, attribute)?;
         attributes
             .entry(domain.to_string())
             .or_default()

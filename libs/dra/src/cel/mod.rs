@@ -63,6 +63,41 @@ pub enum Attribute {
     String(String),
     /// A semantic version, as published (`1.2.3`).
     Version(String),
+    /// No single value: a list (list-typed attributes are an alpha feature,
+    /// off in Kubernetes 1.36) or nothing at all. As in Kubernetes, every
+    /// selector evaluated on such a device fails at runtime ("unsupported
+    /// attribute value"), which aborts the allocation until the slice is
+    /// fixed — better than allocating as if the attribute were not there.
+    Unsupported,
+}
+
+impl Device {
+    /// Why the device's attributes cannot all be given to a selector, as
+    /// Kubernetes words it: any selector evaluated on it fails with this.
+    pub fn attribute_error(&self) -> Option<EvalError> {
+        self.attributes
+            .iter()
+            .find_map(|(name, attribute)| attribute_value(name, attribute).err())
+    }
+}
+
+/// An attribute as its CEL value, or why it has none.
+pub(crate) fn attribute_value(name: &str, attribute: &Attribute) -> Result<Value, EvalError> {
+    Ok(match attribute {
+        Attribute::Int(v) => Value::Int(*v),
+        Attribute::Bool(v) => Value::Bool(*v),
+        Attribute::String(v) => Value::from(v.as_str()),
+        Attribute::Version(v) => Value::Opaque(Arc::new(Semver::parse(v).ok_or_else(|| {
+            EvalError(format!(
+                "attribute {name}: parse semantic version: {v:?} is not a semantic version"
+            ))
+        })?)),
+        Attribute::Unsupported => {
+            return Err(EvalError(format!(
+                "attribute {name}: unsupported attribute value"
+            )));
+        }
+    })
 }
 
 /// A device as selectors see it: names are `domain/name` or bare (the driver's domain).

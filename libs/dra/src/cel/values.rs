@@ -84,6 +84,57 @@ impl Semver {
     }
 }
 
+impl Semver {
+    /// `semver(s, true)`: Kubernetes' normalization before the strict parse
+    /// — one leading `v` dropped, leading zeros of the (up to three)
+    /// dot-separated parts dropped, a missing minor and patch read as 0 (a
+    /// short version may carry no pre-release or build). Only `v1.2.3`,
+    /// `1.2`, `01.02.03` and the like are read that the strict parse refuses.
+    pub fn parse_normalized(s: &str) -> Option<Semver> {
+        let s = s.strip_prefix('v').unwrap_or(s);
+        let mut parts: Vec<String> = s.splitn(3, '.').map(str::to_string).collect();
+        for part in &mut parts {
+            if part.len() > 1 {
+                let trimmed = part.trim_start_matches('0');
+                *part = if trimmed.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+                    trimmed.to_string()
+                } else {
+                    format!("0{trimmed}")
+                };
+            }
+        }
+        if parts.len() < 3 {
+            if parts.last().is_some_and(|p| p.contains(['+', '-'])) {
+                return None;
+            }
+            parts.resize(3, "0".to_string());
+        }
+        Semver::parse(&parts.join("."))
+    }
+}
+
+/// The string argument and the normalize flag of `semver` / `isSemver`
+/// (`name(s)` or `name(s, normalize)`).
+fn version_args<'a>(
+    ftx: &FunctionContext,
+    args: &'a [Value],
+    name: &str,
+) -> Result<(&'a str, bool), ExecutionError> {
+    match args {
+        [Value::String(s)] => Ok((s, false)),
+        [Value::String(s), Value::Bool(normalize)] => Ok((s, *normalize)),
+        _ => Err(no_overload(ftx, name)),
+    }
+}
+
+fn parse_version(s: &str, normalize: bool) -> Option<Semver> {
+    if normalize {
+        Semver::parse_normalized(s)
+    } else {
+        Semver::parse(s)
+    }
+}
+
 impl Ord for Semver {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         use std::cmp::Ordering;
@@ -164,7 +215,7 @@ fn ordering(
 }
 
 pub(super) fn register(context: &mut Context) {
-    use cel::extractors::This;
+    use cel::extractors::{Arguments, This};
     let add =
         |context: &mut Context,
          name: &str,
@@ -182,14 +233,26 @@ pub(super) fn register(context: &mut Context) {
         .add_function("isQuantity", |s: Arc<String>| Quantity::parse(&s).is_ok())
         .expect("a free name");
     context
-        .add_function("semver", |ftx: &FunctionContext, s: Arc<String>| {
-            Semver::parse(&s)
-                .map(|v| Value::Opaque(Arc::new(v)))
-                .ok_or_else(|| ftx.error(format!("could not parse {s:?} as a semantic version")))
-        })
+        .add_function(
+            "semver",
+            |ftx: &FunctionContext, Arguments(args): Arguments| {
+                let (s, normalize) = version_args(ftx, &args, "semver")?;
+                parse_version(s, normalize)
+                    .map(|v| Value::Opaque(Arc::new(v)))
+                    .ok_or_else(|| {
+                        ftx.error(format!("could not parse {s:?} as a semantic version"))
+                    })
+            },
+        )
         .expect("a free name");
     context
-        .add_function("isSemver", |s: Arc<String>| Semver::parse(&s).is_some())
+        .add_function(
+            "isSemver",
+            |ftx: &FunctionContext, Arguments(args): Arguments| {
+                let (s, normalize) = version_args(ftx, &args, "isSemver")?;
+                Ok::<Value, ExecutionError>(Value::Bool(parse_version(s, normalize).is_some()))
+            },
+        )
         .expect("a free name");
     add(context, "compareTo", |ftx, This(this), other| {
         Ok(Value::Int(ordering(ftx, &this, &other, "compareTo")? as i64))
