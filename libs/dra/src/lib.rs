@@ -7,6 +7,7 @@
 
 pub mod alloc;
 pub mod cel;
+pub mod input;
 pub mod quantity;
 
 pub use quantity::{Format, ParseError, Quantity};

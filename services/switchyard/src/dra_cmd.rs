@@ -11,7 +11,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use serde::Deserialize;
 use switchyard_dra::Quantity;
 use switchyard_dra::alloc::{NodeReport, Objects};
 use switchyard_dra::cel::{Attribute, Compiler, Device, SelectorError};
@@ -62,38 +61,31 @@ pub enum Format {
     Yaml,
 }
 
-/// Every document of the files, as JSON values.
+/// Every document of the files, as JSON values: each file bounded in size
+/// and nesting before it is parsed ([`switchyard_dra::input`]).
 fn documents(paths: &[PathBuf]) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut out = Vec::new();
     for path in paths {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-        if text.trim_start().starts_with(['{', '[']) {
-            // JSON: one value or a stream of them.
-            for (i, value) in serde_json::Deserializer::from_str(&text)
-                .into_iter::<serde_json::Value>()
-                .enumerate()
-            {
-                let value = value.with_context(|| {
-                    format!("{}: JSON value {} is invalid", path.display(), i + 1)
-                })?;
-                match value {
-                    serde_json::Value::Array(items) => out.extend(items),
-                    value => out.push(value),
-                }
-            }
-            continue;
-        }
-        for (i, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
-            let value = serde_json::Value::deserialize(document).with_context(|| {
-                format!("{}: document {} is not YAML or JSON", path.display(), i + 1)
-            })?;
-            if !value.is_null() {
-                out.push(value);
-            }
-        }
+        out.extend(switchyard_dra::input::documents(
+            &path.display().to_string(),
+            &read_bounded(path)?,
+        )?);
     }
     Ok(out)
+}
+
+/// A file's text, refused unread if it is over the input limit.
+fn read_bounded(path: &PathBuf) -> anyhow::Result<String> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("read {}", path.display()))?
+        .len();
+    anyhow::ensure!(
+        size <= switchyard_dra::input::MAX_INPUT_BYTES as u64,
+        "{}: {size} bytes; at most {} are read",
+        path.display(),
+        switchyard_dra::input::MAX_INPUT_BYTES
+    );
+    std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))
 }
 
 fn allocate(args: AllocateArgs) -> anyhow::Result<ExitCode> {
@@ -165,23 +157,14 @@ pub struct EvalArgs {
 }
 
 fn slices(path: &PathBuf) -> anyhow::Result<Vec<ResourceSlice>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let mut out = Vec::new();
-    for (i, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
-        let value = serde_yaml_ng::Value::deserialize(document).with_context(|| {
-            format!("{}: document {} is not YAML or JSON", path.display(), i + 1)
-        })?;
-        if value.is_null() {
+    let documents =
+        switchyard_dra::input::documents(&path.display().to_string(), &read_bounded(path)?)?;
+    for (i, value) in documents.into_iter().enumerate() {
+        if value.get("kind").and_then(|k| k.as_str()) != Some("ResourceSlice") {
             continue;
         }
-        let kind = value
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or_default();
-        if kind != "ResourceSlice" {
-            continue;
-        }
-        let slice: ResourceSlice = serde_yaml_ng::from_value(value).with_context(|| {
+        let slice: ResourceSlice = switchyard_dra::input::strict(value).with_context(|| {
             format!(
                 "{}: document {} is not a valid ResourceSlice",
                 path.display(),

@@ -131,3 +131,73 @@ fn a_bad_quantity_is_named_by_object_and_field() {
         "{error}"
     );
 }
+
+/// Strict field validation, as the API server's: a field the object does not
+/// have (a constraint one level too high, a misspelt `allocationMode`) is
+/// refused, named by object and path, rather than allocated as if it were
+/// not there.
+#[test]
+fn unknown_and_misplaced_fields_are_refused_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(MIG_EXAMPLE).unwrap().replacen(
+        "metadata: {name: train, namespace: ml}\nspec:\n",
+        "metadata: {name: train, namespace: ml}\nspec:\n  constraints: [{requests: [gpu], matchAttribute: gpu.deckhouse.io/index}]\n",
+        1,
+    );
+    let file = dir.path().join("misplaced.yaml");
+    std::fs::write(&file, text).unwrap();
+    for command in ["allocate", "explain"] {
+        let (code, out, err) = dra(&[command, "-f", file.to_str().unwrap(), "--node", "gpu-1"]);
+        assert_eq!(code, 2, "{command}: {out}\n{err}");
+        assert!(
+            err.contains("ResourceClaim \"train\" (object #7): spec.constraints: unknown field"),
+            "{command}: {err}"
+        );
+    }
+    let text = std::fs::read_to_string(MIG_EXAMPLE).unwrap().replacen(
+        "exactly: {deviceClassName: a100-mig-3g.20gb.gpu.deckhouse.io}",
+        "exactly: {deviceClassName: a100-mig-3g.20gb.gpu.deckhouse.io, alocationMode: All}",
+        1,
+    );
+    std::fs::write(&file, text).unwrap();
+    let (code, out, err) = dra(&["allocate", "-f", file.to_str().unwrap(), "--node", "gpu-1"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains("spec.devices.requests[0].exactly.alocationMode: unknown field"),
+        "{err}"
+    );
+}
+
+/// Deeply nested flow collections are refused before the YAML parser sees
+/// them (it takes time growing with the square of the depth).
+#[test]
+fn deeply_nested_input_is_refused_before_parsing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("deep.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "kind: ResourceClaim\nspec: {}{}\n",
+            "[".repeat(200_000),
+            "]".repeat(200_000)
+        ),
+    )
+    .unwrap();
+    for command in [
+        vec!["allocate", "-f", file.to_str().unwrap(), "--node", "n"],
+        vec![
+            "eval",
+            "-f",
+            file.to_str().unwrap(),
+            "--expr",
+            "device.driver == 'x'",
+        ],
+    ] {
+        let (code, out, err) = dra(&command);
+        assert_eq!(code, 2, "{command:?}: {out}\n{err}");
+        assert!(
+            err.contains("deep.yaml: line 2: collections nested 64 levels deep, the most accepted"),
+            "{command:?}: {err}"
+        );
+    }
+}

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AllocateError, AllocatedState, Allocator, InputError, RequestExplanation, claim_name};
 use crate::cel::Compiler;
+use crate::input::{StrictError, strict};
 
 /// The objects of a case.
 #[derive(Clone, Debug, Default)]
@@ -59,10 +60,17 @@ impl Objects {
                 .and_then(|n| n.as_str())
                 .unwrap_or_default()
                 .to_string();
-            let bad = |e: serde_json::Error| InputError {
+            let bad = |e: StrictError| InputError {
                 object: format!("{kind} {name:?} (object #{index})"),
-                field: "(document)".into(),
-                message: e.to_string(),
+                field: match &e {
+                    StrictError::Unknown(paths) => paths.join(", "),
+                    StrictError::Invalid { path, .. } => path.clone(),
+                },
+                message: match e {
+                    StrictError::Unknown(paths) if paths.len() > 1 => "unknown fields".into(),
+                    StrictError::Unknown(_) => "unknown field".into(),
+                    StrictError::Invalid { message, .. } => message,
+                },
             };
             match kind.as_str() {
                 "List" => {
@@ -72,19 +80,15 @@ impl Objects {
                         }
                     }
                 }
-                "ResourceSlice" => objects
-                    .slices
-                    .push(serde_json::from_value(value).map_err(bad)?),
-                "DeviceClass" => objects
-                    .classes
-                    .push(serde_json::from_value(value).map_err(bad)?),
+                "ResourceSlice" => objects.slices.push(strict(value).map_err(bad)?),
+                "DeviceClass" => objects.classes.push(strict(value).map_err(bad)?),
                 "ResourceClaim" => {
-                    let mut claim: ResourceClaim = serde_json::from_value(value).map_err(bad)?;
+                    let mut claim: ResourceClaim = strict(value).map_err(bad)?;
                     apply_defaults(&mut claim);
                     objects.claims.push(claim);
                 }
                 "Node" => {
-                    let node: Node = serde_json::from_value(value).map_err(bad)?;
+                    let node: Node = strict(value).map_err(bad)?;
                     objects.nodes.insert(name, node);
                 }
                 _ => {}
