@@ -686,8 +686,37 @@ impl PartialOrd for Quantity {
     }
 }
 
+/// 10^n for n ≤ 18, the scales two `i64` mantissas are aligned by in an
+/// `i128` without overflow (|m| < 2^63, 10^18 < 2^60).
+const POW10_I128: [i128; 19] = {
+    let mut table = [1i128; 19];
+    let mut i = 1;
+    while i < 19 {
+        table[i] = table[i - 1] * 10;
+        i += 1;
+    }
+    table
+};
+
 impl Ord for Quantity {
     fn cmp(&self, other: &Self) -> Ordering {
+        // The common case first: two mantissas that fit an i64, exponents at
+        // most 18 apart — aligned in an i128 and compared, nothing else
+        // (no signs, no magnitudes, no allocation).
+        if let (Mantissa::Small(x), Mantissa::Small(y)) = (&self.mantissa, &other.mantissa) {
+            let d = i64::from(self.exponent) - i64::from(other.exponent);
+            if d == 0 {
+                return x.cmp(y);
+            }
+            if let Some(&p) = POW10_I128.get(d.unsigned_abs() as usize) {
+                let (x, y) = (i128::from(*x), i128::from(*y));
+                return if d > 0 {
+                    (x * p).cmp(&y)
+                } else {
+                    x.cmp(&(y * p))
+                };
+            }
+        }
         // Normalised: equal exponents compare mantissas; otherwise scale the one
         // with the larger exponent down to the other's.
         let (a, b) = (&self.mantissa, &other.mantissa);
@@ -713,21 +742,9 @@ impl Ord for Quantity {
                 by_magnitude.reverse()
             };
         }
-        // Same magnitude: the exponents differ by at most the mantissas' digits.
+        // Same magnitude: the exponents differ by at most the mantissas'
+        // digits (two i64 mantissas were compared above).
         let d = self.exponent - other.exponent;
-        if let (Mantissa::Small(x), Mantissa::Small(y)) = (a, b) {
-            if d == 0 {
-                return x.cmp(y);
-            }
-            if let Some(p) = pow10_i128(d.unsigned_abs()).filter(|_| d.abs() <= 18) {
-                let (x, y) = (i128::from(*x), i128::from(*y));
-                return if d > 0 {
-                    (x * p).cmp(&y)
-                } else {
-                    x.cmp(&(y * p))
-                };
-            }
-        }
         match d.cmp(&0) {
             Ordering::Equal => a.big().cmp(&b.big()),
             Ordering::Greater => (a.big() * pow10(d as u32)).cmp(&b.big()),

@@ -64,8 +64,16 @@ pub struct NatsOptions {
     pub ack_timeout: Duration,
     /// How long an append keeps retrying through timeouts and reconnects.
     pub retry_for: Duration,
-    /// Create the stream if it does not exist (writers); readers leave it alone.
+    /// Create the stream if it does not exist: only `switchyard log init`
+    /// (and test harnesses) do; a service that found its log gone must not
+    /// start over on an empty one.
     pub create: bool,
+    /// How many servers hold a copy of the stream: what it is created with,
+    /// and the least an opened stream must have.
+    pub replicas: usize,
+    /// Refuse to open a stream not configured as the log must be (every
+    /// writer and reader); off only for `verify`, which reports it.
+    pub check_config: bool,
 }
 
 impl Default for NatsOptions {
@@ -76,6 +84,8 @@ impl Default for NatsOptions {
             ack_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(60),
             create: true,
+            replicas: 1,
+            check_config: true,
         }
     }
 }
@@ -149,46 +159,27 @@ impl NatsLog {
             .timeout(options.ack_timeout)
             .build(client.clone());
         let stream = if options.create {
-            js.get_or_create_stream(Config {
-                name: options.stream.clone(),
-                subjects: vec![format!("{}.>", options.subject_prefix)],
-                storage: StorageType::File,
-                deny_delete: true,
-                deny_purge: true,
-                allow_atomic_publish: true,
-                allow_direct: true,
-                duplicate_window: Duration::from_secs(120),
-                max_message_size: (MAX_RECORD_BYTES + 4096) as i32,
-                ..Default::default()
-            })
-            .await
-            .map_err(|err| LogError::nats(format!("create stream {}", options.stream), err))?
-        } else {
-            js.get_stream(&options.stream)
+            js.get_or_create_stream(expected_config(&options))
                 .await
-                .map_err(|err| LogError::nats(format!("open stream {}", options.stream), err))?
+                .map_err(|err| LogError::nats(format!("create stream {}", options.stream), err))?
+        } else {
+            js.get_stream(&options.stream).await.map_err(|err| {
+                LogError::nats(
+                    format!("open stream {}", options.stream),
+                    format!(
+                        "{err}; Switchyard never creates its log by itself (a log that was deleted must not be replaced by an empty one): create it once with `switchyard log init`"
+                    ),
+                )
+            })?
         };
-        let config = &stream.cached_info().config;
-        let mut missing = Vec::new();
-        if !config.deny_delete {
-            missing.push("deny_delete");
-        }
-        if !config.deny_purge {
-            missing.push("deny_purge");
-        }
-        if !missing.is_empty() {
+        let altered = config_problems(&stream.cached_info().config, &options);
+        if options.check_config && !altered.is_empty() {
             return Err(LogError::nats(
                 format!("open stream {}", options.stream),
                 format!(
-                    "the stream lacks {}; an audit log needs a stream created with deny_delete and deny_purge (they cannot be changed later)",
-                    missing.join(" and ")
+                    "the stream is not configured as Switchyard's log must be: {}",
+                    altered.join("; ")
                 ),
-            ));
-        }
-        if options.create && !config.allow_atomic_publish {
-            return Err(LogError::nats(
-                format!("open stream {}", options.stream),
-                "the stream does not allow atomic batch publish (allow_atomic); batches could be half-stored",
             ));
         }
         Ok(NatsLog {
@@ -589,6 +580,120 @@ impl NatsLog {
             None => format!("{}.>", self.options.subject_prefix),
         }
     }
+}
+
+/// The stream Switchyard's log is: file storage, nothing ever deleted
+/// (deny delete and purge, no limits, no rollups, no message TTLs), atomic
+/// batches, direct reads, a two-minute duplicate window.
+fn expected_config(options: &NatsOptions) -> Config {
+    Config {
+        name: options.stream.clone(),
+        description: Some(
+            "Switchyard's migration log (append-only; owned by Switchyard)".to_string(),
+        ),
+        subjects: vec![format!("{}.>", options.subject_prefix)],
+        storage: StorageType::File,
+        num_replicas: options.replicas,
+        deny_delete: true,
+        deny_purge: true,
+        allow_atomic_publish: true,
+        allow_direct: true,
+        duplicate_window: Duration::from_secs(120),
+        max_message_size: (MAX_RECORD_BYTES + 4096) as i32,
+        ..Default::default()
+    }
+}
+
+/// Where `config` differs from what the log needs: each setting that could
+/// lose or rewrite records, named with what it must be.
+pub(crate) fn config_problems(config: &Config, options: &NatsOptions) -> Vec<String> {
+    use async_nats::jetstream::stream::{PersistenceMode, RetentionPolicy};
+    let mut problems = Vec::new();
+    let mut expect = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    expect(
+        config.deny_delete,
+        "deny_delete is off; it must be on (it cannot be turned on later: the stream must be made again)".into(),
+    );
+    expect(
+        config.deny_purge,
+        "deny_purge is off; it must be on (it cannot be turned on later: the stream must be made again)".into(),
+    );
+    expect(
+        config.max_messages <= 0,
+        format!(
+            "max_msgs is {}; the log must have no message limit (-1)",
+            config.max_messages
+        ),
+    );
+    expect(
+        config.max_bytes <= 0,
+        format!(
+            "max_bytes is {}; the log must have no size limit (-1)",
+            config.max_bytes
+        ),
+    );
+    expect(
+        config.max_messages_per_subject <= 0,
+        format!(
+            "max_msgs_per_subject is {}; the log must have no per-subject limit (-1)",
+            config.max_messages_per_subject
+        ),
+    );
+    expect(
+        config.max_age.is_zero(),
+        format!(
+            "max_age is {:?}; the log must keep records for ever (0)",
+            config.max_age
+        ),
+    );
+    expect(
+        config.retention == RetentionPolicy::Limits,
+        format!("retention is {:?}; it must be limits", config.retention),
+    );
+    expect(
+        config.storage == StorageType::File,
+        format!("storage is {:?}; it must be file", config.storage),
+    );
+    expect(
+        !config.allow_rollup,
+        "allow_rollup_hdrs is on; a rollup would purge a subject's records".into(),
+    );
+    expect(
+        !config.allow_message_ttl,
+        "allow_msg_ttl is on; records could expire".into(),
+    );
+    expect(
+        config.persist_mode != Some(PersistenceMode::Async),
+        "persist_mode is async; records could be acknowledged before they are stored".into(),
+    );
+    expect(
+        !config.sealed,
+        "the stream is sealed; nothing can be appended".into(),
+    );
+    expect(
+        config.num_replicas >= options.replicas,
+        format!(
+            "it has {} replica(s); at least {} expected",
+            config.num_replicas, options.replicas
+        ),
+    );
+    let subjects = format!("{}.>", options.subject_prefix);
+    expect(
+        config.subjects == [subjects.clone()],
+        format!(
+            "its subjects are {:?}; they must be [{subjects:?}]",
+            config.subjects
+        ),
+    );
+    expect(
+        config.allow_atomic_publish,
+        "allow_atomic is off; batches could be half-stored".into(),
+    );
+    problems
 }
 
 /// An ordered consumer of `filter_subject`'s messages from `from` on.
@@ -1004,11 +1109,11 @@ impl EventLog for NatsLog {
                 LogError::nats(format!("stream info {}", self.options.stream), err)
             })?;
         let location = |seq: u64| format!("stream {} sequence {seq}", self.options.stream);
-        if !info.config.deny_delete || !info.config.deny_purge {
+        for what in config_problems(&info.config, &self.options) {
             report.problems.push(Problem {
                 location: format!("stream {}", self.options.stream),
                 sequence: None,
-                what: "the stream allows delete or purge".into(),
+                what,
             });
         }
         let last = info.state.last_sequence;

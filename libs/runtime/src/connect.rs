@@ -34,6 +34,11 @@ pub struct StreamArgs {
         default_value = "switchyard.log"
     )]
     pub subject_prefix: String,
+    /// How many servers hold a copy of the stream (3 across failure domains
+    /// in production): `switchyard log init` creates it so, and a stream
+    /// with fewer is refused.
+    #[arg(long, env = "SWITCHYARD_NATS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,24 +98,39 @@ impl NatsArgs {
             })
     }
 
-    /// The log on `client`; the stream is created if it does not exist yet.
+    /// The log on `client`. The stream must exist and be configured as the
+    /// log must be: a service never creates it (`switchyard log init` does,
+    /// once), so a log deleted or replaced is an error, not a fresh start.
     pub async fn log(&self, client: async_nats::Client) -> Result<Arc<dyn EventLog>, ConnectError> {
-        Ok(Arc::new(self.stream.open(client, true).await?))
+        Ok(Arc::new(self.stream.open(client, false).await?))
     }
 }
 
 impl StreamArgs {
-    /// The log on `client`; with `create`, the stream is created if it
-    /// does not exist yet (a service), else it must exist (a reader).
+    /// The log on `client`; with `create` (`switchyard log init`), the
+    /// stream is created if it does not exist yet, else it must exist.
     pub async fn open(
         &self,
         client: async_nats::Client,
         create: bool,
     ) -> Result<NatsLog, ConnectError> {
+        self.open_with(client, create, true).await
+    }
+
+    /// [`Self::open`]; without `check_config` a stream configured otherwise
+    /// than the log must be is opened anyway (to report it: `log verify`).
+    pub async fn open_with(
+        &self,
+        client: async_nats::Client,
+        create: bool,
+        check_config: bool,
+    ) -> Result<NatsLog, ConnectError> {
         let options = NatsOptions {
             stream: self.stream.clone(),
             subject_prefix: self.subject_prefix.clone(),
             create,
+            replicas: self.stream_replicas,
+            check_config,
             ..NatsOptions::default()
         };
         NatsLog::open(client, options)

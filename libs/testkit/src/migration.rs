@@ -166,9 +166,15 @@ impl World {
         let plane = ControlPlane::start_with(components).await;
         let client = plane.client();
         install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
+        let nats = NatsServer::start();
+        // What `switchyard log init` does before the services start: they
+        // never create the stream themselves.
+        NatsLog::connect(&nats.url(), NatsOptions::default())
+            .await
+            .expect("create the log's stream");
         World {
             plane,
-            nats: NatsServer::start(),
+            nats,
             client,
             dir: tempfile::tempdir().expect("temp dir"),
             services: Vec::new(),

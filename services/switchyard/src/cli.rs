@@ -104,6 +104,9 @@ impl Cli {
             Command::Log(crate::log_cmd::LogCommand::Verify(args)) => {
                 crate::log_cmd::verify(args).await
             }
+            Command::Log(crate::log_cmd::LogCommand::Init(args)) => {
+                crate::log_cmd::init(args).await
+            }
         }
     }
 }

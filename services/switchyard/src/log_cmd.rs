@@ -10,7 +10,7 @@ use serde_json::json;
 use switchyard_eventlog::embedded::verify_dir;
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest, StoredEvent, Subject, VerifyReport};
 
-use crate::backend::{Backend, connect_nats, open};
+use crate::backend::{Backend, open};
 use crate::output::Output;
 
 const PAGE: usize = 4096;
@@ -19,8 +19,19 @@ const PAGE: usize = 4096;
 pub enum LogCommand {
     /// Print events of the log, oldest first.
     Show(ShowArgs),
-    /// Check every checksum and hash chain; exit 1 if anything is wrong.
+    /// Check every checksum and hash chain (and a stream's configuration);
+    /// exit 1 if anything is wrong.
     Verify(VerifyArgs),
+    /// Create the JetStream stream of the log, once, before the services
+    /// start (they never create it: a log deleted or replaced must not
+    /// silently start over empty). An existing stream is checked instead.
+    Init(InitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub nats: switchyard_runtime::connect::NatsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -170,7 +181,15 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             }
             verify_dir(dir).with_context(|| format!("verify {}", dir.display()))?
         }
-        (None, Some(nats)) => connect_nats(&nats).await?.verify().await?,
+        (None, Some(nats)) => {
+            let client = nats.client("cli").await?;
+            // Opened whatever its configuration: the report names what is off.
+            nats.stream
+                .open_with(client, false, false)
+                .await?
+                .verify()
+                .await?
+        }
         (None, None) => unreachable!("clap requires --data-dir or --nats"),
     };
     print_report(&report, args.output)?;
@@ -179,6 +198,29 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
+    let client = args.nats.client("cli").await?;
+    let stream = &args.nats.stream;
+    let existed = async_nats::jetstream::new(client.clone())
+        .get_stream(&stream.stream)
+        .await
+        .is_ok();
+    let log = stream.open(client, true).await?;
+    let last = log.last_sequence(None).await?;
+    if existed {
+        println!(
+            "stream {} exists and is configured as the log must be ({} records)",
+            stream.stream, last
+        );
+    } else {
+        println!(
+            "created stream {} on {}.> (file storage, {} replica(s), deny delete and purge, no limits)",
+            stream.stream, stream.subject_prefix, stream.stream_replicas
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {

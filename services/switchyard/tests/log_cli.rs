@@ -273,3 +273,96 @@ async fn jetstream_log_shows_the_same_records_as_the_embedded_log() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("MISSING"));
 }
+
+/// The stream is Switchyard's own: `log init` makes it once; a stream an
+/// administrator altered (a message limit that would cut the log) is named
+/// by `log verify` and refused by every service and command; a stream
+/// deleted is never silently made again by a service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_altered_or_deleted_stream_is_refused_never_recreated() {
+    let server = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let out = switchyard(&["log", "init", "--nats-url", &url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout(&out).starts_with("created stream SWITCHYARD_LOG on switchyard.log.>"),
+        "{}",
+        stdout(&out)
+    );
+    let log = NatsLog::connect(
+        &url,
+        NatsOptions {
+            create: false,
+            ..NatsOptions::default()
+        },
+    )
+    .await
+    .expect("the stream log init made is the log");
+    write_handover(&log).await;
+    let out = switchyard(&["log", "init", "--nats-url", &url]);
+    assert!(
+        stdout(&out).contains("exists and is configured as the log must be (3 records)"),
+        "{}",
+        stdout(&out)
+    );
+
+    // An administrator caps the stream at 10 messages.
+    let js = async_nats::jetstream::new(log.client().clone());
+    let mut config = js
+        .get_stream("SWITCHYARD_LOG")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.max_messages = 10;
+    js.update_stream(config).await.expect("update the stream");
+    let out = switchyard(&["log", "verify", "--nats", &url]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("max_msgs is 10; the log must have no message limit (-1)"),
+        "{}",
+        stdout(&out)
+    );
+    let out = switchyard(&["log", "show", "--nats", &url]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not configured as Switchyard's log must be"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Deleted: a service (opening as every service does) refuses to start
+    // over on an empty stream.
+    js.delete_stream("SWITCHYARD_LOG")
+        .await
+        .expect("delete the stream");
+    let args = switchyard_runtime::connect::NatsArgs {
+        nats_url: url.clone(),
+        nats_creds: None,
+        stream: switchyard_runtime::connect::StreamArgs {
+            stream: "SWITCHYARD_LOG".into(),
+            subject_prefix: "switchyard.log".into(),
+            stream_replicas: 1,
+        },
+    };
+    let client = args.service_client("stack-assigner").await.unwrap();
+    let err = match args.log(client).await {
+        Ok(_) => panic!("a service opened a log that does not exist"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains("create it once with `switchyard log init`"),
+        "{err}"
+    );
+    assert!(
+        js.get_stream("SWITCHYARD_LOG").await.is_err(),
+        "nothing made the stream again"
+    );
+}

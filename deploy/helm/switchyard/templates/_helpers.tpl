@@ -114,6 +114,8 @@ containers:
       - $(SWITCHYARD_NATS_URL)
       - --stream
       - {{ $root.Values.nats.stream }}
+      - --stream-replicas
+      - {{ $root.Values.nats.streamReplicas | quote }}
       {{- if $creds.name }}
       - --nats-creds
       - /etc/switchyard/nats/{{ $creds.key }}
