@@ -18,6 +18,7 @@ mod follow;
 mod record;
 
 pub mod embedded;
+pub mod keys;
 pub mod nats;
 
 #[cfg(feature = "conformance")]
@@ -28,7 +29,9 @@ use futures::stream::BoxStream;
 
 pub use append::{append_attributed, append_facts, append_in_order, now_nanos};
 pub use error::LogError;
-pub use record::{Decoded, NewEvent, Payload, StoredEvent, Subject, UnknownReason};
+pub use record::{
+    Decoded, NewEvent, Payload, Signature, SigningKey, StoredEvent, Subject, UnknownReason,
+};
 pub use switchyard_proto::v1::{DomainEvent, Envelope, TraceContext};
 
 /// Largest encoded envelope the log accepts. JetStream's default `max_payload` is

@@ -74,6 +74,8 @@ pub struct NatsOptions {
     /// Refuse to open a stream not configured as the log must be (every
     /// writer and reader); off only for `verify`, which reports it.
     pub check_config: bool,
+    /// The key this writer signs its records with, if it signs.
+    pub signer: Option<crate::SigningKey>,
 }
 
 impl Default for NatsOptions {
@@ -86,6 +88,7 @@ impl Default for NatsOptions {
             create: true,
             replicas: 1,
             check_config: true,
+            signer: None,
         }
     }
 }
@@ -191,6 +194,13 @@ impl NatsLog {
             retried: AtomicU64::new(0),
             head_reads: AtomicU64::new(0),
         })
+    }
+
+    /// `event` encoded for `subject`, to be signed with this writer's key.
+    fn encode(&self, subject: &Subject, event: &NewEvent) -> Result<EncodedEvent, LogError> {
+        let mut encoded = event.encode(subject)?;
+        encoded.signer = self.options.signer.clone();
+        Ok(encoded)
     }
 
     /// The stream subjects' prefix, with its dot.
@@ -416,7 +426,7 @@ impl NatsLog {
     async fn publish_each(&self, events: &[(Subject, NewEvent)]) -> Result<AppendAck, LogError> {
         let encoded = events
             .iter()
-            .map(|(subject, event)| event.encode(subject))
+            .map(|(subject, event)| self.encode(subject, event))
             .collect::<Result<Vec<_>, _>>()?;
         // Each subject's events still to store, in order.
         let mut queues: BTreeMap<&Subject, std::collections::VecDeque<usize>> = BTreeMap::new();
@@ -892,7 +902,7 @@ impl EventLog for NatsLog {
             .collect();
         let encoded = events
             .iter()
-            .map(|(subject, event)| event.encode(subject))
+            .map(|(subject, event)| self.encode(subject, event))
             .collect::<Result<Vec<_>, _>>()?;
         let batch = Outgoing {
             stream_subjects: subjects.iter().map(|s| self.stream_subject(s)).collect(),

@@ -193,8 +193,10 @@ impl NewEvent {
             event_type,
             payload,
             prev_hash: Vec::new(),
+            signer: String::new(),
+            signature: Vec::new(),
         };
-        let size = envelope.encoded_len() + PREV_HASH_FIELD_LEN;
+        let size = envelope.encoded_len() + PREV_HASH_FIELD_LEN + SIGNATURE_FIELDS_LEN;
         if size > MAX_RECORD_BYTES {
             return Err(LogError::Oversize {
                 id: self.id.clone(),
@@ -205,6 +207,7 @@ impl NewEvent {
         Ok(EncodedEvent {
             id: self.id.clone(),
             without_prev: envelope.encode_to_vec(),
+            signer: None,
         })
     }
 }
@@ -212,52 +215,74 @@ impl NewEvent {
 /// Tag byte of `Envelope.prev_hash` (field 12, length-delimited) and its length.
 const PREV_HASH_TAG: u8 = (12 << 3) | 2;
 const PREV_HASH_FIELD_LEN: usize = 2 + 32;
+/// Tag bytes of `Envelope.signer` (13) and `Envelope.signature` (14), both
+/// length-delimited; an NKey public key is 56 characters, a signature 64 bytes.
+const SIGNER_TAG: u8 = (13 << 3) | 2;
+const SIGNATURE_TAG: u8 = (14 << 3) | 2;
+const SIGNATURE_LEN: usize = 64;
+const SIGNATURE_FIELD_LEN: usize = 2 + SIGNATURE_LEN;
+const SIGNATURE_FIELDS_LEN: usize = 2 + 56 + SIGNATURE_FIELD_LEN;
+
+/// The key a writer signs its records with (an NKey: ed25519).
+pub type SigningKey = std::sync::Arc<nkeys::KeyPair>;
 
 /// An envelope encoded by the writer, waiting for the log to supply `prev_hash`.
 #[derive(Clone, Debug)]
 pub(crate) struct EncodedEvent {
     pub id: String,
     without_prev: Vec<u8>,
+    /// Signs the stored bytes, when the writer signs.
+    pub signer: Option<SigningKey>,
 }
 
 impl EncodedEvent {
-    /// The stored bytes. `prev_hash` is the envelope's highest field, which
-    /// prost encodes last, so appending it gives exactly the bytes prost would
-    /// produce for the whole envelope — the writer's encoding work stays off the
-    /// log's critical section.
+    /// The stored bytes. `prev_hash`, `signer` and `signature` are the
+    /// envelope's highest fields, which prost encodes last and in this order,
+    /// so appending them gives exactly the bytes prost would produce for the
+    /// whole envelope — the writer's encoding work stays off the log's
+    /// critical section. The signature covers every byte before it.
     pub(crate) fn finish(&self, prev_hash: Option<&[u8; 32]>) -> Bytes {
         Bytes::from(self.body_parts(prev_hash).concat())
     }
 
     /// The stored bytes in two pieces, for writers that copy them anyway.
     pub(crate) fn body_parts<'a>(&'a self, prev_hash: Option<&[u8; 32]>) -> BodyParts<'a> {
-        let mut field = [0u8; PREV_HASH_FIELD_LEN];
-        let field_len = match prev_hash {
-            Some(hash) => {
-                field[0] = PREV_HASH_TAG;
-                field[1] = 32;
-                field[2..].copy_from_slice(hash);
-                PREV_HASH_FIELD_LEN
-            }
-            None => 0,
+        let mut tail = Vec::with_capacity(PREV_HASH_FIELD_LEN + SIGNATURE_FIELDS_LEN);
+        if let Some(hash) = prev_hash {
+            tail.extend_from_slice(&[PREV_HASH_TAG, 32]);
+            tail.extend_from_slice(hash);
+        }
+        let Some(key) = &self.signer else {
+            return BodyParts {
+                envelope: &self.without_prev,
+                tail,
+            };
         };
+        let public = key.public_key();
+        tail.extend_from_slice(&[SIGNER_TAG, public.len() as u8]);
+        tail.extend_from_slice(public.as_bytes());
+        let mut signed = Vec::with_capacity(self.without_prev.len() + tail.len() + 66);
+        signed.extend_from_slice(&self.without_prev);
+        signed.extend_from_slice(&tail);
+        let signature = key.sign(&signed).expect("a key pair with its seed signs");
+        signed.extend_from_slice(&[SIGNATURE_TAG, SIGNATURE_LEN as u8]);
+        signed.extend_from_slice(&signature);
         BodyParts {
-            envelope: &self.without_prev,
-            field,
-            field_len,
+            envelope: &[],
+            tail: signed,
         }
     }
 
     pub(crate) fn encoded_len(&self) -> usize {
-        self.without_prev.len() + PREV_HASH_FIELD_LEN
+        self.without_prev.len() + PREV_HASH_FIELD_LEN + SIGNATURE_FIELDS_LEN
     }
 }
 
-/// An envelope's stored bytes: the envelope without `prev_hash`, then the field.
+/// An envelope's stored bytes: the envelope as the writer encoded it, then
+/// the fields only the log adds (or, signed, all of it in `tail`).
 pub(crate) struct BodyParts<'a> {
     envelope: &'a [u8],
-    field: [u8; PREV_HASH_FIELD_LEN],
-    field_len: usize,
+    tail: Vec<u8>,
 }
 
 impl<'a> BodyParts<'a> {
@@ -266,8 +291,20 @@ impl<'a> BodyParts<'a> {
     }
 
     pub(crate) fn as_slices(&self) -> [&[u8]; 2] {
-        [self.envelope, &self.field[..self.field_len]]
+        [self.envelope, &self.tail]
     }
+}
+
+/// Who signed a record, as its bytes show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signature {
+    /// No signature: written by a writer without a key (or forged).
+    Unsigned,
+    /// Signed by the key `signer` (an NKey public key), and the signature
+    /// holds over the stored bytes.
+    Valid { signer: String },
+    /// A signature that does not hold, or is not where the log puts it.
+    Invalid { signer: String, why: String },
 }
 
 fn is_traceparent(value: &str) -> bool {
@@ -327,6 +364,38 @@ impl StoredEvent {
     /// BLAKE3 of the stored bytes; the next record of the subject carries it.
     pub fn hash(&self) -> [u8; 32] {
         *blake3::hash(&self.raw).as_bytes()
+    }
+
+    /// Whether the record is signed, and whether the signature holds: it
+    /// must be the record's last field and cover every stored byte before it.
+    pub fn signature(&self) -> Signature {
+        let envelope = &self.envelope;
+        if self.malformed.is_some() || (envelope.signer.is_empty() && envelope.signature.is_empty())
+        {
+            return Signature::Unsigned;
+        }
+        let signer = envelope.signer.clone();
+        let invalid = |why: &str| Signature::Invalid {
+            signer: signer.clone(),
+            why: why.to_string(),
+        };
+        let raw = &self.raw[..];
+        let Some(signed_len) = raw.len().checked_sub(SIGNATURE_FIELD_LEN) else {
+            return invalid("the record is shorter than a signature");
+        };
+        if raw[signed_len..signed_len + 2] != [SIGNATURE_TAG, SIGNATURE_LEN as u8]
+            || raw[signed_len + 2..] != envelope.signature[..]
+        {
+            return invalid("the signature is not the record's last field");
+        }
+        let key = match nkeys::KeyPair::from_public_key(&signer) {
+            Ok(key) => key,
+            Err(err) => return invalid(&format!("the signer is not a public key: {err}")),
+        };
+        match key.verify(&raw[..signed_len], &envelope.signature) {
+            Ok(()) => Signature::Valid { signer },
+            Err(_) => invalid("the signature does not hold over the record's bytes"),
+        }
     }
 
     /// The payload as a domain event, or the reason it is kept raw.

@@ -52,6 +52,8 @@ pub struct EmbeddedOptions {
     pub dedup_window: usize,
     /// Most appends committed together by one group commit.
     pub max_group: usize,
+    /// The key this writer signs its records with, if it signs.
+    pub signer: Option<crate::SigningKey>,
 }
 
 impl Default for EmbeddedOptions {
@@ -61,6 +63,7 @@ impl Default for EmbeddedOptions {
             segment_bytes: 64 << 20,
             dedup_window: 100_000,
             max_group: 4096,
+            signer: None,
         }
     }
 }
@@ -143,6 +146,7 @@ pub struct EmbeddedLog {
     writer: Option<std::thread::JoinHandle<()>>,
     report: OpenReport,
     _lock: Option<File>,
+    signer: Option<crate::SigningKey>,
 }
 
 impl EmbeddedLog {
@@ -166,6 +170,7 @@ impl EmbeddedLog {
             writer: Some(writer),
             report,
             _lock: Some(lock),
+            signer: options.signer,
         })
     }
 
@@ -194,6 +199,7 @@ impl EmbeddedLog {
             writer: None,
             report,
             _lock: None,
+            signer: None,
         })
     }
 
@@ -373,7 +379,8 @@ impl EventLog for EmbeddedLog {
         let events = events
             .into_iter()
             .map(|(subject, event)| {
-                let encoded = event.encode(&subject)?;
+                let mut encoded = event.encode(&subject)?;
+                encoded.signer = self.signer.clone();
                 Ok((subject, encoded))
             })
             .collect::<Result<Vec<_>, LogError>>()?;
