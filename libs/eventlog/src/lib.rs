@@ -106,6 +106,9 @@ pub struct VerifyReport {
     /// kept, not dropped; reported so an operator knows a newer writer was here.
     pub undecodable: Vec<UndecodableEvent>,
     pub problems: Vec<Problem>,
+    /// Records whose signature vouches for their author, when a keyring
+    /// was given (see [`keys::Keyring::check`]); the others are problems.
+    pub authenticated: Option<u64>,
 }
 
 impl VerifyReport {

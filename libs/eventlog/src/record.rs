@@ -466,6 +466,9 @@ pub enum UnknownReason {
     /// The record is no envelope at all: something other than a writer of
     /// the log published it on the log's subjects.
     Malformed(String),
+    /// The record's signature does not vouch for the author it names (a
+    /// reader with a keyring says so; the log itself does not judge).
+    Unauthenticated(String),
 }
 
 impl std::fmt::Display for UnknownReason {
@@ -480,6 +483,7 @@ impl std::fmt::Display for UnknownReason {
             UnknownReason::UnknownType => f.write_str("event type unknown to this build"),
             UnknownReason::Undecodable(msg) => write!(f, "payload does not decode: {msg}"),
             UnknownReason::Malformed(msg) => f.write_str(msg),
+            UnknownReason::Unauthenticated(msg) => write!(f, "authorship: {msg}"),
         }
     }
 }

@@ -17,6 +17,11 @@ pub struct NatsArgs {
     /// A NATS credentials file (JWT and NKey seed).
     #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
     pub nats_creds: Option<PathBuf>,
+    /// A file holding this writer's NKey seed (`SU...`, made with
+    /// `switchyard keys new`): every record it appends is signed with it,
+    /// and its public key goes into the keyring the chart publishes.
+    #[arg(long, env = "SWITCHYARD_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
     #[command(flatten)]
     pub stream: StreamArgs,
 }
@@ -55,6 +60,8 @@ pub enum ConnectError {
         #[source]
         source: async_nats::ConnectError,
     },
+    #[error("signing key {}: {message}", path.display())]
+    SigningKey { path: PathBuf, message: String },
     #[error("open the log on stream {stream}: {source}")]
     Log {
         stream: String,
@@ -102,7 +109,28 @@ impl NatsArgs {
     /// log must be: a service never creates it (`switchyard log init` does,
     /// once), so a log deleted or replaced is an error, not a fresh start.
     pub async fn log(&self, client: async_nats::Client) -> Result<Arc<dyn EventLog>, ConnectError> {
-        Ok(Arc::new(self.stream.open(client, false).await?))
+        let signer = self.signer()?;
+        Ok(Arc::new(
+            self.stream.open_signed(client, false, true, signer).await?,
+        ))
+    }
+
+    /// The key records are signed with, if `--signing-key` names one.
+    pub fn signer(&self) -> Result<Option<switchyard_eventlog::SigningKey>, ConnectError> {
+        let Some(path) = &self.signing_key else {
+            return Ok(None);
+        };
+        let bad = |message: String| ConnectError::SigningKey {
+            path: path.clone(),
+            message,
+        };
+        let seed = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let pair = nkeys::KeyPair::from_seed(seed.trim())
+            .map_err(|e| bad(format!("expected an NKey user seed (SU...): {e}")))?;
+        if pair.key_pair_type() != nkeys::KeyPairType::User {
+            return Err(bad("expected a user seed (SU...)".into()));
+        }
+        Ok(Some(Arc::new(pair)))
     }
 }
 
@@ -125,7 +153,19 @@ impl StreamArgs {
         create: bool,
         check_config: bool,
     ) -> Result<NatsLog, ConnectError> {
+        self.open_signed(client, create, check_config, None).await
+    }
+
+    /// [`Self::open_with`], appending records signed with `signer`.
+    pub async fn open_signed(
+        &self,
+        client: async_nats::Client,
+        create: bool,
+        check_config: bool,
+        signer: Option<switchyard_eventlog::SigningKey>,
+    ) -> Result<NatsLog, ConnectError> {
         let options = NatsOptions {
+            signer,
             stream: self.stream.clone(),
             subject_prefix: self.subject_prefix.clone(),
             create,

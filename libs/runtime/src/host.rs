@@ -21,8 +21,9 @@ use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
 use switchyard_core::subjects::process_of;
 use switchyard_core::{Core, Input, ServiceName};
+use switchyard_eventlog::keys::{Keyring, KeyringError};
 use switchyard_eventlog::{
-    Decoded, EventLog, LogError, UnknownReason, append_attributed, now_nanos,
+    Decoded, EventLog, LogError, StoredEvent, UnknownReason, append_attributed, now_nanos,
 };
 use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
 use tokio::sync::watch;
@@ -57,6 +58,12 @@ pub struct HostArgs {
     /// How many objects the service's writers write at once.
     #[arg(long, env = "SWITCHYARD_PARALLEL", default_value_t = 16)]
     pub parallel: usize,
+    /// The keyring (identity -> NKey public keys) the chart publishes: a
+    /// record that is not signed by the key of the service it names (or,
+    /// for an operator's command, by a service) is passed over, never
+    /// folded or decided on, and said in the service's log.
+    #[arg(long, env = "SWITCHYARD_KEYRING")]
+    pub keyring: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -66,6 +73,8 @@ pub struct HostOptions {
     /// How long an issued effect may take to show in the facts before it is
     /// issued again; the first pause of the backoff after a failure.
     pub reissue: Duration,
+    /// Whose records count: those that fail its check are passed over.
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 impl Default for HostOptions {
@@ -73,6 +82,7 @@ impl Default for HostOptions {
         HostOptions {
             tick: Duration::from_secs(1),
             reissue: Duration::from_secs(2),
+            keyring: None,
         }
     }
 }
@@ -82,6 +92,7 @@ impl From<&HostArgs> for HostOptions {
         HostOptions {
             tick: args.tick,
             reissue: args.reissue,
+            keyring: None,
         }
     }
 }
@@ -109,12 +120,33 @@ pub enum HostError {
     },
     #[error("reply to a command: {0}")]
     Reply(#[from] async_nats::PublishError),
+    #[error(transparent)]
+    Keyring(#[from] KeyringError),
 }
 
 /// The service an envelope's `actor` names, if it is one (an operator's
 /// records carry a person's name).
 fn author(actor: &str) -> Option<ServiceName> {
     actor.parse().ok()
+}
+
+/// The record's event, unless it cannot be read or (with a keyring) its
+/// signature does not vouch for the author it names: then it is passed over
+/// as a record this build cannot read is, with the reason.
+fn readable(stored: &StoredEvent, keyring: Option<&Keyring>) -> Decoded {
+    let decoded = stored.decode();
+    let (Decoded::Event(_), Some(keyring)) = (&decoded, keyring) else {
+        return decoded;
+    };
+    match keyring.check(stored, |name| author(name).is_some()) {
+        Ok(_) => decoded,
+        Err(why) => Decoded::Unknown {
+            event_type: stored.envelope.event_type.clone(),
+            schema_version: stored.envelope.schema_version,
+            reason: UnknownReason::Unauthenticated(why),
+            raw: stored.envelope.payload.clone(),
+        },
+    }
 }
 
 /// Notes an eviction refusal this service recorded, so the same refusal met
@@ -132,6 +164,14 @@ fn remember_blocked(blocked: &mut BTreeMap<(String, String), DomainEvent>, event
 fn pass_over(stored: &switchyard_eventlog::StoredEvent, reason: &UnknownReason) {
     let envelope = &stored.envelope;
     match reason {
+        UnknownReason::Unauthenticated(_) => tracing::warn!(
+            sequence = stored.sequence,
+            subject = envelope.subject,
+            event_type = envelope.event_type,
+            actor = envelope.actor,
+            %reason,
+            "passed over a record its signature does not vouch for (forged, or written without the author's key)"
+        ),
         UnknownReason::Malformed(_) => tracing::warn!(
             sequence = stored.sequence,
             subject = envelope.subject,
@@ -371,8 +411,9 @@ pub async fn run<E: EffectExecutor>(
     let mut correlations = BTreeMap::new();
     let mut blocked = BTreeMap::new();
     let mut passed_over = 0;
+    let keyring = options.keyring.clone();
     let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
-        match stored.decode() {
+        match readable(&stored, keyring.as_deref()) {
             Decoded::Event(event) => {
                 core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
@@ -450,7 +491,7 @@ pub async fn run<E: EffectExecutor>(
                     if host.own.remove(&stored.sequence) {
                         continue;
                     }
-                    let event = match stored.decode() {
+                    let event = match readable(&stored, keyring.as_deref()) {
                         Decoded::Event(event) => event,
                         Decoded::Unknown { reason, .. } => {
                             pass_over(&stored, &reason);
@@ -614,20 +655,16 @@ where
     F: std::future::Future<Output = Result<E, E::Error>>,
 {
     let service = core.service();
+    let mut options = HostOptions::from(&args.host);
+    if let Some(path) = &args.host.keyring {
+        options.keyring = Some(Arc::new(Keyring::load(path).map_err(HostError::from)?));
+    }
     let executor = executor.await.map_err(ServeError::Service)?;
     let client = args.nats.service_client(service.as_str()).await?;
     let log = args.nats.log(client.clone()).await?;
     let (progress, watching) = watch::channel(Progress::default());
     crate::health::spawn(args.host.health_listen, service.as_str(), watching);
     tracing::info!(%service, "starting");
-    run(
-        core,
-        log,
-        executor,
-        Some(client),
-        HostOptions::from(&args.host),
-        progress,
-    )
-    .await?;
+    run(core, log, executor, Some(client), options, progress).await?;
     Ok(())
 }

@@ -39,6 +39,7 @@ impl Backend {
             .map(|url| switchyard_runtime::connect::NatsArgs {
                 nats_url: url.clone(),
                 nats_creds: self.nats_creds.clone(),
+                signing_key: None,
                 stream: self.stream.clone(),
             })
     }

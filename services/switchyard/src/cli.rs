@@ -28,6 +28,9 @@ enum Command {
     /// Inspect and check the migration log.
     #[command(subcommand)]
     Log(crate::log_cmd::LogCommand),
+    /// Signing keys of services and operators (NKeys).
+    #[command(subcommand)]
+    Keys(crate::keys_cmd::KeysCommand),
     /// Print the CustomResourceDefinitions from the Rust types, or write them
     /// into a Helm chart's crds/ directory.
     Crdgen(crate::crdgen::CrdgenArgs),
@@ -107,6 +110,7 @@ impl Cli {
             Command::Log(crate::log_cmd::LogCommand::Init(args)) => {
                 crate::log_cmd::init(args).await
             }
+            Command::Keys(command) => crate::keys_cmd::run(command),
         }
     }
 }

@@ -7,8 +7,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use switchyard_eventlog::embedded::verify_dir;
-use switchyard_eventlog::{Decoded, EventLog, ReadRequest, StoredEvent, Subject, VerifyReport};
+use switchyard_eventlog::embedded::{EmbeddedLog, verify_dir};
+use switchyard_eventlog::keys::Keyring;
+use switchyard_eventlog::{
+    Decoded, EventLog, Problem, ReadRequest, StoredEvent, Subject, VerifyReport,
+};
 
 use crate::backend::{Backend, open};
 use crate::output::Output;
@@ -57,6 +60,10 @@ pub struct ShowArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub backend: Backend,
+    /// The keyring (identity -> NKey public keys): every record must be
+    /// signed by the key of the author it names; each that is not is named.
+    #[arg(long, env = "SWITCHYARD_KEYRING")]
+    pub keyring: Option<std::path::PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, env = "SWITCHYARD_OUTPUT")]
     pub output: Output,
 }
@@ -173,7 +180,7 @@ pub fn event_json(event: &StoredEvent) -> anyhow::Result<serde_json::Value> {
 }
 
 pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let report = match (&args.backend.data_dir, args.backend.nats()) {
+    let mut report = match (&args.backend.data_dir, args.backend.nats()) {
         // Straight from the files: a damaged log that will not open is still checked.
         (Some(dir), _) => {
             if !dir.is_dir() {
@@ -192,12 +199,55 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => unreachable!("clap requires --data-dir or --nats"),
     };
+    if let Some(path) = &args.keyring {
+        check_authors(&args.backend, &Keyring::load(path)?, &mut report).await?;
+    }
     print_report(&report, args.output)?;
     Ok(if report.is_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Checks every record's signature against `keyring`; each record it does
+/// not vouch for is a problem, named by sequence, type, subject and actor.
+async fn check_authors(
+    backend: &Backend,
+    keyring: &Keyring,
+    report: &mut VerifyReport,
+) -> anyhow::Result<()> {
+    let log: Box<dyn EventLog> = match (&backend.data_dir, backend.nats()) {
+        (Some(dir), _) => Box::new(EmbeddedLog::open_read_only(dir)?),
+        (None, Some(nats)) => {
+            let client = nats.client("cli").await?;
+            Box::new(nats.stream.open_with(client, false, false).await?)
+        }
+        (None, None) => unreachable!("clap requires --data-dir or --nats"),
+    };
+    let mut authenticated = 0;
+    let mut problems = Vec::new();
+    switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+        // A record that is no envelope is reported as such already.
+        if stored.malformed.is_some() {
+            return;
+        }
+        let e = &stored.envelope;
+        match keyring.check(&stored, |name| {
+            name.parse::<switchyard_core::ServiceName>().is_ok()
+        }) {
+            Ok(_) => authenticated += 1,
+            Err(why) => problems.push(Problem {
+                location: format!("sequence {}", stored.sequence),
+                sequence: Some(stored.sequence),
+                what: format!("{} on {} by {:?}: {why}", e.event_type, e.subject, e.actor),
+            }),
+        }
+    })
+    .await?;
+    report.problems.extend(problems);
+    report.authenticated = Some(authenticated);
+    Ok(())
 }
 
 pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
@@ -233,6 +283,7 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
                 "subjects": report.subjects,
                 "last_sequence": report.last_sequence,
                 "chain_head": report.chain_head,
+                "authenticated": report.authenticated,
                 "problems": report.problems.iter().map(|p| json!({
                     "location": p.location, "sequence": p.sequence, "what": p.what,
                 })).collect::<Vec<_>>(),
@@ -252,6 +303,13 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
             )?;
             if !report.chain_head.is_empty() {
                 writeln!(out, "chain head: {}", report.chain_head)?;
+            }
+            if let Some(authenticated) = report.authenticated {
+                writeln!(
+                    out,
+                    "authorship: {authenticated} of {} records signed by the author they name",
+                    report.records
+                )?;
             }
             for problem in &report.problems {
                 writeln!(out, "problem: {problem}")?;

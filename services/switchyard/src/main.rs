@@ -16,6 +16,7 @@ mod doctor;
 mod dra_cmd;
 mod evidence_cmd;
 mod handover;
+mod keys_cmd;
 mod kube_args;
 mod log_cmd;
 mod migrate;

@@ -618,3 +618,132 @@ async fn every_service_runs_as_its_own_binary() {
         })
         .await;
 }
+
+/// Authorship: inventory and stack-assigner sign their records with keys
+/// made by `switchyard keys new` and check the others' against the keyring.
+/// A record appended by someone without inventory's key — a correct hash
+/// chain, "inventory" as its actor, DRA turned off — is passed over by the
+/// stack-assigner (no label stripped) and named by `switchyard log verify
+/// --keyring`, while every record the services wrote verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
+    let mut world = World::start(Components::default()).await;
+    let c = world.client.clone();
+    create_group(&c, "gpu-dra", false).await;
+    create_node(&c, "dra-1", &[(GROUP, "gpu-dra")], Vec::new()).await;
+    set_module_config(&c, true, None).await;
+
+    let dir = world.dir.path().to_path_buf();
+    let mut keyring = String::new();
+    for service in ["inventory", "stack-assigner"] {
+        let seed = dir.join(format!("{service}.seed"));
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["keys", "new", "--identity", service, "--seed-file"])
+            .arg(&seed)
+            .output()
+            .expect("run switchyard keys new");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        keyring.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let ring = dir.join("keyring.yaml");
+    std::fs::write(&ring, &keyring).unwrap();
+    for service in ["inventory", "stack-assigner"] {
+        let seed = dir.join(format!("{service}.seed"));
+        world.serve_with_env(
+            service,
+            &[
+                ("SWITCHYARD_SIGNING_KEY", seed.to_str().unwrap()),
+                ("SWITCHYARD_KEYRING", ring.to_str().unwrap()),
+            ],
+        );
+    }
+    let dra = map(&[(GROUP, "gpu-dra"), (STACK, "dra")]);
+    world.labels_become("dra-1", &dra).await;
+
+    // The forgery: the module's settings with DRA off, as "inventory".
+    let settings = world
+        .events()
+        .await
+        .into_iter()
+        .rev()
+        .find_map(|(_, e)| match e.kind {
+            Some(Kind::ModuleSettingsObserved(s)) => Some(s),
+            _ => None,
+        })
+        .expect("inventory reported the settings");
+    let forged = switchyard_proto::v1::DomainEvent {
+        kind: Some(Kind::ModuleSettingsObserved(
+            switchyard_proto::v1::ModuleSettingsObserved {
+                dra_enabled: false,
+                ..settings
+            },
+        )),
+    };
+    let log = world.log().await;
+    let forged_at = switchyard_eventlog::append_attributed(
+        log.as_ref(),
+        "inventory",
+        "inventory",
+        &[(&forged, "")],
+        switchyard_eventlog::now_nanos(),
+    )
+    .await
+    .expect("append the forgery")[0];
+    // A node that joins after it: once the stack-assigner has labelled it,
+    // it has read past the forgery.
+    create_node(&c, "dra-2", &[(GROUP, "gpu-dra")], Vec::new()).await;
+    world.labels_become("dra-2", &dra).await;
+    assert_eq!(
+        world.labels("dra-1").await,
+        dra,
+        "the forgery turned nothing off\n{}",
+        world.output()
+    );
+    let assigner_log = std::fs::read_to_string(dir.join("stack-assigner.log")).unwrap();
+    assert!(
+        assigner_log.contains("passed over a record its signature does not vouch for"),
+        "{assigner_log}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "log",
+            "verify",
+            "--nats-url",
+            &world.nats.url(),
+            "--keyring",
+        ])
+        .arg(&ring)
+        .output()
+        .expect("run switchyard log verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let problems: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("problem:"))
+        .collect();
+    assert_eq!(
+        problems,
+        [format!(
+            "problem: sequence {forged_at} (sequence {forged_at}): ModuleSettingsObserved on cluster.module by \"inventory\": not signed"
+        )
+        .as_str()],
+        "{stdout}"
+    );
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log")
+        .len();
+    assert!(
+        stdout.contains(&format!(
+            "authorship: {} of {records} records signed by the author they name",
+            records - 1
+        )),
+        "{stdout}"
+    );
+}

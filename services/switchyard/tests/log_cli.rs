@@ -346,6 +346,7 @@ async fn an_altered_or_deleted_stream_is_refused_never_recreated() {
     let args = switchyard_runtime::connect::NatsArgs {
         nats_url: url.clone(),
         nats_creds: None,
+        signing_key: None,
         stream: switchyard_runtime::connect::StreamArgs {
             stream: "SWITCHYARD_LOG".into(),
             subject_prefix: "switchyard.log".into(),
