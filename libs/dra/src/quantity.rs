@@ -673,6 +673,7 @@ impl std::str::FromStr for Quantity {
 
 impl PartialEq for Quantity {
     /// Equal values, whatever their format (`Quantity.Equal`).
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
@@ -681,6 +682,7 @@ impl PartialEq for Quantity {
 impl Eq for Quantity {}
 
 impl PartialOrd for Quantity {
+    #[inline]
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
@@ -699,6 +701,7 @@ const POW10_I128: [i128; 19] = {
 };
 
 impl Ord for Quantity {
+    #[inline]
     fn cmp(&self, other: &Self) -> Ordering {
         // The common case first: two mantissas that fit an i64, exponents at
         // most 18 apart — aligned in an i128 and compared, nothing else
