@@ -163,30 +163,23 @@ fn remember_blocked(blocked: &mut BTreeMap<(String, String), DomainEvent>, event
 /// it too).
 fn pass_over(stored: &switchyard_eventlog::StoredEvent, reason: &UnknownReason) {
     let envelope = &stored.envelope;
-    match reason {
-        UnknownReason::Unauthenticated(_) => tracing::warn!(
-            sequence = stored.sequence,
-            subject = envelope.subject,
-            event_type = envelope.event_type,
-            actor = envelope.actor,
-            %reason,
-            "passed over a record its signature does not vouch for (forged, or written without the author's key)"
-        ),
-        UnknownReason::Malformed(_) => tracing::warn!(
-            sequence = stored.sequence,
-            subject = envelope.subject,
-            %reason,
-            "passed over a record that is not an envelope of the log (published by something other than its writers)"
-        ),
-        _ => tracing::warn!(
-            sequence = stored.sequence,
-            subject = envelope.subject,
-            event_type = envelope.event_type,
-            actor = envelope.actor,
-            %reason,
-            "passed over a record this build cannot read"
-        ),
-    }
+    let what = match reason {
+        UnknownReason::Unauthenticated(_) => {
+            "a record its signature does not vouch for (forged, or written without the author's key)"
+        }
+        UnknownReason::Malformed(_) => {
+            "a record that is not an envelope of the log (published by something other than its writers)"
+        }
+        _ => "a record this build cannot read",
+    };
+    tracing::warn!(
+        sequence = stored.sequence,
+        subject = envelope.subject,
+        event_type = envelope.event_type,
+        actor = envelope.actor,
+        %reason,
+        "passed over {what}"
+    );
 }
 
 /// Keeps the correlation id a process's first step carries (the command's,

@@ -24,19 +24,7 @@ use switchyard_proto::v1::domain_event::Kind;
 
 /// Runs `switchyard` as the operator `ops@example.com`.
 fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .env("SWITCHYARD_NATS_URL", world.nats.url())
-        .env("KUBECONFIG", world.plane.kubeconfig())
-        .env("SWITCHYARD_ACTOR", "ops@example.com")
-        .env("SWITCHYARD_TIMEOUT", "5m")
-        .output()
-        .expect("run switchyard");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cli_at(&world.nats.url(), &world.plane.kubeconfig(), args)
 }
 
 async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
@@ -1374,7 +1362,11 @@ impl Seeded {
 
 /// Runs `switchyard` as `cli` does, off the test's own world (which a fault
 /// may be changing meanwhile).
-fn cli_at(nats: &str, kubeconfig: &std::path::Path, args: &[String]) -> (i32, String, String) {
+fn cli_at(
+    nats: &str,
+    kubeconfig: &std::path::Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args(args)
         .env("SWITCHYARD_NATS_URL", nats)
