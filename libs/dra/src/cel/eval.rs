@@ -12,15 +12,15 @@ use super::{
 impl Compiler {
     /// Evaluates `selector` against `device`.
     pub fn matches(&self, selector: &Selector, device: &Device) -> Result<bool, EvalError> {
-        if let Some(fast) = &selector.fast {
-            // Kubernetes makes every attribute a value first: one it cannot
-            // fails the selector whatever the selector reads.
-            if let Some(err) = device.attribute_error() {
-                return Err(err);
-            }
-            return fast.eval(device).map_err(EvalError);
+        // Kubernetes makes every attribute a value first: one it cannot
+        // fails the selector whatever the selector reads (the interpreter's
+        // device value says so by itself; the fast path must ask).
+        if selector.fast.is_some()
+            && let Some(err) = device.attribute_error()
+        {
+            return Err(err);
         }
-        self.matches_prepared(selector, &self.prepare(device)?)
+        self.matches_checked(selector, device)
     }
 
     /// [`Self::matches`] on a device known to have no
