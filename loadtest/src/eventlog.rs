@@ -248,6 +248,7 @@ async fn bare_jetstream(
 async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
     let options = ServerOptions {
         sync_always: args.sync_always,
+        ..ServerOptions::default()
     };
     let server = tokio::task::spawn_blocking(move || NatsServer::start_with(options)).await?;
     let url = server.url();

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod alerter;
+pub mod authors;
 pub mod claim_allocator;
 pub mod class_compiler;
 pub mod cluster;

@@ -31,10 +31,14 @@ const APPENDS_AFTER_RESTART: usize = 50;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
-    let server =
-        tokio::task::spawn_blocking(|| NatsServer::start_with(ServerOptions { sync_always: true }))
-            .await
-            .unwrap();
+    let server = tokio::task::spawn_blocking(|| {
+        NatsServer::start_with(ServerOptions {
+            sync_always: true,
+            ..ServerOptions::default()
+        })
+    })
+    .await
+    .unwrap();
     let options = NatsOptions {
         ack_timeout: Duration::from_secs(2),
         ..NatsOptions::default()

@@ -8,11 +8,17 @@ use switchyard_core::command::{
     CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
 };
 use switchyard_core::{Command, ServiceName};
+use switchyard_eventlog::SigningKey;
+use switchyard_eventlog::keys::Keyring;
 use switchyard_proto::v1::migration_control_command::Action;
 use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
 
 /// How long a command may wait for the service's answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How far a signed command's time may be from the service's clock (either
+/// way: clocks differ a little): older, it is refused as a replay.
+pub const COMMAND_VALIDITY: Duration = Duration::from_secs(300);
 
 /// The NATS subject a service takes commands on.
 pub fn command_subject(service: ServiceName) -> String {
@@ -36,6 +42,11 @@ pub enum CommandError {
         #[source]
         source: prost::DecodeError,
     },
+    #[error(
+        "the answer to the command is not {service}'s: {why} (a forged answer: \
+         something other than {service} answers on switchyard.cmd.{service})"
+    )]
+    Unauthenticated { service: ServiceName, why: String },
 }
 
 /// Why a request is not a command a service takes.
@@ -49,6 +60,25 @@ pub enum CommandRefused {
     Empty,
     #[error("actor: expected the operator's identity, got nothing")]
     NoActor,
+    #[error(
+        "the command is not signed: this service takes commands signed by an operator's key \
+         (`--signing-key`, a seed from `switchyard keys new`)"
+    )]
+    Unsigned,
+    #[error("the command's signature by {signer} does not hold: {why}")]
+    BadSignature { signer: String, why: String },
+    #[error("the command is signed by {signer}, a key of no identity in the keyring")]
+    UnknownSigner { signer: String },
+    #[error("the command is signed by {identity}, a service; expected an operator's key")]
+    SignedByService { identity: String },
+    #[error(
+        "issued_at_unix_nanos: signed {age_seconds} s from this service's clock; \
+         expected within {} s (a command sent again later is refused)",
+        COMMAND_VALIDITY.as_secs()
+    )]
+    Stale { age_seconds: i64 },
+    #[error("actor: {actor:?} is not the signer's identity {identity:?}")]
+    ActorIsNotSigner { actor: String, identity: String },
     #[error("actor: {0:?} is a service's name; expected the operator's identity")]
     ActorIsAService(String),
     #[error("start_handover: handover_id, node and target_group must all be set")]
@@ -87,9 +117,26 @@ pub struct Request {
     pub actor: String,
 }
 
-/// Reads a request into a command, or says why it is refused.
-pub fn decode(request: &[u8]) -> Result<Request, CommandRefused> {
-    let request = ServiceCommand::decode(request)?;
+/// Reads a request into a command, or says why it is refused. With a
+/// keyring, the command must be signed by an operator's key of it, at most
+/// [`COMMAND_VALIDITY`] from `now` (Unix nanoseconds), and its actor is the
+/// identity that key belongs to — whatever the request says of itself.
+pub fn decode(
+    request: &[u8],
+    keyring: Option<&Keyring>,
+    now: i64,
+) -> Result<Request, CommandRefused> {
+    let mut request = ServiceCommand::decode(request)?;
+    if let Some(keyring) = keyring {
+        let identity = signed_by(&request, keyring, now)?;
+        if !request.actor.is_empty() && request.actor != identity {
+            return Err(CommandRefused::ActorIsNotSigner {
+                actor: request.actor,
+                identity,
+            });
+        }
+        request.actor = identity;
+    }
     if request.actor.is_empty() {
         return Err(CommandRefused::NoActor);
     }
@@ -104,6 +151,110 @@ pub fn decode(request: &[u8]) -> Result<Request, CommandRefused> {
         correlation_id: request.correlation_id,
         actor: request.actor,
     })
+}
+
+/// The keyring identity whose key signed `request`, if it is an operator's
+/// and the command is recent.
+fn signed_by(
+    request: &ServiceCommand,
+    keyring: &Keyring,
+    now: i64,
+) -> Result<String, CommandRefused> {
+    if request.signer.is_empty() || request.signature.is_empty() {
+        return Err(CommandRefused::Unsigned);
+    }
+    let signer = request.signer.clone();
+    let bad = |why: String| CommandRefused::BadSignature {
+        signer: signer.clone(),
+        why,
+    };
+    let mut unsigned = request.clone();
+    unsigned.signature = Vec::new();
+    verify(&signer, &unsigned.encode_to_vec(), &request.signature).map_err(bad)?;
+    let Some(identity) = keyring.identity_of(&signer) else {
+        return Err(CommandRefused::UnknownSigner { signer });
+    };
+    if identity.parse::<ServiceName>().is_ok() {
+        return Err(CommandRefused::SignedByService {
+            identity: identity.to_string(),
+        });
+    }
+    let age = now.saturating_sub(request.issued_at_unix_nanos);
+    if age.unsigned_abs() > COMMAND_VALIDITY.as_nanos() as u64 {
+        return Err(CommandRefused::Stale {
+            age_seconds: age / 1_000_000_000,
+        });
+    }
+    Ok(identity.to_string())
+}
+
+/// Checks an ed25519 signature by an NKey user public key.
+fn verify(signer: &str, bytes: &[u8], signature: &[u8]) -> Result<(), String> {
+    let key = nkeys::KeyPair::from_public_key(signer)
+        .map_err(|e| format!("the signer is not an NKey public key: {e}"))?;
+    if key.key_pair_type() != nkeys::KeyPairType::User {
+        return Err("the signer is not a user key (U...)".into());
+    }
+    key.verify(bytes, signature).map_err(|e| e.to_string())
+}
+
+/// Signs `command` as the operator whose key `key` is, at `now` (Unix
+/// nanoseconds).
+pub fn sign(command: &mut ServiceCommand, key: &SigningKey, now: i64) {
+    command.issued_at_unix_nanos = now;
+    command.signer = key.public_key();
+    command.signature = Vec::new();
+    command.signature = key
+        .sign(&command.encode_to_vec())
+        .expect("a key pair with its seed signs");
+}
+
+/// Signs `reply` as the service whose key `key` is, as the answer to the
+/// command whose bytes are `request`.
+pub fn sign_reply(reply: &mut CommandReply, request: &[u8], key: &SigningKey) {
+    reply.command_digest = blake3::hash(request).as_bytes().to_vec();
+    reply.signer = key.public_key();
+    reply.signature = Vec::new();
+    reply.signature = key
+        .sign(&reply.encode_to_vec())
+        .expect("a key pair with its seed signs");
+}
+
+/// Whether `reply` is `service`'s answer to the command whose bytes are
+/// `request`: signed by a key the keyring lists for `service`, over this
+/// command's digest.
+pub fn check_reply(
+    reply: &CommandReply,
+    request: &[u8],
+    service: ServiceName,
+    keyring: &Keyring,
+) -> Result<(), CommandError> {
+    let fail = |why: String| CommandError::Unauthenticated { service, why };
+    if reply.signer.is_empty() || reply.signature.is_empty() {
+        return Err(fail("it is not signed".into()));
+    }
+    let mut unsigned = reply.clone();
+    unsigned.signature = Vec::new();
+    verify(&reply.signer, &unsigned.encode_to_vec(), &reply.signature).map_err(|why| {
+        fail(format!(
+            "its signature by {} does not hold: {why}",
+            reply.signer
+        ))
+    })?;
+    match keyring.identity_of(&reply.signer) {
+        Some(identity) if identity == service.as_str() => {}
+        Some(identity) => return Err(fail(format!("it is signed by {identity}"))),
+        None => {
+            return Err(fail(format!(
+                "it is signed by {}, a key of no identity in the keyring",
+                reply.signer
+            )));
+        }
+    }
+    if reply.command_digest != blake3::hash(request).as_bytes() {
+        return Err(fail("it answers another command".into()));
+    }
+    Ok(())
 }
 
 fn command_of(command: service_command::Command) -> Result<Command, CommandRefused> {
@@ -195,18 +346,170 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
     }
 }
 
-/// Sends a command to a running service and waits for its reply.
+/// Sends a command to a running service and waits for its reply; with a
+/// keyring, the reply must be the service's own answer to this command.
 pub async fn send(
     client: &async_nats::Client,
     service: ServiceName,
     command: ServiceCommand,
+    keyring: Option<&Keyring>,
 ) -> Result<CommandReply, CommandError> {
+    let request = command.encode_to_vec();
     let reply = tokio::time::timeout(
         REPLY_TIMEOUT,
-        client.request(command_subject(service), command.encode_to_vec().into()),
+        client.request(command_subject(service), request.clone().into()),
     )
     .await
     .map_err(|_| CommandError::Timeout { service })?
     .map_err(|source| CommandError::Request { service, source })?;
-    CommandReply::decode(reply.payload).map_err(|source| CommandError::Reply { service, source })
+    let reply = CommandReply::decode(reply.payload)
+        .map_err(|source| CommandError::Reply { service, source })?;
+    if let Some(keyring) = keyring {
+        check_reply(&reply, &request, service, keyring)?;
+    }
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use switchyard_proto::v1::StartHandoverCommand;
+
+    const NOW: i64 = 1_764_000_000_000_000_000;
+
+    struct Keys {
+        operator: SigningKey,
+        assigner: SigningKey,
+        ring: Keyring,
+    }
+
+    fn keys() -> Keys {
+        let operator = Arc::new(nkeys::KeyPair::new_user());
+        let assigner = Arc::new(nkeys::KeyPair::new_user());
+        let ring = Keyring::from_identities(
+            "test",
+            BTreeMap::from([
+                ("ops@example.com".to_string(), vec![operator.public_key()]),
+                ("stack-assigner".to_string(), vec![assigner.public_key()]),
+            ]),
+        )
+        .unwrap();
+        Keys {
+            operator,
+            assigner,
+            ring,
+        }
+    }
+
+    fn handover(actor: &str) -> ServiceCommand {
+        ServiceCommand {
+            command: Some(service_command::Command::StartHandover(
+                StartHandoverCommand {
+                    handover_id: "h1".into(),
+                    node: "n1".into(),
+                    target_group: "gpu-dra".into(),
+                    force: false,
+                },
+            )),
+            actor: actor.into(),
+            ..ServiceCommand::default()
+        }
+    }
+
+    fn signed(mut command: ServiceCommand, key: &SigningKey, at: i64) -> Vec<u8> {
+        sign(&mut command, key, at);
+        command.encode_to_vec()
+    }
+
+    #[test]
+    fn a_signed_command_is_recorded_as_its_signers_identity() {
+        let k = keys();
+        let request = decode(&signed(handover(""), &k.operator, NOW), Some(&k.ring), NOW).unwrap();
+        assert_eq!(request.actor, "ops@example.com");
+        // The actor the request states must be the signer's, if stated.
+        let same = signed(handover("ops@example.com"), &k.operator, NOW);
+        assert_eq!(
+            decode(&same, Some(&k.ring), NOW + 1).unwrap().actor,
+            "ops@example.com"
+        );
+        // Without a keyring the service takes the stated actor, as before.
+        assert_eq!(
+            decode(&handover("alice").encode_to_vec(), None, NOW)
+                .unwrap()
+                .actor,
+            "alice"
+        );
+    }
+
+    #[test]
+    fn every_command_the_keyring_does_not_vouch_for_is_refused_with_why() {
+        let k = keys();
+        let refusal =
+            |bytes: &[u8], now: i64| decode(bytes, Some(&k.ring), now).unwrap_err().to_string();
+        assert!(
+            refusal(&handover("alice").encode_to_vec(), NOW)
+                .starts_with("the command is not signed")
+        );
+        assert_eq!(
+            refusal(&signed(handover("alice"), &k.operator, NOW), NOW),
+            "actor: \"alice\" is not the signer's identity \"ops@example.com\""
+        );
+        assert_eq!(
+            refusal(&signed(handover(""), &k.assigner, NOW), NOW),
+            "the command is signed by stack-assigner, a service; expected an operator's key"
+        );
+        let stranger = Arc::new(nkeys::KeyPair::new_user());
+        assert!(
+            refusal(&signed(handover(""), &stranger, NOW), NOW).contains("a key of no identity")
+        );
+        // Sent again ten minutes later.
+        let old = signed(handover(""), &k.operator, NOW);
+        assert!(
+            refusal(&old, NOW + 600_000_000_000).starts_with("issued_at_unix_nanos: signed 600 s")
+        );
+        // Changed after signing: another node.
+        let mut tampered = handover("");
+        sign(&mut tampered, &k.operator, NOW);
+        if let Some(service_command::Command::StartHandover(c)) = &mut tampered.command {
+            c.node = "n2".into();
+        }
+        assert!(refusal(&tampered.encode_to_vec(), NOW).contains("signature by"));
+    }
+
+    #[test]
+    fn only_the_services_own_answer_to_this_command_is_taken() {
+        let k = keys();
+        let request = signed(handover(""), &k.operator, NOW);
+        let mut genuine = CommandReply::default();
+        sign_reply(&mut genuine, &request, &k.assigner);
+        assert!(check_reply(&genuine, &request, ServiceName::StackAssigner, &k.ring).is_ok());
+        let why = |reply: &CommandReply, request: &[u8]| {
+            check_reply(reply, request, ServiceName::StackAssigner, &k.ring)
+                .unwrap_err()
+                .to_string()
+        };
+        // A rogue's answer, unsigned: a forged refusal.
+        let forged = CommandReply {
+            error: "node is busy".into(),
+            ..CommandReply::default()
+        };
+        assert!(
+            why(&forged, &request).contains("it is not signed"),
+            "{}",
+            why(&forged, &request)
+        );
+        // Signed by an operator, not by the service.
+        let mut by_operator = forged.clone();
+        sign_reply(&mut by_operator, &request, &k.operator);
+        assert!(why(&by_operator, &request).contains("it is signed by ops@example.com"));
+        // The service's genuine answer to an earlier command, sent again.
+        let other = signed(handover(""), &k.operator, NOW + 1);
+        assert!(why(&genuine, &other).contains("it answers another command"));
+        // Changed after signing.
+        let mut altered = genuine.clone();
+        altered.error = "refused".into();
+        assert!(why(&altered, &request).contains("does not hold"));
+    }
 }

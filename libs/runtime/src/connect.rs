@@ -14,9 +14,8 @@ pub struct NatsArgs {
     /// NATS server URL of the JetStream log, e.g. nats://nats:4222.
     #[arg(long = "nats-url", env = "SWITCHYARD_NATS_URL")]
     pub nats_url: String,
-    /// A NATS credentials file (JWT and NKey seed).
-    #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
-    pub nats_creds: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: NatsAuthArgs,
     /// A file holding this writer's NKey seed (`SU...`, made with
     /// `switchyard keys new`): every record it appends is signed with it,
     /// and its public key goes into the keyring the chart publishes.
@@ -24,6 +23,83 @@ pub struct NatsArgs {
     pub signing_key: Option<PathBuf>,
     #[command(flatten)]
     pub stream: StreamArgs,
+}
+
+/// Who connects to NATS, and over what.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NatsAuthArgs {
+    /// A NATS credentials file (JWT and NKey seed).
+    #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// A file holding an NKey user seed (`SU...`) to authenticate with: the
+    /// server's authorization names its public key with exactly the
+    /// permissions of this service or operator (the chart's bundled server
+    /// does). Replies come to inboxes under `_INBOX.<public key>`, which no
+    /// other user may read.
+    #[arg(long, env = "SWITCHYARD_NATS_NKEY")]
+    pub nats_nkey: Option<PathBuf>,
+    /// A PEM file of the CA that signed the server's certificate: the
+    /// connection must be TLS and the server's certificate must chain to it.
+    #[arg(long, env = "SWITCHYARD_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+}
+
+impl NatsAuthArgs {
+    /// `options` with these credentials and TLS.
+    pub async fn apply(
+        &self,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, ConnectError> {
+        if let Some(path) = &self.nats_creds {
+            options = options.credentials_file(path).await.map_err(|source| {
+                ConnectError::Credentials {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        }
+        if let Some(path) = &self.nats_nkey {
+            let pair = read_seed(path)?;
+            let seed = pair.seed().expect("a key pair read from a seed has it");
+            options = options
+                .nkey(seed)
+                .custom_inbox_prefix(inbox_prefix(&pair.public_key()));
+        }
+        if let Some(ca) = &self.nats_tls_ca {
+            if !ca.is_file() {
+                return Err(ConnectError::Credentials {
+                    path: ca.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "expected a PEM file of the server's CA",
+                    ),
+                });
+            }
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        Ok(options)
+    }
+}
+
+/// Where the replies to a user's requests go: under its public key, so the
+/// server's permissions can give each user its own inboxes only.
+pub fn inbox_prefix(public_key: &str) -> String {
+    format!("_INBOX.{public_key}")
+}
+
+/// Reads an NKey user seed (`SU...`) from a file.
+pub fn read_seed(path: &std::path::Path) -> Result<nkeys::KeyPair, ConnectError> {
+    let bad = |message: String| ConnectError::Seed {
+        path: path.to_path_buf(),
+        message,
+    };
+    let seed = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let pair = nkeys::KeyPair::from_seed(seed.trim())
+        .map_err(|e| bad(format!("expected an NKey user seed (SU...): {e}")))?;
+    if pair.key_pair_type() != nkeys::KeyPairType::User {
+        return Err(bad("expected a user seed (SU...)".into()));
+    }
+    Ok(pair)
 }
 
 /// Which stream holds the log.
@@ -60,8 +136,8 @@ pub enum ConnectError {
         #[source]
         source: async_nats::ConnectError,
     },
-    #[error("signing key {}: {message}", path.display())]
-    SigningKey { path: PathBuf, message: String },
+    #[error("NKey seed {}: {message}", path.display())]
+    Seed { path: PathBuf, message: String },
     #[error("open the log on stream {stream}: {source}")]
     Log {
         stream: String,
@@ -88,15 +164,9 @@ impl NatsArgs {
         if retry {
             options = options.retry_on_initial_connect();
         }
-        if let Some(path) = &self.nats_creds {
-            options = options.credentials_file(path).await.map_err(|source| {
-                ConnectError::Credentials {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-        }
-        options
+        self.auth
+            .apply(options)
+            .await?
             .connect(&self.nats_url)
             .await
             .map_err(|source| ConnectError::Connect {
@@ -120,17 +190,7 @@ impl NatsArgs {
         let Some(path) = &self.signing_key else {
             return Ok(None);
         };
-        let bad = |message: String| ConnectError::SigningKey {
-            path: path.clone(),
-            message,
-        };
-        let seed = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let pair = nkeys::KeyPair::from_seed(seed.trim())
-            .map_err(|e| bad(format!("expected an NKey user seed (SU...): {e}")))?;
-        if pair.key_pair_type() != nkeys::KeyPairType::User {
-            return Err(bad("expected a user seed (SU...)".into()));
-        }
-        Ok(Some(Arc::new(pair)))
+        Ok(Some(Arc::new(read_seed(path)?)))
     }
 }
 

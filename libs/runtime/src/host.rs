@@ -61,7 +61,9 @@ pub struct HostArgs {
     /// The keyring (identity -> NKey public keys) the chart publishes: a
     /// record that is not signed by the key of the service it names (or,
     /// for an operator's command, by a service) is passed over, never
-    /// folded or decided on, and said in the service's log.
+    /// folded or decided on, and said in the service's log. Commands must
+    /// then be signed by an operator's key of it, and their actor is that
+    /// key's identity.
     #[arg(long, env = "SWITCHYARD_KEYRING")]
     pub keyring: Option<std::path::PathBuf>,
 }
@@ -73,8 +75,11 @@ pub struct HostOptions {
     /// How long an issued effect may take to show in the facts before it is
     /// issued again; the first pause of the backoff after a failure.
     pub reissue: Duration,
-    /// Whose records count: those that fail its check are passed over.
+    /// Whose records and commands count: records that fail its check are
+    /// passed over, commands not signed by an operator of it refused.
     pub keyring: Option<Arc<Keyring>>,
+    /// The service's key: it signs the answers to commands.
+    pub signer: Option<switchyard_eventlog::SigningKey>,
 }
 
 impl Default for HostOptions {
@@ -83,6 +88,7 @@ impl Default for HostOptions {
             tick: Duration::from_secs(1),
             reissue: Duration::from_secs(2),
             keyring: None,
+            signer: None,
         }
     }
 }
@@ -93,6 +99,7 @@ impl From<&HostArgs> for HostOptions {
             tick: args.tick,
             reissue: args.reissue,
             keyring: None,
+            signer: None,
         }
     }
 }
@@ -138,7 +145,7 @@ fn readable(stored: &StoredEvent, keyring: Option<&Keyring>) -> Decoded {
     let (Decoded::Event(_), Some(keyring)) = (&decoded, keyring) else {
         return decoded;
     };
-    match keyring.check(stored, |name| author(name).is_some()) {
+    match crate::authorship::vouch(keyring, stored, &decoded) {
         Ok(_) => decoded,
         Err(why) => Decoded::Unknown {
             event_type: stored.envelope.event_type.clone(),
@@ -266,16 +273,26 @@ impl<E: EffectExecutor> Host<E> {
         Ok(())
     }
 
+    /// Takes an operator's command; the answer is signed with the service's
+    /// key, when it has one.
     async fn command(&mut self, request: &[u8]) -> CommandReply {
+        let mut reply = self.answer(request).await;
+        if let Some(key) = &self.options.signer {
+            commands::sign_reply(&mut reply, request, key);
+        }
+        reply
+    }
+
+    async fn answer(&mut self, request: &[u8]) -> CommandReply {
         let refuse = |error: String| CommandReply {
-            decisions: Vec::new(),
             error,
+            ..CommandReply::default()
         };
         let commands::Request {
             command,
             correlation_id,
             actor,
-        } = match commands::decode(request) {
+        } = match commands::decode(request, self.options.keyring.as_deref(), now_nanos()) {
             Ok(request) => request,
             Err(why) => return refuse(why.to_string()),
         };
@@ -297,7 +314,7 @@ impl<E: EffectExecutor> Host<E> {
         match self.append_by(&actor, &decisions).await {
             Ok(()) => CommandReply {
                 decisions,
-                error: String::new(),
+                ..CommandReply::default()
             },
             Err(err) => refuse(format!("the decisions could not be recorded: {err}")),
         }
@@ -652,6 +669,7 @@ where
     if let Some(path) = &args.host.keyring {
         options.keyring = Some(Arc::new(Keyring::load(path).map_err(HostError::from)?));
     }
+    options.signer = args.nats.signer()?;
     let executor = executor.await.map_err(ServeError::Service)?;
     let client = args.nats.service_client(service.as_str()).await?;
     let log = args.nats.log(client.clone()).await?;

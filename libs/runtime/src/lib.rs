@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod actors;
+pub mod authorship;
 pub mod commands;
 pub mod connect;
 pub mod health;

@@ -6,6 +6,7 @@
 //! evidence — all from the log, the same log for the
 //! same seed.
 
+use switchyard_core::authors::check_author;
 use switchyard_core::command::MigrationAction;
 use switchyard_proto::v1::{MigrationStarted, PlannedWave, WorkloadRef, domain_event::Kind};
 use switchyard_runtime::Local;
@@ -69,7 +70,15 @@ fn plan(m: &Migration<Local>, id: &str, max_unavailable: usize) -> MigrationStar
     }
 }
 
+/// The migration's steps in words; first, every record of the log is
+/// checked to be written by a service that may write its kind.
 fn kinds_of(m: &Migration<Local>, id: &str) -> Vec<String> {
+    for record in &m.log {
+        let kind = record.event.kind.as_ref().expect("every record has a kind");
+        if let Err(why) = check_author(record.actor.as_str(), kind) {
+            panic!("record {} ({}): {why}", record.seq, record.type_name());
+        }
+    }
     m.log
         .iter()
         .filter_map(|l| match &l.event.kind {

@@ -4,6 +4,7 @@
 //! exactly.
 
 use proptest::prelude::*;
+use switchyard_core::authors::check_author;
 use switchyard_runtime::Local;
 use switchyard_scenario::run_reference;
 use switchyard_sim::{SECOND, SimConfig};
@@ -52,6 +53,13 @@ proptest! {
         }
         for step in &outcome.steps {
             prop_assert!(step.ok, "{:?}: {} failed: {}", config, step.step, step.detail);
+        }
+        // Every record is written by a service that may write its kind: the
+        // table `log verify` and the services check signers against.
+        for record in &outcome.migration.log {
+            let kind = record.event.kind.as_ref().expect("every record has a kind");
+            let author = check_author(record.actor.as_str(), kind);
+            prop_assert!(author.is_ok(), "{:?}: record {} ({}): {:?}", config, record.seq, record.type_name(), author);
         }
     }
 }

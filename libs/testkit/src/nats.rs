@@ -43,6 +43,9 @@ pub fn server_binary() -> Result<PathBuf, String> {
 pub struct NatsOptions {
     /// `jetstream.sync_interval: always`: fsync before every ack.
     pub sync_always: bool,
+    /// More of the server's configuration, as is (e.g. the chart's
+    /// `authorization` block).
+    pub extra: String,
 }
 
 /// A running nats-server with JetStream, its store in a temp dir.
@@ -131,9 +134,10 @@ impl NatsServer {
         std::fs::write(
             &config,
             format!(
-                "listen: \"127.0.0.1:{port}\"\nports_file_dir: \"{}\"\njetstream {{\n  store_dir: \"{}\"{sync}\n}}\n",
+                "listen: \"127.0.0.1:{port}\"\nports_file_dir: \"{}\"\njetstream {{\n  store_dir: \"{}\"{sync}\n}}\n{}\n",
                 ports_dir.display(),
-                self.store_dir().display()
+                self.store_dir().display(),
+                self.options.extra,
             ),
         )
         .map_err(|e| e.to_string())?;

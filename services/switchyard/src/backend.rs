@@ -24,9 +24,8 @@ pub struct Backend {
     /// NATS server URL of a JetStream log, e.g. nats://127.0.0.1:4222.
     #[arg(long = "nats-url", alias = "nats", env = "SWITCHYARD_NATS_URL")]
     pub nats_url: Option<String>,
-    /// A NATS credentials file (JWT and NKey seed).
-    #[arg(long, env = "SWITCHYARD_NATS_CREDS")]
-    pub nats_creds: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: switchyard_runtime::connect::NatsAuthArgs,
     #[command(flatten)]
     pub stream: switchyard_runtime::connect::StreamArgs,
 }
@@ -38,7 +37,7 @@ impl Backend {
             .as_ref()
             .map(|url| switchyard_runtime::connect::NatsArgs {
                 nats_url: url.clone(),
-                nats_creds: self.nats_creds.clone(),
+                auth: self.auth.clone(),
                 signing_key: None,
                 stream: self.stream.clone(),
             })

@@ -233,9 +233,7 @@ async fn check_authors(
             return;
         }
         let e = &stored.envelope;
-        match keyring.check(&stored, |name| {
-            name.parse::<switchyard_core::ServiceName>().is_ok()
-        }) {
+        match switchyard_runtime::authorship::vouch(keyring, &stored, &stored.decode()) {
             Ok(_) => authenticated += 1,
             Err(why) => problems.push(Problem {
                 location: format!("sequence {}", stored.sequence),

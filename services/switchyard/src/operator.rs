@@ -13,7 +13,8 @@ use clap::Args;
 use futures::StreamExt;
 use switchyard_core::ServiceName;
 use switchyard_core::subjects::process_of;
-use switchyard_eventlog::{Decoded, EventLog};
+use switchyard_eventlog::keys::Keyring;
+use switchyard_eventlog::{Decoded, EventLog, now_nanos};
 use switchyard_proto::v1::{CommandReply, DomainEvent, ServiceCommand, domain_event::Kind};
 use switchyard_runtime::connect::NatsArgs;
 
@@ -22,9 +23,16 @@ use crate::output::{Format, write_stdout};
 /// Who asks, for which migration, and whether to wait for the outcome.
 #[derive(Args, Debug, Clone)]
 pub struct OperatorArgs {
-    /// Who asks: recorded as the actor of the decisions; default $USER.
+    /// Who asks, where the services take unsigned commands (no keyring):
+    /// recorded as the actor of the decisions; default $USER. With
+    /// `--signing-key` the actor is the identity the keyring gives the key,
+    /// and a different `--actor` is refused.
     #[arg(long, env = "SWITCHYARD_ACTOR")]
     pub actor: Option<String>,
+    /// The keyring the chart publishes: the service's answer must be signed
+    /// by its key, over this command (a forged answer is an error).
+    #[arg(long, env = "SWITCHYARD_KEYRING")]
+    pub keyring: Option<std::path::PathBuf>,
     /// The migration or wave this belongs to (the decisions' correlation id);
     /// default: the process's own id.
     #[arg(long, env = "SWITCHYARD_CORRELATION_ID")]
@@ -47,13 +55,27 @@ const REFUSED: u8 = 1;
 const TIMED_OUT: u8 = 2;
 
 impl OperatorArgs {
-    /// The operator's identity: `--actor`, else the login name.
+    /// The operator's identity as the request states it: `--actor`; else,
+    /// signed, none (the service records the key's identity); else the login
+    /// name.
     pub fn actor(&self) -> anyhow::Result<String> {
-        self.actor
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
+        if let Some(actor) = &self.actor {
+            return Ok(actor.clone());
+        }
+        if self.nats.signing_key.is_some() {
+            return Ok(String::new());
+        }
+        std::env::var("USER")
+            .ok()
             .filter(|a| !a.is_empty())
             .context("actor: say who asks with --actor (or SWITCHYARD_ACTOR); $USER is not set")
+    }
+
+    fn keyring(&self) -> anyhow::Result<Option<Keyring>> {
+        Ok(match &self.keyring {
+            Some(path) => Some(Keyring::load(path)?),
+            None => None,
+        })
     }
 
     /// Sends `command` to `service` and reports the outcome (waiting for it
@@ -78,8 +100,10 @@ impl OperatorArgs {
             Some(log) => log.last_sequence(None).await? + 1,
             None => 0,
         };
-        let request = self.request(actor, command);
-        let reply = switchyard_runtime::commands::send(&client, service, request).await?;
+        let request = self.request(actor, command)?;
+        let keyring = self.keyring()?;
+        let reply =
+            switchyard_runtime::commands::send(&client, service, request, keyring.as_ref()).await?;
         let refused = self.report(&reply)?;
         if refused {
             return Ok(ExitCode::from(REFUSED));
@@ -96,21 +120,27 @@ impl OperatorArgs {
         service: ServiceName,
         command: switchyard_proto::v1::service_command::Command,
     ) -> anyhow::Result<CommandReply> {
-        let request = self.request(self.actor()?, command);
+        let request = self.request(self.actor()?, command)?;
+        let keyring = self.keyring()?;
         let client = self.nats.client("cli").await?;
-        Ok(switchyard_runtime::commands::send(&client, service, request).await?)
+        Ok(switchyard_runtime::commands::send(&client, service, request, keyring.as_ref()).await?)
     }
 
     fn request(
         &self,
         actor: String,
         command: switchyard_proto::v1::service_command::Command,
-    ) -> ServiceCommand {
-        ServiceCommand {
+    ) -> anyhow::Result<ServiceCommand> {
+        let mut request = ServiceCommand {
             command: Some(command),
             correlation_id: self.correlation_id.clone().unwrap_or_default(),
             actor,
+            ..ServiceCommand::default()
+        };
+        if let Some(key) = self.nats.signer()? {
+            switchyard_runtime::commands::sign(&mut request, &key, now_nanos());
         }
+        Ok(request)
     }
 
     /// Prints the service's answer; true if it refused.

@@ -345,7 +345,7 @@ async fn an_altered_or_deleted_stream_is_refused_never_recreated() {
         .expect("delete the stream");
     let args = switchyard_runtime::connect::NatsArgs {
         nats_url: url.clone(),
-        nats_creds: None,
+        auth: Default::default(),
         signing_key: None,
         stream: switchyard_runtime::connect::StreamArgs {
             stream: "SWITCHYARD_LOG".into(),

@@ -34,6 +34,21 @@ fn flag<'a>(command: &[&'a str], flag: &str) -> Option<&'a str> {
     command.get(at + 1).copied()
 }
 
+/// A secured release: every identity's public key (made by `switchyard keys
+/// new`), the seeds in Secret `sy-keys`, TLS with a CA the chart makes.
+const SECURED: [&str; 10] = [
+    "security.enabled=true",
+    "security.seedsSecret=sy-keys",
+    "security.services.inventory={UALVKTOS7NKVQFWCM7PQJIN2HNKT5CT7ZP7DLVJ7BUQKFRDQX6IIRABJ}",
+    "security.services.stack-assigner={UDWBTCYQWERVUVYV4QLHXYNWQ5J3VLKNKETPGU64IFG7AC24AGUTD26M}",
+    "security.services.class-compiler={UA6NTLGMA4USFWEFY6NET5XZW7YZHWDZYJU7K26PNGX66RVN2LOD77RF}",
+    "security.services.claim-allocator={UC7RTRQHFBZUJSC7LYR3RMUIBEDTOBJ7IME4UONVLJYVZJV35AG7X2MQ}",
+    "security.services.alerter={UDD34QA4UQIGSFTFOOZAWFI53SNVEJTR4O7K3YHSDSULWZIV4D2HHDIB}",
+    "security.logInit={UBARN6UU6KYAWHIPHSYBA7JOT6ODCV76F7Y7GCUVG6IJ3ZKMPMXOMEIW}",
+    "security.tls.enabled=true",
+    "security.tls.secretName=",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_renders_and_passes_server_side_dry_run() {
     let chart = chart_dir();
@@ -83,13 +98,26 @@ async fn chart_renders_and_passes_server_side_dry_run() {
     );
     assert_eq!(of_kind(&default, "Deployment").len(), 5);
     const AGENT: &str = "nodeAgent.enabled=true";
-    let variants: [(&str, Vec<&str>); 3] = [
+    // Security on without its keys: the error says what is missing.
+    let keyless = template(&["nats.bundled.enabled=true", "security.enabled=true"]);
+    assert!(!keyless.ok, "rendered without keys:\n{}", keyless.stdout);
+    assert!(
+        keyless
+            .stderr
+            .contains("security.services.inventory: expected the service's public key"),
+        "{}",
+        keyless.stderr
+    );
+    let mut secured = vec!["nats.bundled.enabled=true", AGENT];
+    secured.extend(SECURED);
+    let variants: [(&str, Vec<&str>); 4] = [
         ("external NATS", vec![NATS_URL, AGENT]),
         ("bundled NATS", vec!["nats.bundled.enabled=true", AGENT]),
         (
             "NATS credentials",
             vec![NATS_URL, "nats.credentialsSecret.name=nats-creds", AGENT],
         ),
+        ("secured bundled NATS", secured),
     ];
     let rendered: Vec<(&str, Vec<Value>)> = variants
         .iter()
@@ -107,8 +135,20 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         assert_eq!(count("RoleBinding"), 2, "{variant}");
         assert_eq!(count("ValidatingAdmissionPolicy"), 1, "{variant}");
         assert_eq!(count("ValidatingAdmissionPolicyBinding"), 1, "{variant}");
-        let bundled = *variant == "bundled NATS";
+        let bundled = variant.ends_with("bundled NATS");
+        let secure = variant.starts_with("secured");
         assert_eq!(count("StatefulSet"), usize::from(bundled), "{variant}");
+        // The keyring, and the server's generated CA and certificate.
+        assert_eq!(count("Secret"), usize::from(secure), "{variant}");
+        let auth = of_kind(docs, "ConfigMap")
+            .into_iter()
+            .find_map(|map| map["data"]["auth.conf"].as_str());
+        assert_eq!(auth.is_some(), secure, "{variant}");
+        if let Some(auth) = auth {
+            // One user per key, each with its own inboxes only.
+            assert_eq!(auth.matches("{nkey: ").count(), 6, "{auth}");
+            assert!(!auth.contains("STREAM.UPDATE") && !auth.contains("STREAM.DELETE"));
+        }
         for deployment in of_kind(docs, "Deployment") {
             assert_eq!(deployment["spec"]["replicas"], 1, "{}", name(deployment));
             assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
@@ -172,6 +212,24 @@ async fn chart_renders_and_passes_server_side_dry_run() {
             assert_eq!(
                 flag(&command, "--nats-creds"),
                 with_credentials.then_some("/etc/switchyard/nats/nats.creds"),
+                "{variant} {component}"
+            );
+            let signed = secure && !node_agent;
+            let key = signed.then_some("/etc/switchyard/keys/seed");
+            assert_eq!(flag(&command, "--nats-nkey"), key, "{variant} {component}");
+            assert_eq!(
+                flag(&command, "--signing-key"),
+                key,
+                "{variant} {component}"
+            );
+            assert_eq!(
+                flag(&command, "--keyring"),
+                signed.then_some("/etc/switchyard/keyring/keyring.yaml"),
+                "{variant} {component}"
+            );
+            assert_eq!(
+                flag(&command, "--nats-tls-ca"),
+                signed.then_some("/etc/switchyard/tls/ca.crt"),
                 "{variant} {component}"
             );
             let secret_volume = pod["volumes"]

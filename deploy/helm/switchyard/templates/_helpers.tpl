@@ -120,6 +120,7 @@ containers:
       - --nats-creds
       - /etc/switchyard/nats/{{ $creds.key }}
       {{- end }}
+      {{- include "switchyard.natsSecurityArgs" (dict "root" $root "identity" .component "sign" true) | nindent 6 }}
       {{- if eq .component "stack-assigner" }}
       {{- $readiness := $root.Values.stackAssigner.readiness | default dict }}
       {{- $agent := include "switchyard.selectorLabels" (dict "root" $root "component" "node-agent") | fromYaml }}
@@ -186,6 +187,9 @@ containers:
         mountPath: /etc/switchyard/nats
         readOnly: true
       {{- end }}
+      {{- if not $nodeAgent }}
+      {{- include "switchyard.natsSecurityMounts" (dict "root" $root "sign" true) | nindent 6 }}
+      {{- end }}
       {{- if $nodeAgent }}
       - name: plugins-registry
         mountPath: /var/lib/kubelet/plugins_registry
@@ -212,6 +216,9 @@ volumes:
       items:
         - key: {{ $creds.key }}
           path: {{ $creds.key }}
+  {{- end }}
+  {{- if not $nodeAgent }}
+  {{- include "switchyard.natsSecurityVolumes" (dict "root" $root "identity" .component "sign" true) | nindent 2 }}
   {{- end }}
   {{- if $nodeAgent }}
   - name: plugins-registry
@@ -242,5 +249,136 @@ nodeSelector:
 {{- with .values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The bundled server's authorization (auth.conf, included by nats.conf): one
+NKey user per key of security.*, each allowed exactly what its role needs.
+- Every user reads the log: stream info, direct and message gets, its own
+  ordered consumers (create, pull, delete), acknowledgements and flow control;
+  replies come to `_INBOX.<its key>.>`, which only it may read.
+- A service appends records (`switchyard.log.>`), takes its own commands
+  (`switchyard.cmd.<service>`) and answers them (allow_responses: only to the
+  requests it received).
+- An operator sends commands (`switchyard.cmd.*`).
+- log-init creates the stream.
+Nobody may update, delete or purge the stream, or create another.
+*/}}
+{{/* A list of subjects as the server's configuration spells it: ["a", "b"] (toJson would escape ">"). */}}
+{{- define "switchyard.natsList" -}}
+[{{ range $i, $s := . }}{{ if $i }}, {{ end }}{{ $s | quote }}{{ end }}]
+{{- end }}
+
+{{- define "switchyard.natsAuthorization" -}}
+{{- $security := .Values.security }}
+{{- $stream := .Values.nats.stream }}
+{{- $read := list (printf "$JS.API.STREAM.INFO.%s" $stream) (printf "$JS.API.DIRECT.GET.%s" $stream) (printf "$JS.API.DIRECT.GET.%s.>" $stream) (printf "$JS.API.STREAM.MSG.GET.%s" $stream) (printf "$JS.API.CONSUMER.CREATE.%s" $stream) (printf "$JS.API.CONSUMER.CREATE.%s.>" $stream) (printf "$JS.API.CONSUMER.INFO.%s.>" $stream) (printf "$JS.API.CONSUMER.DELETE.%s.>" $stream) (printf "$JS.API.CONSUMER.MSG.NEXT.%s.>" $stream) (printf "$JS.ACK.%s.>" $stream) (printf "$JS.FC.%s.>" $stream) }}
+authorization {
+  users = [
+{{- range $service := list "inventory" "stack-assigner" "class-compiler" "claim-allocator" "alerter" }}
+{{- $keys := index $security.services $service }}
+{{- if not $keys }}
+{{- fail (printf "security.services.%s: expected the service's public key (U...): `switchyard keys chart --out DIR` makes the seeds and prints the keys" $service) }}
+{{- end }}
+{{- range $key := $keys }}
+    # {{ $service }}
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (append $read "switchyard.log.>") }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key) (printf "switchyard.cmd.%s" $service)) }}}, allow_responses: true}}
+{{- end }}
+{{- end }}
+{{- if not $security.logInit }}
+{{- fail "security.logInit: expected the log-init Job's public key (U...): `switchyard keys chart --out DIR` prints it" }}
+{{- end }}
+{{- range $key := $security.logInit }}
+    # log-init
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (list (printf "$JS.API.STREAM.CREATE.%s" $stream) (printf "$JS.API.STREAM.INFO.%s" $stream)) }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key)) }}}}}
+{{- end }}
+{{- range $identity, $keys := $security.operators }}
+{{- range $key := $keys }}
+    # operator {{ $identity }}
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (append $read "switchyard.cmd.*") }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key)) }}}}}
+{{- end }}
+{{- end }}
+  ]
+}
+{{- end }}
+
+{{/* The keyring: every service's and operator's public keys, newest first. */}}
+{{- define "switchyard.keyring" -}}
+{{- $identities := merge (dict) .Values.security.services .Values.security.operators }}
+{{- range $identity := keys $identities | sortAlpha }}
+{{ $identity | quote }}: {{ index $identities $identity | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the bundled server's CA, certificate and key. */}}
+{{- define "switchyard.natsTlsSecret" -}}
+{{- default (printf "%s-nats-tls" (include "switchyard.fullname" .)) .Values.security.tls.secretName }}
+{{- end }}
+
+{{/*
+A client's NATS security flags, volume mounts and volumes: (dict "root" $ "identity" "inventory" "sign" true).
+*/}}
+{{- define "switchyard.natsSecurityArgs" -}}
+{{- $security := .root.Values.security }}
+{{- if $security.enabled }}
+- --nats-nkey
+- /etc/switchyard/keys/seed
+{{- if .sign }}
+- --signing-key
+- /etc/switchyard/keys/seed
+- --keyring
+- /etc/switchyard/keyring/keyring.yaml
+{{- end }}
+{{- end }}
+{{- if $security.tls.enabled }}
+- --nats-tls-ca
+- /etc/switchyard/tls/ca.crt
+{{- end }}
+{{- end }}
+
+{{- define "switchyard.natsSecurityMounts" -}}
+{{- $security := .root.Values.security }}
+{{- if $security.enabled }}
+- name: nats-key
+  mountPath: /etc/switchyard/keys
+  readOnly: true
+{{- if .sign }}
+- name: keyring
+  mountPath: /etc/switchyard/keyring
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- if $security.tls.enabled }}
+- name: nats-ca
+  mountPath: /etc/switchyard/tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "switchyard.natsSecurityVolumes" -}}
+{{- $security := .root.Values.security }}
+{{- if $security.enabled }}
+- name: nats-key
+  secret:
+    secretName: {{ required "security.seedsSecret: expected the Secret holding each identity's NKey seed (`switchyard keys chart --out DIR`, then `kubectl create secret generic NAME --from-file=DIR`)" $security.seedsSecret }}
+    # 0440: the group (fsGroup) reads it, nobody else.
+    defaultMode: 288
+    items:
+      - key: {{ .identity }}
+        path: seed
+{{- if .sign }}
+- name: keyring
+  configMap:
+    name: {{ include "switchyard.fullname" .root }}-keyring
+{{- end }}
+{{- end }}
+{{- if $security.tls.enabled }}
+- name: nats-ca
+  secret:
+    secretName: {{ include "switchyard.natsTlsSecret" .root }}
+    items:
+      - key: ca.crt
+        path: ca.crt
 {{- end }}
 {{- end }}
