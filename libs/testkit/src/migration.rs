@@ -152,6 +152,31 @@ pub struct World {
     pub binary: Locate,
     /// Environment every service started from now on gets (before its own).
     pub service_env: Vec<(String, String)>,
+    /// The NKey seed the harness reads the log with, on a secured bus.
+    pub reader: Option<PathBuf>,
+}
+
+/// A bus that asks for credentials: the server's `authorization`, the seed
+/// that may create the stream (log-init's) and the one the harness reads the
+/// log with (an operator's).
+pub struct SecuredBus {
+    pub authorization: String,
+    pub creator: PathBuf,
+    pub reader: PathBuf,
+}
+
+/// A connection to `url` as the NKey user whose seed is in `seed`, its
+/// inboxes under `_INBOX.<public key>` as Switchyard's own are.
+pub async fn connect_as(url: &str, seed: &Path) -> async_nats::Client {
+    let text = std::fs::read_to_string(seed)
+        .unwrap_or_else(|e| panic!("read the seed {}: {e}", seed.display()));
+    let pair = nkeys::KeyPair::from_seed(text.trim()).expect("an NKey seed");
+    async_nats::ConnectOptions::new()
+        .nkey(text.trim().to_string())
+        .custom_inbox_prefix(format!("_INBOX.{}", pair.public_key()))
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url} as {}: {e}", pair.public_key()))
 }
 
 impl World {
@@ -163,16 +188,44 @@ impl World {
 
     /// The world with the binaries `binary` finds.
     pub async fn start_with(components: Components, binary: Locate) -> World {
+        World::start_on(components, binary, None).await
+    }
+
+    /// The world on a bus that asks for credentials (each service must then
+    /// be given its own, with `serve_with_env`).
+    pub async fn start_secured(components: Components, bus: SecuredBus) -> World {
+        World::start_on(components, crate::bins::binary, Some(bus)).await
+    }
+
+    async fn start_on(components: Components, binary: Locate, bus: Option<SecuredBus>) -> World {
         let plane = ControlPlane::start_with(components).await;
         let client = plane.client();
         install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
-        let nats = NatsServer::start();
+        let extra = bus
+            .as_ref()
+            .map(|b| b.authorization.clone())
+            .unwrap_or_default();
+        let nats = tokio::task::spawn_blocking(move || {
+            NatsServer::start_with(crate::nats::NatsOptions {
+                extra,
+                ..crate::nats::NatsOptions::default()
+            })
+        })
+        .await
+        .expect("start nats-server");
         // What `switchyard log init` does before the services start: they
         // never create the stream themselves.
-        NatsLog::connect(&nats.url(), NatsOptions::default())
-            .await
-            .expect("create the log's stream");
+        let options = NatsOptions {
+            create: true,
+            ..NatsOptions::default()
+        };
+        match &bus {
+            Some(bus) => NatsLog::open(connect_as(&nats.url(), &bus.creator).await, options).await,
+            None => NatsLog::connect(&nats.url(), options).await,
+        }
+        .expect("create the log's stream");
         World {
+            reader: bus.map(|b| b.reader),
             plane,
             nats,
             client,
@@ -234,18 +287,17 @@ impl World {
             .join("\n")
     }
 
+    /// The log, as the harness reads it (with the reader's key on a
+    /// secured bus).
     pub async fn log(&self) -> Arc<dyn EventLog> {
-        Arc::new(
-            NatsLog::connect(
-                &self.nats.url(),
-                NatsOptions {
-                    create: true,
-                    ..NatsOptions::default()
-                },
-            )
-            .await
-            .expect("open the log"),
-        )
+        let log = match &self.reader {
+            Some(seed) => {
+                let client = connect_as(&self.nats.url(), seed).await;
+                NatsLog::open(client, NatsOptions::default()).await
+            }
+            None => NatsLog::connect(&self.nats.url(), NatsOptions::default()).await,
+        };
+        Arc::new(log.expect("open the log"))
     }
 
     pub async fn events(&self) -> Vec<(String, DomainEvent)> {

@@ -619,43 +619,33 @@ async fn every_service_runs_as_its_own_binary() {
         .await;
 }
 
-/// Authorship: inventory and stack-assigner sign their records with keys
-/// made by `switchyard keys new` and check the others' against the keyring.
-/// A record appended by someone without inventory's key — a correct hash
-/// chain, "inventory" as its actor, DRA turned off — is passed over by the
-/// stack-assigner (no label stripped) and named by `switchyard log verify
-/// --keyring`, while every record the services wrote verifies.
+/// On the chart's secured bus (its authorization rendered by `helm
+/// template`, the keys made by `switchyard keys chart`), inventory and
+/// stack-assigner run with exactly their NATS permissions, sign their records
+/// and check the others' against the keyring.
+/// - A record appended with the stack-assigner's stolen key — a correct hash
+///   chain, "inventory" as its actor, DRA turned off — is passed over by the
+///   stack-assigner (no label stripped) and named by `switchyard log verify
+///   --keyring`, while every record the services wrote verifies.
+/// - An operator's command, signed with their key, is recorded as theirs
+///   whatever it says of itself; one claiming another actor, or unsigned, is
+///   refused; the CLI takes only the service's own signed answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
-    let mut world = World::start(Components::default()).await;
+async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_signers() {
+    let release = secured::Release::render();
+    let mut world = World::start_secured(Components::default(), release.bus()).await;
     let c = world.client.clone();
     create_group(&c, "gpu-dra", false).await;
     create_node(&c, "dra-1", &[(GROUP, "gpu-dra")], Vec::new()).await;
     set_module_config(&c, true, None).await;
 
-    let dir = world.dir.path().to_path_buf();
-    let mut keyring = String::new();
+    let ring = release.keyring();
     for service in ["inventory", "stack-assigner"] {
-        let seed = dir.join(format!("{service}.seed"));
-        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["keys", "new", "--identity", service, "--seed-file"])
-            .arg(&seed)
-            .output()
-            .expect("run switchyard keys new");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        keyring.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
-    let ring = dir.join("keyring.yaml");
-    std::fs::write(&ring, &keyring).unwrap();
-    for service in ["inventory", "stack-assigner"] {
-        let seed = dir.join(format!("{service}.seed"));
+        let seed = release.seed(service);
         world.serve_with_env(
             service,
             &[
+                ("SWITCHYARD_NATS_NKEY", seed.to_str().unwrap()),
                 ("SWITCHYARD_SIGNING_KEY", seed.to_str().unwrap()),
                 ("SWITCHYARD_KEYRING", ring.to_str().unwrap()),
             ],
@@ -664,7 +654,8 @@ async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
     let dra = map(&[(GROUP, "gpu-dra"), (STACK, "dra")]);
     world.labels_become("dra-1", &dra).await;
 
-    // The forgery: the module's settings with DRA off, as "inventory".
+    // The forgery: the module's settings with DRA off, as "inventory",
+    // appended with the stack-assigner's key (which may append records).
     let settings = world
         .events()
         .await
@@ -683,9 +674,13 @@ async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
             },
         )),
     };
-    let log = world.log().await;
+    let stolen = release.args(&world.nats.url(), "stack-assigner");
+    let thief = stolen
+        .log(stolen.client("thief").await.unwrap())
+        .await
+        .unwrap();
     let forged_at = switchyard_eventlog::append_attributed(
-        log.as_ref(),
+        thief.as_ref(),
         "inventory",
         "inventory",
         &[(&forged, "")],
@@ -703,11 +698,61 @@ async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
         "the forgery turned nothing off\n{}",
         world.output()
     );
-    let assigner_log = std::fs::read_to_string(dir.join("stack-assigner.log")).unwrap();
+    let assigner_log =
+        std::fs::read_to_string(world.dir.path().join("stack-assigner.log")).unwrap();
     assert!(
         assigner_log.contains("passed over a record its signature does not vouch for"),
         "{assigner_log}"
     );
+
+    // Commands: as the operator, signed; the answer checked against the keyring.
+    let operator = release.seed(secured::OPERATOR);
+    let cli = |args: &[&str], signed: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        command
+            .args(args)
+            .env("SWITCHYARD_NATS_URL", world.nats.url())
+            .env("SWITCHYARD_NATS_NKEY", &operator)
+            .env("SWITCHYARD_KEYRING", &ring);
+        if signed {
+            command.env("SWITCHYARD_SIGNING_KEY", &operator);
+        }
+        let out = command.output().expect("run switchyard");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let handover = [
+        "handover", "--node", "dra-1", "--to", "gpu-dra", "--id", "h1",
+    ];
+    let mut unsigned = handover.to_vec();
+    unsigned.extend(["--actor", secured::OPERATOR]);
+    let (_, err) = cli(&unsigned, false);
+    assert!(err.contains("refused: the command is not signed"), "{err}");
+    let mut as_mallory = handover.to_vec();
+    as_mallory.extend(["--actor", "mallory"]);
+    let (_, err) = cli(&as_mallory, true);
+    assert!(
+        err.contains(
+            "refused: actor: \"mallory\" is not the signer's identity \"ops@example.com\""
+        ),
+        "{err}"
+    );
+    // dra-1 is in gpu-dra already: refused by the stack-assigner's rules,
+    // and the refusal is recorded as the operator's.
+    let (out, err) = cli(&handover, true);
+    assert!(!err.contains("forged"), "{out}{err}");
+    let log = world.log().await;
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log");
+    let decided = records
+        .iter()
+        .find(|s| s.envelope.event_type.starts_with("Handover"))
+        .unwrap_or_else(|| panic!("the handover's decision is recorded\n{out}{err}"));
+    assert_eq!(decided.envelope.actor, secured::OPERATOR, "{out}{err}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args([
@@ -715,8 +760,10 @@ async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
             "verify",
             "--nats-url",
             &world.nats.url(),
-            "--keyring",
+            "--nats-nkey",
         ])
+        .arg(&operator)
+        .arg("--keyring")
         .arg(&ring)
         .output()
         .expect("run switchyard log verify");
@@ -729,20 +776,16 @@ async fn a_forged_record_is_passed_over_and_named_by_log_verify() {
     assert_eq!(
         problems,
         [format!(
-            "problem: sequence {forged_at} (sequence {forged_at}): ModuleSettingsObserved on cluster.module by \"inventory\": not signed"
+            "problem: sequence {forged_at} (sequence {forged_at}): ModuleSettingsObserved on cluster.module by \"inventory\": claims to be written by inventory but is signed by stack-assigner"
         )
         .as_str()],
         "{stdout}"
     );
-    let records = log
-        .read(ReadRequest::default())
-        .await
-        .expect("read the log")
-        .len();
     assert!(
         stdout.contains(&format!(
-            "authorship: {} of {records} records signed by the author they name",
-            records - 1
+            "authorship: {} of {} records signed by the author they name",
+            records.len() - 1,
+            records.len()
         )),
         "{stdout}"
     );

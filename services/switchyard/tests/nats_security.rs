@@ -3,160 +3,17 @@
 //! made: each identity does what its role needs and is refused the rest, and
 //! what a stolen service key can still publish is named by `log verify`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+
 use std::time::Duration;
 
 use async_nats::jetstream;
-use serde::Deserialize;
 use switchyard_eventlog::{append_attributed, now_nanos};
 use switchyard_proto::v1::{DomainEvent, ModuleSettingsObserved, NodeObserved, domain_event::Kind};
-use switchyard_runtime::connect::{NatsArgs, NatsAuthArgs, StreamArgs};
-use switchyard_testkit::helm_binary;
 use switchyard_testkit::nats::{NatsOptions, NatsServer};
 use tokio::sync::mpsc;
 
-const STREAM: &str = "SWITCHYARD_LOG";
-
-fn switchyard(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .output()
-        .expect("run switchyard")
-}
-
-/// What a release's keys and its rendered server configuration are.
-struct Release {
-    dir: tempfile::TempDir,
-    /// The chart's `auth.conf`, as rendered.
-    authorization: String,
-}
-
-impl Release {
-    /// `switchyard keys chart`, an operator's `keys new`, and `helm template`
-    /// of the chart with them.
-    fn render() -> Release {
-        let dir = tempfile::tempdir().unwrap();
-        let keys = dir.path().join("keys");
-        let out = switchyard(&["keys", "chart", "--out", keys.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let values = dir.path().join("values.yaml");
-        std::fs::write(&values, &out.stdout).unwrap();
-        let operator = dir.path().join("operator");
-        let out = switchyard(&[
-            "keys",
-            "new",
-            "--identity",
-            "ops@example.com",
-            "--seed-file",
-            operator.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = String::from_utf8_lossy(&out.stdout);
-        let key = line
-            .trim()
-            .strip_prefix("ops@example.com: [")
-            .and_then(|k| k.strip_suffix(']'))
-            .unwrap_or_else(|| panic!("keys new printed {line:?}"));
-        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/switchyard");
-        let helm = helm_binary().unwrap_or_else(|e| panic!("{e}"));
-        let out = Command::new(helm)
-            .args(["template", "sy"])
-            .arg(&chart)
-            .arg("-f")
-            .arg(&values)
-            .args([
-                "--set",
-                "nats.bundled.enabled=true",
-                "--set",
-                "security.seedsSecret=sy-keys",
-                "--set-json",
-                &format!("security.operators={{\"ops@example.com\":[\"{key}\"]}}"),
-            ])
-            .output()
-            .expect("run helm");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let config_map = |name: &str, key: &str| -> String {
-            serde_yaml_ng::Deserializer::from_str(&text)
-                .filter_map(|doc| serde_json::Value::deserialize(doc).ok())
-                .find(|doc| doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == name)
-                .and_then(|doc| doc["data"][key].as_str().map(str::to_string))
-                .unwrap_or_else(|| panic!("the chart renders ConfigMap {name} with {key}"))
-        };
-        let authorization = config_map("sy-switchyard-nats", "auth.conf");
-        std::fs::write(
-            dir.path().join("keyring.yaml"),
-            config_map("sy-switchyard-keyring", "keyring.yaml"),
-        )
-        .unwrap();
-        Release { dir, authorization }
-    }
-
-    fn seed(&self, identity: &str) -> PathBuf {
-        match identity {
-            "ops@example.com" => self.dir.path().join("operator"),
-            service => self.dir.path().join("keys").join(service),
-        }
-    }
-
-    fn keyring(&self) -> PathBuf {
-        self.dir.path().join("keyring.yaml")
-    }
-
-    fn public_key(&self, identity: &str) -> String {
-        switchyard_runtime::connect::read_seed(&self.seed(identity))
-            .unwrap()
-            .public_key()
-    }
-
-    fn args(&self, url: &str, identity: &str) -> NatsArgs {
-        NatsArgs {
-            nats_url: url.to_string(),
-            auth: NatsAuthArgs {
-                nats_nkey: Some(self.seed(identity)),
-                ..NatsAuthArgs::default()
-            },
-            signing_key: Some(self.seed(identity)),
-            stream: StreamArgs {
-                stream: STREAM.into(),
-                subject_prefix: "switchyard.log".into(),
-                stream_replicas: 1,
-            },
-        }
-    }
-
-    /// A connection as `identity`, and the errors the server sends it.
-    async fn connect(
-        &self,
-        url: &str,
-        identity: &str,
-    ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let options = async_nats::ConnectOptions::new().event_callback(move |event| {
-            let tx = tx.clone();
-            async move {
-                if let async_nats::Event::ServerError(err) = event {
-                    let _ = tx.send(err.to_string());
-                }
-            }
-        });
-        let options = self.args(url, identity).auth.apply(options).await.unwrap();
-        (options.connect(url).await.unwrap(), rx)
-    }
-}
+use support::secured::{Release, STREAM, switchyard};
 
 /// Waits (up to 10 s) for the server to refuse something with a message
 /// holding `expected`.

@@ -4,4 +4,6 @@
 //! shared with the `switchyard-loadtest migrate` benchmark.
 #![allow(dead_code, unused_imports)]
 
+pub mod secured;
+
 pub use switchyard_testkit::migration::*;
