@@ -83,6 +83,8 @@ const SUPPORTED: &[&str] = &[
     // the optional library's list functions
     "first",
     "last",
+    // DRA's `includes` (declared for stored selectors; see library.rs)
+    "includes",
     // (`lists.range(n)` is the call `range` on the namespace `lists`)
     "range",
     // Kubernetes' lists library, the sets extension, the regex library

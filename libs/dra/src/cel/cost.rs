@@ -14,8 +14,8 @@
 //!
 //! The estimate covers the standard library, the string, list and set
 //! extensions, Kubernetes' quantity, semver, list and regex libraries,
-//! optional types, `cel.bind` and the comprehension macros, `sortBy`
-//! included. For anything else it answers `None` (not estimated).
+//! DRA's `includes`, optional types, `cel.bind` and the comprehension
+//! macros, `sortBy` included. For anything else it answers `None` (not estimated).
 
 use std::collections::HashMap;
 
@@ -562,6 +562,21 @@ impl Coster {
                     self.outside = true;
                 }
                 let range_ty = self.ty(&c.iter_range);
+                // The type checker ranges over lists, maps and `dyn` only: an
+                // attribute's value (`any`), a quantity, a string... is refused
+                // when the selector is compiled, not when it is evaluated.
+                if !matches!(range_ty, Ty::List(_) | Ty::Map(..) | Ty::Dyn)
+                    && self.type_error.is_none()
+                {
+                    let name = match &range_ty {
+                        Ty::Null => "null".to_string(),
+                        Ty::Device => "kubernetes.DRADevice".to_string(),
+                        t => t.name(),
+                    };
+                    self.type_error = Some(format!(
+                        "expression of type '{name}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                    ));
+                }
                 let range_entry = self.entry(&c.iter_range);
                 let list = match range_entry {
                     Some(entry) => entry.list,
@@ -937,8 +952,15 @@ impl Coster {
                 (default, t)
             }
             ("or", Some(_), [_]) => (default, target_ty.clone().unwrap_or(Ty::Dyn)),
-            // `dyn(x)`: an O(1) call whose result the checker knows nothing of.
-            ("dyn", None, [_]) => (default, Ty::Dyn),
+            // `dyn(x)`: an O(1) call whose result the checker knows nothing
+            // of, but cel-go's coster unwraps it: `x`'s sizes carry over.
+            ("dyn", None, [x]) => {
+                result_size = self.size(x);
+                if let Some(entry) = self.entry(x) {
+                    self.entries.insert(e.id, entry);
+                }
+                (default, Ty::Dyn)
+            }
             // `strings.quote(s)`: one traversal; every character may be
             // escaped, and the quotes are added.
             ("strings.quote", None, [a]) => {
@@ -954,6 +976,16 @@ impl Coster {
                 let elem = target_ty.as_ref().map_or(Ty::Dyn, Ty::elem);
                 (default, Ty::Optional(Box::new(elem)))
             }
+            // DRA's `includes`: Kubernetes' estimator bounds its target by the
+            // values a list attribute may have, whatever the target is.
+            ("includes", Some(_), [_]) => (
+                Est {
+                    min: 0,
+                    max: super::library::MAX_ATTRIBUTE_VALUES as u64,
+                }
+                .add(arg_sum),
+                Ty::Bool,
+            ),
             // The sets extension: the product of the lists' sizes.
             ("sets.contains" | "sets.intersects" | "sets.equivalent", None, [a, b]) => {
                 let factor = if name == "sets.equivalent" { 2.0 } else { 1.0 };

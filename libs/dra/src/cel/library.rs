@@ -1,4 +1,5 @@
-//! Kubernetes' lists, sets and regex libraries, list `first` / `last`, `cel.bind`.
+//! Kubernetes' lists, sets and regex libraries, list `first` / `last`, DRA's
+//! `includes`, `cel.bind`.
 
 use std::sync::Arc;
 
@@ -11,11 +12,19 @@ use super::values::no_overload;
 
 /// The list functions the crate does not have: Kubernetes' `indexOf` and
 /// `lastIndexOf` on lists (the first / last index of an equal element, or
-/// -1), and the optional library's `first` and `last` (the element, or
-/// `optional.none()` for an empty list). The string overloads of `indexOf`
-/// and `lastIndexOf` stay the string extension's.
+/// -1), the optional library's `first` and `last` (the element, or
+/// `optional.none()` for an empty list), and DRA's `includes` (see
+/// [`includes`]). The string overloads of `indexOf` and `lastIndexOf` stay
+/// the string extension's.
 pub(super) fn list_library(env: &mut Env) -> Result<(), cel::DeclarationError> {
     use cel::common::types::{DYN_TYPE, LIST_TYPE};
+    env.add_member_overload(
+        "includes",
+        "dra_includes_dyn_dyn",
+        DYN_TYPE,
+        vec![DYN_TYPE],
+        includes,
+    )?;
     env.add_member_overload(
         "indexOf",
         "list_indexOf",
@@ -69,6 +78,45 @@ fn list_position<'b, 'v>(
     };
     let index = found.map_or(-1, |i| i as i64);
     Ok(CowVal::owned(cel::common::types::CelInt::from(index)))
+}
+
+/// Kubernetes' limit on the values of a list attribute
+/// (`ResourceSliceMaxAttributeValuesPerDevice`), which bounds `includes`.
+pub(super) const MAX_ATTRIBUTE_VALUES: usize = 48;
+
+/// `target.includes(x)`, the function Kubernetes 1.36 adds for list-typed
+/// attributes: whether a list has an element equal to `x` (an error past
+/// [`MAX_ATTRIBUTE_VALUES`] elements without one), or whether any other
+/// value equals `x`. With DRAListTypeAttributes off, as in 1.36 by default,
+/// the API server refuses it in new selectors, but the scheduler compiles
+/// stored selectors in the environment that declares every function of the
+/// release, so a stored selector that calls it is evaluated — found by
+/// Kubernetes' own CEL table (libs/dra/tests/conformance.rs).
+fn includes<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let [target, wanted]: [CowVal<'b, 'v>; 2] = args
+        .try_into()
+        .map_err(|a: Vec<_>| ExecutionError::invalid_argument_count(2, a.len()))?;
+    let found = if target.get_type().kind() == cel::common::types::Kind::List {
+        let mut found = false;
+        for (i, item) in list_items(&target)?.into_iter().enumerate() {
+            if i >= MAX_ATTRIBUTE_VALUES {
+                return Err(ExecutionError::function_error(
+                    "includes",
+                    format!(
+                        "'includes' function cannot be applied to lists longer than {MAX_ATTRIBUTE_VALUES} values"
+                    ),
+                ));
+            }
+            if item.equals(wanted.as_ref()) {
+                found = true;
+                break;
+            }
+        }
+        found
+    } else {
+        target.equals(wanted.as_ref())
+    };
+    Ok(CowVal::owned(cel::common::types::CelBool::from(found)))
 }
 
 fn list_end<'b, 'v>(

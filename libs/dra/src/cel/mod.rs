@@ -23,10 +23,13 @@
 //! `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or`)
 //! are the crate's; list `indexOf` / `lastIndexOf` (Kubernetes' lists
 //! library), `first` / `last` (the optional library), `dyn` and
-//! `strings.quote` too. The type checker's refusals that follow from the
-//! types known here: a list or map literal mixing element types
-//! (`expected type 'int' but found 'string'`) and `indexOf` of a value of
-//! another type than the list's. Not yet, and refused as such: the URL, IP,
+//! `strings.quote` too, and DRA's `includes` (declared for stored selectors
+//! in 1.36 although new ones may use it only with DRAListTypeAttributes on).
+//! The type checker's refusals that follow from the types known here: a list
+//! or map literal mixing element types (`expected type 'int' but found
+//! 'string'`), `indexOf` of a value of another type than the list's, and a
+//! comprehension over a value that is not a list, a map or `dyn` (an
+//! attribute's, a quantity, a string). Not yet, and refused as such: the URL, IP,
 //! CIDR, format, duration, timestamp and bytes libraries and two-variable
 //! comprehensions. One known difference: when both sides of `&&` or `||`
 //! fail, Kubernetes reports the left side's error and this evaluator the right
