@@ -253,3 +253,121 @@ async fn each_identity_does_what_its_role_needs_and_nothing_else() {
     assert!(!stdout.contains("configured"), "{stdout}");
     assert_eq!(log.last_sequence(None).await.unwrap(), 3);
 }
+
+/// A CA, and a certificate it signed for the server's loopback address:
+/// (CA PEM, server certificate PEM, server key PEM).
+fn certificates() -> (String, String, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "switchyard-nats-ca");
+    let ca =
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), server.pem(), key.serialize_pem())
+}
+
+/// The bus over TLS: a client that trusts the server's CA (`--nats-tls-ca`)
+/// connects, reads and writes; one without it, or trusting another CA, is
+/// refused before it says who it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_only_clients_that_trust_the_servers_ca_connect() {
+    let release = Release::render();
+    let dir = release.dir.path();
+    let (ca, cert, key) = certificates();
+    let (other_ca, _, _) = certificates();
+    for (file, pem) in [
+        ("ca.pem", &ca),
+        ("server.pem", &cert),
+        ("server-key.pem", &key),
+        ("other-ca.pem", &other_ca),
+    ] {
+        std::fs::write(dir.join(file), pem).unwrap();
+    }
+    let extra = format!(
+        "{}\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+        release.authorization,
+        dir.join("server.pem").display(),
+        dir.join("server-key.pem").display()
+    );
+    let server = tokio::task::spawn_blocking(move || {
+        NatsServer::start_with(NatsOptions {
+            extra,
+            ..NatsOptions::default()
+        })
+    })
+    .await
+    .unwrap();
+    let url = server.url();
+    let seed = release.seed("log-init");
+    let init = |ca: Option<&str>| {
+        let mut args = vec![
+            "log",
+            "init",
+            "--nats-url",
+            &url,
+            "--nats-nkey",
+            seed.to_str().unwrap(),
+        ];
+        if let Some(ca) = ca {
+            args.extend(["--nats-tls-ca", ca]);
+        }
+        switchyard(&args)
+    };
+    let ca_path = dir.join("ca.pem");
+    let other_path = dir.join("other-ca.pem");
+    for refused in [None, Some(other_path.to_str().unwrap())] {
+        let out = init(refused);
+        assert!(
+            !out.status.success(),
+            "log init with CA {refused:?} connected:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = init(Some(ca_path.to_str().unwrap()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A service over TLS appends; an operator over TLS verifies.
+    let mut inventory = release.args(&url, "inventory");
+    inventory.auth.nats_tls_ca = Some(ca_path.clone());
+    let client = inventory.client("inventory").await.unwrap();
+    let log = inventory.log(client).await.unwrap();
+    append_attributed(
+        log.as_ref(),
+        "inventory",
+        "inventory",
+        &[(&node("n1"), "")],
+        now_nanos(),
+    )
+    .await
+    .unwrap();
+    let operator = release.seed(support::secured::OPERATOR);
+    let keyring = release.keyring();
+    let out = switchyard(&[
+        "log",
+        "verify",
+        "--nats-url",
+        &url,
+        "--nats-nkey",
+        operator.to_str().unwrap(),
+        "--nats-tls-ca",
+        ca_path.to_str().unwrap(),
+        "--keyring",
+        keyring.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("authorship: 1 of 1 records signed by the author they name"),
+        "{stdout}"
+    );
+}
