@@ -520,3 +520,116 @@ fn the_target_group_is_compared_with_the_source_group() {
         rows[0].fix
     );
 }
+
+fn mk_cluster_role(
+    name: &str,
+    labels: Value,
+    rules: Value,
+    aggregation: Option<Value>,
+) -> k8s_openapi::api::rbac::v1::ClusterRole {
+    let mut role = json!({"metadata": {"name": name, "labels": labels}, "rules": rules});
+    if let Some(a) = aggregation {
+        role["aggregationRule"] = a;
+    }
+    from(role)
+}
+
+fn mk_cluster_role_binding(
+    name: &str,
+    role: &str,
+    subjects: Value,
+) -> k8s_openapi::api::rbac::v1::ClusterRoleBinding {
+    from(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": subjects}))
+}
+
+#[test]
+fn tenants_are_everyone_but_system_components_switchyard_and_the_driver() {
+    let mut s = healthy();
+    s.cluster_roles = vec![
+        // Aggregates by expression; writes reach it through the aggregation.
+        mk_cluster_role(
+            "tenant",
+            json!({}),
+            json!([]),
+            Some(
+                json!({"clusterRoleSelectors": [{"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}]}]}),
+            ),
+        ),
+        mk_cluster_role(
+            "slices",
+            json!({"tier": "gpu"}),
+            json!([{"apiGroups": ["resource.k8s.io"], "resources": ["*"], "verbs": ["patch", "get"]}]),
+            None,
+        ),
+        mk_cluster_role(
+            "reader",
+            json!({}),
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]),
+            None,
+        ),
+    ];
+    s.service_accounts = vec![from(
+        json!({"metadata": {"name": "switchyard-node-agent", "namespace": "switchyard-system",
+        "labels": {"app.kubernetes.io/part-of": "switchyard", "app.kubernetes.io/component": "node-agent", "app.kubernetes.io/instance": "sy"}}}),
+    )];
+    s.cluster_role_bindings = vec![
+        mk_cluster_role_binding(
+            "everyone",
+            "tenant",
+            json!([
+                {"kind": "Group", "name": "system:authenticated"},
+                {"kind": "Group", "name": "system:serviceaccounts:kube-system"},
+                {"kind": "User", "name": "system:serviceaccount:ml:trainer"},
+                {"kind": "ServiceAccount", "name": "switchyard-node-agent", "namespace": "switchyard-system"},
+                {"kind": "ServiceAccount", "name": "plugin", "namespace": "nvidia-dra-driver-gpu"}
+            ]),
+        ),
+        // Reading is no finding.
+        mk_cluster_role_binding(
+            "readers",
+            "reader",
+            json!([{"kind": "Group", "name": "ml-team"}]),
+        ),
+    ];
+    let findings = diagnose(&s);
+    let tenants = only(&findings, Row::TenantWritesDraInventory);
+    assert_eq!(tenants.len(), 1, "{findings:#?}");
+    assert_eq!(
+        tenants[0].objects,
+        [
+            "ClusterRoleBinding/everyone",
+            "ClusterRole/tenant",
+            "Group/system:authenticated",
+            "User/system:serviceaccount:ml:trainer"
+        ]
+    );
+    assert!(
+        tenants[0]
+            .cause
+            .contains("patch on deviceclasses; patch on resourceslices"),
+        "{}",
+        tenants[0].cause
+    );
+    assert_eq!(
+        tenants[0].fix,
+        r#"kubectl patch clusterrolebinding everyone --type json -p '[{"op":"remove","path":"/subjects/2"},{"op":"remove","path":"/subjects/0"}]'"#
+    );
+    // The node agent may write slices through the same binding, and no policy confines it.
+    let agent = only(&findings, Row::NodeAgentSlicesUnconfined);
+    assert_eq!(agent.len(), 1, "{findings:#?}");
+    assert_eq!(
+        agent[0].objects,
+        [
+            "ServiceAccount/switchyard-system/switchyard-node-agent",
+            "ClusterRoleBinding/everyone",
+            "ValidatingAdmissionPolicy/switchyard-node-agent-own-node"
+        ]
+    );
+    assert!(
+        agent[0].fix.starts_with("helm upgrade sy "),
+        "{}",
+        agent[0].fix
+    );
+}

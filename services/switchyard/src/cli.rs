@@ -57,7 +57,8 @@ enum Command {
     Dra(crate::dra_cmd::DraCommand),
     /// Diagnose the reference's "Common mistakes" (and the NVIDIA guide's
     /// troubleshooting list) on the live cluster, read-only: each finding
-    /// with its objects, cause and fix. Exit 0 nothing found, 1 findings, 2 error.
+    /// with its objects, cause and fix. Exit 0 nothing found (or only
+    /// informational findings), 1 a warning, 2 error.
     Doctor(crate::doctor::DoctorArgs),
     /// Why an object is as it is, from what the API server holds.
     #[command(subcommand)]

@@ -8,15 +8,19 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use switchyard_alerter::doctor::{self, Finding, PodExplanation, Snapshot};
+use switchyard_alerter::doctor::{self, Finding, PodExplanation, Severity, Snapshot};
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 
 use crate::kube_args::KubeArgs;
@@ -102,6 +106,19 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         list::<Deployment>(client),
         list::<StatefulSet>(client),
     )?;
+    // Who may do what with devices: RBAC as stored, the admission policies.
+    let (namespaces, service_accounts, cluster_roles, cluster_role_bindings) = tokio::try_join!(
+        list::<Namespace>(client),
+        list::<ServiceAccount>(client),
+        list::<ClusterRole>(client),
+        list::<ClusterRoleBinding>(client),
+    )?;
+    let (roles, role_bindings, admission_policies, admission_policy_bindings) = tokio::try_join!(
+        list::<Role>(client),
+        list::<RoleBinding>(client),
+        list::<ValidatingAdmissionPolicy>(client),
+        list::<ValidatingAdmissionPolicyBinding>(client),
+    )?;
     Ok(Snapshot {
         nodes,
         node_groups,
@@ -122,6 +139,14 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         pods,
         deployments,
         stateful_sets,
+        namespaces,
+        service_accounts,
+        cluster_roles,
+        cluster_role_bindings,
+        roles,
+        role_bindings,
+        admission_policies,
+        admission_policy_bindings,
     })
 }
 
@@ -142,7 +167,9 @@ pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     )? {
         write_stdout(&findings_table(&findings))?;
     }
-    Ok(ExitCode::from(if findings.is_empty() { 0 } else { 1 }))
+    // Information (who holds admin access) is for review, not a mistake.
+    let mistakes = findings.iter().any(|f| f.severity == Severity::Warning);
+    Ok(ExitCode::from(u8::from(mistakes)))
 }
 
 fn findings_table(findings: &[Finding]) -> String {
@@ -152,18 +179,31 @@ fn findings_table(findings: &[Finding]) -> String {
         return out;
     }
     for f in findings {
-        let _ = writeln!(out, "[{}] {}", f.row.id(), f.observation);
+        let info = if f.severity == Severity::Info {
+            "(info) "
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "[{}] {info}{}", f.row.id(), f.observation);
         let _ = writeln!(out, "  objects: {}", f.objects.join(", "));
         let _ = writeln!(out, "  cause:   {}", f.cause);
         let _ = writeln!(out, "  fix:     {}", f.fix);
         out.push('\n');
     }
-    let _ = writeln!(
+    let info = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Info)
+        .count();
+    let _ = write!(
         out,
         "{} finding{}",
         findings.len(),
         if findings.len() == 1 { "" } else { "s" }
     );
+    if info > 0 {
+        let _ = write!(out, " ({info} informational)");
+    }
+    out.push('\n');
     out
 }
 

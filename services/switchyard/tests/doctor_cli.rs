@@ -722,3 +722,437 @@ async fn explain_pod_names_the_reason_per_node_and_device() {
     assert_eq!(code, 2);
     assert!(err.contains("pod ml/nope not found"), "{err}");
 }
+
+/// The chart's identities and admission policies, as `helm template` renders
+/// them for release `switchyard` in `switchyard-system`.
+fn chart_access() -> Vec<Value> {
+    let helm = switchyard_testkit::helm_binary().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(helm)
+        .args(["template", "switchyard"])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/helm/switchyard"
+        ))
+        .args([
+            "--namespace",
+            "switchyard-system",
+            "--set",
+            "nats.url=nats://nats.example:4222",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+        .filter(|doc| {
+            matches!(
+                doc["kind"].as_str(),
+                Some(
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                        | "ValidatingAdmissionPolicy"
+                        | "ValidatingAdmissionPolicyBinding"
+                )
+            )
+        })
+        .collect()
+}
+
+/// Server-side apply of a rendered object of one of `chart_access`'s kinds.
+async fn apply_doc(client: &Client, doc: &Value) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let kind = doc["kind"].as_str().unwrap();
+    let resource = match kind {
+        "ServiceAccount" => ApiResource::erase::<ServiceAccount>(&()),
+        "ClusterRole" => ApiResource::erase::<ClusterRole>(&()),
+        "ClusterRoleBinding" => ApiResource::erase::<ClusterRoleBinding>(&()),
+        "Role" => ApiResource::erase::<Role>(&()),
+        "RoleBinding" => ApiResource::erase::<RoleBinding>(&()),
+        "ValidatingAdmissionPolicy" => ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+        "ValidatingAdmissionPolicyBinding" => {
+            ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&())
+        }
+        other => panic!("{other}"),
+    };
+    let api: Api<DynamicObject> = match doc["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let name = doc["metadata"]["name"].as_str().unwrap();
+    api.patch(
+        name,
+        &PatchParams::apply("doctor-test").force(),
+        &Patch::Apply(doc),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+}
+
+/// The chart's ServiceAccounts, roles, bindings and admission policies, installed.
+async fn install_chart_access(client: &Client) -> Vec<Value> {
+    create_namespace(client, "switchyard-system").await;
+    let docs = chart_access();
+    for doc in &docs {
+        apply_doc(client, doc).await;
+    }
+    docs
+}
+
+fn admin_claim(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io"}},
+            {"name": "all", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io", "allocationMode": "All", "adminAccess": true}}]}}})
+}
+
+fn admin_template(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "monitor", "exactly": {"deviceClassName": "a100.gpu.deckhouse.io", "adminAccess": true}}]}}}})
+}
+
+async fn label_namespace(client: &Client, ns: &str, labels: Value) {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": labels}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("label namespace {ns}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_access_is_listed_in_admin_namespaces_and_a_finding_outside_them() {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    let (plane, client) = start().await;
+    healthy(&client).await;
+    create_namespace(&client, "ops").await;
+    label_namespace(
+        &client,
+        "ops",
+        json!({"resource.kubernetes.io/admin-access": "true"}),
+    )
+    .await;
+    // Who may create claims in the admin namespace: carol, through a Role.
+    create::<Role>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "claims", "namespace": "ops"},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "create"]}]})).await;
+    create::<RoleBinding>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "claims", "namespace": "ops"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "carol"}]})).await;
+    create::<ResourceClaim>(&client, admin_claim("ops", "monitor")).await;
+    create::<ResourceClaimTemplate>(&client, admin_template("ops", "monitor")).await;
+
+    // The labelled namespace is information: exit 0.
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 1), "{findings:#?}");
+    let f = &findings[0];
+    assert_eq!(
+        (f["row"].as_str(), f["severity"].as_str()),
+        (Some("admin-access-namespace"), Some("info"))
+    );
+    assert_eq!(
+        objects(f),
+        [
+            "Namespace/ops",
+            "ResourceClaim/ops/monitor",
+            "ResourceClaimTemplate/ops/monitor"
+        ]
+    );
+    let cause = f["cause"].as_str().unwrap();
+    for part in [
+        "whoever may create ResourceClaims or ResourceClaimTemplates in it can get admin access to every device",
+        "may create claims there: User/carol (RoleBinding/ops/claims)",
+        "ResourceClaim/ops/monitor (request all)",
+    ] {
+        assert!(cause.contains(part), "{part} in {cause}");
+    }
+    assert_eq!(
+        f["fix"],
+        "kubectl label namespace ops resource.kubernetes.io/admin-access-"
+    );
+    let (code, out, _) = switchyard(&plane, &["doctor"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with(
+            "[admin-access-namespace] (info) A namespace grants DRA admin access to every device\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.trim_end().ends_with("1 finding (1 informational)"),
+        "{out}"
+    );
+
+    // Kubernetes itself refuses adminAccess outside a labelled namespace...
+    let refused = Api::<ResourceClaim>::namespaced(client.clone(), "ml")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(admin_claim("ml", "sneaky")).unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.message.contains("admin-access")),
+        "{refused:?}"
+    );
+    // ...but not what is already there when the label goes (here replaced by
+    // the alpha label, which 1.33 no longer honours).
+    label_namespace(
+        &client,
+        "ops",
+        json!({"resource.kubernetes.io/admin-access": null, "resource.k8s.io/admin-access": "true"}),
+    )
+    .await;
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (1, 1), "{findings:#?}");
+    let f = &findings[0];
+    assert_eq!(
+        (f["row"].as_str(), f["severity"].as_str()),
+        (
+            Some("admin-access-outside-admin-namespace"),
+            Some("warning")
+        )
+    );
+    assert_eq!(
+        f["observation"],
+        "A claim asks for DRA admin access outside an admin namespace"
+    );
+    assert_eq!(
+        objects(f),
+        [
+            "Namespace/ops",
+            "ResourceClaim/ops/monitor",
+            "ResourceClaimTemplate/ops/monitor"
+        ]
+    );
+    let cause = f["cause"].as_str().unwrap();
+    for part in [
+        "ResourceClaim/ops/monitor (request all), ResourceClaimTemplate/ops/monitor (request monitor) ask for adminAccess",
+        "namespace ops is not labelled resource.kubernetes.io/admin-access=true",
+        "it carries resource.k8s.io/admin-access, the alpha label",
+    ] {
+        assert!(cause.contains(part), "{part} in {cause}");
+    }
+    // The fix, typed as given, clears the row.
+    let fix = f["fix"].as_str().unwrap();
+    assert_eq!(
+        fix,
+        "kubectl -n ops delete resourceclaim/monitor resourceclaimtemplate/monitor"
+    );
+    Api::<ResourceClaim>::namespaced(client.clone(), "ops")
+        .delete("monitor", &Default::default())
+        .await
+        .expect("delete the claim");
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), "ops")
+        .delete("monitor", &Default::default())
+        .await
+        .expect("delete the template");
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_who_may_write_device_classes_or_resource_slices() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+    let (plane, client) = start().await;
+    healthy(&client).await;
+    // Switchyard's own identities write DeviceClasses (class compiler) and
+    // ResourceSlices (node agent): not tenants.
+    install_chart_access(&client).await;
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+
+    let rbac = "rbac.authorization.k8s.io";
+    create::<ClusterRole>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "dra-editor"},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "list", "create", "update", "delete"]}]})).await;
+    // alice next to a system group: only alice is a finding.
+    create::<ClusterRoleBinding>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "dra-editor"},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "dra-editor"},
+        "subjects": [{"kind": "User", "apiGroup": rbac, "name": "alice"}, {"kind": "Group", "apiGroup": rbac, "name": "system:masters"}]})).await;
+    // An aggregated role, its rules not yet stored by the aggregation controller.
+    create::<ClusterRole>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gpu-tenant"},
+        "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"example.com/aggregate-to-gpu-tenant": "true"}}]}})).await;
+    create::<ClusterRole>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "slice-writer", "labels": {"example.com/aggregate-to-gpu-tenant": "true"}},
+        "rules": [{"apiGroups": ["*"], "resources": ["resourceslices"], "verbs": ["*"]}]})).await;
+    create::<ClusterRoleBinding>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "gpu-tenants"},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "gpu-tenant"},
+        "subjects": [{"kind": "Group", "apiGroup": rbac, "name": "ml-team"}, {"kind": "ServiceAccount", "name": "default", "namespace": "ml"}]})).await;
+    // System components and the GPU driver: not tenants.
+    create::<ClusterRoleBinding>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "dra-system"},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "dra-editor"},
+        "subjects": [{"kind": "ServiceAccount", "name": "resourceclaim-controller", "namespace": "kube-system"},
+                     {"kind": "User", "apiGroup": rbac, "name": "system:kube-scheduler"},
+                     {"kind": "ServiceAccount", "name": "nvidia-dra-adapter", "namespace": "d8-nvidia-gpu"}]})).await;
+    // A RoleBinding cannot grant cluster-scoped DeviceClasses: not a finding.
+    create::<RoleBinding>(&client, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "dra-editor", "namespace": "ml"},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "dra-editor"},
+        "subjects": [{"kind": "User", "apiGroup": rbac, "name": "bob"}]})).await;
+
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1);
+    let f = rows(&findings, "tenant-writes-dra-inventory");
+    assert_eq!(f.len(), 2, "{findings:#?}");
+    assert_eq!(findings.len(), 2, "{findings:#?}");
+    assert_eq!(
+        objects(f[0]),
+        [
+            "ClusterRoleBinding/dra-editor",
+            "ClusterRole/dra-editor",
+            "User/alice"
+        ]
+    );
+    let cause = f[0]["cause"].as_str().unwrap();
+    assert!(
+        cause.contains("gives ClusterRole/dra-editor's create, delete, update on deviceclasses (resource.k8s.io) to User/alice"),
+        "{cause}"
+    );
+    let alice_fix = f[0]["fix"].as_str().unwrap().to_string();
+    assert_eq!(
+        alice_fix,
+        r#"kubectl patch clusterrolebinding dra-editor --type json -p '[{"op":"remove","path":"/subjects/0"}]'"#
+    );
+    assert_eq!(
+        objects(f[1]),
+        [
+            "ClusterRoleBinding/gpu-tenants",
+            "ClusterRole/gpu-tenant",
+            "Group/ml-team",
+            "ServiceAccount/ml/default"
+        ]
+    );
+    assert!(
+        f[1]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("'s * on resourceslices"),
+        "{}",
+        f[1]["cause"]
+    );
+    assert_eq!(f[1]["fix"], "kubectl delete clusterrolebinding gpu-tenants");
+
+    // The API server agrees: alice may create a DeviceClass, bob may not.
+    let class: DeviceClass =
+        serde_json::from_value(json!({"metadata": {"name": "tenant.example.com"}, "spec": {}}))
+            .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let alice = Api::<DeviceClass>::all(plane.impersonating("alice", &["system:authenticated"]));
+    switchyard_testkit::eventually(
+        "alice's ClusterRoleBinding to reach the authorizer",
+        std::time::Duration::from_secs(20),
+        || async { alice.create(&dry_run, &class).await.is_ok() },
+    )
+    .await
+    .unwrap();
+    let bob = Api::<DeviceClass>::all(plane.impersonating("bob", &["system:authenticated"]));
+    let refused = bob.create(&dry_run, &class).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "{refused:?}"
+    );
+
+    // The fixes clear the row.
+    let ops = alice_fix
+        .split_once(" --type json -p '")
+        .and_then(|(_, p)| p.strip_suffix('\''))
+        .unwrap();
+    let ops: Value = serde_json::from_str(ops).unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch(
+            "dra-editor",
+            &PatchParams::default(),
+            &Patch::<Value>::Json(serde_json::from_value(ops).unwrap()),
+        )
+        .await
+        .expect("remove alice");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .delete("gpu-tenants", &Default::default())
+        .await
+        .expect("delete the binding");
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_agent_may_write_every_nodes_slices_without_its_policy() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let (plane, client) = start().await;
+    healthy(&client).await;
+    let docs = install_chart_access(&client).await;
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+    const POLICY: &str = "switchyard-node-agent-own-node";
+
+    // The policy without its binding is not enforced.
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
+    bindings
+        .delete(POLICY, &Default::default())
+        .await
+        .expect("delete the binding");
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (1, 1), "{findings:#?}");
+    let f = &findings[0];
+    assert_eq!(f["row"], "node-agent-slices-unconfined");
+    assert_eq!(
+        f["observation"],
+        "The node agent may write every node's ResourceSlices"
+    );
+    assert_eq!(
+        objects(f),
+        [
+            "ServiceAccount/switchyard-system/switchyard-node-agent",
+            "ClusterRoleBinding/switchyard-node-agent",
+            &format!("ValidatingAdmissionPolicy/{POLICY}")
+        ]
+    );
+    assert!(
+        f["cause"]
+            .as_str()
+            .unwrap()
+            .contains("no ValidatingAdmissionPolicyBinding binds it with validationActions Deny"),
+        "{f}"
+    );
+    assert_eq!(
+        f["fix"],
+        "helm upgrade switchyard deploy/helm/switchyard -n switchyard-system --reuse-values --set nodeAgent.admissionPolicy.enabled=true"
+    );
+
+    // Without the policy either.
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .delete(POLICY, &Default::default())
+        .await
+        .expect("delete the policy");
+    let (_, findings) = doctor(&plane);
+    let f = rows(&findings, "node-agent-slices-unconfined");
+    assert_eq!((f.len(), findings.len()), (1, 1), "{findings:#?}");
+    assert!(
+        f[0]["cause"].as_str().unwrap().contains(&format!(
+            "no ValidatingAdmissionPolicy matches its ResourceSlice writes (the chart's is {POLICY})"
+        )),
+        "{}",
+        f[0]
+    );
+
+    // The chart's policy and binding back: no finding.
+    for doc in docs.iter().filter(|d| d["metadata"]["name"] == POLICY) {
+        apply_doc(&client, doc).await;
+    }
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+}

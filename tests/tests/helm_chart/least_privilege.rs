@@ -157,8 +157,8 @@ async fn least_privilege_per_service_account() {
         .collect();
     assert_eq!(
         access.len(),
-        22,
-        "6 ServiceAccounts, 5 + 5 cluster roles and bindings, 2 Roles and their bindings, the policy and its binding"
+        24,
+        "6 ServiceAccounts, 5 + 5 cluster roles and bindings, 2 Roles and their bindings, the node agent's and the admin-access policies and their bindings"
     );
     let discovery = prepare_cluster(&admin, &access).await;
     for doc in &access {

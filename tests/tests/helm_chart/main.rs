@@ -2,11 +2,13 @@
 //! it renders passes the server's validation (server-side apply, dry run), its
 //! schema refuses typos, and each service's ServiceAccount can do what the
 //! service needs and is refused the rest — by RBAC, and for the node agent by
-//! the chart's admission policy that keeps it to its own node.
+//! the chart's admission policy that keeps it to its own node; DRA admin
+//! access only in the namespaces the chart's other policy allows.
 //!
 //! helm comes from `scripts/install-helm.sh`, the control plane from
 //! `scripts/control-plane.sh`; a missing one fails the test saying so.
 
+mod admin_access;
 mod least_privilege;
 mod rbac;
 mod render;

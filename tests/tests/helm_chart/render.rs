@@ -133,8 +133,9 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         assert_eq!(count("ClusterRoleBinding"), 5, "{variant}");
         assert_eq!(count("Role"), 2, "{variant}");
         assert_eq!(count("RoleBinding"), 2, "{variant}");
-        assert_eq!(count("ValidatingAdmissionPolicy"), 1, "{variant}");
-        assert_eq!(count("ValidatingAdmissionPolicyBinding"), 1, "{variant}");
+        // The node agent's own-node policy and the DRA admin-access policy.
+        assert_eq!(count("ValidatingAdmissionPolicy"), 2, "{variant}");
+        assert_eq!(count("ValidatingAdmissionPolicyBinding"), 2, "{variant}");
         let bundled = variant.ends_with("bundled NATS");
         let secure = variant.starts_with("secured");
         assert_eq!(count("StatefulSet"), usize::from(bundled), "{variant}");

@@ -3,9 +3,11 @@
 //! functions over a snapshot of the cluster's objects. The CLI
 //! (`switchyard doctor`) fetches the snapshot; nothing here does I/O.
 //!
-//! Each [`Finding`] names its row (a stable kebab-case id), the observation
-//! in the reference's words, the objects, the cause and a fix to type.
+//! Each [`Finding`] names its row (a stable kebab-case id), its severity, the
+//! observation in the reference's words, the objects, the cause and a fix to
+//! type.
 
+mod access;
 mod dra;
 pub mod pod;
 mod stack;
@@ -13,8 +15,12 @@ mod workloads;
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -23,6 +29,7 @@ use serde::Serialize;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
 use switchyard_core::names;
 
+pub use access::ADMIN_ACCESS_LABEL;
 pub use pod::{NodeFit, PodExplanation, explain_pod};
 
 /// The name of the GPU module's ModuleConfig.
@@ -47,6 +54,23 @@ pub struct Snapshot {
     pub pods: Vec<Pod>,
     pub deployments: Vec<Deployment>,
     pub stateful_sets: Vec<StatefulSet>,
+    pub namespaces: Vec<Namespace>,
+    pub service_accounts: Vec<ServiceAccount>,
+    pub cluster_roles: Vec<ClusterRole>,
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+    pub admission_policies: Vec<ValidatingAdmissionPolicy>,
+    pub admission_policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+}
+
+/// How much a finding asks of the operator: a warning is a mistake to fix
+/// (`switchyard doctor` exits 1); information is for review.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Severity {
+    Warning,
+    Info,
 }
 
 /// A row of the tables the doctor checks.
@@ -64,10 +88,14 @@ pub enum Row {
     ClaimSelectorMatchesNoDevice,
     DevicePluginOnDraNode,
     TargetGroupDiffers,
+    AdminAccessOutsideAdminNamespace,
+    AdminAccessNamespace,
+    TenantWritesDraInventory,
+    NodeAgentSlicesUnconfined,
 }
 
 impl Row {
-    pub const ALL: [Row; 11] = [
+    pub const ALL: [Row; 15] = [
         Row::NoStackManagesNode,
         Row::DraNotDeployed,
         Row::HeldOnDra,
@@ -79,6 +107,10 @@ impl Row {
         Row::ClaimSelectorMatchesNoDevice,
         Row::DevicePluginOnDraNode,
         Row::TargetGroupDiffers,
+        Row::AdminAccessOutsideAdminNamespace,
+        Row::AdminAccessNamespace,
+        Row::TenantWritesDraInventory,
+        Row::NodeAgentSlicesUnconfined,
     ];
 
     /// The stable id, as in JSON.
@@ -95,6 +127,10 @@ impl Row {
             Row::ClaimSelectorMatchesNoDevice => "claim-selector-matches-no-device",
             Row::DevicePluginOnDraNode => "device-plugin-on-dra-node",
             Row::TargetGroupDiffers => "target-group-differs",
+            Row::AdminAccessOutsideAdminNamespace => "admin-access-outside-admin-namespace",
+            Row::AdminAccessNamespace => "admin-access-namespace",
+            Row::TenantWritesDraInventory => "tenant-writes-dra-inventory",
+            Row::NodeAgentSlicesUnconfined => "node-agent-slices-unconfined",
         }
     }
 
@@ -114,6 +150,21 @@ impl Row {
             Row::TargetGroupDiffers => {
                 "The target group's taints, labels or kubelet settings differ from the source group's"
             }
+            Row::AdminAccessOutsideAdminNamespace => {
+                "A claim asks for DRA admin access outside an admin namespace"
+            }
+            Row::AdminAccessNamespace => "A namespace grants DRA admin access to every device",
+            Row::TenantWritesDraInventory => "A tenant may write DeviceClasses or ResourceSlices",
+            Row::NodeAgentSlicesUnconfined => {
+                "The node agent may write every node's ResourceSlices"
+            }
+        }
+    }
+
+    pub fn severity(self) -> Severity {
+        match self {
+            Row::AdminAccessNamespace => Severity::Info,
+            _ => Severity::Warning,
         }
     }
 }
@@ -122,6 +173,7 @@ impl Row {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub row: Row,
+    pub severity: Severity,
     pub observation: &'static str,
     /// `Kind/name` or `Kind/namespace/name`.
     pub objects: Vec<String>,
@@ -134,6 +186,7 @@ impl Finding {
     fn new(row: Row, objects: Vec<String>, cause: String, fix: String) -> Finding {
         Finding {
             row,
+            severity: row.severity(),
             observation: row.observation(),
             objects,
             cause,
@@ -157,6 +210,10 @@ pub fn diagnose(s: &Snapshot) -> Vec<Finding> {
     out.extend(dra::claim_selector_matches_no_device(&view));
     out.extend(dra::device_plugin_on_dra_node(&view));
     out.extend(stack::target_group_differs(&view));
+    out.extend(access::admin_access_outside_admin_namespace(&view));
+    out.extend(access::admin_access_namespaces(&view));
+    out.extend(access::tenant_writes_dra_inventory(&view));
+    out.extend(access::node_agent_slices_unconfined(&view));
     out.sort_by(|a, b| (a.row, &a.objects).cmp(&(b.row, &b.objects)));
     out
 }
