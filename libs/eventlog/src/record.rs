@@ -348,7 +348,7 @@ impl StoredEvent {
     /// bytes that are no envelope give a record readers pass over (its
     /// [`Decoded::Unknown`] says why) rather than an error that would stop
     /// them at it for good — the log denies deleting it.
-    pub(crate) fn from_stored(sequence: u64, subject: &str, raw: Bytes) -> Self {
+    pub fn from_stored(sequence: u64, subject: &str, raw: Bytes) -> Self {
         Self::from_raw(sequence, raw.clone()).unwrap_or_else(|err| StoredEvent {
             sequence,
             envelope: Envelope {

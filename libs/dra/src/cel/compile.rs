@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cel::common::ast::{Expr, IdedExpr, LiteralValue};
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, MapExpr, StructExpr};
+use cel::{Env, Program};
 
 use super::fast::{device_domain, fast};
 use super::{CompileError, Compiler, MAX_EXPRESSION_LENGTH, Selector};
@@ -157,6 +158,70 @@ fn walk<'a>(e: &'a IdedExpr, visit: &mut impl FnMut(&'a IdedExpr)) {
     }
 }
 
+/// The deepest expression tree compiled. Kubernetes' parser refuses a
+/// selector nested more than 250 levels deep ("max recursion depth
+/// exceeded"); the longest chains it accepts — 250 `+` or `==` terms, 249
+/// field selections, calls or indexes — are trees 251 or 252 nodes deep, so
+/// this build compiles at most a chain one link longer than Kubernetes does.
+/// The parser here builds chains without limit, and the passes after it,
+/// the fast path and the interpreter recurse over the tree: a 10 Ki-character
+/// chain overflowed a tokio worker's 2 MiB stack (found by the `cel` fuzz
+/// target).
+const MAX_DEPTH: usize = 252;
+
+/// The parser recurses once per link of a chain (`a.b.c`, `f().g()`) and
+/// takes chains of any length: a 10 Ki-character one needs several MiB of
+/// stack, and the passes after it recurse over the tree, too. Compiling
+/// runs on a thread of its own with this much (address space, touched only
+/// as far as used), wherever the compiler is called from.
+const COMPILE_STACK: usize = 64 << 20;
+
+/// `expression` parsed, or refused as Kubernetes refuses it: too deep for
+/// the passes that follow (see [`MAX_DEPTH`]).
+fn parse(env: &Env, expression: &str) -> Result<Program, CompileError> {
+    let program = env
+        .compile(expression)
+        .map_err(|e| CompileError::Syntax(e.to_string()))?;
+    if depth(program.expression()) > MAX_DEPTH {
+        return Err(CompileError::Syntax(
+            "ERROR: <input>:-1:0: max recursion depth exceeded".into(),
+        ));
+    }
+    Ok(program)
+}
+
+/// How many nodes the longest path from `root` down has; counted without
+/// recursion, so any tree the parser builds is measured safely.
+fn depth(root: &IdedExpr) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(root, 1)];
+    while let Some((e, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        let children: Vec<&IdedExpr> = match &e.expr {
+            Expr::Call(c) => c.target.as_deref().into_iter().chain(&c.args).collect(),
+            Expr::Comprehension(c) => vec![
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ],
+            Expr::List(l) => l.elements.iter().collect(),
+            Expr::Map(MapExpr { entries }) | Expr::Struct(StructExpr { entries, .. }) => entries
+                .iter()
+                .flat_map(|entry| match &entry.expr {
+                    EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+                    EntryExpr::StructField(f) => vec![&f.value],
+                })
+                .collect(),
+            Expr::Select(s) => vec![&*s.operand],
+            _ => Vec::new(),
+        };
+        stack.extend(children.into_iter().map(|child| (child, d + 1)));
+    }
+    deepest
+}
+
 /// A top-level expression whose type is known not to be bool.
 fn visibly_not_bool(e: &IdedExpr) -> Option<&'static str> {
     match &e.expr {
@@ -188,12 +253,30 @@ impl Compiler {
         if let Some(hit) = self.cache.lock().expect("cache").get(expression) {
             return hit.clone();
         }
-        let compiled = Arc::new(self.compile_uncached(expression));
+        let compiled = Arc::new(self.compile_on_own_stack(expression));
         self.cache
             .lock()
             .expect("cache")
             .insert(expression.to_string(), compiled.clone());
         compiled
+    }
+
+    /// [`Self::compile_uncached`] on a stack of [`COMPILE_STACK`] (on the
+    /// caller's if no thread can be started).
+    fn compile_on_own_stack(&self, expression: &str) -> Result<Selector, CompileError> {
+        let compile = || self.compile_uncached(expression);
+        std::thread::scope(|scope| {
+            match std::thread::Builder::new()
+                .name("cel-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, compile)
+            {
+                Ok(compiler) => compiler
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => compile(),
+            }
+        })
     }
 
     fn compile_uncached(&self, expression: &str) -> Result<Selector, CompileError> {
@@ -202,10 +285,7 @@ impl Compiler {
                 length: expression.chars().count(),
             });
         }
-        let program = self
-            .env
-            .compile(expression)
-            .map_err(|e| CompileError::Syntax(e.to_string()))?;
+        let program = parse(&self.env, expression)?;
         // Two-variable comprehensions (`list.all(i, v, p)`, `transformMap`, ...)
         // are not macros of this build: their calls would otherwise be
         // reported as undeclared variables.
@@ -308,5 +388,49 @@ impl Compiler {
             fast,
             max_cost,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cel::Device;
+
+    /// Found by the `cel` fuzz target: a 10 Ki-character chain of `+`
+    /// overflowed a 2 MiB stack (a tokio worker's) in the cost estimate, one
+    /// of selections in the parser. Kubernetes refuses such chains at its
+    /// parser's recursion depth; so does this build now, called on such a
+    /// stack, and it still compiles the longest chain Kubernetes does.
+    #[test]
+    fn chains_deeper_than_kubernetes_parses_are_refused_on_a_small_stack() {
+        let chains = [
+            format!("{} == 1", ["1"; 5000].join("+")),
+            format!("device{} == 1", ".a".repeat(5000)),
+            format!("[1]{} == 1", "[0]".repeat(3000)),
+            ["true"; 1700].join("=="),
+            format!("'a'{} == 'a'", ".lowerAscii()".repeat(780)),
+        ];
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let compiler = Compiler::default();
+                for chain in &chains {
+                    assert!(chain.chars().count() <= MAX_EXPRESSION_LENGTH);
+                    let err = compiler.eval(chain, &Device::default()).unwrap_err();
+                    assert_eq!(
+                        err.to_string(),
+                        "compilation failed: ERROR: <input>:-1:0: max recursion depth exceeded",
+                        "{}...",
+                        &chain[..40]
+                    );
+                }
+                // Kubernetes: compiled, at a worst-case cost of 250.
+                let longest = format!("{} == 250", ["1"; 250].join("+"));
+                let compiled = compiler.compile(&longest);
+                assert_eq!(compiled.as_ref().as_ref().unwrap().max_cost(), Some(250));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

@@ -311,6 +311,9 @@ pub(crate) fn verify(
     let mut chains = SubjectChains::default();
     let mut chain = ZERO_CHAIN;
     let mut next_seq = 1u64;
+    // The last record's sequence (0 before any): a damaged frame may carry
+    // any sequence, u64::MAX included, after which no next one exists.
+    let mut last_seq = 0u64;
     let mut last_ends_batch = true;
     let mut resynced = false;
     let paths = list_segments(dir)?;
@@ -407,7 +410,8 @@ pub(crate) fn verify(
                     hex::encode(chain)
                 )));
             }
-            next_seq = frame.seq + 1;
+            last_seq = frame.seq;
+            next_seq = frame.seq.saturating_add(1);
             last_ends_batch = frame.ends_batch();
             match StoredEvent::from_raw(frame.seq, frame.body.clone()) {
                 Ok(event) => {
@@ -433,12 +437,72 @@ pub(crate) fn verify(
                 .last()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            sequence: Some(next_seq - 1),
+            sequence: Some(last_seq),
             what: "the log ends inside a batch (torn tail)".into(),
         });
     }
     report.subjects = chains.len();
-    report.last_sequence = next_seq - 1;
+    report.last_sequence = last_seq;
     report.chain_head = hex::encode(chain);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NewEvent, Subject};
+    use segment::{FLAG_END_OF_BATCH, encode_frame, encode_segment_header, segment_name};
+    use switchyard_proto::v1::{NodeRemoved, domain_event::Kind};
+
+    /// A one-segment log whose frames carry these sequences (each its own
+    /// batch, checksums and log-wide chain intact).
+    fn log_with_sequences(sequences: &[u64]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = encode_segment_header(1).to_vec();
+        let mut chain = ZERO_CHAIN;
+        for (i, &seq) in sequences.iter().enumerate() {
+            let event = NewEvent::new(
+                format!("e{i}"),
+                1,
+                Kind::NodeRemoved(NodeRemoved { node: "n1".into() }).into(),
+            );
+            let body = event
+                .encode(&Subject::new(format!("node.n{i}")).unwrap())
+                .unwrap()
+                .finish(None);
+            let hash = encode_frame(&mut file, seq, FLAG_END_OF_BATCH, &chain, &[&body]);
+            chain = next_chain(&chain, &hash);
+        }
+        std::fs::write(dir.path().join(segment_name(1)), file).unwrap();
+        dir
+    }
+
+    /// Found by the `segment` fuzz target: a frame whose checksum holds but
+    /// whose sequence is u64::MAX made `verify` overflow computing the next.
+    #[test]
+    fn verify_reports_a_frame_with_the_largest_sequence() {
+        let dir = log_with_sequences(&[1, u64::MAX]);
+        let report = verify_dir(dir.path()).unwrap();
+        assert_eq!(report.records, 2);
+        assert_eq!(report.last_sequence, u64::MAX);
+        let whats: Vec<&str> = report.problems.iter().map(|p| p.what.as_str()).collect();
+        assert_eq!(
+            whats,
+            [format!("sequence {} where 2 was expected", u64::MAX)]
+        );
+        // Opening refuses it, naming the record.
+        let err = recover(dir.path(), false, 0).err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("record has sequence {}, expected 2", u64::MAX)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn verify_names_the_last_sequence_of_a_sound_log() {
+        let dir = log_with_sequences(&[1, 2, 3]);
+        let report = verify_dir(dir.path()).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        assert_eq!((report.records, report.last_sequence), (3, 3));
+    }
 }
