@@ -571,6 +571,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
         previous_version: None,
+        toxics: &[],
     })
     .await;
     eprintln!(

@@ -222,7 +222,7 @@ fn watch<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let events = watcher(api, watcher::Config::default()).filter_map(move |event| {
+    let events = watcher(api, crate::watch::config()).filter_map(move |event| {
         let seen = match event {
             Ok(watcher::Event::Init) => Some(Ok(Seen::Init(kind))),
             Ok(watcher::Event::InitDone) => Some(Ok(Seen::InitDone(kind))),
@@ -342,12 +342,24 @@ fn watchers(
     futures::stream::select_all(streams)
 }
 
-/// Whether the API server serves `resource.k8s.io/v1` (DRA).
+/// Whether the API server serves `resource.k8s.io/v1` (DRA). Only the API
+/// server's answer counts: a group it does not serve is a 404; a request
+/// that failed (a reset connection, a timeout, the API server restarting)
+/// is asked again, from 100 ms doubling to 5 s — taking it for "not served"
+/// made inventory report the feature gates off until its next restart.
 pub async fn dra_api_served(client: &Client) -> bool {
-    client
-        .list_api_group_resources("resource.k8s.io/v1")
-        .await
-        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"))
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match client.list_api_group_resources("resource.k8s.io/v1").await {
+            Ok(list) => return list.resources.iter().any(|r| r.name == "resourceslices"),
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(err) => {
+                tracing::warn!(error = %err, retry_in = ?pause, "asking whether the API server serves resource.k8s.io/v1");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
+    }
 }
 
 /// Rebuilds what inventory reported from its own records in the log.

@@ -17,6 +17,29 @@ use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
 
 /// The pauses between attempts while the API server does not answer.
+/// How long the API server keeps one watch open before it ends it (the
+/// watcher then watches again from where it was, without a list). Without
+/// it the server picks 30–60 minutes, and a connection that died silently
+/// (no reset: a proxy or a NAT entry gone) held a watch that long.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 60;
+
+/// How long a client waits on a connection that sends nothing: longer than
+/// a watch lasts ([`WATCH_TIMEOUT_SECONDS`]), so only a dead connection
+/// reaches it. kube's default is to wait for ever; a watch whose connection
+/// stalled froze inventory's facts for good on toxiproxy (`timeout` toxic).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS as u64 + 15);
+
+/// The watcher configuration Switchyard's watches use.
+pub fn config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
+}
+
+/// `config` with the read timeout every Switchyard client has.
+pub fn client_config(mut config: kube::Config) -> kube::Config {
+    config.read_timeout = Some(READ_TIMEOUT);
+    config
+}
+
 fn pauses() -> ExponentialBackoff {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))

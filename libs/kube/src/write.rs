@@ -78,7 +78,8 @@ impl Writer {
     /// kube's own retry of 429 and 503: an eviction refused by a
     /// PodDisruptionBudget is a 429 that must be reported at once, not retried
     /// for minutes; the writer backs off itself.
-    pub fn new(mut config: kube::Config, service: ServiceName) -> Result<Writer, EdgeError> {
+    pub fn new(config: kube::Config, service: ServiceName) -> Result<Writer, EdgeError> {
+        let mut config = crate::watch::client_config(config);
         config.default_retry = false;
         let client = Client::try_from(config)
             .map_err(|e| EdgeError::Invalid(format!("build the Kubernetes client: {e}")))?;

@@ -308,7 +308,7 @@ pub async fn serve_node(
         }),
     );
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", args.node));
+    let config = switchyard_kube::watch::config().fields(&format!("metadata.name={}", args.node));
     let mut watch = std::pin::pin!(switchyard_kube::watch::resilient(
         watcher(nodes, config).applied_objects(),
         format!("Node {}", args.node),

@@ -254,10 +254,16 @@ impl ControlPlane {
     /// A kubeconfig file with the admin token and the self-signed server, for
     /// the other components and for processes under test (`KUBECONFIG`).
     pub fn kubeconfig(&self) -> PathBuf {
-        let path = self.dir.path().join("admin.kubeconfig");
+        self.kubeconfig_via("admin.kubeconfig", &self.url())
+    }
+
+    /// An admin kubeconfig `name` (in the plane's directory) whose server is
+    /// `server`, e.g. a proxy in front of the API server.
+    pub fn kubeconfig_via(&self, name: &str, server: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: admin\ncurrent-context: local\n",
-            self.url()
+            server
         );
         // Written once and whole (a rename), as processes read it meanwhile:
         // rewriting it in place let a starting process read an empty file.

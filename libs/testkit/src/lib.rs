@@ -16,6 +16,7 @@ pub mod kwok;
 #[cfg(feature = "migration")]
 pub mod migration;
 pub mod nats;
+pub mod toxiproxy;
 
 use std::time::{Duration, Instant};
 

@@ -93,13 +93,15 @@ impl Service {
                 "SWITCHYARD_LOG_LEVEL",
                 "info,switchyard_runtime=debug,switchyard_kube=debug,kube_client::client::tls=error",
             );
-        command.envs(env.iter().copied());
         if let Some(port) = health {
             command.env("SWITCHYARD_HEALTH_LISTEN", format!("127.0.0.1:{port}"));
         }
+        // The given environment last: it may point a service elsewhere (a
+        // kubeconfig through a proxy).
         let child = command
             .env("KUBECONFIG", plane.kubeconfig())
             .env("SWITCHYARD_NATS_URL", nats.url())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -644,6 +646,20 @@ pub struct ClusterOptions<'a> {
     /// The module's version before an upgrade to this one, if it was
     /// upgraded (the upgrade hold).
     pub previous_version: Option<&'a str>,
+    /// The services' API-server traffic through toxiproxy with these toxics
+    /// (none: straight to the API server).
+    pub toxics: &'a [Toxic<'a>],
+}
+
+/// A toxic on the connections to the API server: its toxiproxy type, its
+/// attributes, the share of connections it strikes, and whether it acts on
+/// the requests (upstream) or the answers.
+#[derive(Clone, Copy, Debug)]
+pub struct Toxic<'a> {
+    pub kind: &'a str,
+    pub attributes: &'a [&'a str],
+    pub toxicity: f32,
+    pub upstream: bool,
 }
 
 /// A cluster migrating from `gpu` to `gpu-dra`: the control plane with
@@ -656,6 +672,8 @@ pub struct MigrationCluster {
     pub kwok: Kwok,
     pub agents: Vec<NodeAgent>,
     bashible: tokio::task::JoinHandle<()>,
+    /// The proxy the services reach the API server through, if any.
+    pub toxiproxy: Option<crate::toxiproxy::Toxiproxy>,
 }
 
 impl Drop for MigrationCluster {
@@ -684,6 +702,27 @@ impl MigrationCluster {
         )
         .await;
         world.service_env = options.service_env;
+        let toxiproxy = (!options.toxics.is_empty()).then(|| {
+            let proxy = crate::toxiproxy::Toxiproxy::start();
+            let upstream = world.plane.url().trim_start_matches("https://").to_string();
+            let listen = proxy.proxy("kube-apiserver", &upstream);
+            for toxic in options.toxics {
+                proxy.toxic(
+                    "kube-apiserver",
+                    toxic.kind,
+                    toxic.attributes,
+                    toxic.toxicity,
+                    toxic.upstream,
+                );
+            }
+            let config = world
+                .plane
+                .kubeconfig_via("toxiproxy.kubeconfig", &format!("https://{listen}"));
+            world
+                .service_env
+                .push(("KUBECONFIG".into(), config.to_string_lossy().into_owned()));
+            proxy
+        });
         let c = world.client.clone();
         let kwok = Kwok::start(&world.plane);
         create_group(&c, "gpu", true).await;
@@ -726,6 +765,7 @@ impl MigrationCluster {
             kwok,
             agents,
             bashible,
+            toxiproxy,
         }
     }
 }

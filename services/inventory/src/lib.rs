@@ -67,7 +67,8 @@ pub enum InventoryError {
 pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
     let service = |e: InventoryError| ServeError::Service(e);
     let config = kube::Config::infer().await.map_err(|e| service(e.into()))?;
-    let kube = kube::Client::try_from(config).map_err(|e| service(e.into()))?;
+    let kube = kube::Client::try_from(switchyard_kube::watch::client_config(config))
+        .map_err(|e| service(e.into()))?;
     let client = args.nats.service_client(SERVICE.as_str()).await?;
     let log = args.nats.log(client).await?;
     // Ready at once: inventory decides nothing, its rebuild is its own records.

@@ -89,7 +89,7 @@ pub enum NodeAgentError {
 /// Serves the node's assigned stack until the agent fails.
 pub async fn serve(args: ServeArgs) -> Result<(), NodeAgentError> {
     let config = kube::Config::infer().await?;
-    let client = kube::Client::try_from(config)?;
+    let client = kube::Client::try_from(switchyard_kube::watch::client_config(config))?;
     let (progress, watching) = tokio::sync::watch::channel(Progress::default());
     switchyard_runtime::health::spawn(args.health_listen, SERVICE.as_str(), watching);
     tracing::info!(service = %SERVICE, node = %args.node, "starting");

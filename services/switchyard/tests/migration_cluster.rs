@@ -72,6 +72,16 @@ async fn cluster(nodes: &[&str]) -> MigrationCluster {
 
 /// [`cluster`] after an upgrade of the module from `previous_version`, if given.
 async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -> MigrationCluster {
+    cluster_with(nodes, previous_version, &[]).await
+}
+
+/// [`cluster_upgraded_from`], the services reaching the API server through
+/// toxiproxy with `toxics`.
+async fn cluster_with(
+    nodes: &[&str],
+    previous_version: Option<&str>,
+    toxics: &[Toxic<'_>],
+) -> MigrationCluster {
     let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
     MigrationCluster::start(ClusterOptions {
         nodes: &nodes,
@@ -79,6 +89,7 @@ async fn cluster_upgraded_from(nodes: &[&str], previous_version: Option<&str>) -
         binary: switchyard_testkit::bins::binary,
         service_env: Vec::new(),
         previous_version,
+        toxics,
     })
     .await
 }
@@ -1290,7 +1301,7 @@ async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
 /// workload's pod template and pods, the quota and the groups' spec.gpu.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_scenario_ends_on_kwok_as_in_the_simulator() {
-    reference_scenario_on_kwok(None).await;
+    reference_scenario_on_kwok(None, &[]).await;
 }
 
 /// The same scenario with a fault in every step: each step's command runs
@@ -1307,7 +1318,44 @@ async fn the_reference_scenario_survives_a_fault_in_every_step() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_2026);
-    reference_scenario_on_kwok(Some(seed)).await;
+    reference_scenario_on_kwok(Some(seed), &[]).await;
+}
+
+/// The reference scenario with every service's API-server traffic through
+/// toxiproxy — 40 ± 20 ms each way, a fifth of the connections reset after
+/// 0.5 s, a tenth stalled for 2 s and then closed — while another client
+/// keeps changing the nodes and Deployments under the services (their
+/// writes conditioned on what they read meet 409 Conflict): the migration
+/// completes and ends as the simulator's, nothing recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_scenario_completes_through_toxiproxy_and_conflicts() {
+    const TOXICS: [Toxic<'static>; 4] = [
+        Toxic {
+            kind: "latency",
+            attributes: &["latency=40", "jitter=20"],
+            toxicity: 1.0,
+            upstream: false,
+        },
+        Toxic {
+            kind: "latency",
+            attributes: &["latency=40", "jitter=20"],
+            toxicity: 1.0,
+            upstream: true,
+        },
+        Toxic {
+            kind: "reset_peer",
+            attributes: &["timeout=500"],
+            toxicity: 0.2,
+            upstream: true,
+        },
+        Toxic {
+            kind: "timeout",
+            attributes: &["timeout=2000"],
+            toxicity: 0.1,
+            upstream: false,
+        },
+    ];
+    reference_scenario_on_kwok(None, &TOXICS).await;
 }
 
 /// What strikes during a step.
@@ -1521,7 +1569,57 @@ fn facts_repeated(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
     repeated
 }
 
-async fn reference_scenario_on_kwok(faults: Option<u64>) {
+/// Bumps the resourceVersion of every node and of every Deployment in `ml`
+/// once a second (an annotation no one reads), as another controller would:
+/// a write conditioned on an older read meets 409 Conflict. (Every 100 ms,
+/// with the toxics' latency, no conditioned write could ever land: a
+/// livelock no real controller makes.) Returns
+/// how many changes it made when stopped.
+fn keep_changing(
+    c: kube::Client,
+    names: Vec<String>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<usize>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let nodes: Api<Node> = Api::all(c.clone());
+        let deployments: Api<Deployment> = Api::namespaced(c, "ml");
+        let mut changes = 0usize;
+        let mut interval = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return changes,
+                _ = interval.tick() => {}
+            }
+            let patch =
+                json!({"metadata": {"annotations": {"example.com/touched": changes.to_string()}}});
+            let params = kube::api::PatchParams::default();
+            for n in PARITY_NODES {
+                if nodes
+                    .patch(n, &params, &kube::api::Patch::Merge(&patch))
+                    .await
+                    .is_ok()
+                {
+                    changes += 1;
+                }
+            }
+            for name in &names {
+                if deployments
+                    .patch(name, &params, &kube::api::Patch::Merge(&patch))
+                    .await
+                    .is_ok()
+                {
+                    changes += 1;
+                }
+            }
+        }
+    });
+    (stop, task)
+}
+
+async fn reference_scenario_on_kwok(faults: Option<u64>, toxics: &[Toxic<'_>]) {
     use switchyard_sim::{Card, SimConfig, Simulator};
     let config = SimConfig {
         gpu_nodes: 2,
@@ -1561,7 +1659,7 @@ async fn reference_scenario_on_kwok(faults: Option<u64>) {
     // labels, its Deployments and its quota.
     let mut before = Simulator::new(config);
     let facts = before.take_facts();
-    let mut cluster = cluster(&PARITY_NODES).await;
+    let mut cluster = cluster_with(&PARITY_NODES, None, toxics).await;
     let world = &cluster.world;
     let c = world.client.clone();
     let nodes: Api<Node> = Api::all(c.clone());
@@ -1628,6 +1726,8 @@ async fn reference_scenario_on_kwok(faults: Option<u64>) {
             running_of(&c, &apps).await == pods
         })
         .await;
+
+    let changing = (!toxics.is_empty()).then(|| keep_changing(c.clone(), names.clone()));
 
     // Each of the simulator's steps as the command an operator types.
     for step in &outcome.steps {
@@ -1724,6 +1824,25 @@ async fn reference_scenario_on_kwok(faults: Option<u64>) {
                 )
                 .await;
         }
+    }
+
+    if let Some((stop, task)) = changing {
+        let _ = stop.send(());
+        let changes = task.await.expect("the changing task");
+        let conflicts: usize = cluster
+            .world
+            .services
+            .iter()
+            .map(|s| {
+                std::fs::read_to_string(s.log_path())
+                    .unwrap_or_default()
+                    .matches("409")
+                    .count()
+            })
+            .sum();
+        println!(
+            "through toxiproxy: {changes} changes made under the services, {conflicts} lines of their logs naming a 409"
+        );
     }
 
     // The end state settles to the simulator's.
