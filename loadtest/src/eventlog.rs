@@ -42,10 +42,11 @@ pub struct Args {
     /// Events published to JetStream, by the backend and by the bare loop each.
     #[arg(long, default_value_t = 50_000)]
     nats_events: usize,
-    /// Run nats-server with `sync_interval: always` (fsync before every
-    /// ack), as `deploy/nats/jetstream.conf` advises for production.
-    #[arg(long)]
-    sync_always: bool,
+    /// How nats-server fsyncs, one JetStream run per value in this order
+    /// (`always`: fsync before every ack, as `deploy/nats/jetstream.conf`
+    /// and the chart run it; `default`: the server's default).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [crate::Sync::Default, crate::Sync::Always])]
+    sync: Vec<crate::Sync>,
     /// Directory for the embedded logs (a temp dir under it); default: the system temp dir.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
@@ -245,9 +246,9 @@ async fn bare_jetstream(
     Ok((per_producer * producers) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
+async fn jetstream(args: &Args, sync: crate::Sync, body: &Bytes) -> anyhow::Result<Value> {
     let options = ServerOptions {
-        sync_always: args.sync_always,
+        sync_always: sync == crate::Sync::Always,
         ..ServerOptions::default()
     };
     let server = tokio::task::spawn_blocking(move || NatsServer::start_with(options)).await?;
@@ -292,7 +293,7 @@ async fn jetstream(args: &Args, body: &Bytes) -> anyhow::Result<Value> {
     }
     Ok(json!({
         "server": server.version(),
-        "sync_always": args.sync_always,
+        "sync": sync,
         "events_each": args.nats_events,
         "runs": runs,
     }))
@@ -305,7 +306,11 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         None => tempfile::tempdir()?,
     };
     let embedded = embedded(&args, &body, root.path()).await?;
-    let jetstream = jetstream(&args, &body).await?;
+    let mut jetstream_runs = Vec::new();
+    for &sync in &args.sync {
+        jetstream_runs.push(jetstream(&args, sync, &body).await?);
+    }
+    let jetstream = Value::Array(jetstream_runs);
     Ok(json!({
         "benchmark": "eventlog",
         "payload_bytes": args.payload,

@@ -25,7 +25,7 @@ use switchyard_runtime::host::{self, HostOptions};
 use switchyard_stack_assigner::StackAssignerEdge;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node, install_crds};
-use switchyard_testkit::nats::NatsServer;
+use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
 
 const STACK: &str = "node.deckhouse.io/gpu-stack";
 const GROUP: &str = "node.deckhouse.io/group";
@@ -44,6 +44,11 @@ pub struct Args {
     /// Node creations in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// How nats-server fsyncs: one whole run (a fresh control plane and
+    /// server) per value, in this order — `default,always,default,always`
+    /// alternates them.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [crate::Sync::Always])]
+    sync: Vec<crate::Sync>,
 }
 
 /// When each node was first seen with each gpu-stack value.
@@ -127,6 +132,17 @@ async fn module(client: &Client, dra: bool) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
+    let mut runs = Vec::new();
+    for &sync in &args.sync {
+        runs.push(run_once(&args, sync).await?);
+    }
+    Ok(match runs.len() {
+        1 => runs.pop().expect("one run"),
+        _ => Value::Array(runs),
+    })
+}
+
+async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
     let started = Instant::now();
     let plane = ControlPlane::start().await;
     let startup = started.elapsed();
@@ -136,7 +152,13 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
     )
     .await;
-    let nats = NatsServer::start();
+    let nats = tokio::task::spawn_blocking(move || {
+        NatsServer::start_with(ServerOptions {
+            sync_always: sync == crate::Sync::Always,
+            ..ServerOptions::default()
+        })
+    })
+    .await?;
     let log: Arc<dyn EventLog> = Arc::new(
         NatsLog::connect(
             &nats.url(),
@@ -280,6 +302,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     watching.abort();
     let events = log.last_sequence(None).await?;
     Ok(json!({
+        "sync": sync,
         "control_plane_startup_ms": startup.as_millis(),
         "nodes": args.nodes,
         "create_to_label_ms": {

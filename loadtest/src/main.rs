@@ -152,6 +152,17 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// The path of a reference program of tools/ (run from the repository root).
+/// When nats-server fsyncs JetStream's writes: its default (acknowledged
+/// before they reach the disk, fsynced every two minutes) or
+/// `sync_interval: always` (fsync before every acknowledgement), as the chart
+/// runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sync {
+    Default,
+    Always,
+}
+
 pub fn oracle(name: &str) -> anyhow::Result<String> {
     switchyard_testkit::oracle(std::path::Path::new("."), name).map_err(anyhow::Error::msg)
 }
