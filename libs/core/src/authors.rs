@@ -89,6 +89,13 @@ pub fn authors(kind: &Kind) -> &'static [ServiceName] {
     }
 }
 
+/// Whether only the observers write this kind: a fact of the cluster, not
+/// a decision.
+pub fn is_observation(kind: &Kind) -> bool {
+    let authors = authors(kind);
+    std::ptr::eq(authors, INVENTORY) || std::ptr::eq(authors, GPU_OBSERVERS)
+}
+
 /// Whether `identity` (a service's name, as the keyring and the log's actors
 /// spell it) may write `kind`; why not, if not.
 pub fn check_author(identity: &str, kind: &Kind) -> Result<(), String> {

@@ -18,33 +18,13 @@ pub fn observer_of(fact: &DomainEvent) -> ServiceName {
     }
 }
 
-/// Whether the event is an observer's report of the cluster (not a decision).
+/// Whether the event is an observer's report of the cluster (not a decision):
+/// a kind only the observers write ([`crate::authors`]).
 pub fn is_fact(event: &DomainEvent) -> bool {
-    matches!(
-        event.kind,
-        Some(
-            Kind::NodeObserved(_)
-                | Kind::NodeRemoved(_)
-                | Kind::NodeGroupObserved(_)
-                | Kind::NodeGroupRemoved(_)
-                | Kind::ModuleSettingsObserved(_)
-                | Kind::PhysicalGpuObserved(_)
-                | Kind::PhysicalGpuRemoved(_)
-                | Kind::WorkloadObserved(_)
-                | Kind::WorkloadRemoved(_)
-                | Kind::ResourceQuotaObserved(_)
-                | Kind::PodObserved(_)
-                | Kind::PodRemoved(_)
-                | Kind::GpuClassObserved(_)
-                | Kind::GpuClassRemoved(_)
-                | Kind::ResourceSliceObserved(_)
-                | Kind::ResourceSliceRemoved(_)
-                | Kind::DeviceClassObserved(_)
-                | Kind::DeviceClassRemoved(_)
-                | Kind::ResourceClaimObserved(_)
-                | Kind::ResourceClaimRemoved(_)
-        )
-    )
+    event
+        .kind
+        .as_ref()
+        .is_some_and(crate::authors::is_observation)
 }
 
 /// Inventory's and the node agents' memory of what they last reported per

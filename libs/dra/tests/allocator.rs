@@ -9,6 +9,7 @@
 //! choose the cases.
 
 mod support;
+use support::normalize;
 
 use std::sync::Arc;
 
@@ -402,31 +403,6 @@ fn case(seed: u64) -> Value {
     let classes = classes(&mut g, &mut b);
     claims(&mut g, &mut b, &classes);
     json!({"node": "n1", "objects": b.objects})
-}
-
-/// Drops what JSON encoders may or may not write (nulls, empty lists and
-/// maps) and random share IDs, so that two encodings of one decision compare
-/// equal.
-fn normalize(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter_map(|(k, v)| {
-                    let v = if k == "shareID" && v.is_string() {
-                        json!("<share>")
-                    } else {
-                        normalize(v)
-                    };
-                    let empty = v.is_null()
-                        || v.as_array().is_some_and(|a| a.is_empty())
-                        || v.as_object().is_some_and(|o| o.is_empty());
-                    (!empty).then(|| (k.clone(), v))
-                })
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
-        other => other.clone(),
-    }
 }
 
 #[test]

@@ -23,6 +23,7 @@
 
 #[allow(dead_code)] // the seeded generator serves the generated tests
 mod support;
+use support::normalize;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -53,31 +54,6 @@ fn list<T: DeserializeOwned>(case: &str, v: &Value) -> Vec<T> {
     v.as_array()
         .map(|items| items.iter().map(|item| read(case, item)).collect())
         .unwrap_or_default()
-}
-
-/// Drops what JSON encoders may or may not write (nulls, empty lists and
-/// maps) and the share IDs Kubernetes draws at random (Switchyard derives
-/// them), so that two encodings of one decision compare equal.
-fn normalize(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter_map(|(k, v)| {
-                    let v = if k == "shareID" && v.is_string() {
-                        json!("<share>")
-                    } else {
-                        normalize(v)
-                    };
-                    let empty = v.is_null()
-                        || v.as_array().is_some_and(|a| a.is_empty())
-                        || v.as_object().is_some_and(|o| o.is_empty());
-                    (!empty).then(|| (k.clone(), v))
-                })
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
-        other => other.clone(),
-    }
 }
 
 fn device_id(r: &Value) -> DeviceId {

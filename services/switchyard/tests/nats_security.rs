@@ -31,6 +31,25 @@ async fn refused(errors: &mut mpsc::UnboundedReceiver<String>, expected: &str) {
     }
 }
 
+/// The log as inventory opens it with `args`, after appending a node's
+/// fact to it, signed.
+async fn inventory_appends(
+    args: switchyard_runtime::connect::NatsArgs,
+) -> std::sync::Arc<dyn switchyard_eventlog::EventLog> {
+    let client = args.service_client("inventory").await.unwrap();
+    let log = args.log(client).await.unwrap();
+    append_attributed(
+        log.as_ref(),
+        "inventory",
+        "inventory",
+        &[(&node("n1"), "")],
+        now_nanos(),
+    )
+    .await
+    .unwrap();
+    log
+}
+
 fn node(name: &str) -> DomainEvent {
     DomainEvent {
         kind: Some(Kind::NodeObserved(NodeObserved {
@@ -87,18 +106,7 @@ async fn each_identity_does_what_its_role_needs_and_nothing_else() {
     );
 
     // A service appends its facts, signed, and follows the log.
-    let inventory = release.args(&url, "inventory");
-    let client = inventory.service_client("inventory").await.unwrap();
-    let log = inventory.log(client).await.unwrap();
-    append_attributed(
-        log.as_ref(),
-        "inventory",
-        "inventory",
-        &[(&node("n1"), "")],
-        now_nanos(),
-    )
-    .await
-    .unwrap();
+    let log = inventory_appends(release.args(&url, "inventory")).await;
     let mut follow = log.follow(None, 1).await.unwrap();
     let first = tokio::time::timeout(
         Duration::from_secs(10),
@@ -339,17 +347,7 @@ async fn over_tls_only_clients_that_trust_the_servers_ca_connect() {
     // A service over TLS appends; an operator over TLS verifies.
     let mut inventory = release.args(&url, "inventory");
     inventory.auth.nats_tls_ca = Some(ca_path.clone());
-    let client = inventory.client("inventory").await.unwrap();
-    let log = inventory.log(client).await.unwrap();
-    append_attributed(
-        log.as_ref(),
-        "inventory",
-        "inventory",
-        &[(&node("n1"), "")],
-        now_nanos(),
-    )
-    .await
-    .unwrap();
+    inventory_appends(inventory).await;
     let operator = release.seed(support::secured::OPERATOR);
     let keyring = release.keyring();
     let out = switchyard(&[

@@ -44,3 +44,30 @@ pub trait Random {
         items[(self.next() % items.len() as u64) as usize]
     }
 }
+
+/// Drops what JSON encoders may or may not write (nulls, empty lists and
+/// maps) and the share IDs Kubernetes draws at random (Switchyard derives
+/// them), so that two encodings of one decision compare equal.
+#[allow(dead_code)]
+pub fn normalize(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Value, json};
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter_map(|(k, v)| {
+                    let v = if k == "shareID" && v.is_string() {
+                        json!("<share>")
+                    } else {
+                        normalize(v)
+                    };
+                    let empty = v.is_null()
+                        || v.as_array().is_some_and(|a| a.is_empty())
+                        || v.as_object().is_some_and(|o| o.is_empty());
+                    (!empty).then(|| (k.clone(), v))
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
+        other => other.clone(),
+    }
+}
