@@ -348,18 +348,21 @@ fn watchers(
 /// is asked again, from 100 ms doubling to 5 s — taking it for "not served"
 /// made inventory report the feature gates off until its next restart.
 pub async fn dra_api_served(client: &Client) -> bool {
-    let mut pause = std::time::Duration::from_millis(100);
-    loop {
-        match client.list_api_group_resources("resource.k8s.io/v1").await {
-            Ok(list) => return list.resources.iter().any(|r| r.name == "resourceslices"),
-            Err(kube::Error::Api(status)) if status.code == 404 => return false,
-            Err(err) => {
-                tracing::warn!(error = %err, retry_in = ?pause, "asking whether the API server serves resource.k8s.io/v1");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(5));
-            }
-        }
-    }
+    use backon::{ExponentialBuilder, Retryable};
+    let not_served = |e: &kube::Error| matches!(e, kube::Error::Api(status) if status.code == 404);
+    let asked = (|| client.list_api_group_resources("resource.k8s.io/v1"))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(100))
+                .with_max_delay(std::time::Duration::from_secs(5))
+                .without_max_times(),
+        )
+        .when(|e| !not_served(e))
+        .notify(|err, retry_in| {
+            tracing::warn!(error = %err, ?retry_in, "asking whether the API server serves resource.k8s.io/v1");
+        })
+        .await;
+    asked.is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"))
 }
 
 /// Rebuilds what inventory reported from its own records in the log.

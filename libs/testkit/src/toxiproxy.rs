@@ -50,15 +50,12 @@ impl Toxiproxy {
             api: format!("127.0.0.1:{port}"),
             dir,
         };
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while server.try_cli(&["list"]).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "toxiproxy-server did not answer; its log:\n{}",
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait_for(
+            "toxiproxy-server to answer",
+            Duration::from_secs(20),
+            || server.try_cli(&["list"]).ok(),
+        )
+        .unwrap_or_else(|e| panic!("{e}; its log:\n{}", server.log()));
         server
     }
 
