@@ -98,3 +98,153 @@ pub enum Command {
     /// A planned rollback (`RollbackStarted`), for the node's or workload's owner.
     Rollback(DomainEvent),
 }
+
+impl Command {
+    /// The process the command starts, by the id its sender gave it — a
+    /// handover, a move, a rollback, a migration, an evidence check of its
+    /// own. Sent again with the same id (an operator whose `--wait` was cut
+    /// short types it again), it starts nothing new: the runtime answers
+    /// with the process already recorded.
+    pub fn process(&self) -> Option<&str> {
+        let id = match self {
+            Command::StartHandover(c) => &c.handover_id,
+            Command::MoveApplication(c) => &c.move_id,
+            Command::Migrate(m) => &m.migration_id,
+            Command::CheckEvidence(c) if c.migration_id.is_empty() => &c.check_id,
+            Command::Rollback(event) => return crate::subjects::process_of(event),
+            // These act on what exists: each one is a new decision.
+            Command::CheckEvidence(_) | Command::Complete(_) | Command::ControlMigration(_) => {
+                return None;
+            }
+        };
+        (!id.is_empty()).then_some(id.as_str())
+    }
+
+    /// Why this command is not the one that started its process, whose
+    /// first record is `first`: the same id given to another node, workload
+    /// or group. `None` when it is the same request.
+    pub fn differs_from(&self, first: &DomainEvent) -> Option<String> {
+        use switchyard_proto::v1::domain_event::Kind;
+        use switchyard_proto::v1::rollback_started::Target;
+        let id = self.process().unwrap_or_default();
+        let asked: String;
+        let started: String;
+        match (self, first.kind.as_ref()) {
+            (Command::StartHandover(c), Some(Kind::HandoverStarted(s))) => {
+                asked = format!("node {} to group {}", c.node, c.target_group);
+                started = format!("node {} to group {}", s.node, s.target_group);
+            }
+            (Command::MoveApplication(c), Some(Kind::ApplicationMoveStarted(s))) => {
+                let workload = |w: Option<&WorkloadRef>| {
+                    w.map_or("?".into(), |w| {
+                        format!("{} {}/{}", w.kind, w.namespace, w.name)
+                    })
+                };
+                asked = format!("{} to class {}", workload(Some(&c.workload)), c.gpu_class);
+                started = format!("{} to class {}", workload(s.workload.as_ref()), s.gpu_class);
+            }
+            (Command::Migrate(m), Some(Kind::MigrationStarted(s))) => {
+                asked = format!("group {} to {}", m.source_group, m.target_group);
+                started = format!("group {} to {}", s.source_group, s.target_group);
+            }
+            (Command::Rollback(event), Some(Kind::RollbackStarted(s))) => {
+                let target = |t: Option<&Target>| match t {
+                    Some(Target::Node(n)) => format!("node {n}"),
+                    Some(Target::Workload(w)) => {
+                        format!("{} {}/{}", w.kind, w.namespace, w.name)
+                    }
+                    None => "?".into(),
+                };
+                let Some(Kind::RollbackStarted(r)) = &event.kind else {
+                    return Some(format!("{id} is a rollback; this command is not one"));
+                };
+                asked = target(r.target.as_ref());
+                started = target(s.target.as_ref());
+            }
+            (
+                Command::CheckEvidence(_),
+                Some(Kind::EvidenceRecorded(_) | Kind::EvidenceChecked(_)),
+            ) => {
+                return None;
+            }
+            _ => {
+                return Some(format!(
+                    "{id} is already the id of another kind of process (its first record: {})",
+                    first.kind.as_ref().map_or("none", |k| k.type_name())
+                ));
+            }
+        }
+        (asked != started).then(|| {
+            format!(
+                "{id} was started for {started}; this command asks for {asked} (give it a new id)"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_proto::v1::domain_event::Kind;
+    use switchyard_proto::v1::{ApplicationMoveStarted, HandoverStarted, event};
+
+    use super::*;
+
+    fn handover(id: &str, node: &str) -> Command {
+        Command::StartHandover(StartHandover {
+            handover_id: id.into(),
+            node: node.into(),
+            target_group: "gpu-dra".into(),
+            force: false,
+        })
+    }
+
+    #[test]
+    fn a_command_names_the_process_it_starts_and_only_that() {
+        assert_eq!(handover("h1", "n1").process(), Some("h1"));
+        assert_eq!(handover("", "n1").process(), None);
+        let complete = Command::Complete(Complete {
+            source_group: "gpu".into(),
+            gpu_class: "h100".into(),
+            trial_period_over: false,
+        });
+        assert_eq!(complete.process(), None);
+        let own_check = |migration: &str| {
+            Command::CheckEvidence(CheckEvidence {
+                check_id: "c1".into(),
+                migration_id: migration.into(),
+                wave: None,
+            })
+        };
+        assert_eq!(own_check("").process(), Some("c1"));
+        // A migration's check is one more step of the migration.
+        assert_eq!(own_check("m1").process(), None);
+    }
+
+    #[test]
+    fn the_same_id_for_something_else_is_named() {
+        let started = event(Kind::HandoverStarted(HandoverStarted {
+            handover_id: "h1".into(),
+            node: "n1".into(),
+            source_group: "gpu".into(),
+            target_group: "gpu-dra".into(),
+            ..Default::default()
+        }));
+        assert_eq!(handover("h1", "n1").differs_from(&started), None);
+        assert_eq!(
+            handover("h1", "n2").differs_from(&started).as_deref(),
+            Some(
+                "h1 was started for node n1 to group gpu-dra; this command asks for node n2 to group gpu-dra (give it a new id)"
+            )
+        );
+        let moved = event(Kind::ApplicationMoveStarted(ApplicationMoveStarted {
+            move_id: "h1".into(),
+            ..Default::default()
+        }));
+        assert_eq!(
+            handover("h1", "n1").differs_from(&moved).as_deref(),
+            Some(
+                "h1 is already the id of another kind of process (its first record: ApplicationMoveStarted)"
+            )
+        );
+    }
+}

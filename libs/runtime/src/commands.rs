@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use prost::Message;
 use switchyard_core::command::{
     CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
@@ -15,6 +16,10 @@ use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, ser
 
 /// How long a command may wait for the service's answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a command is sent again while nothing subscribes to its
+/// service's subject (a restart, a rollout): nobody received it, so sending
+/// it again cannot do it twice.
+pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(30);
 
 /// How far a signed command's time may be from the service's clock (either
 /// way: clocks differ a little): older, it is refused as a replay.
@@ -355,13 +360,33 @@ pub async fn send(
     keyring: Option<&Keyring>,
 ) -> Result<CommandReply, CommandError> {
     let request = command.encode_to_vec();
-    let reply = tokio::time::timeout(
-        REPLY_TIMEOUT,
-        client.request(command_subject(service), request.clone().into()),
-    )
-    .await
-    .map_err(|_| CommandError::Timeout { service })?
-    .map_err(|source| CommandError::Request { service, source })?;
+    let once = || async {
+        tokio::time::timeout(
+            REPLY_TIMEOUT,
+            client.request(command_subject(service), request.clone().into()),
+        )
+        .await
+        .map_err(|_| CommandError::Timeout { service })?
+        .map_err(|source| CommandError::Request { service, source })
+    };
+    // Nobody took it: sent again while the service comes back. (A command
+    // that may have been taken — a timeout — is not sent again.)
+    let reply = once
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(2))
+                .with_total_delay(Some(NO_RESPONDERS_PATIENCE))
+                .without_max_times(),
+        )
+        .when(|err| {
+            matches!(err, CommandError::Request { source, .. }
+                if source.kind() == async_nats::RequestErrorKind::NoResponders)
+        })
+        .notify(|_, pause| {
+            tracing::info!(%service, ?pause, "nothing answers on the command subject (the service restarting?): sending again");
+        })
+        .await?;
     let reply = CommandReply::decode(reply.payload)
         .map_err(|source| CommandError::Reply { service, source })?;
     if let Some(keyring) = keyring {

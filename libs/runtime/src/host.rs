@@ -20,10 +20,11 @@ use futures::{FutureExt, StreamExt};
 use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
 use switchyard_core::subjects::process_of;
-use switchyard_core::{Core, Input, ServiceName};
+use switchyard_core::{Command, Core, Input, ServiceName};
 use switchyard_eventlog::keys::{Keyring, KeyringError};
 use switchyard_eventlog::{
-    Decoded, EventLog, LogError, StoredEvent, UnknownReason, append_attributed, now_nanos,
+    Decoded, EventLog, LogError, ReadRequest, StoredEvent, UnknownReason, append_attributed,
+    now_nanos,
 };
 use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
 use tokio::sync::watch;
@@ -228,6 +229,16 @@ struct Host<E> {
     /// The correlation id of each process (handover, move, rollback) a
     /// command started: its later steps are recorded with it.
     correlations: BTreeMap<String, String>,
+    /// The log sequence of each process's first record: a command that
+    /// would start it again is answered with it instead.
+    started: BTreeMap<String, u64>,
+}
+
+/// Notes the sequence of a process's first record.
+fn remember_start(started: &mut BTreeMap<String, u64>, event: &DomainEvent, sequence: u64) {
+    if let Some(process) = process_of(event) {
+        started.entry(process.to_string()).or_insert(sequence);
+    }
 }
 
 /// The pauses before an effect that keeps failing is issued again: from
@@ -269,6 +280,9 @@ impl<E: EffectExecutor> Host<E> {
             now_nanos(),
         )
         .await?;
+        for (decision, sequence) in decisions.iter().zip(&sequences) {
+            remember_start(&mut self.started, decision, *sequence);
+        }
         self.own.extend(sequences);
         Ok(())
     }
@@ -301,6 +315,11 @@ impl<E: EffectExecutor> Host<E> {
             let owner = command.owner();
             return refuse(commands::CommandRefused::NotOwner { service, owner }.to_string());
         }
+        if let Some(process) = command.process()
+            && let Some(&from) = self.started.get(process)
+        {
+            return self.resume(&command, process, from).await;
+        }
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
         for decision in &decisions {
             // None given: each process is its own correlation.
@@ -317,6 +336,50 @@ impl<E: EffectExecutor> Host<E> {
                 ..CommandReply::default()
             },
             Err(err) => refuse(format!("the decisions could not be recorded: {err}")),
+        }
+    }
+
+    /// The answer to a command whose process is recorded already from
+    /// `from`: nothing decided again; where to follow it — or why not, when
+    /// the same id asked for something else.
+    async fn resume(&mut self, command: &Command, process: &str, from: u64) -> CommandReply {
+        let first = self
+            .log
+            .read(ReadRequest {
+                subject: None,
+                from,
+                limit: Some(1),
+            })
+            .await;
+        let differs = match first.as_deref() {
+            Ok([stored]) => match readable(stored, self.options.keyring.as_deref()) {
+                Decoded::Event(event) => command.differs_from(&event),
+                Decoded::Unknown { reason, .. } => Some(format!(
+                    "the first record of {process} (sequence {from}) cannot be read: {reason}"
+                )),
+            },
+            Ok(_) => Some(format!(
+                "the first record of {process} (sequence {from}) is not in the log"
+            )),
+            Err(err) => Some(format!(
+                "the first record of {process} (sequence {from}) could not be read: {err}"
+            )),
+        };
+        if let Some(error) = differs {
+            return CommandReply {
+                error,
+                ..CommandReply::default()
+            };
+        }
+        tracing::info!(
+            process,
+            from,
+            "a command for a process already started: answered with where it starts"
+        );
+        CommandReply {
+            resumed_process: process.to_string(),
+            resumed_from_sequence: from,
+            ..CommandReply::default()
         }
     }
 
@@ -419,6 +482,7 @@ pub async fn run<E: EffectExecutor>(
     let service = core.service();
     let mut last = 0;
     let mut correlations = BTreeMap::new();
+    let mut starts = BTreeMap::new();
     let mut blocked = BTreeMap::new();
     let mut passed_over = 0;
     let keyring = options.keyring.clone();
@@ -427,6 +491,7 @@ pub async fn run<E: EffectExecutor>(
             Decoded::Event(event) => {
                 core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
+                remember_start(&mut starts, &event, stored.sequence);
                 if author(&stored.envelope.actor) == Some(service) {
                     remember_blocked(&mut blocked, &event);
                 }
@@ -449,6 +514,7 @@ pub async fn run<E: EffectExecutor>(
         issued: BTreeMap::new(),
         blocked,
         correlations,
+        started: starts,
     };
     let due = host.core.catch_up(now_nanos());
     if !due.is_empty() {
@@ -509,6 +575,7 @@ pub async fn run<E: EffectExecutor>(
                         }
                     };
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
+                    remember_start(&mut host.started, &event, stored.sequence);
                     if author(&stored.envelope.actor) == Some(service) {
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);

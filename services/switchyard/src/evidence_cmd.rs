@@ -47,8 +47,24 @@ pub async fn evidence(args: EvidenceArgs) -> anyhow::Result<ExitCode> {
     if args.operator.report(&reply)? {
         return Ok(ExitCode::from(1));
     }
-    let failed: u32 = reply
-        .decisions
+    // Checked before under this id: its result as recorded then, not a
+    // new check.
+    let decisions = match reply.resumed_from_sequence {
+        0 => reply.decisions,
+        from => {
+            let recorded = args
+                .operator
+                .recorded(&reply.resumed_process, from, |d| {
+                    matches!(d.kind, Some(Kind::EvidenceChecked(_)))
+                })
+                .await?;
+            for event in &recorded {
+                args.operator.print(event)?;
+            }
+            recorded
+        }
+    };
+    let failed: u32 = decisions
         .iter()
         .map(|d| match &d.kind {
             Some(Kind::EvidenceChecked(c)) => c.failed,

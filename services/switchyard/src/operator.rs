@@ -108,6 +108,12 @@ impl OperatorArgs {
         if refused {
             return Ok(ExitCode::from(REFUSED));
         }
+        // Sent again (the same id): followed from its first record, which
+        // shows what it did before this command too.
+        let from = match reply.resumed_from_sequence {
+            0 => from,
+            first => first,
+        };
         match log {
             Some(log) => self.follow(&log, from, &reply).await,
             None => Ok(ExitCode::SUCCESS),
@@ -149,6 +155,12 @@ impl OperatorArgs {
             eprintln!("refused: {}", reply.error);
             return Ok(true);
         }
+        if !reply.resumed_process.is_empty() {
+            eprintln!(
+                "{} was started already (its first record: sequence {}); nothing new is decided",
+                reply.resumed_process, reply.resumed_from_sequence
+            );
+        }
         for decision in &reply.decisions {
             self.print(decision)?;
         }
@@ -157,7 +169,38 @@ impl OperatorArgs {
         Ok(!reply.decisions.is_empty() && reply.decisions.iter().all(is_refusal))
     }
 
-    fn print(&self, event: &DomainEvent) -> anyhow::Result<()> {
+    /// The records of `process` from sequence `from` up to the first that
+    /// `last` accepts, as recorded (a process answered as resumed).
+    pub async fn recorded(
+        &self,
+        process: &str,
+        from: u64,
+        last: impl Fn(&DomainEvent) -> bool,
+    ) -> anyhow::Result<Vec<DomainEvent>> {
+        let client = self.nats.client("cli").await?;
+        let log = self.nats.stream.open(client, false).await?;
+        let end = log.last_sequence(None).await?;
+        let mut stream = log.follow(None, from).await?;
+        let mut events = Vec::new();
+        while let Some(next) = stream.next().await {
+            let next = next?;
+            if let Decoded::Event(event) = next.decode()
+                && process_of(&event) == Some(process)
+            {
+                let done = last(&event);
+                events.push(event);
+                if done {
+                    return Ok(events);
+                }
+            }
+            if next.sequence >= end {
+                break;
+            }
+        }
+        anyhow::bail!("the log has no end of {process} after sequence {from}")
+    }
+
+    pub(crate) fn print(&self, event: &DomainEvent) -> anyhow::Result<()> {
         let text = match self.output {
             Format::Table => format!("{}\n", describe(event)),
             Format::Json => format!("{}\n", serde_json::to_string(event)?),
@@ -179,6 +222,7 @@ impl OperatorArgs {
             .iter()
             .filter_map(process_of)
             .map(str::to_string)
+            .chain((!reply.resumed_process.is_empty()).then(|| reply.resumed_process.clone()))
             .collect();
         let mut nodes: BTreeSet<String> = reply.decisions.iter().filter_map(node_of).collect();
         // The reply's decisions are printed already; they come again first.

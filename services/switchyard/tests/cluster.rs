@@ -379,10 +379,11 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         before.spec.as_ref().unwrap().unschedulable,
     );
 
+    let nats_url = world.nats.url();
     let cli = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args(args)
-            .env("SWITCHYARD_NATS_URL", world.nats.url())
+            .env("SWITCHYARD_NATS_URL", &nats_url)
             .env("SWITCHYARD_ACTOR", "ops@example.com")
             .output()
             .expect("run switchyard");
@@ -481,10 +482,46 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
         "uncordoned"
     );
 
-    // Roll it back.
-    let (ok, out, err) = cli(&["rollback", "node", "--node", "gpu-1"]);
+    // The same command again — as an operator whose `--wait` was cut short
+    // types it — after the stack-assigner's restart: nothing decided again,
+    // the handover followed from its first record to its end.
+    world.stop("stack-assigner");
+    world.serve("stack-assigner");
+    let started_records = |records: &[switchyard_eventlog::StoredEvent], kind: &str| {
+        records
+            .iter()
+            .filter(|s| s.envelope.event_type == kind)
+            .count()
+    };
+    let (ok, out, err) = cli(&[
+        "handover", "--node", "gpu-1", "--to", "gpu-dra", "--id", "h1", "--wait",
+    ]);
     assert!(
-        ok && out.contains("rollback rollback-") && out.contains("started: 3 step(s) to undo"),
+        ok && err.contains("h1 was started already")
+            && out.contains("handover h1 of node gpu-1 started: gpu -> gpu-dra")
+            && out.contains("handover h1 done: node gpu-1 serves group gpu-dra"),
+        "{out}\n{err}\n{}",
+        world.output()
+    );
+    // The same id for another node is refused, naming what it started.
+    let (ok, out, err) = cli(&[
+        "handover", "--node", "gpu-2", "--to", "gpu-dra", "--id", "h1",
+    ]);
+    assert!(
+        !ok && err.contains("h1 was started for node gpu-1 to group gpu-dra; this command asks for node gpu-2 to group gpu-dra"),
+        "{out}\n{err}"
+    );
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log");
+    assert_eq!(started_records(&records, "HandoverStarted"), 1);
+    assert_eq!(started_records(&records, "HandoverRefused"), 0);
+
+    // Roll it back.
+    let (ok, out, err) = cli(&["rollback", "node", "--node", "gpu-1", "--id", "r1"]);
+    assert!(
+        ok && out.contains("rollback r1") && out.contains("started: 3 step(s) to undo"),
         "{out}\n{err}\n{}",
         world.output()
     );
@@ -502,6 +539,26 @@ async fn a_handover_evicts_reports_the_pdb_and_rolls_back_byte_identical() {
             world.labels("gpu-1").await.get(STACK).map(String::as_str) == Some("device-plugin")
         })
         .await;
+    // Typed again, the rollback is followed, not planned anew (the log has
+    // nothing left to roll back); for another node, the id is refused.
+    let (ok, out, err) = cli(&[
+        "rollback", "node", "--node", "gpu-1", "--id", "r1", "--wait",
+    ]);
+    assert!(
+        ok && err.contains("r1 was started already") && out.contains("rollback r1"),
+        "{out}\n{err}\n{}",
+        world.output()
+    );
+    let (ok, _, err) = cli(&["rollback", "node", "--node", "gpu-2", "--id", "r1"]);
+    assert!(
+        !ok && err.contains("rollback r1 was of node gpu-1; this asks for node gpu-2"),
+        "{err}"
+    );
+    let records = log
+        .read(ReadRequest::default())
+        .await
+        .expect("read the log");
+    assert_eq!(started_records(&records, "RollbackStarted"), 1);
     player.abort();
     bashible.abort();
     let after = nodes.get("gpu-1").await.expect("node");
