@@ -83,6 +83,7 @@ mod migrate;
 mod node_agent;
 mod plan;
 mod quantity;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -124,6 +125,11 @@ enum Command {
     /// wall time, Switchyard's CPU share of it and its own latency against
     /// the time spent waiting on Kubernetes.
     Migrate(migrate::Args),
+    /// The fault soak: the reference migration on kwok with a fault in every
+    /// step (services, node agents and the waiting CLI killed, nats-server
+    /// and kube-apiserver restarted, etcd paused, a junk record), once per
+    /// seed: faults survived by kind, kill points by step.
+    Soak(soak::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -146,6 +152,7 @@ fn main() -> anyhow::Result<()> {
         Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
         Command::Plan(args) => Box::pin(plan::run(args)),
         Command::Migrate(args) => Box::pin(migrate::run(args)),
+        Command::Soak(args) => Box::pin(soak::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

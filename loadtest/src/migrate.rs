@@ -572,6 +572,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         .collect(),
         previous_version: None,
         toxics: &[],
+        flow_shares: None,
     })
     .await;
     eprintln!(

@@ -234,6 +234,7 @@ async fn the_scheduler_decides_what_our_allocator_predicts() {
     let plane = ControlPlane::start_with(Components {
         scheduler: true,
         controller_manager: true,
+        ..Components::default()
     })
     .await;
     let client = plane.client();

@@ -76,6 +76,9 @@ pub struct Components {
     /// kube-controller-manager with its default controllers (the resourceclaim
     /// controller among them) but no node lifecycle: nodes have no kubelets.
     pub controller_manager: bool,
+    /// API Priority and Fairness on, as in a real cluster (off otherwise:
+    /// the harness's clients are `system:masters`, which it exempts anyway).
+    pub flow_control: bool,
 }
 
 /// etcd and kube-apiserver (and on request kube-scheduler and
@@ -169,7 +172,7 @@ impl ControlPlane {
             // DRAResourceClaimDeviceStatus since 1.33 — so no --feature-gates here,
             // on the scheduler or on the controller manager.
             "--runtime-config=resource.k8s.io/v1=true".into(),
-            "--enable-priority-and-fairness=false".into(),
+            format!("--enable-priority-and-fairness={}", components.flow_control),
             // Nodes here have no kubelet and no node-lifecycle controller to lift
             // the not-ready taint this plugin puts on every new node.
             "--disable-admission-plugins=TaintNodesByCondition".into(),
@@ -260,10 +263,16 @@ impl ControlPlane {
     /// An admin kubeconfig `name` (in the plane's directory) whose server is
     /// `server`, e.g. a proxy in front of the API server.
     pub fn kubeconfig_via(&self, name: &str, server: &str) -> PathBuf {
+        self.kubeconfig_as(name, server, ADMIN_TOKEN)
+    }
+
+    /// A kubeconfig `name` (in the plane's directory) whose server is
+    /// `server` and whose user is the bearer of `token` (a ServiceAccount's,
+    /// say).
+    pub fn kubeconfig_as(&self, name: &str, server: &str, token: &str) -> PathBuf {
         let path = self.dir.path().join(name);
         let config = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: admin\ncurrent-context: local\n",
-            server
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: user\ncurrent-context: local\n"
         );
         // Written once and whole (a rename), as processes read it meanwhile:
         // rewriting it in place let a starting process read an empty file.

@@ -16,6 +16,8 @@ pub mod kwok;
 #[cfg(feature = "migration")]
 pub mod migration;
 pub mod nats;
+#[cfg(feature = "reference")]
+pub mod reference;
 pub mod toxiproxy;
 
 use std::time::{Duration, Instant};

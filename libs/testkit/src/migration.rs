@@ -124,7 +124,12 @@ impl Service {
 
     pub fn output(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        // SWITCHYARD_TEST_LOG_LINES=N shows more of it.
+        let lines = std::env::var("SWITCHYARD_TEST_LOG_LINES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(40);
+        let tail: Vec<&str> = text.lines().rev().take(lines).collect();
         format!(
             "--- {} (last lines) ---\n{}",
             self.name,
@@ -156,6 +161,9 @@ pub struct World {
     pub service_env: Vec<(String, String)>,
     /// The NKey seed the harness reads the log with, on a secured bus.
     pub reader: Option<PathBuf>,
+    /// Environment of one service, over `service_env` (its own account's
+    /// kubeconfig, say).
+    pub env_of: BTreeMap<&'static str, Vec<(String, String)>>,
 }
 
 /// A bus that asks for credentials: the server's `authorization`, the seed
@@ -235,6 +243,7 @@ impl World {
             services: Vec::new(),
             binary,
             service_env: Vec::new(),
+            env_of: BTreeMap::new(),
         }
     }
 
@@ -258,9 +267,11 @@ impl World {
     }
 
     fn start_service(&mut self, name: &'static str, health: Option<u16>, env: &[(&str, &str)]) {
+        let own = self.env_of.get(name).map(Vec::as_slice).unwrap_or_default();
         let env: Vec<(&str, &str)> = self
             .service_env
             .iter()
+            .chain(own)
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .chain(env.iter().copied())
             .collect();
@@ -473,8 +484,6 @@ pub fn node_agent_with(world: &World, node: &str, gpus: usize) -> NodeAgent {
     kubelet
         .serve(dir.path())
         .expect("serve the kubelet's sockets");
-    let log = std::fs::File::create(world.dir.path().join(format!("node-agent-{node}.log")))
-        .expect("agent log");
     // Cards have UUIDs of their own on every node, as on real machines (the
     // evidence checks each is published once): the fixture's first UUID
     // group is made the node's.
@@ -498,27 +507,38 @@ pub fn node_agent_with(world: &World, node: &str, gpus: usize) -> NodeAgent {
             _ => format!("{line}\n"),
         })
         .collect();
-    let fixture_path = dir.path().join("fixture.yaml");
-    std::fs::write(&fixture_path, fixture).expect("write the node's fixture");
-    let agent = Command::new((world.binary)("switchyard-node-agent"))
-        .args(["serve", "--node-name", node, "--gpu-source"])
-        .arg(format!("fixture:{}", fixture_path.display()))
-        .arg("--kubelet-dir")
-        .arg(dir.path())
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .env("KUBECONFIG", world.plane.kubeconfig())
-        .env("SWITCHYARD_LOG_LEVEL", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start the node agent");
+    std::fs::write(dir.path().join("fixture.yaml"), fixture).expect("write the node's fixture");
+    let agent = spawn_node_agent(world, node, dir.path());
     tokio::spawn(advertise(
         world.client.clone(),
         node.to_string(),
         kubelet.clone(),
     ));
     (KillOnDrop(agent), kubelet, dir)
+}
+
+/// Starts `node`'s agent on the kubelet and fixture in `dir`, its log
+/// appended to the node's.
+fn spawn_node_agent(world: &World, node: &str, dir: &Path) -> std::process::Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(world.dir.path().join(format!("node-agent-{node}.log")))
+        .expect("agent log");
+    let fixture_path = dir.join("fixture.yaml");
+    Command::new((world.binary)("switchyard-node-agent"))
+        .args(["serve", "--node-name", node, "--gpu-source"])
+        .arg(format!("fixture:{}", fixture_path.display()))
+        .arg("--kubelet-dir")
+        .arg(dir)
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .env("SWITCHYARD_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the node agent")
 }
 
 /// Kubelet's device manager for `node` (kwok has none): the devices the
@@ -649,7 +669,15 @@ pub struct ClusterOptions<'a> {
     /// The services' API-server traffic through toxiproxy with these toxics
     /// (none: straight to the API server).
     pub toxics: &'a [Toxic<'a>],
+    /// The services on their own ServiceAccounts with the chart's RBAC, in
+    /// a priority level of API Priority and Fairness this many concurrency
+    /// shares wide that rejects what it cannot seat (429); `None`: as the
+    /// cluster's admin, which priority and fairness exempts.
+    pub flow_shares: Option<u32>,
 }
+
+/// The priority level and flow schema the services' accounts are put in.
+pub const FLOW_LEVEL: &str = "switchyard-narrow";
 
 /// A toxic on the connections to the API server: its toxiproxy type, its
 /// attributes, the share of connections it strikes, and whether it acts on
@@ -671,6 +699,8 @@ pub struct MigrationCluster {
     pub world: World,
     pub kwok: Kwok,
     pub agents: Vec<NodeAgent>,
+    /// The GPU nodes, as `agents` serve them.
+    nodes: Vec<String>,
     bashible: tokio::task::JoinHandle<()>,
     /// The proxy the services reach the API server through, if any.
     pub toxiproxy: Option<crate::toxiproxy::Toxiproxy>,
@@ -692,16 +722,32 @@ pub const SERVICES: [&str; 5] = [
 ];
 
 impl MigrationCluster {
+    /// Kills `node`'s agent with SIGKILL and starts it again on the same
+    /// kubelet and cards, as the DaemonSet's restart would.
+    pub fn restart_agent(&mut self, node: &str) {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n == node)
+            .unwrap_or_else(|| panic!("no agent for node {node}"));
+        let (agent, _, dir) = &mut self.agents[i];
+        let _ = agent.0.kill();
+        let _ = agent.0.wait();
+        agent.0 = spawn_node_agent(&self.world, node, dir.path());
+    }
+
     pub async fn start(options: ClusterOptions<'_>) -> MigrationCluster {
         let mut world = World::start_with(
             Components {
                 scheduler: true,
                 controller_manager: true,
+                flow_control: options.flow_shares.is_some(),
             },
             options.binary,
         )
         .await;
         world.service_env = options.service_env;
+        let server = world.plane.url();
         let toxiproxy = (!options.toxics.is_empty()).then(|| {
             let proxy = crate::toxiproxy::Toxiproxy::start();
             let upstream = world.plane.url().trim_start_matches("https://").to_string();
@@ -721,8 +767,23 @@ impl MigrationCluster {
             world
                 .service_env
                 .push(("KUBECONFIG".into(), config.to_string_lossy().into_owned()));
-            proxy
+            (proxy, format!("https://{listen}"))
         });
+        let (toxiproxy, server) = match toxiproxy {
+            Some((proxy, listen)) => (Some(proxy), listen),
+            None => (None, server),
+        };
+        if let Some(shares) = options.flow_shares {
+            for (service, kubeconfig) in service_accounts(&world, &server, shares).await {
+                world.env_of.insert(
+                    service,
+                    vec![(
+                        "KUBECONFIG".into(),
+                        kubeconfig.to_string_lossy().into_owned(),
+                    )],
+                );
+            }
+        }
         let c = world.client.clone();
         let kwok = Kwok::start(&world.plane);
         create_group(&c, "gpu", true).await;
@@ -764,10 +825,178 @@ impl MigrationCluster {
             world,
             kwok,
             agents,
+            nodes: options.nodes.to_vec(),
             bashible,
             toxiproxy,
         }
     }
+}
+
+/// The chart's ServiceAccounts and RBAC, as `helm template` renders them
+/// (release `switchyard` in `switchyard-system`), created; a priority level
+/// `shares` concurrency shares wide that rejects what it cannot seat, with
+/// a flow schema putting those accounts in it; and a kubeconfig with a
+/// token of each service's account (for `server`), by service.
+async fn service_accounts(
+    world: &World,
+    server: &str,
+    shares: u32,
+) -> BTreeMap<&'static str, PathBuf> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    const NAMESPACE: &str = "switchyard-system";
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/switchyard");
+    let helm = crate::helm_binary().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(&helm)
+        .args(["template", "switchyard"])
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE])
+        // The chart needs a bus to render; the test's own is used instead.
+        .args(["--set", "nats.url=nats://127.0.0.1:4222"])
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", helm.display()));
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let docs: Vec<serde_json::Value> = text
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str(doc).ok())
+        .filter(|doc: &serde_json::Value| doc.is_object())
+        .collect();
+    let c = world.client.clone();
+    create_namespace(&c, NAMESPACE).await;
+    let pp = PostParams::default();
+    let mut accounts = BTreeMap::new();
+    for doc in docs {
+        let namespace = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(NAMESPACE)
+            .to_string();
+        let namespace = namespace.as_str();
+        let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
+        let created = match doc["kind"].as_str() {
+            Some("ServiceAccount") => {
+                let component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let account: ServiceAccount =
+                    serde_json::from_value(doc).expect("a ServiceAccount");
+                accounts.insert(component, account.name_any());
+                Api::namespaced(c.clone(), namespace)
+                    .create(&pp, &account)
+                    .await
+                    .map(drop)
+            }
+            Some("ClusterRole") => Api::<ClusterRole>::all(c.clone())
+                .create(&pp, &serde_json::from_value(doc).expect("a ClusterRole"))
+                .await
+                .map(drop),
+            Some("ClusterRoleBinding") => Api::<ClusterRoleBinding>::all(c.clone())
+                .create(
+                    &pp,
+                    &serde_json::from_value(doc).expect("a ClusterRoleBinding"),
+                )
+                .await
+                .map(drop),
+            Some("Role") => Api::<Role>::namespaced(c.clone(), namespace)
+                .create(&pp, &serde_json::from_value(doc).expect("a Role"))
+                .await
+                .map(drop),
+            Some("RoleBinding") => Api::<RoleBinding>::namespaced(c.clone(), namespace)
+                .create(&pp, &serde_json::from_value(doc).expect("a RoleBinding"))
+                .await
+                .map(drop),
+            _ => Ok(()),
+        };
+        created.unwrap_or_else(|e| panic!("create the chart's {what}: {e}"));
+    }
+    let level: PriorityLevelConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": FLOW_LEVEL},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": shares,
+            "lendablePercent": 0,
+            "borrowingLimitPercent": 0,
+            "limitResponse": {"type": "Reject"},
+        }},
+    }))
+    .expect("a PriorityLevelConfiguration");
+    Api::<PriorityLevelConfiguration>::all(c.clone())
+        .create(&pp, &level)
+        .await
+        .expect("create the priority level");
+    let subjects: Vec<serde_json::Value> = accounts
+        .values()
+        .map(|name| json!({"kind": "ServiceAccount", "serviceAccount": {"namespace": NAMESPACE, "name": name}}))
+        .collect();
+    let schema: FlowSchema = serde_json::from_value(json!({
+        "metadata": {"name": FLOW_LEVEL},
+        "spec": {
+            "priorityLevelConfiguration": {"name": FLOW_LEVEL},
+            "matchingPrecedence": 100,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": subjects,
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": true, "namespaces": ["*"]}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    }))
+    .expect("a FlowSchema");
+    Api::<FlowSchema>::all(c.clone())
+        .create(&pp, &schema)
+        .await
+        .expect("create the flow schema");
+    let mut kubeconfigs = BTreeMap::new();
+    for service in SERVICES {
+        let account = accounts
+            .get(service)
+            .unwrap_or_else(|| panic!("the chart renders no ServiceAccount for {service}"));
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let token = Api::<ServiceAccount>::namespaced(c.clone(), NAMESPACE)
+            .create_token_request(account, &pp, &request)
+            .await
+            .unwrap_or_else(|e| panic!("a token of {account}: {e}"))
+            .status
+            .and_then(|status| status.token)
+            .unwrap_or_else(|| panic!("the API server gave {account} no token"));
+        let kubeconfig =
+            world
+                .plane
+                .kubeconfig_as(&format!("{service}.kubeconfig"), server, &token);
+        kubeconfigs.insert(service, kubeconfig);
+    }
+    kubeconfigs
+}
+
+/// How many requests API Priority and Fairness rejected (429) in the
+/// services' priority level, from the API server's metrics.
+pub async fn rejected_requests(client: &Client) -> u64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a request");
+    let text = client
+        .request_text(request)
+        .await
+        .expect("the API server's metrics");
+    text.lines()
+        .filter(|line| {
+            line.starts_with("apiserver_flowcontrol_rejected_requests_total{")
+                && line.contains(&format!("priority_level=\"{FLOW_LEVEL}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// Creates the GPU nodes, a few at a time, and waits until kwok has made

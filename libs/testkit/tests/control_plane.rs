@@ -117,6 +117,7 @@ mod with_scheduler_and_controllers {
         let plane = ControlPlane::start_with(Components {
             scheduler: true,
             controller_manager: true,
+            ..Components::default()
         })
         .await;
         eprintln!(

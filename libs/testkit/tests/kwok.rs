@@ -31,6 +31,7 @@ impl Cluster {
         let plane = ControlPlane::start_with(Components {
             scheduler: true,
             controller_manager: true,
+            ..Components::default()
         })
         .await;
         let kwok = Kwok::start(&plane);

@@ -1,0 +1,930 @@
+//! The simulator's reference migration driven on a real cluster: its
+//! cluster before the migration made on kwok, each of its steps run as the
+//! command an operator types, and the end compared with the simulator's —
+//! optionally with a fault in every step, the services' API traffic through
+//! toxiproxy, or on their own accounts in a narrow priority level. Shared by
+//! the process tests (`services/switchyard/tests/migration_cluster.rs`) and
+//! the `switchyard-loadtest soak` command.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use switchyard_proto::v1::domain_event::Kind;
+
+use crate::migration::{
+    ClusterOptions, Locate, MigrationCluster, SETUP, STACK, Toxic, WAIT, World,
+};
+
+/// How [`run`] drives the scenario.
+pub struct Options<'a> {
+    /// A fault in every step, from this seed (`None`: none).
+    pub faults: Option<u64>,
+    /// The services' API traffic through toxiproxy with these toxics, while
+    /// another client keeps changing the objects under them.
+    pub toxics: &'a [Toxic<'a>],
+    /// The services on their own accounts in a priority level this many
+    /// concurrency shares wide ([`ClusterOptions::flow_shares`]).
+    pub flow_shares: Option<u32>,
+    /// Where the services' and node agents' binaries are.
+    pub binary: Locate,
+    /// The `switchyard` CLI the steps are typed into.
+    pub cli: &'a Path,
+}
+
+/// A fault struck during a step.
+#[derive(Clone, Debug)]
+pub struct Struck {
+    /// The simulator's step, e.g. "step 3: hand over gpu-0".
+    pub step: String,
+    /// Which fault: "kill inventory", "kill the node agent", "kill the
+    /// waiting CLI", "restart nats-server", ...
+    pub fault: &'static str,
+    /// What was done, in words (and, for the API server and etcd, how soon
+    /// a change made on their return was recorded).
+    pub what: String,
+    /// How many records into the step it struck (the kill point).
+    pub after: u64,
+}
+
+impl std::fmt::Display for Struck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {}, {} record(s) into the step",
+            self.step, self.what, self.after
+        )
+    }
+}
+
+/// What a [`run`] met on its way to the simulator's end (it panics, naming
+/// the difference, when it does not get there).
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The faults struck, one per step.
+    pub struck: Vec<Struck>,
+    /// Requests the narrow priority level rejected (429).
+    pub rejected: Option<u64>,
+    /// With toxics: changes made under the services, and lines of their
+    /// logs naming a 409.
+    pub changes: Option<(usize, usize)>,
+}
+
+/// The pods of `app` in `ml`.
+pub async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), "ml")
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+/// The ResourceQuota `gpu-quota` in `ml` with this `spec.hard`.
+pub async fn create_quota(client: &Client, hard: serde_json::Value) {
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-quota"},
+        "spec": {"hard": hard},
+    }))
+    .expect("the quota");
+    Api::<ResourceQuota>::namespaced(client.clone(), "ml")
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+}
+
+/// How many pods of these apps run.
+pub async fn running_of(client: &Client, apps: &[&str]) -> usize {
+    let mut running = 0;
+    for app in apps {
+        running += running_on(&pods_of(client, app).await).len();
+    }
+    running
+}
+
+/// The nodes the running pods among `pods` run on.
+pub fn running_on(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect()
+}
+
+/// A GPU node as a migration leaves it: the labels Deckhouse, Switchyard
+/// and NVIDIA own, the taints and whether it is cordoned.
+type NodeEnd = (
+    BTreeMap<String, String>,
+    Vec<switchyard_proto::v1::Taint>,
+    bool,
+);
+
+/// A workload as a migration leaves it: its pod template as placement reads
+/// it (resources, node selector), and its pods' nodes and phases.
+type WorkloadEnd = (
+    switchyard_proto::v1::WorkloadPlacement,
+    Vec<(String, switchyard_proto::v1::PodPhase)>,
+);
+
+/// The part of a cluster a migration changes, as the simulator and the API
+/// server each show it.
+#[derive(Debug, PartialEq)]
+struct EndState {
+    nodes: BTreeMap<String, NodeEnd>,
+    workloads: BTreeMap<String, WorkloadEnd>,
+    /// The namespace's quota.
+    quota: BTreeMap<String, String>,
+    /// Per NodeGroup: whether it has spec.gpu.
+    groups: BTreeMap<String, bool>,
+}
+
+pub const PARITY_NODES: [&str; 2] = ["gpu-0", "gpu-1"];
+pub const PARITY_GROUPS: [&str; 2] = ["gpu", "gpu-dra"];
+
+fn owned_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| {
+            [
+                "node.deckhouse.io/",
+                "node-role.kubernetes.io/",
+                "nvidia.com/",
+                "gpu.deckhouse.io/",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
+    let nodes = PARITY_NODES
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                (
+                    owned_labels(sim.node_labels(n).expect("the simulator's node")),
+                    sim.node_taints(n).unwrap_or_default().to_vec(),
+                    sim.node_unschedulable(n).unwrap_or_default(),
+                ),
+            )
+        })
+        .collect();
+    let workloads = sim
+        .workloads()
+        .iter()
+        .map(|w| {
+            let mut pods = sim.workload_pods(w);
+            pods.sort();
+            (
+                w.name.clone(),
+                (sim.workload_placement(w).cloned().unwrap_or_default(), pods),
+            )
+        })
+        .collect();
+    EndState {
+        nodes,
+        workloads,
+        quota: sim.quota("ml", "gpu-quota").cloned().unwrap_or_default(),
+        groups: PARITY_GROUPS
+            .iter()
+            .map(|g| (g.to_string(), sim.group_has_gpu(g).unwrap_or_default()))
+            .collect(),
+    }
+}
+
+/// The same view of the cluster on the API server, through the facts the
+/// inventory reports.
+async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
+    use switchyard_kube::facts;
+    let mut nodes = BTreeMap::new();
+    for n in PARITY_NODES {
+        let node = Api::<Node>::all(client.clone()).get(n).await.expect("node");
+        let Some(Kind::NodeObserved(fact)) = facts::node(&node).kind else {
+            panic!("a node's fact")
+        };
+        nodes.insert(
+            n.to_string(),
+            (owned_labels(&fact.labels), fact.taints, fact.unschedulable),
+        );
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "ml");
+    let mut workloads = BTreeMap::new();
+    for name in names {
+        let d = deployments.get(name).await.expect("deployment");
+        let placement = facts::placement(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+        let mut pods: Vec<(String, switchyard_proto::v1::PodPhase)> = pods_of(client, name)
+            .await
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| match facts::pod(p).kind {
+                Some(Kind::PodObserved(o)) => Some((
+                    o.node,
+                    switchyard_proto::v1::PodPhase::try_from(o.phase).unwrap_or_default(),
+                )),
+                _ => None,
+            })
+            .collect();
+        pods.sort();
+        workloads.insert(name.clone(), (placement, pods));
+    }
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), "ml")
+        .get("gpu-quota")
+        .await
+        .ok()
+        .and_then(|q| q.spec)
+        .and_then(|s| s.hard)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, q)| (k, q.0))
+        .collect();
+    let mut groups = BTreeMap::new();
+    for g in PARITY_GROUPS {
+        let group = Api::<switchyard_api::NodeGroup>::all(client.clone())
+            .get(g)
+            .await
+            .expect("group");
+        groups.insert(g.to_string(), group.spec.gpu.is_some());
+    }
+    EndState {
+        nodes,
+        workloads,
+        quota,
+        groups,
+    }
+}
+
+/// What strikes during a step.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Kill(&'static str),
+    /// A node's agent (the n-th fault strikes gpu-(n mod 2)'s).
+    KillAgent,
+    /// The operator's `switchyard` waiting for the step: killed, then the
+    /// same command typed again (the same `--id`).
+    KillCli,
+    RestartNats,
+    RestartApiServer,
+    PauseEtcd,
+    Junk,
+}
+
+impl Fault {
+    /// The fault's kind, for reports.
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill("inventory") => "kill inventory",
+            Fault::Kill("stack-assigner") => "kill stack-assigner",
+            Fault::Kill("class-compiler") => "kill class-compiler",
+            Fault::Kill("claim-allocator") => "kill claim-allocator",
+            Fault::Kill("alerter") => "kill alerter",
+            Fault::Kill(_) => "kill a service",
+            Fault::KillAgent => "kill a node agent",
+            Fault::KillCli => "kill the waiting CLI",
+            Fault::RestartNats => "restart nats-server",
+            Fault::RestartApiServer => "restart kube-apiserver",
+            Fault::PauseEtcd => "pause etcd",
+            Fault::Junk => "publish a record that is no envelope",
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64): the same seed, the same
+/// faults; and where in the list of faults the steps start.
+struct Seeded(u64, usize);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// The fault of the `n`-th step and how many records after the
+    /// command's first it strikes: the faults in turn from a place the seed
+    /// picks — each service killed, nats-server, the API server and etcd,
+    /// a record that is no envelope — at a point the seed picks.
+    /// A step that does not wait (`evidence`, `complete`) has the next
+    /// fault instead of the CLI's kill: an answer printed is all it waits for.
+    fn fault(&mut self, n: usize, waits: bool) -> (Fault, u64) {
+        const FAULTS: [Fault; 11] = [
+            Fault::Kill("inventory"),
+            Fault::KillCli,
+            Fault::RestartNats,
+            Fault::Kill("stack-assigner"),
+            Fault::KillAgent,
+            Fault::RestartApiServer,
+            Fault::Kill("class-compiler"),
+            Fault::Junk,
+            Fault::Kill("claim-allocator"),
+            Fault::PauseEtcd,
+            Fault::Kill("alerter"),
+        ];
+        if n == 0 {
+            self.1 = self.below(FAULTS.len() as u64) as usize;
+        }
+        let mut at = (self.1 + n) % FAULTS.len();
+        if matches!(FAULTS[at], Fault::KillCli) && !waits {
+            at = (at + 1) % FAULTS.len();
+        }
+        (FAULTS[at], self.below(4))
+    }
+}
+
+/// Runs the `switchyard` CLI at `cli` as the operator `ops@example.com`
+/// against the bus at `nats` and the API server of `kubeconfig` (taken apart
+/// from the world, which a fault may be changing meanwhile).
+pub fn cli_at(
+    cli: &Path,
+    nats: &str,
+    kubeconfig: &Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> (i32, String, String) {
+    let out = cli_command(cli, nats, kubeconfig, args)
+        .output()
+        .expect("run switchyard");
+    exit_and_output(out)
+}
+
+fn cli_command(
+    cli: &Path,
+    nats: &str,
+    kubeconfig: &Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> Command {
+    let mut command = Command::new(cli);
+    command
+        .args(args)
+        .env("SWITCHYARD_NATS_URL", nats)
+        .env("KUBECONFIG", kubeconfig)
+        .env("SWITCHYARD_ACTOR", "ops@example.com")
+        .env("SWITCHYARD_TIMEOUT", "5m");
+    command
+}
+
+fn exit_and_output(out: std::process::Output) -> (i32, String, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Strikes `fault` on the cluster (`cli`: the waiting command's process);
+/// returns what it did, for the report.
+async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32) -> String {
+    if let Fault::KillAgent = fault {
+        let node = PARITY_NODES[n % PARITY_NODES.len()];
+        cluster.restart_agent(node);
+        return format!("killed the node agent of {node} (SIGKILL) and started it again");
+    }
+    let world = &mut cluster.world;
+    match fault {
+        Fault::Kill(service) => {
+            world.stop(service);
+            world.serve(service);
+            format!("killed {service} (SIGKILL) and started it again")
+        }
+        Fault::KillAgent => unreachable!("struck above"),
+        Fault::KillCli => {
+            let killed = Command::new("kill")
+                .args(["-KILL", &cli.to_string()])
+                .status()
+                .expect("run kill");
+            format!(
+                "killed the waiting switchyard (SIGKILL{}) and typed the command again",
+                if killed.success() {
+                    ""
+                } else {
+                    ": it had ended"
+                }
+            )
+        }
+        Fault::RestartNats => {
+            world.nats.restart();
+            "killed nats-server (SIGKILL) and started it again".into()
+        }
+        Fault::RestartApiServer => {
+            let started = std::time::Instant::now();
+            world.plane.restart_apiserver().await;
+            let down = started.elapsed();
+            let seen = fact_after_return(world, n).await;
+            format!(
+                "killed kube-apiserver and started it again (down {down:?}); a change made on its return recorded after {seen:?}"
+            )
+        }
+        Fault::PauseEtcd => {
+            world.plane.pause_etcd();
+            // Longer than a watch waits for its next event before the API
+            // server's own timeout; a pause, the fault itself.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            world.plane.resume_etcd();
+            let seen = fact_after_return(world, n).await;
+            format!("paused etcd for 5 s; a change made on its return recorded after {seen:?}")
+        }
+        Fault::Junk => {
+            let client = async_nats::connect(world.nats.url())
+                .await
+                .expect("connect to NATS");
+            async_nats::jetstream::new(client)
+                .publish("switchyard.log.junk", "not a proto".into())
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+            "published 11 bytes that are no envelope on switchyard.log.junk".into()
+        }
+    }
+}
+
+/// How long after the API server answers again inventory records a change
+/// made then: a label (outside what the scenario compares) on gpu-0, from
+/// the API server's return to the fact's recording time.
+async fn fact_after_return(world: &World, n: usize) -> std::time::Duration {
+    let value = format!("fault-{n}");
+    let back = switchyard_eventlog::now_nanos();
+    Api::<Node>::all(world.client.clone())
+        .patch(
+            "gpu-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"fault.switchyard.test/n": value}}}),
+            ),
+        )
+        .await
+        .expect("label gpu-0");
+    let log = world.log().await;
+    let recorded = std::cell::Cell::new(0);
+    world
+        .until(
+            "inventory to record the change made on the API server's return",
+            || async {
+                let records = log
+                    .read(switchyard_eventlog::ReadRequest {
+                        subject: Some(switchyard_eventlog::Subject::new("node.gpu-0").unwrap()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_default();
+                let found = records.iter().find_map(|r| match r.decode() {
+                    switchyard_eventlog::Decoded::Event(e) => match &e.kind {
+                        Some(Kind::NodeObserved(o))
+                            if o.labels.get("fault.switchyard.test/n") == Some(&value) =>
+                        {
+                            Some(r.envelope.recorded_at_unix_nanos)
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                });
+                found.map(|at| recorded.set(at)).is_some()
+            },
+        )
+        .await;
+    std::time::Duration::from_nanos((recorded.get() - back).max(0) as u64)
+}
+
+/// Decisions (records of the deciding services) recorded twice: the same
+/// event, payload and all, on the same subject, by the same author.
+fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut twice = Vec::new();
+    for record in records {
+        let envelope = &record.envelope;
+        if envelope.actor == "inventory" || envelope.event_type.is_empty() {
+            continue;
+        }
+        let key = (
+            envelope.actor.clone(),
+            envelope.subject.clone(),
+            envelope.event_type.clone(),
+            envelope.payload.clone(),
+        );
+        if !seen.insert(key) {
+            twice.push(format!(
+                "sequence {}: {} by {} on {}",
+                record.sequence, envelope.event_type, envelope.actor, envelope.subject
+            ));
+        }
+    }
+    twice
+}
+
+/// Facts inventory recorded twice in a row for one object: a repeat the
+/// observer should have dropped (after a restart, a re-list).
+fn facts_repeated(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+    let mut last: BTreeMap<&str, &[u8]> = BTreeMap::new();
+    let mut repeated = Vec::new();
+    for record in records {
+        let envelope = &record.envelope;
+        if envelope.actor != "inventory" {
+            continue;
+        }
+        if last.insert(&envelope.subject, &envelope.payload) == Some(&envelope.payload[..]) {
+            repeated.push(format!(
+                "sequence {}: {} on {}",
+                record.sequence, envelope.event_type, envelope.subject
+            ));
+        }
+    }
+    repeated
+}
+
+/// Bumps the resourceVersion of every node and of every Deployment in `ml`
+/// once a second (an annotation no one reads), as another controller would:
+/// a write conditioned on an older read meets 409 Conflict. (Every 100 ms,
+/// with the toxics' latency, no conditioned write could ever land: a
+/// livelock no real controller makes.) Returns
+/// how many changes it made when stopped.
+fn keep_changing(
+    c: kube::Client,
+    names: Vec<String>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<usize>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let nodes: Api<Node> = Api::all(c.clone());
+        let deployments: Api<Deployment> = Api::namespaced(c, "ml");
+        let mut changes = 0usize;
+        let mut interval = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return changes,
+                _ = interval.tick() => {}
+            }
+            let patch =
+                json!({"metadata": {"annotations": {"example.com/touched": changes.to_string()}}});
+            let params = kube::api::PatchParams::default();
+            for n in PARITY_NODES {
+                if nodes
+                    .patch(n, &params, &kube::api::Patch::Merge(&patch))
+                    .await
+                    .is_ok()
+                {
+                    changes += 1;
+                }
+            }
+            for name in &names {
+                if deployments
+                    .patch(name, &params, &kube::api::Patch::Merge(&patch))
+                    .await
+                    .is_ok()
+                {
+                    changes += 1;
+                }
+            }
+        }
+    });
+    (stop, task)
+}
+
+pub async fn run(options: Options<'_>) -> Report {
+    let Options {
+        faults,
+        toxics,
+        flow_shares,
+        binary,
+        cli,
+    } = options;
+    let mut report = Report::default();
+    use switchyard_sim::{Card, SimConfig, Simulator};
+    let config = SimConfig {
+        gpu_nodes: 2,
+        gpus_per_node: 8,
+        card: Card::h100(),
+        workloads: 4,
+        upgraded_with_dra: false,
+        legacy_nodes: 0,
+        ..SimConfig::default()
+    };
+    let outcome = switchyard_scenario::run_reference(
+        config.clone(),
+        switchyard_runtime::Local::default(),
+        (),
+        |_| {},
+    )
+    .await;
+    let steps: Vec<String> = outcome
+        .steps
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}: {}",
+                if s.ok { "ok" } else { "FAILED" },
+                s.step,
+                s.detail
+            )
+        })
+        .collect();
+    assert!(outcome.ok(), "the simulator's run:\n{}", steps.join("\n"));
+    let expected = sim_end_state(&outcome.migration.sim);
+    let mut faults = faults.map(|seed| Seeded(seed, 0));
+    let mut struck: Vec<Struck> = Vec::new();
+
+    // The simulator's cluster before the migration, on kwok: its nodes'
+    // labels, its Deployments and its quota.
+    let mut before = Simulator::new(config);
+    let facts = before.take_facts();
+    let nodes: Vec<String> = PARITY_NODES.iter().map(|n| n.to_string()).collect();
+    let mut cluster = MigrationCluster::start(ClusterOptions {
+        nodes: &nodes,
+        gpus_per_node: 8,
+        binary,
+        service_env: Vec::new(),
+        previous_version: None,
+        toxics,
+        flow_shares,
+    })
+    .await;
+    let world = &cluster.world;
+    let c = world.client.clone();
+    let nodes: Api<Node> = Api::all(c.clone());
+    for n in PARITY_NODES {
+        let labels: BTreeMap<&String, &String> = before
+            .node_labels(n)
+            .expect("the simulator's node")
+            .iter()
+            .filter(|(k, _)| ![STACK, SETUP].contains(&k.as_str()))
+            .collect();
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("label the node as the simulator has it");
+    }
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
+    let mut names = Vec::new();
+    let mut pods = 0;
+    for fact in &facts {
+        let Some(Kind::WorkloadObserved(w)) = &fact.kind else {
+            continue;
+        };
+        let id = w.workload.clone().expect("workload");
+        let placement = w.placement.clone().unwrap_or_default();
+        let containers: Vec<_> = placement
+            .container_limits
+            .iter()
+            .map(|(name, limits)| {
+                json!({"name": name, "image": "registry.example.com/train:1",
+                       "resources": {"limits": limits.quantities}})
+            })
+            .collect();
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": id.name},
+            "spec": {
+                "replicas": w.replicas,
+                "selector": {"matchLabels": {"app": id.name}},
+                "template": {
+                    "metadata": {"labels": {"app": id.name}},
+                    "spec": {"containers": containers, "nodeSelector": placement.node_selector},
+                },
+            },
+        }))
+        .expect("deployment");
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create the simulator's workload");
+        pods += w.replicas as usize;
+        names.push(id.name);
+    }
+    assert!(names.len() >= 2, "the scenario moves several workloads");
+    let hard = before
+        .quota("ml", "gpu-quota")
+        .expect("the simulator's quota");
+    create_quota(&c, json!(hard)).await;
+    world
+        .until("every workload running on the device plugin", || async {
+            let apps: Vec<&str> = names.iter().map(String::as_str).collect();
+            running_of(&c, &apps).await == pods
+        })
+        .await;
+
+    let changing = (!toxics.is_empty()).then(|| keep_changing(c.clone(), names.clone()));
+
+    // Each of the simulator's steps as the command an operator types.
+    // Each command that starts a process has an id of its own, so that,
+    // typed again after a kill, it follows that process.
+    for (i, step) in outcome.steps.iter().enumerate() {
+        let s = step.step.as_str();
+        let id = format!("step-{i}");
+        let args: Vec<String> = if let Some(node) = s.strip_prefix("step 3: hand over ") {
+            [
+                "handover", "--node", node, "--to", "gpu-dra", "--id", &id, "--wait",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else if let Some(name) = s.strip_prefix("step 4: move ") {
+            let workload = format!("ml/Deployment/{name}");
+            [
+                "move",
+                "--workload",
+                &workload,
+                "--class",
+                "h100",
+                "--id",
+                &id,
+                "--wait",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else if s == "step 5: verify" {
+            ["evidence"].map(String::from).to_vec()
+        } else if s.starts_with("completion") {
+            ["complete", "--from", "gpu", "--class", "h100"]
+                .map(String::from)
+                .to_vec()
+        } else if let Some(node) = s.strip_prefix("rollback: node ") {
+            ["rollback", "node", "--node", node, "--id", &id, "--wait"]
+                .map(String::from)
+                .to_vec()
+        } else if let Some(name) = s.strip_prefix("rollback: application ") {
+            let workload = format!("ml/Deployment/{name}");
+            [
+                "rollback",
+                "app",
+                "--workload",
+                &workload,
+                "--id",
+                &id,
+                "--wait",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else {
+            // Steps 1 and 2 are the cluster's set-up: gpu-dra, DRA on, the
+            // GPUClass h100 and its DeviceClass.
+            assert!(
+                s.starts_with("step 1:") || s == "step 2: create GPU class h100",
+                "a step this test does not drive: {s}"
+            );
+            continue;
+        };
+        let (code, out, err) = match &mut faults {
+            None => {
+                let world = &cluster.world;
+                cli_at(cli, &world.nats.url(), &world.plane.kubeconfig(), &args)
+            }
+            Some(seeded) => {
+                let waits = args.iter().any(|a| a == "--wait");
+                let (fault, after) = seeded.fault(struck.len(), waits);
+                let log = cluster.world.log().await;
+                let before = log
+                    .last_sequence(None)
+                    .await
+                    .expect("the log's last sequence");
+                let (nats, kubeconfig) =
+                    (cluster.world.nats.url(), cluster.world.plane.kubeconfig());
+                let child = cli_command(cli, &nats, &kubeconfig, &args)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("run switchyard");
+                let pid = child.id();
+                let command = tokio::task::spawn_blocking(move || {
+                    exit_and_output(child.wait_with_output().expect("wait for switchyard"))
+                });
+                // The point: `after` more records once the command's first
+                // is in, or the command's end, whichever comes first.
+                crate::eventually("the command taken", WAIT, || async {
+                    command.is_finished()
+                        || log
+                            .last_sequence(None)
+                            .await
+                            .is_ok_and(|l| l > before + after)
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{s}: {e}\n{}", cluster.world.output()));
+                drop(log);
+                let what = strike(&mut cluster, fault, struck.len(), pid).await;
+                struck.push(Struck {
+                    step: s.to_string(),
+                    fault: fault.name(),
+                    what,
+                    after,
+                });
+                let first = command.await.expect("the command's thread");
+                match fault {
+                    Fault::KillCli => {
+                        // Typed again: the same id follows the process the
+                        // first one started, if it got that far.
+                        let (nats, kubeconfig) =
+                            (cluster.world.nats.url(), cluster.world.plane.kubeconfig());
+                        let (args, cli) = (args.clone(), cli.to_path_buf());
+                        let again = tokio::task::spawn_blocking(move || {
+                            cli_at(&cli, &nats, &kubeconfig, &args)
+                        })
+                        .await
+                        .expect("the command's thread");
+                        if let Some(last) = struck.last_mut() {
+                            let said = again.2.lines().next().unwrap_or("");
+                            last.what.push_str(&format!(" (it said: {said})"));
+                        }
+                        again
+                    }
+                    _ => first,
+                }
+            }
+        };
+        let world = &cluster.world;
+        assert_eq!(
+            code,
+            0,
+            "{s}: {args:?}\n{out}\n{err}\n{}\nfaults: {struck:#?}",
+            world.output()
+        );
+        if s.starts_with("completion") {
+            // Its effects are applied before the rollbacks that follow, as in
+            // the simulator, which settles after every step.
+            world
+                .until(
+                    "the quota translated and the leftover labels cleared",
+                    || async {
+                        let state = cluster_end_state(&c, &names).await;
+                        state.quota == expected.quota
+                            && state.nodes.values().all(|(labels, _, _)| {
+                                !labels.contains_key("node.deckhouse.io/device-gpu.config")
+                                    && !labels.keys().any(|k| k.starts_with("nvidia.com/"))
+                            })
+                    },
+                )
+                .await;
+        }
+    }
+
+    if let Some((stop, task)) = changing {
+        let _ = stop.send(());
+        let changes = task.await.expect("the changing task");
+        let conflicts: usize = cluster
+            .world
+            .services
+            .iter()
+            .map(|s| {
+                std::fs::read_to_string(s.log_path())
+                    .unwrap_or_default()
+                    .matches("409")
+                    .count()
+            })
+            .sum();
+        report.changes = Some((changes, conflicts));
+    }
+
+    // The end state settles to the simulator's.
+    let settled = crate::eventually("the simulator's end state", WAIT, || async {
+        cluster_end_state(&c, &names).await == expected
+    })
+    .await;
+    let actual = cluster_end_state(&c, &names).await;
+    assert!(
+        settled.is_ok(),
+        "kwok:\n{actual:#?}\nthe simulator:\n{expected:#?}\n{}\nfaults: {struck:#?}",
+        steps.join("\n")
+    );
+    assert_eq!(actual, expected);
+    // Nothing decided twice, no fact repeated: a restarted service took up
+    // where its records end.
+    let records = cluster
+        .world
+        .log()
+        .await
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .expect("read the log");
+    assert_eq!(
+        recorded_twice(&records),
+        Vec::<String>::new(),
+        "faults: {struck:#?}"
+    );
+    assert_eq!(
+        facts_repeated(&records),
+        Vec::<String>::new(),
+        "faults: {struck:#?}"
+    );
+    if flow_shares.is_some() {
+        let rejected = crate::migration::rejected_requests(&c).await;
+        assert!(
+            rejected > 0,
+            "the priority level rejected nothing: the run did not meet a 429"
+        );
+        report.rejected = Some(rejected);
+    }
+    report.struck = struck;
+    report
+}
