@@ -6,7 +6,7 @@
 //! played as Deckhouse's bashible would ([`prepare_nodes`]), and the objects
 //! a migration starts from ([`MigrationCluster`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -324,6 +324,30 @@ impl World {
                 Decoded::Unknown { .. } => None,
             })
             .collect()
+    }
+
+    /// The ResourceSlices the API server lists, and those inventory's
+    /// records hold live now, by name: the facts the claim-allocator checks
+    /// evidence on are current for slices when the two are equal.
+    pub async fn slices_listed_and_recorded(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let listed = Api::<ResourceSlice>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
+            .unwrap_or_default();
+        let mut recorded = BTreeSet::new();
+        for (_, e) in self.events().await {
+            match e.kind {
+                Some(Kind::ResourceSliceObserved(s)) => {
+                    recorded.insert(s.name);
+                }
+                Some(Kind::ResourceSliceRemoved(s)) => {
+                    recorded.remove(&s.name);
+                }
+                _ => {}
+            }
+        }
+        (listed, recorded)
     }
 
     pub async fn until<F, Fut>(&self, what: &str, condition: F)
@@ -819,6 +843,28 @@ impl MigrationCluster {
                     .await
                     .is_ok_and(|d| d.is_some())
             })
+            .await;
+        // And inventory has recorded the module's settings as set above (DRA
+        // on, its feature gates ready): before that the stack-assigner knows
+        // no stack for gpu-dra, and a handover is refused for it (seen with
+        // the API server answering inventory 429 at start).
+        world
+            .until(
+                "inventory to record DRA on with its feature gates ready",
+                || async {
+                    let settings =
+                        world
+                            .events()
+                            .await
+                            .into_iter()
+                            .rev()
+                            .find_map(|(_, e)| match e.kind {
+                                Some(Kind::ModuleSettingsObserved(m)) => Some(m),
+                                _ => None,
+                            });
+                    settings.is_some_and(|m| m.dra_enabled && m.feature_gates_ready)
+                },
+            )
             .await;
         create_namespace(&c, "ml").await;
         MigrationCluster {

@@ -75,6 +75,43 @@ pub struct Report {
     pub changes: Option<(usize, usize)>,
 }
 
+/// The workloads (by name) inventory's records hold live in `namespace`,
+/// and how many of their pods they hold running.
+fn recorded_in(
+    events: &[(String, switchyard_proto::v1::DomainEvent)],
+    namespace: &str,
+) -> (std::collections::BTreeSet<String>, usize) {
+    use switchyard_proto::v1::PodPhase;
+    let mut workloads = std::collections::BTreeSet::new();
+    let mut running = std::collections::BTreeSet::new();
+    for (_, e) in events {
+        match &e.kind {
+            Some(Kind::WorkloadObserved(w)) => {
+                if let Some(id) = w.workload.as_ref().filter(|id| id.namespace == namespace) {
+                    workloads.insert(id.name.clone());
+                }
+            }
+            Some(Kind::WorkloadRemoved(w)) => {
+                if let Some(id) = w.workload.as_ref().filter(|id| id.namespace == namespace) {
+                    workloads.remove(&id.name);
+                }
+            }
+            Some(Kind::PodObserved(p)) if p.namespace == namespace => {
+                if p.phase == PodPhase::Running as i32 {
+                    running.insert(p.name.clone());
+                } else {
+                    running.remove(&p.name);
+                }
+            }
+            Some(Kind::PodRemoved(p)) if p.namespace == namespace => {
+                running.remove(&p.name);
+            }
+            _ => {}
+        }
+    }
+    (workloads, running.len())
+}
+
 /// The pods of `app` in `ml`.
 pub async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
     Api::<Pod>::namespaced(client.clone(), "ml")
@@ -717,6 +754,21 @@ pub async fn run(options: Options<'_>) -> Report {
         })
         .await;
 
+    // Commands are decided on the facts inventory recorded, which trail the
+    // API server (by seconds under 429s: a move typed at once was refused,
+    // "Deployment ml/train-0 is not known"). The steps start once the record
+    // holds the workloads and their running pods, as an operator's would
+    // after `switchyard status`.
+    world
+        .until(
+            "inventory to record the workloads and their running pods",
+            || async {
+                let (workloads, running) = recorded_in(&world.events().await, "ml");
+                names.iter().all(|n| workloads.contains(n)) && running == pods
+            },
+        )
+        .await;
+
     let changing = (!toxics.is_empty()).then(|| keep_changing(c.clone(), names.clone()));
 
     // Each of the simulator's steps as the command an operator types.
@@ -777,6 +829,29 @@ pub async fn run(options: Options<'_>) -> Report {
             );
             continue;
         };
+        if s == "step 5: verify" {
+            // Evidence is checked on the facts inventory recorded; under
+            // 429s its watch of ResourceSlices can trail the API server by
+            // seconds. What is checked is the cluster as it is, so the check
+            // waits for the record to reach it (a failure names both).
+            let world = &cluster.world;
+            if let Err(e) = crate::eventually(
+                "inventory to record the ResourceSlices the API server lists",
+                WAIT,
+                || async {
+                    let (listed, recorded) = world.slices_listed_and_recorded().await;
+                    !listed.is_empty() && listed == recorded
+                },
+            )
+            .await
+            {
+                let (listed, recorded) = world.slices_listed_and_recorded().await;
+                panic!(
+                    "{s}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
+                    world.output()
+                );
+            }
+        }
         let (code, out, err) = match &mut faults {
             None => {
                 let world = &cluster.world;
