@@ -46,8 +46,10 @@ pub fn authors(kind: &Kind) -> &'static [ServiceName] {
         | Kind::DeviceClassRemoved(_)
         | Kind::ResourceClaimObserved(_)
         | Kind::ResourceClaimRemoved(_) => INVENTORY,
-        // The drain's refusal is met by the stack-assigner's edge.
+        // The drain's refusal and the move as written are met by the
+        // stack-assigner's edge.
         Kind::EvictionBlocked(_)
+        | Kind::NodeGroupWritten(_)
         | Kind::StackAssigned(_)
         | Kind::NodeGroupHeldOnDra(_)
         | Kind::NodeGroupReleased(_)

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 
-use switchyard_proto::v1::{EvictionBlocked, Taint, WorkloadPlacement, WorkloadRef};
+use switchyard_proto::v1::{
+    EvictionBlocked, NodeGroupWritten, Taint, WorkloadPlacement, WorkloadRef,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Effect {
@@ -126,6 +128,9 @@ pub struct Outcome {
     pub blocked: Vec<EvictionBlocked>,
     /// Pods an eviction was accepted for.
     pub evicted: Vec<String>,
+    /// A group move this write made (not one found made already), with the
+    /// preparation labels it took away.
+    pub group_written: Option<NodeGroupWritten>,
 }
 
 /// Carries effects out: a service's writers in a cluster, the simulator in

@@ -60,6 +60,7 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::DeviceClassObserved(e) => format!("deviceclass.{}", token(&e.name)),
         Kind::DeviceClassRemoved(e) => format!("deviceclass.{}", token(&e.name)),
         Kind::EvictionBlocked(e) => format!("node.{}", token(&e.node)),
+        Kind::NodeGroupWritten(e) => format!("node.{}", token(&e.node)),
         Kind::GpuClassRemoved(e) => format!("gpuclass.{}", token(&e.name)),
         Kind::GpuClassRetired(e) => format!("gpuclass.{}", token(&e.gpu_class)),
         Kind::ResourceClaimObserved(e) => {

@@ -10,8 +10,8 @@ use switchyard_core::names::{
 };
 use switchyard_core::stack_assigner::{Input, StackAssigner};
 use switchyard_proto::v1::{
-    DomainEvent, EvictionBlocked, HandoverStep, NodeProvisioning, PodPhase, Stack, Taint,
-    domain_event::Kind,
+    DomainEvent, EvictionBlocked, HandoverStep, NodeGroupWritten, NodeProvisioning, PodPhase,
+    Stack, Taint, domain_event::Kind, event,
 };
 
 const S: i64 = 1_000_000_000;
@@ -536,6 +536,67 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
         names(&core.handle_fact(&prepared.fact(), 5 * S)),
         ["NodeReadinessObserved"]
     );
+}
+
+#[test]
+fn a_label_seen_after_the_move_as_written_is_fresh_whatever_inventory_missed() {
+    // given a node cordoned and drained, moved by the edge's write, which
+    // took gpu-setup-complete away with the group change
+    let mut core = given(dp_cluster(2));
+    core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+        0,
+    );
+    let cordoned = NodeSpec {
+        labels: DP_LABELS,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu")
+    };
+    core.handle_fact(&cordoned.fact(), S);
+    assert!(
+        core.effects()
+            .iter()
+            .any(|e| matches!(e, Effect::MoveToGroup { group, .. } if group == "gpu-dra")),
+        "{:?}",
+        core.effects()
+    );
+    let written = event(Kind::NodeGroupWritten(NodeGroupWritten {
+        node: "w1".into(),
+        from_group: "gpu".into(),
+        to_group: "gpu-dra".into(),
+        labels_removed: vec![GPU_SETUP_COMPLETE_LABEL.into()],
+    }));
+    core.apply(&written, 2 * S);
+    // when inventory (restarted) first sees the node with the label written
+    // again, with the value it had before the move
+    let prepared = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    // then its stack, the group change and the readiness, at once
+    assert_eq!(
+        names(&core.handle_fact(&prepared.fact(), 3 * S)),
+        ["StackAssigned", "NodeGroupChanged", "NodeReadinessObserved"]
+    );
+}
+
+#[test]
+fn the_move_as_written_for_another_group_does_not_vouch_for_the_label() {
+    // given the edge's write of a move to another group than the handover's
+    let mut core = given(dp_cluster(2));
+    moved(&mut core, "gpu-dra", MOVED_STALE, 2);
+    let elsewhere = event(Kind::NodeGroupWritten(NodeGroupWritten {
+        node: "w1".into(),
+        from_group: "gpu".into(),
+        to_group: "gpu-other".into(),
+        labels_removed: vec![GPU_SETUP_COMPLETE_LABEL.into()],
+    }));
+    core.apply(&elsewhere, 3 * S);
+    // then the label left from before the move is still not fresh
+    assert!(core.handle(Input::Tick, 4 * S).is_empty());
 }
 
 #[test]

@@ -48,6 +48,7 @@ pub mod v1 {
                 DeviceClassObserved(_) => "DeviceClassObserved",
                 DeviceClassRemoved(_) => "DeviceClassRemoved",
                 EvictionBlocked(_) => "EvictionBlocked",
+                NodeGroupWritten(_) => "NodeGroupWritten",
                 GpuClassRemoved(_) => "GpuClassRemoved",
                 ResourceClaimObserved(_) => "ResourceClaimObserved",
                 ResourceClaimRemoved(_) => "ResourceClaimRemoved",

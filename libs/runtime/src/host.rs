@@ -431,6 +431,10 @@ impl<E: EffectExecutor> Host<E> {
                     if !outcome.evicted.is_empty() {
                         tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
                     }
+                    if let Some(moved) = outcome.group_written {
+                        tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
+                        news.push(event(Kind::NodeGroupWritten(moved)));
+                    }
                     for block in outcome.blocked {
                         let pod = (block.namespace.clone(), block.pod.clone());
                         let refused = event(Kind::EvictionBlocked(block));

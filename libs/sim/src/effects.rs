@@ -13,6 +13,11 @@ use switchyard_proto::v1::{
 
 use crate::{DEVICE_PLUGIN_APP, SimNode, Simulator, Timer, ev};
 
+/// Whether a write took the node to another group.
+fn regrouped(n: &SimNode, before: &SimNode) -> bool {
+    n.labels.get(GROUP_LABEL) != before.labels.get(GROUP_LABEL)
+}
+
 /// A node effect as Switchyard's writers carry it out (see `switchyard-kube`'s edge).
 fn write_node(n: &mut SimNode, effect: &Effect) {
     match effect {
@@ -21,6 +26,9 @@ fn write_node(n: &mut SimNode, effect: &Effect) {
         Effect::MoveToGroup {
             group, from_group, ..
         } => {
+            if n.labels.get(GROUP_LABEL) != Some(group) {
+                n.labels.remove(GPU_SETUP_COMPLETE_LABEL);
+            }
             n.labels.insert(GROUP_LABEL.into(), group.clone());
             n.labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
         }
@@ -29,12 +37,16 @@ fn write_node(n: &mut SimNode, effect: &Effect) {
                 .iter()
                 .filter_map(|k| n.labels.get(*k).map(|v| (k.to_string(), v.clone())))
                 .collect();
+            let regrouped = n.labels.get(GROUP_LABEL) != labels.get(GROUP_LABEL);
             n.labels = labels
                 .iter()
                 .filter(|(k, _)| !PREPARATION_LABELS.contains(&k.as_str()))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             n.labels.extend(kept);
+            if regrouped {
+                n.labels.remove(GPU_SETUP_COMPLETE_LABEL);
+            }
             n.taints = taints.clone();
         }
         Effect::RemoveNodeLabels { labels, .. } => {
@@ -114,18 +126,23 @@ impl Simulator {
     }
 
     /// The platform's answer to a node write, in the same update: node-manager
-    /// labels a moved node with its new group's role; a new stack label starts
-    /// node preparation, which first takes gpu-setup-complete away. Returns
-    /// whether preparation starts.
+    /// labels a moved node with its new group's role; a new group or a new
+    /// stack label starts node preparation, which first takes
+    /// gpu-setup-complete away. Returns whether preparation starts.
     fn react(&mut self, effect: &Effect, before: &SimNode) -> bool {
         let stack = |n: &SimNode| n.labels.get(GPU_STACK_LABEL).cloned();
         match effect {
             Effect::MoveToGroup { node, group, .. } => {
-                if let Some(n) = self.nodes.get_mut(node) {
-                    n.labels
-                        .insert(format!("{NODE_ROLE_PREFIX}{group}"), String::new());
-                }
-                false
+                let Some(n) = self.nodes.get_mut(node) else {
+                    return false;
+                };
+                n.labels
+                    .insert(format!("{NODE_ROLE_PREFIX}{group}"), String::new());
+                // The next bashible run prepares the node for its new group.
+                regrouped(n, before)
+            }
+            Effect::RestoreNode { node, .. } => {
+                self.nodes.get(node).is_some_and(|n| regrouped(n, before))
             }
             Effect::SetStackLabel { node, .. } => {
                 let n = self.nodes.get_mut(node).expect("written");

@@ -14,9 +14,11 @@ use kube::api::{Api, EvictParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
-use switchyard_core::names::{GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
+use switchyard_core::names::{
+    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
+};
 use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_owned, selects};
-use switchyard_proto::v1::{EvictionBlocked, Taint};
+use switchyard_proto::v1::{EvictionBlocked, NodeGroupWritten, Taint};
 
 use crate::SERVICE;
 
@@ -62,14 +64,7 @@ impl Writes for StackAssignerWrites {
                 node,
                 group,
                 from_group,
-            } => {
-                self.writer
-                    .edit_node_labels(node, |labels| {
-                        labels.insert(GROUP_LABEL.to_string(), group.clone());
-                        labels.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
-                    })
-                    .await
-            }
+            } => self.move_to_group(node, group, from_group).await,
             Effect::RestoreNode {
                 node,
                 labels,
@@ -84,6 +79,30 @@ impl Writes for StackAssignerWrites {
             other => not_owned::<Self>(other),
         }
     }
+}
+
+/// A write that takes the node from `before`'s group into `after`'s also
+/// takes `gpu-setup-complete` away; what it does, if the group changes.
+fn regroup(
+    node: &str,
+    before: &BTreeMap<String, String>,
+    after: &mut BTreeMap<String, String>,
+) -> Option<NodeGroupWritten> {
+    let from = before.get(GROUP_LABEL).cloned().unwrap_or_default();
+    let to = after.get(GROUP_LABEL).cloned().unwrap_or_default();
+    if from == to {
+        return None;
+    }
+    let removed = after.remove(GPU_SETUP_COMPLETE_LABEL).is_some();
+    Some(NodeGroupWritten {
+        node: node.to_string(),
+        from_group: from,
+        to_group: to,
+        labels_removed: removed
+            .then(|| GPU_SETUP_COMPLETE_LABEL.to_string())
+            .into_iter()
+            .collect(),
+    })
 }
 
 impl StackAssignerWrites {
@@ -136,8 +155,49 @@ impl StackAssignerWrites {
             .await
     }
 
+    /// A handover's move: the group label set, the old group's role label
+    /// and, if the group changes with this write, `gpu-setup-complete`
+    /// removed in the same guarded patch — a preparation label left from the
+    /// old group can then never pass for the new group's, whatever inventory
+    /// sees of the writes that follow (it may see none of them in between).
+    async fn move_to_group(
+        &self,
+        node: &str,
+        group: &str,
+        from_group: &str,
+    ) -> Result<Outcome, EdgeError> {
+        let current = self.writer.read_node(node).await?;
+        let before = current.labels().clone();
+        let mut after = before.clone();
+        after.insert(GROUP_LABEL.to_string(), group.to_string());
+        after.remove(&format!("{NODE_ROLE_PREFIX}{from_group}"));
+        let written = regroup(node, &before, &mut after);
+        if after == before {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": current.resource_version(),
+            "labels": label_diff(&before, &after),
+        }});
+        let nodes = self.writer.nodes();
+        let outcome = self
+            .writer
+            .merge_patch(
+                &nodes,
+                node,
+                &patch,
+                format!("move node {node} to group {group}"),
+            )
+            .await?;
+        Ok(Outcome {
+            group_written: written,
+            ..outcome
+        })
+    }
+
     /// A rollback: the node's labels become `labels` (the preparation labels
-    /// stay as node preparation left them) and its taints `taints`.
+    /// stay as node preparation left them, but `gpu-setup-complete` goes if
+    /// the group changes, as with a move) and its taints `taints`.
     async fn restore_node(
         &self,
         node: &str,
@@ -157,6 +217,7 @@ impl StackAssignerWrites {
                 after.insert(label.to_string(), v.clone());
             }
         }
+        let written = regroup(node, &before, &mut after);
         let taints: Vec<Value> = taints
             .iter()
             .map(|t| {
@@ -185,9 +246,14 @@ impl StackAssignerWrites {
             },
             "spec": {"taints": if taints.is_empty() { Value::Null } else { json!(taints) }},
         });
-        self.writer
+        let outcome = self
+            .writer
             .merge_patch(&nodes, node, &patch, format!("restore node {node}"))
-            .await
+            .await?;
+        Ok(Outcome {
+            group_written: written,
+            ..outcome
+        })
     }
 
     /// Evicts every pod of the node but DaemonSet and mirror pods, through the

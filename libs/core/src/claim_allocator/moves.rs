@@ -255,7 +255,9 @@ impl AppMoves {
             });
         }
         let Some(workload) = cluster.workloads.get(&key) else {
-            return refuse(format!("{name} is not known"));
+            return refuse(format!(
+                "{name} is not known: inventory has recorded no such workload (one created just now may not be recorded yet)"
+            ));
         };
         if self.active.contains_key(&key) {
             return refuse(format!("{name} is already being moved"));

@@ -101,9 +101,11 @@ pub struct Handover {
     /// until the label is seen absent: a label still carrying it is left
     /// from before the move and does not count as prepared.
     pub stale_setup_label: Option<String>,
-    /// The label was seen absent on the node in its target group: whatever
+    /// The label was seen absent on the node in its target group, or the
+    /// move as the edge wrote it took it away (`NodeGroupWritten`): whatever
     /// is written next is fresh, even if that fact was recorded before the
-    /// group change (preparation can be quicker than the record of the move).
+    /// group change (preparation can be quicker than the record of the move,
+    /// and a restarted inventory sees none of the writes in between).
     pub setup_absent_seen: bool,
 }
 
@@ -290,6 +292,17 @@ impl Handovers {
                     h.stale_setup_label = e.labels_after.get(GPU_SETUP_COMPLETE_LABEL).cloned();
                 }
             }
+            Kind::NodeGroupWritten(e) => {
+                // The move as written took the label away: whatever is on
+                // the node from now on was written by preparation since.
+                if let Some(h) = self.active.get_mut(&e.node)
+                    && h.step >= HandoverStep::MoveGroup
+                    && h.target_group == e.to_group
+                {
+                    h.stale_setup_label = None;
+                    h.setup_absent_seen = true;
+                }
+            }
             Kind::NodeObserved(NodeObserved { node, labels, .. }) => {
                 // Preparation took the label away after the move: whatever
                 // it writes next is fresh.
@@ -344,7 +357,10 @@ impl Handovers {
             }))]
         };
         let Some(node) = cluster.nodes.get(&cmd.node) else {
-            return refuse(format!("node {} is not known", cmd.node));
+            return refuse(format!(
+                "node {} is not known: inventory has recorded no such node",
+                cmd.node
+            ));
         };
         match node.provisioning {
             NodeProvisioning::StaticInstance => {
