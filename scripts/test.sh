@@ -13,5 +13,6 @@ scripts/control-plane.sh
 scripts/install-helm.sh
 scripts/install-kwok.sh
 scripts/install-toxiproxy.sh
+scripts/install-promtool.sh
 scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

@@ -502,6 +502,24 @@ fn moved(
     );
 }
 
+/// w1 (2 cards, nothing to drain) handed over to gpu-dra, cordoned: its
+/// group move is due.
+fn at_the_move() -> StackAssigner {
+    let mut core = given(dp_cluster(2));
+    core.handle(
+        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
+        0,
+    );
+    let cordoned = NodeSpec {
+        labels: DP_LABELS,
+        unschedulable: true,
+        gpus: 2,
+        ..NodeSpec::new("w1", "gpu")
+    };
+    core.handle_fact(&cordoned.fact(), S);
+    core
+}
+
 #[test]
 fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
     // given a node handed over whose gpu-setup-complete survived the move
@@ -542,18 +560,7 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
 fn a_label_seen_after_the_move_as_written_is_fresh_whatever_inventory_missed() {
     // given a node cordoned and drained, moved by the edge's write, which
     // took gpu-setup-complete away with the group change
-    let mut core = given(dp_cluster(2));
-    core.handle(
-        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
-        0,
-    );
-    let cordoned = NodeSpec {
-        labels: DP_LABELS,
-        unschedulable: true,
-        gpus: 2,
-        ..NodeSpec::new("w1", "gpu")
-    };
-    core.handle_fact(&cordoned.fact(), S);
+    let mut core = at_the_move();
     assert!(
         core.effects()
             .iter()
@@ -603,18 +610,7 @@ fn the_move_as_written_for_another_group_does_not_vouch_for_the_label() {
 fn preparation_recorded_before_the_move_itself_still_counts_as_after_it() {
     // given a node cordoned and drained, whose group change is decided on a
     // fact that still carries the old gpu-setup-complete...
-    let mut core = given(dp_cluster(2));
-    core.handle(
-        Input::StartHandover(&handover_cmd("w1", "gpu-dra", false)),
-        0,
-    );
-    let cordoned = NodeSpec {
-        labels: DP_LABELS,
-        unschedulable: true,
-        gpus: 2,
-        ..NodeSpec::new("w1", "gpu")
-    };
-    core.handle_fact(&cordoned.fact(), S);
+    let mut core = at_the_move();
     let after = NodeSpec {
         labels: MOVED_STALE,
         unschedulable: true,

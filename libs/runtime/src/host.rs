@@ -50,6 +50,9 @@ pub struct HostArgs {
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics on /metrics here (see the README's metrics).
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// How often time passes for the core (deadlines).
     #[arg(long, env = "SWITCHYARD_TICK", default_value = "1s", value_parser = humantime::parse_duration)]
     pub tick: Duration,
@@ -169,7 +172,12 @@ fn remember_blocked(blocked: &mut BTreeMap<(String, String), DomainEvent>, event
 /// passed over by the core — as a record of a newer writer is — and said in
 /// the service's log, so an operator finds it (`switchyard log verify` names
 /// it too).
-fn pass_over(stored: &switchyard_eventlog::StoredEvent, reason: &UnknownReason) {
+fn pass_over(
+    service: ServiceName,
+    stored: &switchyard_eventlog::StoredEvent,
+    reason: &UnknownReason,
+) {
+    crate::metrics::metrics().passed_over(service.as_str(), reason);
     let envelope = &stored.envelope;
     let what = match reason {
         UnknownReason::Unauthenticated(_) => {
@@ -283,6 +291,7 @@ impl<E: EffectExecutor> Host<E> {
         for (decision, sequence) in decisions.iter().zip(&sequences) {
             remember_start(&mut self.started, decision, *sequence);
         }
+        crate::metrics::metrics().appended(self.core.service().as_str(), sequences.len());
         self.own.extend(sequences);
         Ok(())
     }
@@ -494,6 +503,7 @@ pub async fn run<E: EffectExecutor>(
         match readable(&stored, keyring.as_deref()) {
             Decoded::Event(event) => {
                 core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                crate::metrics::metrics().folded(service.as_str());
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
                 remember_start(&mut starts, &event, stored.sequence);
                 if author(&stored.envelope.actor) == Some(service) {
@@ -501,13 +511,14 @@ pub async fn run<E: EffectExecutor>(
                 }
             }
             Decoded::Unknown { reason, .. } => {
-                pass_over(&stored, &reason);
+                pass_over(service, &stored, &reason);
                 passed_over += 1;
             }
         }
         last = stored.sequence;
     })
     .await?;
+    crate::metrics::metrics().read_up_to(service.as_str(), last);
     tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
     let mut host = Host {
         core,
@@ -568,18 +579,20 @@ pub async fn run<E: EffectExecutor>(
                 for stored in batch {
                     let stored = stored.ok_or(HostError::FollowEnded)??;
                     let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
+                    crate::metrics::metrics().read_up_to(service.as_str(), stored.sequence);
                     if host.own.remove(&stored.sequence) {
                         continue;
                     }
                     let event = match readable(&stored, keyring.as_deref()) {
                         Decoded::Event(event) => event,
                         Decoded::Unknown { reason, .. } => {
-                            pass_over(&stored, &reason);
+                            pass_over(service, &stored, &reason);
                             continue;
                         }
                     };
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
                     remember_start(&mut host.started, &event, stored.sequence);
+                    crate::metrics::metrics().folded(service.as_str());
                     if author(&stored.envelope.actor) == Some(service) {
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
@@ -746,6 +759,7 @@ where
     let log = args.nats.log(client.clone()).await?;
     let (progress, watching) = watch::channel(Progress::default());
     crate::health::spawn(args.host.health_listen, service.as_str(), watching);
+    crate::metrics::spawn(args.host.metrics_listen);
     tracing::info!(%service, "starting");
     run(core, log, executor, Some(client), options, progress).await?;
     Ok(())

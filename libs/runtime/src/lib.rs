@@ -12,7 +12,8 @@
 //!   records in turn; both modes give the same records in the same order, so
 //!   the same log.
 //! - [`connect`]: the flags and connection every service and command shares
-//!   (`--nats-url`, `--nats-creds`, `--stream`), and [`health`] for probes.
+//!   (`--nats-url`, `--nats-creds`, `--stream`), [`health`] for probes and
+//!   [`metrics`] for Prometheus.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod commands;
 pub mod connect;
 pub mod health;
 pub mod host;
+pub mod metrics;
 
 pub use actors::{Actors, MAX_RESTARTS};
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};

@@ -99,6 +99,61 @@ pub fn helm_binary() -> Result<std::path::PathBuf, String> {
     }
 }
 
+/// A loopback port free when asked (a server that binds it later may
+/// find it taken; the servers the tests start say so).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// The body of `GET /metrics` on a loopback port (HTTP/1.0: the server
+/// closes the connection after the answer); an error if the server does
+/// not answer 200.
+pub async fn scrape(port: u16) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .map_err(|e| format!("ask 127.0.0.1:{port}/metrics: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .await
+        .map_err(|e| format!("read 127.0.0.1:{port}/metrics: {e}"))?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("/metrics answered {head:?}"));
+    }
+    Ok(body.to_string())
+}
+
+/// The Prometheus Go module version promtool is built from (Prometheus
+/// 3.16.0; `scripts/install-promtool.sh`).
+pub const PROMTOOL_VERSION: &str = "0.316.0";
+
+/// Finds promtool: `$SWITCHYARD_PROMTOOL`, else the pinned build in the cache.
+pub fn promtool_binary() -> Result<std::path::PathBuf, String> {
+    let hint = format!(
+        "build it with `scripts/install-promtool.sh` (into ~/.cache/switchyard/promtool/v{PROMTOOL_VERSION}) or set SWITCHYARD_PROMTOOL to a promtool binary"
+    );
+    let path = match std::env::var_os("SWITCHYARD_PROMTOOL") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => cache_dir().join(format!("promtool/v{PROMTOOL_VERSION}/promtool")),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is missing; {hint}", path.display()))
+    }
+}
+
 /// The path of a reference program of `tools/` (`name`), built and cached by
 /// `scripts/build-oracles.sh` of the repository at `repo`.
 pub fn oracle(repo: &std::path::Path, name: &str) -> Result<String, String> {

@@ -258,10 +258,7 @@ impl World {
 
     /// Starts a service with gRPC health on a free loopback port; returns the port.
     pub fn serve_with_health(&mut self, name: &'static str) -> u16 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = crate::free_port();
         self.start_service(name, Some(port), &[]);
         port
     }
@@ -728,6 +725,9 @@ pub struct MigrationCluster {
     bashible: tokio::task::JoinHandle<()>,
     /// The proxy the services reach the API server through, if any.
     pub toxiproxy: Option<crate::toxiproxy::Toxiproxy>,
+    /// The loopback port of the stack-assigner's /metrics (kept across its
+    /// restarts).
+    pub stack_assigner_metrics: u16,
 }
 
 impl Drop for MigrationCluster {
@@ -821,6 +821,11 @@ impl MigrationCluster {
             .collect();
         create_node_agent_daemonset(&c).await;
         let bashible = tokio::spawn(prepare_nodes(c.clone()));
+        let stack_assigner_metrics = crate::free_port();
+        world.env_of.entry("stack-assigner").or_default().push((
+            "SWITCHYARD_METRICS_LISTEN".into(),
+            format!("127.0.0.1:{stack_assigner_metrics}"),
+        ));
         for service in SERVICES {
             world.serve(service);
         }
@@ -874,6 +879,7 @@ impl MigrationCluster {
             nodes: options.nodes.to_vec(),
             bashible,
             toxiproxy,
+            stack_assigner_metrics,
         }
     }
 }

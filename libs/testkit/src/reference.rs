@@ -395,6 +395,18 @@ pub fn cli_at(
     exit_and_output(out)
 }
 
+/// `switchyard_log_records_passed_over_total` of `service` and `reason` in
+/// a scrape of /metrics.
+fn passed_over(metrics: &str, service: &str, reason: &str) -> Option<f64> {
+    let series = format!(
+        "switchyard_log_records_passed_over_total{{service=\"{service}\",reason=\"{reason}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 fn cli_command(
     cli: &Path,
     nats: &str,
@@ -427,6 +439,7 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
         cluster.restart_agent(node);
         return format!("killed the node agent of {node} (SIGKILL) and started it again");
     }
+    let metrics_port = cluster.stack_assigner_metrics;
     let world = &mut cluster.world;
     match fault {
         Fault::Kill(service) => {
@@ -481,7 +494,25 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
                 .expect("publish")
                 .await
                 .expect("stored");
-            "published 11 bytes that are no envelope on switchyard.log.junk".into()
+            // Passed over, and counted where an alert reads it.
+            let counted = || async {
+                crate::scrape(metrics_port)
+                    .await
+                    .ok()
+                    .and_then(|text| passed_over(&text, "stack-assigner", "malformed"))
+                    .unwrap_or(0.0)
+            };
+            crate::eventually(
+                "the stack-assigner to count it on /metrics",
+                WAIT,
+                || async { counted().await >= 1.0 },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", world.output()));
+            let counted = counted().await;
+            format!(
+                "published 11 bytes that are no envelope on switchyard.log.junk; the stack-assigner's /metrics counts {counted} passed over as malformed"
+            )
         }
     }
 }

@@ -19,13 +19,6 @@ fn binary(name: &str) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// A running toxiproxy-server, killed when dropped.
 pub struct Toxiproxy {
     child: Child,
@@ -37,7 +30,7 @@ impl Toxiproxy {
     /// Starts the server on a free loopback port; waits until it answers.
     pub fn start() -> Toxiproxy {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
+        let port = crate::free_port();
         let log = std::fs::File::create(dir.path().join("toxiproxy.log")).expect("log file");
         let child = Command::new(binary("toxiproxy-server"))
             .args(["-host", "127.0.0.1", "-port", &port.to_string()])
@@ -87,7 +80,7 @@ impl Toxiproxy {
     /// A proxy named `name` to `upstream` (host:port) on a free loopback
     /// port; returns the address it listens on.
     pub fn proxy(&self, name: &str, upstream: &str) -> String {
-        let listen = format!("127.0.0.1:{}", free_port());
+        let listen = format!("127.0.0.1:{}", crate::free_port());
         self.cli(&["create", "--listen", &listen, "--upstream", upstream, name]);
         listen
     }

@@ -46,6 +46,9 @@ pub struct Args {
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
     pub health_listen: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics on /metrics here (see the README's metrics).
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The module version inventory reports with the module settings.
     #[arg(long, env = "SWITCHYARD_MODULE_VERSION", default_value = env!("CARGO_PKG_VERSION"))]
     pub module_version: String,
@@ -77,11 +80,21 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
         sequence: 0,
     });
     switchyard_runtime::health::spawn(args.health_listen, SERVICE.as_str(), watching);
+    switchyard_runtime::metrics::spawn(args.metrics_listen);
+    // Each fact appended, counted as it lands.
+    let (appended, mut landed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let metrics = switchyard_runtime::metrics::metrics();
+        while let Some(sequence) = landed.recv().await {
+            metrics.appended(SERVICE.as_str(), 1);
+            metrics.read_up_to(SERVICE.as_str(), sequence);
+        }
+    });
     tracing::info!(service = %SERVICE, "starting");
     let options = InventoryOptions {
         module_version: args.module_version,
     };
-    inventory::run(kube, log, options, None)
+    inventory::run(kube, log, options, Some(appended))
         .await
         .map_err(|e| service(e.into()))?;
     drop(progress);

@@ -697,16 +697,19 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
     set_module_config(&c, true, None).await;
 
     let ring = release.keyring();
+    let metrics_port = switchyard_testkit::free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
     for service in ["inventory", "stack-assigner"] {
         let seed = release.seed(service);
-        world.serve_with_env(
-            service,
-            &[
-                ("SWITCHYARD_NATS_NKEY", seed.to_str().unwrap()),
-                ("SWITCHYARD_SIGNING_KEY", seed.to_str().unwrap()),
-                ("SWITCHYARD_KEYRING", ring.to_str().unwrap()),
-            ],
-        );
+        let mut env = vec![
+            ("SWITCHYARD_NATS_NKEY", seed.to_str().unwrap()),
+            ("SWITCHYARD_SIGNING_KEY", seed.to_str().unwrap()),
+            ("SWITCHYARD_KEYRING", ring.to_str().unwrap()),
+        ];
+        if service == "stack-assigner" {
+            env.push(("SWITCHYARD_METRICS_LISTEN", &metrics_listen));
+        }
+        world.serve_with_env(service, &env);
     }
     let dra = map(&[(GROUP, "gpu-dra"), (STACK, "dra")]);
     world.labels_become("dra-1", &dra).await;
@@ -760,6 +763,15 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
     assert!(
         assigner_log.contains("passed over a record its signature does not vouch for"),
         "{assigner_log}"
+    );
+    // ...and counted on its /metrics, by why.
+    let metrics = switchyard_testkit::scrape(metrics_port)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", world.output()));
+    assert!(
+        metrics.lines().any(|l| l
+            == r#"switchyard_log_records_passed_over_total{service="stack-assigner",reason="unauthenticated"} 1"#),
+        "{metrics}"
     );
 
     // Commands: as the operator, signed; the answer checked against the keyring.

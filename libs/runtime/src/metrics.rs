@@ -1,0 +1,208 @@
+//! The services' Prometheus metrics, served on `/metrics` (`--metrics-listen`)
+//! in the OpenMetrics text format (prometheus-client).
+//!
+//! One registry per process: a service's process has one service, the demo
+//! and `switchyard serve all` have several, so every series carries the
+//! `service` label. What is counted:
+//!
+//! - `switchyard_log_records_passed_over_total{service, reason}`: records the
+//!   service met in the log and passed over — no envelope of the log
+//!   (`malformed`), a signature that does not vouch for its author
+//!   (`unauthenticated`), a type or schema this build does not know
+//!   (`unknown_type`, `unsupported_schema`), a payload that does not decode
+//!   (`undecodable`). Counted when met, while rebuilding from the log too.
+//!   The chart's alert `SwitchyardLogRecordPassedOver` fires on an increase.
+//! - `switchyard_log_records_folded_total{service}`: records folded into the
+//!   service's state (rebuild and follow).
+//! - `switchyard_log_records_appended_total{service}`: records the service
+//!   appended (its decisions, or inventory's facts).
+//! - `switchyard_log_sequence{service}`: the sequence of the last record the
+//!   service read from the log (inventory: the last it appended).
+
+use std::net::SocketAddr;
+use std::sync::{LazyLock, Mutex};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use switchyard_eventlog::UnknownReason;
+
+/// Why a record was passed over, as the `reason` label says it.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum PassedOver {
+    malformed,
+    unauthenticated,
+    unknown_type,
+    unsupported_schema,
+    undecodable,
+}
+
+impl From<&UnknownReason> for PassedOver {
+    fn from(reason: &UnknownReason) -> Self {
+        match reason {
+            UnknownReason::Malformed(_) => PassedOver::malformed,
+            UnknownReason::Unauthenticated(_) => PassedOver::unauthenticated,
+            UnknownReason::UnknownType => PassedOver::unknown_type,
+            UnknownReason::UnsupportedSchema { .. } => PassedOver::unsupported_schema,
+            UnknownReason::Undecodable(_) => PassedOver::undecodable,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassedOverLabels {
+    service: &'static str,
+    reason: PassedOver,
+}
+
+/// The process's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    passed_over: Family<PassedOverLabels, Counter>,
+    folded: Family<ServiceLabel, Counter>,
+    appended: Family<ServiceLabel, Counter>,
+    sequence: Family<ServiceLabel, Gauge>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("switchyard");
+        let passed_over = Family::<PassedOverLabels, Counter>::default();
+        registry.register(
+            "log_records_passed_over",
+            "Records of the log the service passed over, by why (no envelope, a signature that does not vouch for its author, a type or schema this build does not know)",
+            passed_over.clone(),
+        );
+        let folded = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "log_records_folded",
+            "Records of the log folded into the service's state",
+            folded.clone(),
+        );
+        let appended = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "log_records_appended",
+            "Records the service appended to the log",
+            appended.clone(),
+        );
+        let sequence = Family::<ServiceLabel, Gauge>::default();
+        registry.register(
+            "log_sequence",
+            "Sequence of the last record the service read from the log (inventory: the last it appended)",
+            sequence.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            passed_over,
+            folded,
+            appended,
+            sequence,
+        }
+    }
+
+    /// `service` passed over a record for `reason`.
+    pub fn passed_over(&self, service: &'static str, reason: &UnknownReason) {
+        self.passed_over
+            .get_or_create(&PassedOverLabels {
+                service,
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// `service` folded a record.
+    pub fn folded(&self, service: &'static str) {
+        self.folded.get_or_create(&ServiceLabel { service }).inc();
+    }
+
+    /// `service` appended `n` records.
+    pub fn appended(&self, service: &'static str, n: usize) {
+        self.appended
+            .get_or_create(&ServiceLabel { service })
+            .inc_by(n as u64);
+    }
+
+    /// `service` has read the log up to `sequence`.
+    pub fn read_up_to(&self, service: &'static str, sequence: u64) {
+        self.sequence
+            .get_or_create(&ServiceLabel { service })
+            .set(i64::try_from(sequence).unwrap_or(i64::MAX));
+    }
+
+    /// Every series, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String does not fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        text
+    }
+}
+
+/// The content type of [`Metrics::encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `/metrics` on `listen` until the server fails.
+pub async fn serve(listen: SocketAddr) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async {
+            (
+                [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                metrics().encode(),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    axum::serve(listener, app).await
+}
+
+/// Starts [`serve`] in the background when `listen` is given; a failure is logged.
+pub fn spawn(listen: Option<SocketAddr>) {
+    if let Some(listen) = listen {
+        tokio::spawn(async move {
+            if let Err(err) = serve(listen).await {
+                tracing::error!(%err, %listen, "the metrics server stopped");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_passed_over_are_counted_by_service_and_reason() {
+        let metrics = Metrics::new();
+        metrics.passed_over("alerter", &UnknownReason::Malformed("short".into()));
+        metrics.passed_over("alerter", &UnknownReason::Malformed("shorter".into()));
+        metrics.passed_over("alerter", &UnknownReason::UnknownType);
+        metrics.read_up_to("alerter", 42);
+        let text = metrics.encode();
+        for line in [
+            r#"switchyard_log_records_passed_over_total{service="alerter",reason="malformed"} 2"#,
+            r#"switchyard_log_records_passed_over_total{service="alerter",reason="unknown_type"} 1"#,
+            r#"switchyard_log_sequence{service="alerter"} 42"#,
+            "# TYPE switchyard_log_records_passed_over counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
