@@ -33,7 +33,9 @@ pub fn command_subject(service: ServiceName) -> String {
 /// A command that could not be sent or was not answered.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
-    #[error("{service} did not answer within {} s", REPLY_TIMEOUT.as_secs())]
+    #[error(
+        "{service} did not answer in time: the command may have been taken (the service stopped before it answered?); `switchyard status` shows whether it was, before you send it again"
+    )]
     Timeout { service: ServiceName },
     #[error("send the command to {service}: {source}")]
     Request {
@@ -360,6 +362,14 @@ pub async fn send(
     keyring: Option<&Keyring>,
 ) -> Result<CommandReply, CommandError> {
     let request = command.encode_to_vec();
+    // A command that names its process (a handover's, a move's, ... id) is
+    // answered the same way when it comes again: the service follows what
+    // the first one started, or decides it once if it never got it.
+    let resumable = command
+        .command
+        .clone()
+        .and_then(|c| command_of(c).ok())
+        .is_some_and(|c| c.process().is_some());
     let once = || async {
         tokio::time::timeout(
             REPLY_TIMEOUT,
@@ -367,10 +377,16 @@ pub async fn send(
         )
         .await
         .map_err(|_| CommandError::Timeout { service })?
-        .map_err(|source| CommandError::Request { service, source })
+        .map_err(|source| match source.kind() {
+            async_nats::RequestErrorKind::TimedOut => CommandError::Timeout { service },
+            _ => CommandError::Request { service, source },
+        })
     };
-    // Nobody took it: sent again while the service comes back. (A command
-    // that may have been taken — a timeout — is not sent again.)
+    let timeouts = std::sync::atomic::AtomicU32::new(0);
+    // Nobody took it: sent again while the service comes back. Not answered
+    // (the service may have stopped after taking it): sent again, a few
+    // times, only if it names its process; another command could be decided
+    // twice, and the error says to look first.
     let reply = once
         .retry(
             ExponentialBuilder::default()
@@ -379,12 +395,17 @@ pub async fn send(
                 .with_total_delay(Some(NO_RESPONDERS_PATIENCE))
                 .without_max_times(),
         )
-        .when(|err| {
-            matches!(err, CommandError::Request { source, .. }
-                if source.kind() == async_nats::RequestErrorKind::NoResponders)
+        .when(|err| match err {
+            CommandError::Request { source, .. } => {
+                source.kind() == async_nats::RequestErrorKind::NoResponders
+            }
+            CommandError::Timeout { .. } => {
+                resumable && timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 3
+            }
+            _ => false,
         })
-        .notify(|_, pause| {
-            tracing::info!(%service, ?pause, "nothing answers on the command subject (the service restarting?): sending again");
+        .notify(|err, pause| {
+            tracing::info!(%service, ?pause, %err, "not answered (the service restarting?): sending the command again");
         })
         .await?;
     let reply = CommandReply::decode(reply.payload)

@@ -198,6 +198,14 @@ fn pass_over(
     );
 }
 
+/// The alerter's own alerts, raised and cleared, as `/metrics` shows them
+/// firing (one service exports them: every service reads them).
+fn firing(service: ServiceName, event: &DomainEvent) {
+    if service == ServiceName::Alerter {
+        crate::metrics::metrics().alert(event);
+    }
+}
+
 /// Keeps the correlation id a process's first step carries (the command's,
 /// or the record it was decided on), so its later steps carry it too (also
 /// those another service decides).
@@ -290,6 +298,7 @@ impl<E: EffectExecutor> Host<E> {
         .await?;
         for (decision, sequence) in decisions.iter().zip(&sequences) {
             remember_start(&mut self.started, decision, *sequence);
+            firing(self.core.service(), decision);
         }
         crate::metrics::metrics().appended(self.core.service().as_str(), sequences.len());
         self.own.extend(sequences);
@@ -504,6 +513,7 @@ pub async fn run<E: EffectExecutor>(
             Decoded::Event(event) => {
                 core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                 crate::metrics::metrics().folded(service.as_str());
+                firing(service, &event);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
                 remember_start(&mut starts, &event, stored.sequence);
                 if author(&stored.envelope.actor) == Some(service) {
@@ -597,6 +607,7 @@ pub async fn run<E: EffectExecutor>(
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
                         remember_blocked(&mut host.blocked, &event);
+                        firing(service, &event);
                         continue;
                     }
                     let recorded = stored.envelope.recorded_at_unix_nanos;

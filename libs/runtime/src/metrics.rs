@@ -18,6 +18,9 @@
 //!   appended (its decisions, or inventory's facts).
 //! - `switchyard_log_sequence{service}`: the sequence of the last record the
 //!   service read from the log (inventory: the last it appended).
+//! - `switchyard_alert_firing{alert, <the alert's labels>}`: 1 for each alert
+//!   the alerter has raised and not cleared (its series goes when it
+//!   clears); the chart's rule of the same name fires on it.
 
 use std::net::SocketAddr;
 use std::sync::{LazyLock, Mutex};
@@ -28,6 +31,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use switchyard_eventlog::UnknownReason;
+use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 
 /// Why a record was passed over, as the `reason` label says it.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -70,6 +74,7 @@ pub struct Metrics {
     folded: Family<ServiceLabel, Counter>,
     appended: Family<ServiceLabel, Counter>,
     sequence: Family<ServiceLabel, Gauge>,
+    alerts: Family<Vec<(String, String)>, Gauge>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -106,12 +111,39 @@ impl Metrics {
             "Sequence of the last record the service read from the log (inventory: the last it appended)",
             sequence.clone(),
         );
+        let alerts = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "alert_firing",
+            "Alerts the alerter has raised and not cleared, by alert and the alert's labels",
+            alerts.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             passed_over,
             folded,
             appended,
             sequence,
+            alerts,
+        }
+    }
+
+    /// An alert the alerter raised or cleared (other records change nothing).
+    pub fn alert(&self, event: &DomainEvent) {
+        let series = |name: &str, labels: &std::collections::BTreeMap<String, String>| {
+            let mut series = vec![("alert".to_string(), name.to_string())];
+            series.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            series
+        };
+        match &event.kind {
+            Some(Kind::AlertRaised(a)) => {
+                self.alerts
+                    .get_or_create(&series(&a.alert_name, &a.labels))
+                    .set(1);
+            }
+            Some(Kind::AlertCleared(a)) => {
+                self.alerts.remove(&series(&a.alert_name, &a.labels));
+            }
+            _ => {}
         }
     }
 
@@ -194,15 +226,38 @@ mod tests {
         metrics.passed_over("alerter", &UnknownReason::Malformed("shorter".into()));
         metrics.passed_over("alerter", &UnknownReason::UnknownType);
         metrics.read_up_to("alerter", 42);
+        let held = |group: &str| {
+            std::collections::BTreeMap::from([("node_group".to_string(), group.to_string())])
+        };
+        for (raised, group) in [(true, "gpu-legacy"), (true, "gpu-old"), (false, "gpu-old")] {
+            let kind = if raised {
+                Kind::AlertRaised(switchyard_proto::v1::AlertRaised {
+                    alert_name: "D8GpuNodeGroupHeldOnDra".into(),
+                    labels: held(group),
+                    summary: String::new(),
+                })
+            } else {
+                Kind::AlertCleared(switchyard_proto::v1::AlertCleared {
+                    alert_name: "D8GpuNodeGroupHeldOnDra".into(),
+                    labels: held(group),
+                })
+            };
+            metrics.alert(&switchyard_proto::v1::event(kind));
+        }
         let text = metrics.encode();
         for line in [
             r#"switchyard_log_records_passed_over_total{service="alerter",reason="malformed"} 2"#,
             r#"switchyard_log_records_passed_over_total{service="alerter",reason="unknown_type"} 1"#,
             r#"switchyard_log_sequence{service="alerter"} 42"#,
+            r#"switchyard_alert_firing{alert="D8GpuNodeGroupHeldOnDra",node_group="gpu-legacy"} 1"#,
             "# TYPE switchyard_log_records_passed_over counter",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
+        assert!(
+            !text.contains("gpu-old"),
+            "a cleared alert has no series:\n{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -945,6 +945,48 @@ pub async fn run(options: Options<'_>) -> Report {
                         }
                         again
                     }
+                    // The service that answers it killed after it took the
+                    // command and before it answered, for a command that
+                    // names no process (`complete`: the CLI does not send
+                    // it again by itself). As the error tells the operator:
+                    // look, and type it again only if it was not taken.
+                    _ if first.0 != 0 && first.2.contains("did not answer in time") => {
+                        let log = cluster.world.log().await;
+                        let since = log
+                            .read(switchyard_eventlog::ReadRequest {
+                                from: before + 1,
+                                ..Default::default()
+                            })
+                            .await
+                            .expect("read the log");
+                        let taken = since.iter().any(|r| {
+                            matches!(
+                                r.envelope.event_type.as_str(),
+                                "ResourceQuotaTranslated"
+                                    | "LeftoverLabelsCleared"
+                                    | "SourceGroupRetired"
+                                    | "CompletionRefused"
+                            )
+                        });
+                        let last = struck.last_mut().expect("the fault struck");
+                        if taken {
+                            last.what.push_str(
+                                " (the command was taken before: its records are in the log)",
+                            );
+                            (0, first.1, first.2)
+                        } else {
+                            last.what
+                                .push_str(" (the command was not taken: typed again)");
+                            let (nats, kubeconfig) =
+                                (cluster.world.nats.url(), cluster.world.plane.kubeconfig());
+                            let (args, cli) = (args.clone(), cli.to_path_buf());
+                            tokio::task::spawn_blocking(move || {
+                                cli_at(&cli, &nats, &kubeconfig, &args)
+                            })
+                            .await
+                            .expect("the command's thread")
+                        }
+                    }
                     _ => first,
                 }
             }

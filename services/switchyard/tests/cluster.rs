@@ -199,6 +199,29 @@ async fn the_upgrade_hold_survives_restarts() {
         .collect();
     assert_eq!(stacks, [switchyard_proto::v1::Stack::Dra as i32]);
 
+    // The alerter raises D8GpuNodeGroupHeldOnDra, and its /metrics says it
+    // fires — again after a restart, rebuilt from the log.
+    let port = switchyard_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let alerter_env = [("SWITCHYARD_METRICS_LISTEN", listen.as_str())];
+    const FIRING: &str =
+        r#"switchyard_alert_firing{alert="D8GpuNodeGroupHeldOnDra",node_group="gpu-legacy"} 1"#;
+    let firing = || async {
+        switchyard_testkit::scrape(port)
+            .await
+            .is_ok_and(|text| text.lines().any(|l| l == FIRING))
+    };
+    for run in ["first", "restarted"] {
+        world.stop("alerter");
+        world.serve_with_env("alerter", &alerter_env);
+        world
+            .until(
+                &format!("the {run} alerter's /metrics to show the hold firing"),
+                firing,
+            )
+            .await;
+    }
+
     // Removing spec.gpu releases the group; its nodes stay on DRA.
     Api::<NodeGroup>::all(c.clone())
         .patch(
@@ -219,6 +242,14 @@ async fn the_upgrade_hold_survives_restarts() {
         world.labels("legacy-1").await,
         map(&[(GROUP, "gpu-legacy"), (STACK, "dra")])
     );
+    // The alert clears, and its series goes.
+    world
+        .until("the alerter's /metrics to drop the hold", || async {
+            switchyard_testkit::scrape(port)
+                .await
+                .is_ok_and(|text| text.contains("# EOF") && !text.contains("gpu-legacy"))
+        })
+        .await;
 }
 
 /// Plays the kubelet and node preparation for nodes that have none: a pod

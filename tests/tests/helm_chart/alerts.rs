@@ -11,7 +11,7 @@ use crate::support::{NATS_URL, kind, render};
 
 const RUNBOOKS: &str = "https://runbooks.example/switchyard.md";
 
-/// Series over 40 minutes, a sample a minute. The stack-assigner passes
+/// Two groups of series, a sample a minute. In the first, the stack-assigner passes
 /// over a record that is no envelope at minute 11; the claim-allocator met
 /// two forged records while it rebuilt, before the window, and none since
 /// (its counter stays at 2): only the first is news.
@@ -44,6 +44,31 @@ tests:
               runbook_url: https://runbooks.example/switchyard.md#d8gpumigrationlogrecordpassedover
       - eval_time: 27m
         alertname: D8GpuMigrationLogRecordPassedOver
+        exp_alerts: []
+  # The alerter raises the hold on gpu-legacy at minute 5 and clears it at
+  # minute 20 (its series goes); another alert of the alerter's is not this one.
+  - interval: 1m
+    input_series:
+      - series: 'switchyard_alert_firing{namespace="switchyard-system",pod="al-0",alert="D8GpuNodeGroupHeldOnDra",node_group="gpu-legacy"}'
+        values: '_x4 1x15'
+      - series: 'switchyard_alert_firing{namespace="switchyard-system",pod="al-0",alert="SomethingElse",node_group="gpu"}'
+        values: '1x30'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: D8GpuNodeGroupHeldOnDra
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: D8GpuNodeGroupHeldOnDra
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              node_group: gpu-legacy
+            exp_annotations:
+              summary: Node group gpu-legacy has spec.gpu and is held on DRA after the module upgrade
+              description: 'The module found spec.gpu on node group gpu-legacy when the new version first ran with dra.enabled, and keeps the group on DRA so that its running claims are not moved to the device plugin. Removing spec.gpu releases it: the group stays on DRA and the alert clears. To move the group to the device plugin, drain its nodes, remove spec.gpu, wait for this alert to clear, then set spec.gpu again.'
+              runbook_url: https://runbooks.example/switchyard.md#d8gpunodegroupheldondra
+      - eval_time: 27m
+        alertname: D8GpuNodeGroupHeldOnDra
         exp_alerts: []
 "#;
 
