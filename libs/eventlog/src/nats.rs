@@ -312,6 +312,66 @@ impl NatsLog {
         Ok(None)
     }
 
+    /// Whether `batch` is stored as a whole after `since` (the heads the
+    /// first attempt chained on), whatever was appended after it: a retry
+    /// whose first attempt was stored though its ack was lost, found when the
+    /// batch is no longer its subjects' latest events (another writer on
+    /// the same subject got in between). The batch is stored contiguously;
+    /// its first event is the first on its subject after that subject's head
+    /// in `since`.
+    async fn stored_since(
+        &self,
+        batch: &Outgoing<'_>,
+        since: &[Head],
+    ) -> Result<Option<AppendAck>, LogError> {
+        let count = batch.ids.len();
+        let Some(&j) = batch.of_event.first() else {
+            return Ok(None);
+        };
+        let subject = &batch.stream_subjects[j];
+        let after = since.get(j).map_or(0, |h| h.seq) + 1;
+        let found = self
+            .stream
+            .raw_message_builder()
+            .sequence(after)
+            .next_by_subject(subject.clone())
+            .send()
+            .await;
+        let message = match found {
+            Ok(message) => message,
+            Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(err) => {
+                return Err(LogError::nats(
+                    format!("read {subject} from sequence {after}"),
+                    err,
+                ));
+            }
+        };
+        if message.headers.get(MSG_ID).map(|v| v.as_str()) != Some(batch.ids[0]) {
+            return Ok(None);
+        }
+        let first = message.sequence;
+        for (i, id) in batch.ids.iter().enumerate().skip(1) {
+            let seq = first + i as u64;
+            let message = match self.stream.get_raw_message(seq).await {
+                Ok(message) => message,
+                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+                Err(err) => {
+                    return Err(LogError::nats(format!("read stream sequence {seq}"), err));
+                }
+            };
+            if message.subject.as_str() != batch.stream_subjects[batch.of_event[i]]
+                || message.headers.get(MSG_ID).map(|v| v.as_str()) != Some(*id)
+            {
+                return Ok(None);
+            }
+        }
+        Ok(Some(AppendAck {
+            sequences: (first..first + count as u64).collect(),
+            duplicates: count,
+        }))
+    }
+
     /// The subjects' heads and last event ids from the server, read together.
     async fn load_heads_until(
         &self,
@@ -931,6 +991,9 @@ impl EventLog for NatsLog {
             actual: actual.to_string(),
         };
         let mut attempt = 0u32;
+        // The heads the first attempt chained on: a batch stored by an
+        // attempt whose ack was lost lies after them.
+        let mut first_chained: Option<Vec<Head>> = None;
         // Each subject's head: from the cache (`true`) or the server (`false`),
         // or `None` where the server must be asked.
         let mut heads: Vec<Option<(Head, bool)>> = subjects
@@ -970,9 +1033,15 @@ impl EventLog for NatsLog {
                 if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
                     return Ok(ack);
                 }
+                if let Some(since) = &first_chained
+                    && let Some(ack) = self.stored_since(&batch, since).await?
+                {
+                    return Ok(ack);
+                }
                 return Err(conflict(j, latest[j].0.seq));
             }
             let chained: Vec<Head> = current.iter().map(|(h, _)| *h).collect();
+            let since = first_chained.get_or_insert_with(|| chained.clone()).clone();
             let err = match self.publish(&batch, &chained, attempt).await {
                 Ok((sequences, duplicate, new_heads)) => {
                     if !duplicate {
@@ -1027,6 +1096,9 @@ impl EventLog for NatsLog {
                 // is stored as it is (a retry); anything else is refused whole.
                 let latest = self.load_heads_until(&subjects, deadline).await?;
                 if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
+                    return Ok(ack);
+                }
+                if let Some(ack) = self.stored_since(&batch, &since).await? {
                     return Ok(ack);
                 }
                 return Err(LogError::InvalidBatch {
