@@ -823,3 +823,27 @@ fn a_fast_selector_reads_only_the_names_it_looks_up() {
         compiler.matches(selector, &other)
     );
 }
+
+#[test]
+fn an_error_on_maps_names_their_types_the_same_every_time() {
+    // Found by the `input` fuzz target: the error for `map * map` printed
+    // both maps, in hash order, so two runs answered differently.
+    let compiler = Compiler::default();
+    let expr = r#"device.attributes["gpu.deckhouse.io"] * device.capacity"#;
+    let first = match compiler.eval(expr, &a100()) {
+        Err(SelectorError::Eval(e)) => e.to_string(),
+        other => panic!("a runtime error: {other:?}"),
+    };
+    assert!(first.contains("map mul map"), "{first}");
+    assert!(
+        !first.contains("a100"),
+        "the values are not printed: {first}"
+    );
+    for _ in 0..20 {
+        let again = Compiler::default().eval(expr, &a100());
+        assert!(
+            matches!(&again, Err(SelectorError::Eval(e)) if e.to_string() == first),
+            "{again:?} after {first}"
+        );
+    }
+}

@@ -123,10 +123,32 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// The error as Kubernetes words it, naming the types of the values
+/// involved and never printing the values: a map's fields come in hash
+/// order, and an error that says them would differ from run to run (the
+/// allocator's answer must be the same every time).
 fn kubernetes_wording(err: &ExecutionError) -> String {
     match err {
         ExecutionError::NoSuchKey(key) => format!("no such key: {key}"),
         ExecutionError::FunctionError { message, .. } => message.clone(),
+        ExecutionError::UnsupportedBinaryOperator(op, left, right) => format!(
+            "no such overload: {} {op} {}",
+            type_name(left),
+            type_name(right)
+        ),
+        ExecutionError::ValuesNotComparable(left, right) => format!(
+            "no such overload: {} can not be compared to {}",
+            type_name(left),
+            type_name(right)
+        ),
+        ExecutionError::UnsupportedIndex(index, target) => format!(
+            "no such overload: a {} cannot index a {}",
+            type_name(index),
+            type_name(target)
+        ),
+        ExecutionError::UnsupportedKeyType(key) => {
+            format!("unsupported key type: {}", type_name(key))
+        }
         other => other.to_string(),
     }
 }
