@@ -180,6 +180,16 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
         container_requests: BTreeMap::new(),
         node_selector: [("node.deckhouse.io/group".to_string(), "gpu-dra".to_string())].into(),
     };
+    let nvidia_labels: Vec<String> = node
+        .labels
+        .keys()
+        .filter(|k| k.starts_with("nvidia.com/"))
+        .cloned()
+        .collect();
+    assert!(
+        !nvidia_labels.is_empty(),
+        "the node has GPU feature discovery's labels"
+    );
     let effects = vec![
         Effect::SetStackLabel {
             node: name.clone(),
@@ -199,12 +209,8 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
         Effect::Uncordon { node: name.clone() },
         Effect::RemoveNodeLabels {
             node: name.clone(),
-            labels: node
-                .labels
-                .keys()
-                .filter(|k| k.starts_with("nvidia.com/"))
-                .cloned()
-                .collect(),
+            labels: nvidia_labels.clone(),
+            group: "gpu-dra".into(),
         },
         Effect::RestoreNode {
             node: name.clone(),
@@ -215,6 +221,13 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
             node: name.clone(),
             labels: node.labels.clone(),
             taints: node.taints.clone(),
+        },
+        // Decided on facts from before the restore: the node is in gpu again
+        // and keeps its labels.
+        Effect::RemoveNodeLabels {
+            node: name.clone(),
+            labels: nvidia_labels.clone(),
+            group: "gpu-dra".into(),
         },
         Effect::SetStackLabel {
             node: name.clone(),
@@ -275,6 +288,15 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
             Some(&real.hard),
             sim.quota(&w.namespace, "gpu-quota"),
             "after {effect:?}"
+        );
+    }
+    // The stale removal was refused by both: the labels are the node's again.
+    let real = real_node().await;
+    for label in &nvidia_labels {
+        assert_eq!(
+            real.labels.get(label),
+            node.labels.get(label),
+            "{label} after the rollback's restore"
         );
     }
 }

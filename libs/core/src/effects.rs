@@ -51,10 +51,13 @@ pub enum Effect {
         reason: String,
         message: String,
     },
-    /// Remove these labels from the node.
+    /// Remove these labels from the node, while it is still in `group` (the
+    /// group the decision saw it in, `""` for none): a node that has moved
+    /// since — a rollback's restore into a device-plugin group — keeps them.
     RemoveNodeLabels {
         node: String,
         labels: Vec<String>,
+        group: String,
     },
     /// Write the changed part of a workload's pod template.
     SetPlacement {

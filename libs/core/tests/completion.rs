@@ -149,6 +149,7 @@ fn quotas_keep_their_values_and_leftover_labels_are_cleared() {
             "node.deckhouse.io/device-gpu.config".into(),
             "nvidia.com/gpu.product".into()
         ],
+        group: "gpu-dra".into(),
     }));
     assert!(
         !effects

@@ -800,13 +800,25 @@ fn refollow_backoff() -> backon::ExponentialBackoff {
         .build()
 }
 
+/// How often a follower asks its client which server it is connected to.
+const SERVER_CHECK: Duration = Duration::from_millis(100);
+
 /// A follower that outlives its consumer. An ordered consumer lives in the
 /// server's memory: a server restart (or a lost connection the client gives
 /// up on) ends it with `consumer not found`. The follower then makes a new
 /// one from the record after the last it passed on, so nothing is lost and
 /// nothing is passed on twice.
+///
+/// A restarted server is seen at once: the client reconnects to a server of
+/// another id, and the follower makes its consumer again there. (Left to
+/// itself the consumer finds out only after its missed heartbeats and its
+/// retries, 15 s and more, while the service decides on a stale view.)
 struct Following {
     stream: Stream,
+    client: async_nats::Client,
+    /// The id of the server the consumer was made on.
+    server: String,
+    check: tokio::time::Interval,
     filter: String,
     messages: Option<jetstream::consumer::pull::Ordered>,
     /// The sequence of the next record to pass on.
@@ -821,45 +833,87 @@ impl Following {
         loop {
             let failure = match &mut self.messages {
                 None => {
+                    let server = self.client.server_info().server_id;
                     match ordered_consumer(&self.stream, self.filter.clone(), self.next).await {
                         Ok(messages) => {
                             tracing::info!(from = self.next, "following the log again");
                             self.messages = Some(messages);
+                            self.server = server;
                             continue;
                         }
                         Err(err) => err.to_string(),
                     }
                 }
-                Some(messages) => match messages.next().await {
-                    Some(Ok(message)) => match to_stored(&message, &self.prefix) {
-                        // Sequence numbers are the stream's: one below `next`
-                        // was passed on before the consumer was made again.
-                        Ok(stored) if stored.sequence < self.next => continue,
-                        Ok(stored) => {
-                            self.next = stored.sequence + 1;
-                            self.backoff = refollow_backoff();
-                            if let Some(subject) =
-                                message.subject.as_str().strip_prefix(&self.prefix)
-                            {
-                                let head = Head {
-                                    seq: stored.sequence,
-                                    hash: Some(stored.hash()),
-                                };
-                                remember_in(&self.heads, subject, head);
-                            }
-                            return stored;
+                Some(messages) => {
+                    match next_or_restarted(messages, &mut self.check, &self.client, &self.server)
+                        .await
+                    {
+                        Err(now) => {
+                            tracing::info!(
+                                from = self.next,
+                                server = now,
+                                was = self.server,
+                                "the server was restarted: following again at once"
+                            );
+                            self.messages = None;
+                            continue;
                         }
-                        Err(err) => err.to_string(),
-                    },
-                    Some(Err(err)) => format!("follow: {err}"),
-                    None => "the consumer's messages ended".to_string(),
-                },
+                        Ok(next) => match next {
+                            Some(Ok(message)) => match to_stored(&message, &self.prefix) {
+                                // Sequence numbers are the stream's: one below `next`
+                                // was passed on before the consumer was made again.
+                                Ok(stored) if stored.sequence < self.next => continue,
+                                Ok(stored) => {
+                                    self.next = stored.sequence + 1;
+                                    self.backoff = refollow_backoff();
+                                    if let Some(subject) =
+                                        message.subject.as_str().strip_prefix(&self.prefix)
+                                    {
+                                        let head = Head {
+                                            seq: stored.sequence,
+                                            hash: Some(stored.hash()),
+                                        };
+                                        remember_in(&self.heads, subject, head);
+                                    }
+                                    return stored;
+                                }
+                                Err(err) => err.to_string(),
+                            },
+                            Some(Err(err)) => format!("follow: {err}"),
+                            None => "the consumer's messages ended".to_string(),
+                        },
+                    }
+                }
             };
             self.messages = None;
             let pause = self.backoff.next().unwrap_or(Duration::from_secs(2));
             tracing::warn!(error = %failure, from = self.next, ?pause, "following the log failed; following again");
             // A retry pace while the server is away, not a wait for an event.
             tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// The consumer's next message, or `Err` with the id of the server the
+/// client is connected to now if that is no longer `server`'s.
+async fn next_or_restarted(
+    messages: &mut jetstream::consumer::pull::Ordered,
+    check: &mut tokio::time::Interval,
+    client: &async_nats::Client,
+    server: &str,
+) -> Result<Option<Result<jetstream::Message, jetstream::consumer::pull::OrderedError>>, String> {
+    loop {
+        tokio::select! {
+            biased;
+            next = messages.next() => return Ok(next),
+            _ = check.tick() => {
+                if client.connection_state() == async_nats::connection::State::Connected {
+                    let now = client.server_info().server_id;
+                    if now != server {
+                        return Err(now);
+                    }
+                }
+            }
         }
     }
 }
@@ -1159,9 +1213,15 @@ impl EventLog for NatsLog {
         let filter = self.filter_subject(subject.as_ref());
         // The first consumer is made here, so a log that cannot be read at
         // all fails the call; later ones are made again by the stream.
+        let server = self.client.server_info().server_id;
         let messages = ordered_consumer(&self.stream, filter.clone(), from).await?;
+        let mut check = tokio::time::interval(SERVER_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let following = Following {
             stream: self.stream.clone(),
+            client: self.client.clone(),
+            server,
+            check,
             filter,
             messages: Some(messages),
             next: from.max(1),

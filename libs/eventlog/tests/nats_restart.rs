@@ -269,3 +269,63 @@ async fn a_record_that_is_no_envelope_is_passed_over_and_named() {
         "{named:?}"
     );
 }
+
+/// A follower that is waiting for the next record when the server is killed
+/// and started again passes on the first record appended after its return
+/// within seconds: it sees the client reconnected to a new server and makes
+/// its consumer again there, rather than waiting out the consumer's missed
+/// heartbeats and retries (15 s and more, while a service decides on a
+/// stale view).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_follower_resumes_at_once_after_a_server_restart() {
+    let mut server = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .unwrap();
+    let log = NatsLog::connect(&server.url(), NatsOptions::default())
+        .await
+        .expect("connect");
+    let subject = Subject::new("node.n1").unwrap();
+    let append = |id: &str| {
+        NewEvent::new(
+            id,
+            1,
+            Kind::NodeRemoved(NodeRemoved { node: id.into() }).into(),
+        )
+    };
+    log.append(&subject, Expected::Any, vec![append("before")])
+        .await
+        .unwrap();
+    let mut follower = log.follow(None, 1).await.expect("follow");
+    let first = follower.next().await.unwrap().unwrap();
+    assert_eq!(first.envelope.id, "before");
+
+    let server_before = log.client().server_info().server_id;
+    server = tokio::task::spawn_blocking(move || {
+        server.kill();
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    // The append waits for the client's reconnection and is retried.
+    log.append(&subject, Expected::Any, vec![append("after")])
+        .await
+        .expect("append after the restart");
+    assert_ne!(
+        log.client().server_info().server_id,
+        server_before,
+        "a restarted nats-server has a new id"
+    );
+    let appended = std::time::Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(5), follower.next())
+        .await
+        .expect("the follower passes on a record appended after the restart within 5 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.envelope.id, "after");
+    eprintln!(
+        "followed the first record after the restart {:?} after it was appended",
+        appended.elapsed()
+    );
+    drop(server);
+}

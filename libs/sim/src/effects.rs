@@ -49,7 +49,10 @@ fn write_node(n: &mut SimNode, effect: &Effect) {
             }
             n.taints = taints.clone();
         }
-        Effect::RemoveNodeLabels { labels, .. } => {
+        // Only while the node is still in the group the removal was decided in.
+        Effect::RemoveNodeLabels { labels, group, .. }
+            if n.labels.get(GROUP_LABEL).map_or("", String::as_str) == group =>
+        {
             for label in labels {
                 n.labels.remove(label);
             }

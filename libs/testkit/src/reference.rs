@@ -566,6 +566,56 @@ async fn fact_after_return(world: &World, n: usize) -> std::time::Duration {
 
 /// Decisions (records of the deciding services) recorded twice: the same
 /// event, payload and all, on the same subject, by the same author.
+/// With `SWITCHYARD_TEST_KEEP=DIR`, a run that did not end as the simulator
+/// leaves its services' logs and the log's records (one per line, decoded)
+/// in a new folder under DIR, and says where on stderr.
+async fn keep_for_diagnosis(world: &World) {
+    let Some(root) = std::env::var_os("SWITCHYARD_TEST_KEEP") else {
+        return;
+    };
+    let kept = match tempfile::Builder::new().prefix("run-").tempdir_in(&root) {
+        Ok(dir) => dir.keep(),
+        Err(err) => {
+            eprintln!("SWITCHYARD_TEST_KEEP: cannot make a folder under {root:?}: {err}");
+            return;
+        }
+    };
+    for entry in std::fs::read_dir(world.dir.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.path().extension().is_some_and(|e| e == "log") {
+            let _ = std::fs::copy(entry.path(), kept.join(entry.file_name()));
+        }
+    }
+    let records = world
+        .log()
+        .await
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .unwrap_or_default();
+    let lines: String = records
+        .iter()
+        .map(|r| {
+            let e = &r.envelope;
+            let what = match r.decode() {
+                switchyard_eventlog::Decoded::Event(event) => format!("{:?}", event.kind),
+                unknown => format!("{unknown:?}"),
+            };
+            format!(
+                "{} {} {} {} {what}\n",
+                r.sequence, e.recorded_at_unix_nanos, e.actor, e.subject
+            )
+        })
+        .collect();
+    let _ = std::fs::write(kept.join("records.txt"), lines);
+    eprintln!(
+        "kept the services' logs and the records in {}",
+        kept.display()
+    );
+}
+
 fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     let mut twice = Vec::new();
@@ -1040,6 +1090,9 @@ pub async fn run(options: Options<'_>) -> Report {
     })
     .await;
     let actual = cluster_end_state(&c, &names).await;
+    if settled.is_err() {
+        keep_for_diagnosis(&cluster.world).await;
+    }
     assert!(
         settled.is_ok(),
         "kwok:\n{actual:#?}\nthe simulator:\n{expected:#?}\n{}\nfaults: {struck:#?}",

@@ -15,6 +15,7 @@ use serde_json::json;
 use switchyard_api::NodeGroup;
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
+use switchyard_core::names::GROUP_LABEL;
 use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_owned};
 use switchyard_proto::v1::{WorkloadPlacement, WorkloadRef};
 
@@ -81,9 +82,19 @@ impl Writes for ClaimAllocatorWrites {
                 name,
                 hard,
             } => self.set_quota(namespace, name, hard).await,
-            Effect::RemoveNodeLabels { node, labels } => {
+            Effect::RemoveNodeLabels {
+                node,
+                labels,
+                group,
+            } => {
+                // Guarded by the resourceVersion read: a node that left
+                // `group` meanwhile (a rollback's restore) keeps its labels.
                 self.writer
                     .edit_node_labels(node, |current| {
+                        if current.get(GROUP_LABEL).map_or("", String::as_str) != group {
+                            tracing::info!(node, group, now = ?current.get(GROUP_LABEL), "the node left the group its leftover labels were to be cleared in: left as it is");
+                            return;
+                        }
                         for label in labels {
                             current.remove(label);
                         }

@@ -184,12 +184,8 @@ impl Completion {
         for (node, labels) in &self.cleared_labels {
             // A node rolled back into a group with spec.gpu gets its labels back
             // from its before-image; completion does not fight the rollback.
-            let on_device_plugin = cluster
-                .nodes
-                .get(node)
-                .and_then(|n| n.group())
-                .is_some_and(|g| cluster.has_spec_gpu(g));
-            if on_device_plugin {
+            let group = cluster.nodes.get(node).and_then(|n| n.group());
+            if group.is_some_and(|g| cluster.has_spec_gpu(g)) {
                 continue;
             }
             let present: Vec<String> = labels
@@ -203,9 +199,12 @@ impl Completion {
                 .cloned()
                 .collect();
             if !present.is_empty() {
+                // Facts can trail the node: the write holds only while the
+                // node is where this view has it.
                 effects.push(Effect::RemoveNodeLabels {
                     node: node.clone(),
                     labels: present,
+                    group: group.unwrap_or_default().to_string(),
                 });
             }
         }
