@@ -291,6 +291,38 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("nodegroups.deckhouse.io.yaml", NodeGroup::crd()),
         ("moduleconfigs.deckhouse.io.yaml", ModuleConfig::crd()),
     ]
+    .into_iter()
+    .map(|(file, crd)| (file, with_kubernetes_formats(crd)))
+    .collect()
+}
+
+/// The integer formats Kubernetes knows (`int32`, `int64`) in place of the
+/// Rust types' (`uint32`, `uint64`, ...), which the API server stores but
+/// warns about (`unrecognized format "uint32"`) on every apply. The
+/// schemas' `minimum` keeps unsigned fields at 0 and above.
+pub fn with_kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(format)) = map.get_mut("format") {
+                    let known = match format.as_str() {
+                        "int8" | "int16" | "uint8" | "uint16" => Some("int32"),
+                        "uint32" | "uint64" | "uint" | "int" => Some("int64"),
+                        _ => None,
+                    };
+                    if let Some(known) = known {
+                        *format = known.to_string();
+                    }
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    walk(&mut value);
+    serde_json::from_value(value).expect("a CRD with other formats is a CRD")
 }
 
 /// A CRD as the chart stores it.

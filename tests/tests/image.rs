@@ -1,0 +1,290 @@
+//! The image `scripts/build-image.sh` builds (the chart's default,
+//! `localhost/switchyard`): packed from this test's binaries, its config read
+//! back from the OCI layout (entrypoint, the non-root user, labels), its
+//! docker-archive tagged with the name, and its root filesystem unpacked by
+//! umoci and run from: every binary answers `--version` as the image's user
+//! 65532 with nothing but the image's files (chroot), and a service started
+//! there follows the log of a real nats-server, serves its metrics and logs
+//! JSON lines that name it. The
+//! Dockerfile builds the same binaries and runs them the same way.
+//!
+//! umoci and skopeo come from `scripts/install-image-tools.sh` (Debian's
+//! packages), the control plane from `scripts/control-plane.sh`; chroot needs
+//! root (CI's user), or an unprivileged user namespace (`unshare -r`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard_testkit::kube::ControlPlane;
+use switchyard_testkit::nats::NatsServer;
+
+/// What the image carries, in `scripts/build-image.sh`'s order.
+const BINARIES: [&str; 7] = [
+    "switchyard",
+    "switchyard-inventory",
+    "switchyard-stack-assigner",
+    "switchyard-class-compiler",
+    "switchyard-claim-allocator",
+    "switchyard-alerter",
+    "switchyard-node-agent",
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_path_buf()
+}
+
+fn run(command: &mut Command) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn root() -> bool {
+    let out = run(Command::new("id").arg("-u"));
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+/// `args` run inside `rootfs` as the image's user (or, without root, as
+/// root of a user namespace).
+fn in_image(rootfs: &Path, args: &[&str]) -> Command {
+    let mut command = if root() {
+        let mut c = Command::new("chroot");
+        c.arg("--userspec=65532:65532");
+        c
+    } else {
+        let mut c = Command::new("unshare");
+        c.args(["-r", "chroot"]);
+        c
+    };
+    command.arg(rootfs).args(args);
+    command
+}
+
+fn blob(layout: &Path, digest: &str) -> Value {
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let path = layout.join("blobs/sha256").join(hex);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).expect("a JSON blob")
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_every_binary_as_its_non_root_user() {
+    // This test's binaries, up to date, in its profile's folder.
+    let paths: Vec<PathBuf> = BINARIES
+        .iter()
+        .map(|b| switchyard_testkit::bins::binary(b))
+        .collect();
+    let bin_dir = paths[0].parent().expect("the profile's folder");
+    let profile = if bin_dir.ends_with("release") {
+        "release"
+    } else {
+        "dev"
+    };
+    let out = tempfile::tempdir().expect("temp dir");
+    run(Command::new(repo().join("scripts/build-image.sh"))
+        .args(["--profile", profile, "--no-build", "--tag", "test"])
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .arg("--out")
+        .arg(out.path()));
+
+    // The config, as a runtime reads it: index -> manifest -> config.
+    let layout = out.path().join("oci");
+    let index: Value = serde_json::from_slice(
+        &std::fs::read(layout.join("index.json")).expect("the layout's index"),
+    )
+    .expect("index.json");
+    let manifests = index["manifests"].as_array().expect("manifests");
+    assert_eq!(manifests.len(), 1, "{index}");
+    assert_eq!(
+        manifests[0]["annotations"]["org.opencontainers.image.ref.name"],
+        "test"
+    );
+    let manifest = blob(&layout, manifests[0]["digest"].as_str().unwrap());
+    assert_eq!(manifest["layers"].as_array().map(Vec::len), Some(1));
+    let config = blob(&layout, manifest["config"]["digest"].as_str().unwrap());
+    assert_eq!(config["os"], "linux");
+    assert_eq!(config["architecture"], "amd64");
+    let run_config = &config["config"];
+    assert_eq!(run_config["User"], "65532:65532", "{config}");
+    assert_eq!(
+        strings(&run_config["Entrypoint"]),
+        ["/usr/local/bin/switchyard"]
+    );
+    assert!(
+        strings(&run_config["Env"]).contains(&"PATH=/usr/local/bin:/usr/bin:/bin"),
+        "{config}"
+    );
+    let labels = &run_config["Labels"];
+    assert_eq!(labels["org.opencontainers.image.title"], "switchyard");
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let revision = run(Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(repo()));
+    assert_eq!(
+        labels["org.opencontainers.image.revision"],
+        String::from_utf8_lossy(&revision.stdout).trim()
+    );
+
+    // The docker-archive carries the chart's image name.
+    let archive = out.path().join("switchyard-test.tar");
+    let listed = run(Command::new("tar")
+        .arg("-xOf")
+        .arg(&archive)
+        .arg("manifest.json"));
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("manifest.json");
+    assert_eq!(
+        strings(&listed[0]["RepoTags"]),
+        ["localhost/switchyard:test"]
+    );
+
+    // The root filesystem, and every binary run from it alone.
+    let bundle = out.path().join("bundle");
+    let mut unpack = Command::new("umoci");
+    unpack.arg("unpack");
+    if !root() {
+        unpack.arg("--rootless");
+    }
+    run(unpack
+        .arg("--image")
+        .arg(format!("{}:test", layout.display()))
+        .arg(&bundle)
+        .stdout(Stdio::null()));
+    let rootfs = bundle.join("rootfs");
+    for b in BINARIES {
+        let out = run(&mut in_image(
+            &rootfs,
+            &[&format!("/usr/local/bin/{b}"), "--version"],
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("{b} {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+
+    // A service from the image on a real nats-server and API server: the
+    // log made by the image's `switchyard log init`, then the class-compiler
+    // following it with its metrics served.
+    let nats = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .unwrap();
+    let plane = ControlPlane::start().await;
+    let kubeconfig = rootfs.join("tmp/kubeconfig");
+    std::fs::copy(plane.kubeconfig(), &kubeconfig).expect("kubeconfig");
+    // Readable by the image's user.
+    std::fs::set_permissions(
+        &kubeconfig,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("kubeconfig's mode");
+    run(&mut in_image(
+        &rootfs,
+        &[
+            "/usr/local/bin/switchyard",
+            "log",
+            "init",
+            "--nats-url",
+            &nats.url(),
+        ],
+    ));
+    let port = switchyard_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = out.path().join("class-compiler.log");
+    let mut service = in_image(
+        &rootfs,
+        &[
+            "/usr/local/bin/switchyard-class-compiler",
+            "--nats-url",
+            &nats.url(),
+            "--metrics-listen",
+            &listen,
+        ],
+    )
+    .env("KUBECONFIG", "/tmp/kubeconfig")
+    .env("RUST_LOG", "info")
+    .env_remove("SWITCHYARD_LOG_LEVEL")
+    .env_remove("SWITCHYARD_LOG_FORMAT")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).expect("service log"))
+    .spawn()
+    .expect("start the class-compiler from the image");
+    let serving = switchyard_testkit::eventually(
+        "the class-compiler's metrics",
+        Duration::from_secs(60),
+        || async {
+            switchyard_testkit::scrape(port)
+                .await
+                .is_ok_and(|body| body.contains("switchyard_log_sequence"))
+        },
+    )
+    .await;
+    let _ = service.kill();
+    let _ = service.wait();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(serving.is_ok(), "{serving:?}\n{logged}");
+    // A container's log: a JSON object per line naming the service, no
+    // colour codes.
+    assert!(!logged.contains('\u{1b}'), "{logged}");
+    let lines: Vec<Value> = logged
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["message"] == "rebuilt from the log"),
+        "{logged}"
+    );
+    for line in &lines {
+        assert_eq!(line["service"], "class-compiler", "{line}");
+    }
+}
+
+/// The Dockerfile builds and strips the same seven binaries and runs them
+/// as the same user with the same entrypoint.
+#[test]
+fn the_dockerfile_builds_the_same_image() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    for b in BINARIES {
+        assert!(
+            dockerfile.contains(&format!("-p {b} ")) || dockerfile.contains(&format!("-p {b}\n")),
+            "the Dockerfile does not build {b}"
+        );
+    }
+    assert!(dockerfile.contains("USER 65532:65532"));
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/switchyard"]"#));
+    assert!(dockerfile.contains(&format!(
+        "org.opencontainers.image.version=\"{}\"",
+        env!("CARGO_PKG_VERSION")
+    )));
+    let script =
+        std::fs::read_to_string(repo().join("scripts/build-image.sh")).expect("build-image.sh");
+    let listed: Vec<&str> = script
+        .split("BINARIES=(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("the script's BINARIES")
+        .split_whitespace()
+        .collect();
+    assert_eq!(listed, BINARIES);
+}
