@@ -135,7 +135,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Quiet unless SWITCHYARD_LOG_LEVEL asks (the in-process services' reactions).
-    switchyard_runtime::init_tracing();
+    switchyard_runtime::init_tracing("loadtest", "error");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -384,6 +384,7 @@ impl Agent {
             Some(Stack::Dra) => self.start_dra().await?,
             Some(Stack::DevicePlugin) => self.start_device_plugins().await?,
         }
+        crate::metrics::serving(self.serving());
         Ok(())
     }
 

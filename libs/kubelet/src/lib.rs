@@ -23,6 +23,7 @@ pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
 pub mod fake;
+pub mod metrics;
 pub mod plugin;
 pub mod podresources;
 pub mod run;

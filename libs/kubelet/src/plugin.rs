@@ -239,6 +239,7 @@ impl DraPlugin {
                 });
             }
         };
+        crate::metrics::prepared(state.claims.len());
         Ok(DraPlugin {
             config,
             claims,
@@ -469,7 +470,14 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         let mut state = self.0.state.lock().await;
         let mut out = BTreeMap::new();
         for claim in request.into_inner().claims {
-            let answer = match self.0.prepare(&claim, &mut state).await {
+            let started = std::time::Instant::now();
+            let prepared = self.0.prepare(&claim, &mut state).await;
+            crate::metrics::claim(
+                crate::metrics::Operation::prepare,
+                started.elapsed().as_secs_f64(),
+                prepared.is_err(),
+            );
+            let answer = match prepared {
                 Ok(devices) => dra::NodePrepareResourceResponse {
                     devices: devices
                         .into_iter()
@@ -490,6 +498,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
             };
             out.insert(claim.uid, answer);
         }
+        crate::metrics::prepared(state.claims.len());
         Ok(Response::new(dra::NodePrepareResourcesResponse {
             claims: out.into_iter().collect(),
         }))
@@ -502,6 +511,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         let mut state = self.0.state.lock().await;
         let mut out = BTreeMap::new();
         for claim in request.into_inner().claims {
+            let started = std::time::Instant::now();
             let error = self
                 .0
                 .unprepare(&claim, &mut state)
@@ -509,8 +519,14 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
+            crate::metrics::claim(
+                crate::metrics::Operation::unprepare,
+                started.elapsed().as_secs_f64(),
+                !error.is_empty(),
+            );
             out.insert(claim.uid, dra::NodeUnprepareResourceResponse { error });
         }
+        crate::metrics::prepared(state.claims.len());
         Ok(Response::new(dra::NodeUnprepareResourcesResponse {
             claims: out.into_iter().collect(),
         }))

@@ -172,6 +172,20 @@ async fn kubelet_registers_prepares_and_unprepares_idempotently() {
         .unwrap()
         .into_inner();
     assert_eq!(first, second);
+    // Each claim's preparation timed, on the agent's /metrics (the other
+    // test of this process prepares too: at least these four).
+    let mut registry = prometheus_client::registry::Registry::with_prefix("switchyard");
+    switchyard_kubelet::metrics::register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let prepared: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("switchyard_node_agent_claim_seconds_count{operation=\"prepare\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no prepare count in\n{text}"));
+    assert!(prepared >= 4, "{text}");
 
     // The CDI spec of each claim: the device named after the claim UID, the
     // card's (or MIG device's) UUID for the runtime.

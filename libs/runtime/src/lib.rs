@@ -23,9 +23,11 @@ pub mod commands;
 pub mod connect;
 pub mod health;
 pub mod host;
+pub mod logging;
 pub mod metrics;
 
 pub use actors::{Actors, MAX_RESTARTS};
+pub use logging::init_tracing;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
 pub use switchyard_core::{Command, Core, Input, Record, ServiceName};
 
@@ -164,16 +166,4 @@ impl Services for Local {
     async fn snapshot(&mut self) -> Vec<CoreState> {
         self.cores.iter().map(|c| c.snapshot()).collect()
     }
-}
-
-/// Logs to stderr, filtered by `SWITCHYARD_LOG_LEVEL` (e.g. `info`,
-/// `switchyard_runtime=debug`), coloured only on a terminal.
-pub fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env(
-            "SWITCHYARD_LOG_LEVEL",
-        ))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }

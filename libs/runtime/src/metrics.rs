@@ -11,7 +11,7 @@
 //!   (`unauthenticated`), a type or schema this build does not know
 //!   (`unknown_type`, `unsupported_schema`), a payload that does not decode
 //!   (`undecodable`). Counted when met, while rebuilding from the log too.
-//!   The chart's alert `SwitchyardLogRecordPassedOver` fires on an increase.
+//!   The chart's alert `D8GpuMigrationLogRecordPassedOver` fires on an increase.
 //! - `switchyard_log_records_folded_total{service}`: records folded into the
 //!   service's state (rebuild and follow).
 //! - `switchyard_log_records_appended_total{service}`: records the service
@@ -174,6 +174,11 @@ impl Metrics {
         self.sequence
             .get_or_create(&ServiceLabel { service })
             .set(i64::try_from(sequence).unwrap_or(i64::MAX));
+    }
+
+    /// Adds another part's series (the node agent's) to the registry.
+    pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// Every series, in the OpenMetrics text format.

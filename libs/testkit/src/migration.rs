@@ -89,6 +89,9 @@ impl Service {
         command
             .env("SWITCHYARD_TICK", "200ms")
             .env("SWITCHYARD_REISSUE", "500ms")
+            // Text, as on a terminal: failure messages quote the logs, and
+            // the benchmarks read their fields.
+            .env("SWITCHYARD_LOG_FORMAT", "text")
             .env(
                 "SWITCHYARD_LOG_LEVEL",
                 "info,switchyard_runtime=debug,switchyard_kube=debug,kube_client::client::tls=error",
@@ -556,6 +559,7 @@ fn spawn_node_agent(world: &World, node: &str, dir: &Path) -> std::process::Chil
         .arg(dir.join("cdi"))
         .env("KUBECONFIG", world.plane.kubeconfig())
         .env("SWITCHYARD_LOG_LEVEL", "info")
+        .env("SWITCHYARD_LOG_FORMAT", "text")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

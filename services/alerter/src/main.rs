@@ -13,7 +13,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing();
+    switchyard_runtime::init_tracing("alerter", "info");
     match switchyard_alerter::run(Cli::parse().args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

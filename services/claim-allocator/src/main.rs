@@ -17,7 +17,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing();
+    switchyard_runtime::init_tracing("claim-allocator", "info");
     match switchyard_claim_allocator::run(Cli::parse().args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

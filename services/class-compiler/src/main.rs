@@ -17,7 +17,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing();
+    switchyard_runtime::init_tracing("class-compiler", "info");
     match switchyard_class_compiler::run(Cli::parse().args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// serving once the node's assignment is acted on.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics on /metrics here: the stack served, the
+    /// claims prepared, prepare/unprepare latency and errors.
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +96,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), NodeAgentError> {
     let client = kube::Client::try_from(switchyard_kube::watch::client_config(config))?;
     let (progress, watching) = tokio::sync::watch::channel(Progress::default());
     switchyard_runtime::health::spawn(args.health_listen, SERVICE.as_str(), watching);
+    switchyard_runtime::metrics::metrics().register_with(switchyard_kubelet::metrics::register);
+    switchyard_runtime::metrics::spawn(args.metrics_listen);
     tracing::info!(service = %SERVICE, node = %args.node, "starting");
     let options = NodeOptions {
         node: args.node,

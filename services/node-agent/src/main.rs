@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Discover(args) => discover::discover(args),
         Command::Serve(args) => {
-            switchyard_runtime::init_tracing();
+            switchyard_runtime::init_tracing("node-agent", "info");
             tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)
                 .and_then(|rt| Ok(rt.block_on(switchyard_node_agent::serve(args))?))

@@ -45,6 +45,7 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
     let kubelet = switchyard_kubelet::fake::Kubelet::default();
     kubelet.serve(kubelet_dir.path()).unwrap();
     let registered = kubelet.registered.clone();
+    let metrics = switchyard_testkit::free_port();
     let _agent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
             .args([
@@ -53,6 +54,8 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
                 "fixture:deploy/fixtures/h100-8x.yaml",
                 "--node",
                 "gpu-1",
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics}"),
                 "--kubelet-dir",
             ])
             .arg(kubelet_dir.path())
@@ -90,6 +93,20 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
         registered.lock().unwrap().is_empty(),
         "no device plugin while DRA is served"
     );
+    // The stack served, on /metrics.
+    let serving = |stack: &'static str| async move {
+        let body = switchyard_testkit::scrape(metrics)
+            .await
+            .unwrap_or_default();
+        body.contains(&format!(
+            "switchyard_node_agent_stack{{stack=\"{stack}\"}} 1"
+        )) && body.matches("switchyard_node_agent_stack{").count() == 1
+    };
+    eventually("/metrics: DRA served", Duration::from_secs(10), || {
+        serving("dra")
+    })
+    .await
+    .unwrap();
     // The cards are reported, Ready, labelled for class selectors.
     let reports: Api<switchyard_api::PhysicalGPU> = Api::all(client.clone());
     let listed = reports.list(&ListParams::default()).await.unwrap().items;
@@ -128,6 +145,13 @@ async fn the_label_picks_the_stack_and_a_relabel_switches_it() {
                 none && !registration.exists() && *registered.lock().unwrap() == ["nvidia.com/gpu"]
             }
         },
+    )
+    .await
+    .unwrap();
+    eventually(
+        "/metrics: the device plugin served, DRA no longer",
+        Duration::from_secs(10),
+        || serving("device-plugin"),
     )
     .await
     .unwrap();

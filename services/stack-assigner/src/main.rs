@@ -17,7 +17,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing();
+    switchyard_runtime::init_tracing("stack-assigner", "info");
     match switchyard_stack_assigner::run(Cli::parse().args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -80,6 +80,15 @@ enum Command {
 }
 
 impl Cli {
+    /// Who logs and at what level when `RUST_LOG` says nothing: a service
+    /// run by `serve` as its own binary would, a command only its warnings.
+    pub fn logging(&self) -> (&'static str, &'static str) {
+        match &self.command {
+            Command::Serve(service) => (service.name(), "info"),
+            _ => ("switchyard", "warn"),
+        }
+    }
+
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Demo(args) => crate::demo::demo(args).await,

@@ -32,8 +32,10 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    switchyard_runtime::init_tracing();
-    match cli::Cli::parse().run().await {
+    let cli = cli::Cli::parse();
+    let (service, level) = cli.logging();
+    switchyard_runtime::init_tracing(service, level);
+    match cli.run().await {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

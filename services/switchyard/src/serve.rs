@@ -22,6 +22,20 @@ pub enum Service {
     NodeAgent(switchyard_node_agent::ServeArgs),
 }
 
+impl Service {
+    /// The service's name, as its logs give it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Service::Inventory(_) => "inventory",
+            Service::StackAssigner(_) => "stack-assigner",
+            Service::ClassCompiler(_) => "class-compiler",
+            Service::ClaimAllocator(_) => "claim-allocator",
+            Service::Alerter(_) => "alerter",
+            Service::NodeAgent(_) => "node-agent",
+        }
+    }
+}
+
 pub async fn serve(service: Service) -> anyhow::Result<ExitCode> {
     match service {
         Service::Inventory(args) => switchyard_inventory::run(args).await?,

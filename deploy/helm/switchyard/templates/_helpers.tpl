@@ -136,17 +136,17 @@ containers:
       {{- end }}
       - --health-listen
       - 0.0.0.0:8086
-      {{- if not $nodeAgent }}
       - --metrics-listen
       - 0.0.0.0:{{ int $root.Values.metrics.port }}
-      {{- end }}
     env:
       {{- if not $nodeAgent }}
       - name: SWITCHYARD_NATS_URL
         value: {{ include "switchyard.natsUrl" $root | quote }}
       {{- end }}
-      - name: SWITCHYARD_LOG_LEVEL
+      - name: RUST_LOG
         value: {{ $root.Values.logLevel | quote }}
+      - name: SWITCHYARD_LOG_FORMAT
+        value: {{ $root.Values.logFormat | quote }}
       {{- if $nodeAgent }}
       - name: NODE_NAME
         valueFrom:
@@ -157,11 +157,9 @@ containers:
       - name: health
         containerPort: 8086
         protocol: TCP
-      {{- if not $nodeAgent }}
       - name: metrics
         containerPort: {{ int $root.Values.metrics.port }}
         protocol: TCP
-      {{- end }}
     # Health reports NOT_SERVING until the service has caught up with the log,
     # which can take a while on a long log: liveness starts only after that.
     startupProbe:

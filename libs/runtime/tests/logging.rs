@@ -1,0 +1,133 @@
+//! The logs every binary writes: which variable sets the level, which format
+//! a container gets, a JSON line's fields, and a warning said once.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use switchyard_runtime::logging::{JsonLines, LogFormat, SaidOnce, filter_directives, log_format};
+use tracing_subscriber::fmt::format::JsonFields;
+use tracing_subscriber::prelude::*;
+
+#[test]
+fn rust_log_sets_the_level_and_switchyard_log_level_is_its_alias() {
+    assert_eq!(
+        filter_directives(Some("debug"), Some("warn"), "info"),
+        "debug"
+    );
+    assert_eq!(filter_directives(None, Some("warn"), "info"), "warn");
+    assert_eq!(filter_directives(Some(""), Some("warn"), "info"), "warn");
+    assert_eq!(filter_directives(None, None, "info"), "info");
+}
+
+#[test]
+fn a_container_gets_json_and_a_terminal_text() {
+    assert_eq!(log_format(None, false), Ok(LogFormat::Json));
+    assert_eq!(log_format(None, true), Ok(LogFormat::Text));
+    assert_eq!(log_format(Some("text"), false), Ok(LogFormat::Text));
+    assert_eq!(log_format(Some("json"), true), Ok(LogFormat::Json));
+    let err = log_format(Some("yaml"), false).unwrap_err();
+    assert!(
+        err.contains("SWITCHYARD_LOG_FORMAT")
+            && err.contains("yaml")
+            && err.contains("json or text"),
+        "{err}"
+    );
+}
+
+/// What a writer was given, shared with the test.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap().clone();
+        let text = String::from_utf8(bytes).expect("UTF-8");
+        assert!(!text.contains('\u{1b}'), "no escape codes: {text:?}");
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    }
+}
+
+fn json_subscriber(out: &Captured) -> impl tracing::Subscriber + Send + Sync {
+    let out = out.clone();
+    tracing_subscriber::registry()
+        .with(SaidOnce::default())
+        .with(
+            tracing_subscriber::fmt::layer()
+                .fmt_fields(JsonFields::new())
+                .event_format(JsonLines {
+                    service: "stack-assigner",
+                })
+                .with_writer(move || out.clone())
+                .with_ansi(false),
+        )
+}
+
+#[test]
+fn a_json_line_names_the_service_and_carries_its_spans_fields() {
+    let out = Captured::default();
+    tracing::subscriber::with_default(json_subscriber(&out), || {
+        let span = tracing::info_span!("handover", node = "gpu-1", handover_id = "h-1");
+        let _entered = span.enter();
+        tracing::info!(step = 3, evicted = true, "node drained");
+    });
+    let lines = out.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_eq!(line["service"], "stack-assigner");
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["target"], "logging");
+    assert_eq!(line["message"], "node drained");
+    assert_eq!(line["node"], "gpu-1");
+    assert_eq!(line["handover_id"], "h-1");
+    assert_eq!(line["step"], 3);
+    assert_eq!(line["evicted"], true);
+    assert!(
+        line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_warning_repeated_word_for_word_is_said_once() {
+    let out = Captured::default();
+    tracing::subscriber::with_default(json_subscriber(&out), || {
+        for _ in 0..11 {
+            tracing::warn!("Server cert bypassed");
+        }
+        for node in ["gpu-0", "gpu-1", "gpu-0"] {
+            tracing::warn!(node, "eviction refused");
+        }
+        for _ in 0..3 {
+            tracing::info!("following the log again");
+        }
+    });
+    let said: Vec<String> = out
+        .lines()
+        .iter()
+        .map(|l| format!("{} {}", l["message"], l["node"]))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "\"Server cert bypassed\" null",
+            "\"eviction refused\" \"gpu-0\"",
+            "\"eviction refused\" \"gpu-1\"",
+            "\"following the log again\" null",
+            "\"following the log again\" null",
+            "\"following the log again\" null",
+        ]
+    );
+}
