@@ -188,26 +188,44 @@ async fn server_killed_mid_stream_loses_nothing_and_stores_retries_once() {
     drop(server);
 }
 
+/// An event on `node.<id>`'s kind, named `id`.
+fn node_event(id: &str) -> NewEvent {
+    NewEvent::new(
+        id,
+        1,
+        Kind::NodeRemoved(NodeRemoved { node: id.into() }).into(),
+    )
+}
+
+/// A log on `server` holding one record, "before" on `node.n1`, and a
+/// follower from its start.
+async fn one_record_followed(
+    server: &NatsServer,
+) -> (
+    NatsLog,
+    Subject,
+    futures::stream::BoxStream<
+        'static,
+        Result<switchyard_eventlog::StoredEvent, switchyard_eventlog::LogError>,
+    >,
+) {
+    let log = NatsLog::connect(&server.url(), NatsOptions::default())
+        .await
+        .expect("connect");
+    let subject = Subject::new("node.n1").unwrap();
+    log.append(&subject, Expected::Any, vec![node_event("before")])
+        .await
+        .unwrap();
+    let follower = log.follow(None, 1).await.expect("follow");
+    (log, subject, follower)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_is_no_envelope_is_passed_over_and_named() {
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let log = NatsLog::connect(&server.url(), NatsOptions::default())
-        .await
-        .expect("connect");
-    let subject = Subject::new("node.n1").unwrap();
-    let append = |id: &str| {
-        NewEvent::new(
-            id,
-            1,
-            Kind::NodeRemoved(NodeRemoved { node: id.into() }).into(),
-        )
-    };
-    log.append(&subject, Expected::Any, vec![append("before")])
-        .await
-        .unwrap();
-    let mut follower = log.follow(None, 1).await.expect("follow");
+    let (log, subject, mut follower) = one_record_followed(&server).await;
     // Eleven bytes on the log's subjects from a client that is no writer.
     let js = async_nats::jetstream::new(log.client().clone());
     let ack = js
@@ -217,7 +235,7 @@ async fn a_record_that_is_no_envelope_is_passed_over_and_named() {
         .await
         .expect("stored");
     let junk = ack.sequence;
-    log.append(&subject, Expected::Any, vec![append("after")])
+    log.append(&subject, Expected::Any, vec![node_event("after")])
         .await
         .expect("the log still takes appends");
 
@@ -281,21 +299,7 @@ async fn a_waiting_follower_resumes_at_once_after_a_server_restart() {
     let mut server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let log = NatsLog::connect(&server.url(), NatsOptions::default())
-        .await
-        .expect("connect");
-    let subject = Subject::new("node.n1").unwrap();
-    let append = |id: &str| {
-        NewEvent::new(
-            id,
-            1,
-            Kind::NodeRemoved(NodeRemoved { node: id.into() }).into(),
-        )
-    };
-    log.append(&subject, Expected::Any, vec![append("before")])
-        .await
-        .unwrap();
-    let mut follower = log.follow(None, 1).await.expect("follow");
+    let (log, subject, mut follower) = one_record_followed(&server).await;
     let first = follower.next().await.unwrap().unwrap();
     assert_eq!(first.envelope.id, "before");
 
@@ -308,7 +312,7 @@ async fn a_waiting_follower_resumes_at_once_after_a_server_restart() {
     .await
     .unwrap();
     // The append waits for the client's reconnection and is retried.
-    log.append(&subject, Expected::Any, vec![append("after")])
+    log.append(&subject, Expected::Any, vec![node_event("after")])
         .await
         .expect("append after the restart");
     assert_ne!(
