@@ -99,6 +99,26 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// The effect's kind, e.g. `Cordon` (a metric's label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Effect::Cordon { .. } => "Cordon",
+            Effect::Uncordon { .. } => "Uncordon",
+            Effect::Drain { .. } => "Drain",
+            Effect::MoveToGroup { .. } => "MoveToGroup",
+            Effect::RestoreNode { .. } => "RestoreNode",
+            Effect::SetStackLabel { .. } => "SetStackLabel",
+            Effect::NodeEvent { .. } => "NodeEvent",
+            Effect::RemoveNodeLabels { .. } => "RemoveNodeLabels",
+            Effect::SetPlacement { .. } => "SetPlacement",
+            Effect::RestartWorkload { .. } => "RestartWorkload",
+            Effect::RemoveSpecGpu { .. } => "RemoveSpecGpu",
+            Effect::PublishDeviceClasses { .. } => "PublishDeviceClasses",
+            Effect::RetireDeviceClasses { .. } => "RetireDeviceClasses",
+            Effect::SetQuota { .. } => "SetQuota",
+        }
+    }
+
     /// The object the effect writes, e.g. `node/gpu-1`: effects on one object
     /// are carried out in order, effects on different objects may run at once.
     pub fn object(&self) -> String {
@@ -147,6 +167,12 @@ pub trait EffectExecutor: Send + 'static {
         &mut self,
         effects: Vec<Effect>,
     ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send;
+
+    /// Why an effect failed, in a word, for the `reason` label of
+    /// `switchyard_effects_failed_total`.
+    fn reason(_error: &Self::Error) -> &'static str {
+        "failed"
+    }
 }
 
 /// The executor of a service whose core wants no effects (the alerter's

@@ -55,6 +55,30 @@ impl EdgeError {
         move |source| EdgeError::Api { what, source }
     }
 
+    /// Why, in a word: the API server's answer (`conflict`, `throttled`,
+    /// `not_found`, `forbidden`, `invalid`, `server_error`, `refused`), or
+    /// `unreachable`, `config`, `not_owned`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EdgeError::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => match status.code {
+                409 => "conflict",
+                429 => "throttled",
+                404 => "not_found",
+                401 | 403 => "forbidden",
+                400 | 422 => "invalid",
+                code if code >= 500 => "server_error",
+                _ => "refused",
+            },
+            EdgeError::Api { .. } => "unreachable",
+            EdgeError::Config(_) => "config",
+            EdgeError::Invalid(_) => "invalid",
+            EdgeError::NotOwned { .. } => "not_owned",
+        }
+    }
+
     /// 409, 429 and 5xx: worth another try after a pause.
     pub fn retryable(&self) -> bool {
         matches!(self, EdgeError::Api { source: kube::Error::Api(status), .. }
@@ -331,6 +355,10 @@ impl<W: Writes> EffectExecutor for Edge<W> {
                 .execute_by_object(&effects, |effect| writes.write(effect))
                 .await
         }
+    }
+
+    fn reason(error: &EdgeError) -> &'static str {
+        error.reason()
     }
 }
 

@@ -432,7 +432,14 @@ impl<E: EffectExecutor> Host<E> {
         };
         let reissue = self.options.reissue;
         let mut news = Vec::new();
+        let service = self.core.service().as_str();
         for (effect, result) in due.into_iter().zip(results) {
+            crate::metrics::metrics().effect(
+                service,
+                effect.kind(),
+                !self.issued.contains_key(&effect),
+                result.as_ref().err().map(E::reason),
+            );
             let issued = self.issued.entry(effect).or_insert_with(|| Issued {
                 at: Instant::now(),
                 pause: reissue,
@@ -658,7 +665,9 @@ pub async fn run<E: EffectExecutor>(
                 }
             } => {
                 let received = now_nanos();
+                let answering = Instant::now();
                 let reply = host.command(&request.payload).await;
+                crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
                 let decisions = reply.decisions.len();
                 if let (Some(to), Some(client)) = (request.reply, &commands) {
                     client.publish(to, reply.encode_to_vec().into()).await?;

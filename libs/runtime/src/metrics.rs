@@ -18,6 +18,15 @@
 //!   appended (its decisions, or inventory's facts).
 //! - `switchyard_log_sequence{service}`: the sequence of the last record the
 //!   service read from the log (inventory: the last it appended).
+//! - `switchyard_effects_issued_total{service, effect, attempt}`: effects
+//!   handed to the service's writers (`Cordon`, `SetPlacement`, ...), the
+//!   `first` time or `again` (after a failure, or still wanted after the
+//!   pause);
+//! - `switchyard_effects_failed_total{service, effect, reason}`: writes that
+//!   failed, by the API server's answer in a word (`conflict`, `throttled`,
+//!   `not_found`, `forbidden`, `invalid`, `server_error`, `unreachable`, ...);
+//! - `switchyard_command_seconds{service}`: a histogram of the time from an
+//!   operator's command to its reply;
 //! - `switchyard_alert_firing{alert, <the alert's labels>}`: 1 for each alert
 //!   the alerter has raised and not cleared (its series goes when it
 //!   clears); the chart's rule of the same name fires on it.
@@ -29,6 +38,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use switchyard_eventlog::UnknownReason;
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
@@ -62,6 +72,22 @@ struct ServiceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EffectLabels {
+    service: &'static str,
+    effect: &'static str,
+    /// `first`, or `again` (issued again: after a failure, or still wanted
+    /// after the pause).
+    attempt: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailedLabels {
+    service: &'static str,
+    effect: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PassedOverLabels {
     service: &'static str,
     reason: PassedOver,
@@ -75,6 +101,9 @@ pub struct Metrics {
     appended: Family<ServiceLabel, Counter>,
     sequence: Family<ServiceLabel, Gauge>,
     alerts: Family<Vec<(String, String)>, Gauge>,
+    effects: Family<EffectLabels, Counter>,
+    failed: Family<FailedLabels, Counter>,
+    commands: Family<ServiceLabel, Histogram>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -117,6 +146,27 @@ impl Metrics {
             "Alerts the alerter has raised and not cleared, by alert and the alert's labels",
             alerts.clone(),
         );
+        let effects = Family::<EffectLabels, Counter>::default();
+        registry.register(
+            "effects_issued",
+            "Effects the service handed its writers, by effect and attempt (first, or again)",
+            effects.clone(),
+        );
+        let failed = Family::<FailedLabels, Counter>::default();
+        registry.register(
+            "effects_failed",
+            "Effects whose write failed (each is issued again later), by effect and why (the API server's answer in a word)",
+            failed.clone(),
+        );
+        // 1 ms to about 8 s.
+        let commands = Family::<ServiceLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        registry.register(
+            "command_seconds",
+            "Seconds from an operator's command to its reply (decisions appended)",
+            commands.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             passed_over,
@@ -124,6 +174,9 @@ impl Metrics {
             appended,
             sequence,
             alerts,
+            effects,
+            failed,
+            commands,
         }
     }
 
@@ -155,6 +208,41 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// `service` issued `effect` (`first` time or not); `failed` says why
+    /// its write failed, if it did.
+    pub fn effect(
+        &self,
+        service: &'static str,
+        effect: &'static str,
+        first: bool,
+        failed: Option<&'static str>,
+    ) {
+        let attempt = if first { "first" } else { "again" };
+        self.effects
+            .get_or_create(&EffectLabels {
+                service,
+                effect,
+                attempt,
+            })
+            .inc();
+        if let Some(reason) = failed {
+            self.failed
+                .get_or_create(&FailedLabels {
+                    service,
+                    effect,
+                    reason,
+                })
+                .inc();
+        }
+    }
+
+    /// `service` answered a command in `seconds`.
+    pub fn command(&self, service: &'static str, seconds: f64) {
+        self.commands
+            .get_or_create(&ServiceLabel { service })
+            .observe(seconds);
     }
 
     /// `service` folded a record.
@@ -249,8 +337,17 @@ mod tests {
             };
             metrics.alert(&switchyard_proto::v1::event(kind));
         }
+        metrics.effect("alerter", "NodeEvent", true, None);
+        metrics.effect("alerter", "NodeEvent", false, Some("conflict"));
+        metrics.effect("alerter", "NodeEvent", false, None);
+        metrics.command("alerter", 0.003);
         let text = metrics.encode();
         for line in [
+            r#"switchyard_effects_issued_total{service="alerter",effect="NodeEvent",attempt="first"} 1"#,
+            r#"switchyard_effects_issued_total{service="alerter",effect="NodeEvent",attempt="again"} 2"#,
+            r#"switchyard_effects_failed_total{service="alerter",effect="NodeEvent",reason="conflict"} 1"#,
+            r#"switchyard_command_seconds_count{service="alerter"} 1"#,
+            r#"switchyard_command_seconds_bucket{le="0.004",service="alerter"} 1"#,
             r#"switchyard_log_records_passed_over_total{service="alerter",reason="malformed"} 2"#,
             r#"switchyard_log_records_passed_over_total{service="alerter",reason="unknown_type"} 1"#,
             r#"switchyard_log_sequence{service="alerter"} 42"#,

@@ -804,6 +804,13 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
             == r#"switchyard_log_records_passed_over_total{service="stack-assigner",reason="unauthenticated"} 1"#),
         "{metrics}"
     );
+    // The stack labels it wrote, counted by effect.
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            r#"switchyard_effects_issued_total{service="stack-assigner",effect="SetStackLabel",attempt="first"} "#
+        )),
+        "{metrics}"
+    );
 
     // Commands: as the operator, signed; the answer checked against the keyring.
     let operator = release.seed(secured::OPERATOR);
@@ -853,6 +860,18 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
         .find(|s| s.envelope.event_type.starts_with("Handover"))
         .unwrap_or_else(|| panic!("the handover's decision is recorded\n{out}{err}"));
     assert_eq!(decided.envelope.actor, secured::OPERATOR, "{out}{err}");
+    // The commands it answered (the signed one; the refused ones too), timed.
+    let metrics = switchyard_testkit::scrape(metrics_port)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", world.output()));
+    let answered: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"switchyard_command_seconds_count{service="stack-assigner"} "#)
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no command count in\n{metrics}"));
+    assert!(answered >= 1, "{metrics}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args([

@@ -4,7 +4,8 @@
 //! service needs and is refused the rest — by RBAC, and for the node agent by
 //! the chart's admission policy that keeps it to its own node; DRA admin
 //! access only in the namespaces the chart's other policy allows.
-//! Its alert rules pass promtool's checks and tests.
+//! Its alert rules pass promtool's checks and tests; its PodMonitor scrapes
+//! every pod that serves metrics.
 //!
 //! helm comes from `scripts/install-helm.sh`, the control plane from
 //! `scripts/control-plane.sh`; a missing one fails the test saying so.
@@ -12,6 +13,7 @@
 mod admin_access;
 mod alerts;
 mod least_privilege;
+mod monitoring;
 mod rbac;
 mod render;
 mod support;

@@ -1,0 +1,78 @@
+//! The chart's PodMonitor (`podMonitor.enabled`): off by default, and when on
+//! it selects every pod that serves `/metrics` — each service's and the node
+//! agent's, all of which name their metrics port `metrics` — and nothing
+//! else of the chart.
+
+use serde_json::Value;
+
+use crate::support::{NATS_URL, kind, render};
+
+/// Whether `selector`'s matchLabels all hold on `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+        .iter()
+        .all(|(k, v)| &labels[k] == v)
+}
+
+#[test]
+fn the_pod_monitor_scrapes_every_pod_with_metrics() {
+    assert!(
+        render(&[NATS_URL])
+            .iter()
+            .all(|doc| kind(doc) != "PodMonitor"),
+        "off by default: the PodMonitor CRD is the Prometheus Operator's"
+    );
+    let docs = render(&[
+        NATS_URL,
+        "podMonitor.enabled=true",
+        "podMonitor.labels.release=kube-prometheus-stack",
+        "nodeAgent.enabled=true",
+        "nats.bundled.enabled=false",
+    ]);
+    let monitors: Vec<&Value> = docs.iter().filter(|d| kind(d) == "PodMonitor").collect();
+    let [monitor] = monitors[..] else {
+        panic!("one PodMonitor: {monitors:?}")
+    };
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let endpoints = monitor["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("podMetricsEndpoints");
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(endpoints[0]["port"], "metrics");
+    assert_eq!(endpoints[0]["path"], "/metrics");
+    let selector = &monitor["spec"]["selector"];
+
+    let mut selected = Vec::new();
+    for doc in &docs {
+        if !matches!(
+            kind(doc),
+            "Deployment" | "DaemonSet" | "StatefulSet" | "Job"
+        ) {
+            continue;
+        }
+        let template = &doc["spec"]["template"];
+        let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+        let serves_metrics = template["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .any(|p| p["name"] == "metrics");
+        let is_selected = selects(selector, &template["metadata"]["labels"]);
+        if serves_metrics {
+            assert!(is_selected, "{name} serves /metrics but is not scraped");
+            selected.push(name);
+        }
+    }
+    selected.sort();
+    assert_eq!(
+        selected.len(),
+        6,
+        "the five services and the node agent: {selected:?}"
+    );
+}
