@@ -75,6 +75,21 @@ pub struct Report {
     pub changes: Option<(usize, usize)>,
 }
 
+/// Whether the last record of GPU class `name` names a DeviceClass.
+fn class_published(events: &[(String, switchyard_proto::v1::DomainEvent)], name: &str) -> bool {
+    events
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match &e.kind {
+            Some(Kind::GpuClassObserved(c)) if c.name == name => {
+                Some(!c.device_class_names.is_empty())
+            }
+            Some(Kind::GpuClassRemoved(c)) if c.name == name => Some(false),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 /// The workloads (by name) inventory's records hold live in `namespace`,
 /// and how many of their pods they hold running.
 fn recorded_in(
@@ -847,6 +862,15 @@ pub async fn run(options: Options<'_>) -> Report {
                 let (workloads, running) = recorded_in(&world.events().await, "ml");
                 names.iter().all(|n| workloads.contains(n)) && running == pods
             },
+        )
+        .await;
+    // A move is refused while the record has the GPU class without its
+    // DeviceClass ("wait for the class-compiler to publish it"): step 2 is
+    // done once the record shows it published.
+    world
+        .until(
+            "inventory to record GPU class h100 with its DeviceClass",
+            || async { class_published(&world.events().await, "h100") },
         )
         .await;
 
