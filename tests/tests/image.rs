@@ -58,8 +58,8 @@ fn root() -> bool {
 
 /// `args` run inside `rootfs` as the image's user (or, without root, as
 /// root of a user namespace).
-fn in_image(rootfs: &Path, args: &[&str]) -> Command {
-    let mut command = if root() {
+fn in_image(root: bool, rootfs: &Path, args: &[&str]) -> Command {
+    let mut command = if root {
         let mut c = Command::new("chroot");
         c.arg("--userspec=65532:65532");
         c
@@ -162,9 +162,10 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
 
     // The root filesystem, and every binary run from it alone.
     let bundle = out.path().join("bundle");
+    let root = root();
     let mut unpack = Command::new("umoci");
     unpack.arg("unpack");
-    if !root() {
+    if !root {
         unpack.arg("--rootless");
     }
     run(unpack
@@ -175,6 +176,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     let rootfs = bundle.join("rootfs");
     for b in BINARIES {
         let out = run(&mut in_image(
+            root,
             &rootfs,
             &[&format!("/usr/local/bin/{b}"), "--version"],
         ));
@@ -200,6 +202,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     )
     .expect("kubeconfig's mode");
     run(&mut in_image(
+        root,
         &rootfs,
         &[
             "/usr/local/bin/switchyard",
@@ -213,6 +216,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     let listen = format!("127.0.0.1:{port}");
     let log = out.path().join("class-compiler.log");
     let mut service = in_image(
+        root,
         &rootfs,
         &[
             "/usr/local/bin/switchyard-class-compiler",

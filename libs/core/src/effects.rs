@@ -170,7 +170,7 @@ pub trait EffectExecutor: Send + 'static {
 
     /// Why an effect failed, in a word, for the `reason` label of
     /// `switchyard_effects_failed_total`.
-    fn reason(_error: &Self::Error) -> &'static str {
+    fn metric_label(_error: &Self::Error) -> &'static str {
         "failed"
     }
 }

@@ -845,9 +845,15 @@ impl Following {
                     }
                 }
                 Some(messages) => {
-                    match next_or_restarted(messages, &mut self.check, &self.client, &self.server)
-                        .await
+                    let next = match next_or_restarted(
+                        messages,
+                        &mut self.check,
+                        &self.client,
+                        &self.server,
+                    )
+                    .await
                     {
+                        Ok(next) => next,
                         Err(now) => {
                             tracing::info!(
                                 from = self.next,
@@ -858,30 +864,30 @@ impl Following {
                             self.messages = None;
                             continue;
                         }
-                        Ok(next) => match next {
-                            Some(Ok(message)) => match to_stored(&message, &self.prefix) {
-                                // Sequence numbers are the stream's: one below `next`
-                                // was passed on before the consumer was made again.
-                                Ok(stored) if stored.sequence < self.next => continue,
-                                Ok(stored) => {
-                                    self.next = stored.sequence + 1;
-                                    self.backoff = refollow_backoff();
-                                    if let Some(subject) =
-                                        message.subject.as_str().strip_prefix(&self.prefix)
-                                    {
-                                        let head = Head {
-                                            seq: stored.sequence,
-                                            hash: Some(stored.hash()),
-                                        };
-                                        remember_in(&self.heads, subject, head);
-                                    }
-                                    return stored;
+                    };
+                    match next {
+                        Some(Ok(message)) => match to_stored(&message, &self.prefix) {
+                            // Sequence numbers are the stream's: one below `next`
+                            // was passed on before the consumer was made again.
+                            Ok(stored) if stored.sequence < self.next => continue,
+                            Ok(stored) => {
+                                self.next = stored.sequence + 1;
+                                self.backoff = refollow_backoff();
+                                if let Some(subject) =
+                                    message.subject.as_str().strip_prefix(&self.prefix)
+                                {
+                                    let head = Head {
+                                        seq: stored.sequence,
+                                        hash: Some(stored.hash()),
+                                    };
+                                    remember_in(&self.heads, subject, head);
                                 }
-                                Err(err) => err.to_string(),
-                            },
-                            Some(Err(err)) => format!("follow: {err}"),
-                            None => "the consumer's messages ended".to_string(),
+                                return stored;
+                            }
+                            Err(err) => err.to_string(),
                         },
+                        Some(Err(err)) => format!("follow: {err}"),
+                        None => "the consumer's messages ended".to_string(),
                     }
                 }
             };

@@ -58,7 +58,7 @@ impl EdgeError {
     /// Why, in a word: the API server's answer (`conflict`, `throttled`,
     /// `not_found`, `forbidden`, `invalid`, `server_error`, `refused`), or
     /// `unreachable`, `config`, `not_owned`.
-    pub fn reason(&self) -> &'static str {
+    pub fn metric_label(&self) -> &'static str {
         match self {
             EdgeError::Api {
                 source: kube::Error::Api(status),
@@ -357,8 +357,8 @@ impl<W: Writes> EffectExecutor for Edge<W> {
         }
     }
 
-    fn reason(error: &EdgeError) -> &'static str {
-        error.reason()
+    fn metric_label(error: &EdgeError) -> &'static str {
+        error.metric_label()
     }
 }
 

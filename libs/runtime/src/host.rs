@@ -438,7 +438,7 @@ impl<E: EffectExecutor> Host<E> {
                 service,
                 effect.kind(),
                 !self.issued.contains_key(&effect),
-                result.as_ref().err().map(E::reason),
+                result.as_ref().err().map(E::metric_label),
             );
             let issued = self.issued.entry(effect).or_insert_with(|| Issued {
                 at: Instant::now(),

@@ -28,7 +28,8 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// How long a repeated warning stays quiet.
 pub const REPEAT_WINDOW: Duration = Duration::from_secs(600);
-/// Distinct warnings remembered; past it, the oldest are forgotten.
+/// Distinct warnings remembered; past it, those said longer than
+/// [`REPEAT_WINDOW`] ago are forgotten (all of them, if none is).
 const REMEMBERED: usize = 4096;
 
 /// How lines are written.
