@@ -1001,8 +1001,13 @@ pub async fn run(options: Options<'_>) -> Report {
                     after,
                 });
                 let first = command.await.expect("the command's thread");
+                // A command started while nats-server was down is refused
+                // at once ("connect to NATS at ..."): nothing was sent.
+                let refused = first.0 != 0 && first.2.contains("connect to NATS at");
                 match fault {
-                    Fault::KillCli => {
+                    Fault::KillCli | Fault::RestartNats
+                        if matches!(fault, Fault::KillCli) || refused =>
+                    {
                         // Typed again: the same id follows the process the
                         // first one started, if it got that far.
                         let (nats, kubeconfig) =
