@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs the pinned nats-server,
 # builds the Kubernetes control plane the tests start, helm, kwok, toxiproxy, promtool,
-# umoci and skopeo (Debian's packages, for the image test) and the Go
+# jaeger, the nats CLI, umoci and skopeo (Debian's packages, for the image test) and the Go
 # reference programs (all cached, idempotent; the control plane takes about 6
-# minutes the first time, kwok about 3), then runs every test of the workspace.
+# minutes the first time, jaeger about 7, kwok about 3), then runs every test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
@@ -15,6 +15,8 @@ scripts/install-helm.sh
 scripts/install-kwok.sh
 scripts/install-toxiproxy.sh
 scripts/install-promtool.sh
+scripts/install-jaeger.sh
+scripts/install-natscli.sh
 scripts/install-image-tools.sh
 scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

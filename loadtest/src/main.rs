@@ -135,10 +135,11 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Quiet unless SWITCHYARD_LOG_LEVEL asks (the in-process services' reactions).
-    switchyard_runtime::init_tracing("loadtest", "error");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let _telemetry =
+        runtime.block_on(async { switchyard_runtime::init_tracing("loadtest", "error") });
     let report = runtime.block_on(match cli.command {
         Command::Eventlog(args) => Box::pin(eventlog::run(args))
             as std::pin::Pin<

@@ -570,6 +570,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
+        agent_env: Vec::new(),
         previous_version: None,
         toxics: &[],
         flow_shares: None,

@@ -100,6 +100,19 @@ pub enum Command {
 }
 
 impl Command {
+    /// The command's name, e.g. `StartHandover` (a span's name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::StartHandover(_) => "StartHandover",
+            Command::MoveApplication(_) => "MoveApplication",
+            Command::Complete(_) => "Complete",
+            Command::Migrate(_) => "Migrate",
+            Command::ControlMigration(_) => "ControlMigration",
+            Command::CheckEvidence(_) => "CheckEvidence",
+            Command::Rollback(_) => "Rollback",
+        }
+    }
+
     /// The process the command starts, by the id its sender gave it — a
     /// handover, a move, a rollback, a migration, an evidence check of its
     /// own. Sent again with the same id (an operator whose `--wait` was cut

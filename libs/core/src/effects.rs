@@ -144,6 +144,34 @@ impl Effect {
     }
 }
 
+impl Effect {
+    /// The log subject (aggregate) of the object the effect writes, where
+    /// the log has one: `node.<name>`, `workload.<namespace>.<name>` — the
+    /// records of the process that wants the effect are under it.
+    pub fn aggregate(&self) -> Option<String> {
+        match self {
+            Effect::Cordon { node }
+            | Effect::Uncordon { node }
+            | Effect::Drain { node }
+            | Effect::MoveToGroup { node, .. }
+            | Effect::RestoreNode { node, .. }
+            | Effect::SetStackLabel { node, .. }
+            | Effect::NodeEvent { node, .. }
+            | Effect::RemoveNodeLabels { node, .. } => {
+                Some(format!("node.{}", crate::subjects::token(node)))
+            }
+            Effect::SetPlacement { workload, .. } | Effect::RestartWorkload { workload, .. } => {
+                Some(format!(
+                    "workload.{}.{}",
+                    crate::subjects::token(&workload.namespace),
+                    crate::subjects::token(&workload.name)
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// What executing an effect led to, beyond "done".
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
@@ -167,6 +195,18 @@ pub trait EffectExecutor: Send + 'static {
         &mut self,
         effects: Vec<Effect>,
     ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send;
+
+    /// [`Self::execute`], each effect with the span (of a trace) it is
+    /// written in: an executor that writes to other systems does each in its
+    /// span, so what it writes carries the trace on; by default the spans are
+    /// only dropped when done.
+    fn execute_in_spans(
+        &mut self,
+        effects: Vec<(Effect, tracing::Span)>,
+    ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send {
+        let effects = effects.into_iter().map(|(effect, _)| effect).collect();
+        self.execute(effects)
+    }
 
     /// Why an effect failed, in a word, for the `reason` label of
     /// `switchyard_effects_failed_total`.

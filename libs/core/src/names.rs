@@ -52,6 +52,9 @@ pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 
 /// The device-plugin resource name.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
+/// The W3C traceparent of the span that last set a node's `gpu-stack`
+/// label: the node agent's switch continues that trace.
+pub const TRACEPARENT_ANNOTATION: &str = "switchyard.io/traceparent";
 /// The pod-template annotation `kubectl rollout restart` sets; a move's
 /// restart sets it to the move's id.
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";

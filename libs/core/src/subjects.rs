@@ -6,15 +6,18 @@ use switchyard_proto::v1::{DomainEvent, WorkloadRef, domain_event::Kind};
 
 use crate::names::ALERT_LABEL_NODE_GROUP;
 
+/// A name as one token of a subject: what is not an ASCII letter, digit,
+/// `-` or `_` becomes `_`.
+pub fn token(s: &str) -> String {
+    s.replace(
+        |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "_",
+    )
+}
+
 /// The aggregate (log subject) of an event: `node.<name>`, `group.<name>`,
 /// `workload.<ns>.<name>`, `cluster.<kind>` for cluster-wide facts.
 pub fn subject_of(event: &DomainEvent) -> String {
-    let token = |s: &str| {
-        s.replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "_",
-        )
-    };
     let workload = |w: &Option<WorkloadRef>| {
         w.as_ref().map_or("workload.unknown".into(), |w| {
             format!("workload.{}.{}", token(&w.namespace), token(&w.name))
@@ -100,12 +103,6 @@ pub fn subject_of(event: &DomainEvent) -> String {
 }
 
 fn alert(name: &str, labels: &BTreeMap<String, String>) -> String {
-    let token = |s: &str| {
-        s.replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "_",
-        )
-    };
     match labels.get(ALERT_LABEL_NODE_GROUP) {
         Some(group) => format!("alert.{}.{}", token(name), token(group)),
         None => format!("alert.{}", token(name)),

@@ -6,7 +6,7 @@
 
 use switchyard_core::ServiceName;
 use switchyard_core::subjects::subject_of;
-use switchyard_proto::v1::DomainEvent;
+use switchyard_proto::v1::{DomainEvent, TraceContext};
 
 use crate::{EventLog, LogError, MAX_BATCH_EVENTS, NewEvent, Payload, Subject};
 
@@ -57,46 +57,68 @@ pub async fn append_facts(
     events: &[DomainEvent],
     at: i64,
 ) -> Result<Vec<u64>, LogError> {
-    let attributed: Vec<(&DomainEvent, &str)> = events.iter().map(|e| (e, "")).collect();
+    let attributed: Vec<Attributed> = events.iter().map(Attributed::fact).collect();
     let events = attributed_events(actor.as_str(), actor.as_str(), &attributed, at)?;
     in_chunks(events, |chunk| log.append_each(chunk)).await
 }
 
+/// An event to append with what it belongs to.
+#[derive(Clone, Debug)]
+pub struct Attributed<'a> {
+    pub event: &'a DomainEvent,
+    /// The migration, wave or process it is a step of; empty if none.
+    pub correlation_id: &'a str,
+    /// The trace (span) it was decided in.
+    pub trace: Option<TraceContext>,
+}
+
+impl<'a> Attributed<'a> {
+    /// A fact: part of no process, in no trace.
+    pub fn fact(event: &'a DomainEvent) -> Self {
+        Attributed {
+            event,
+            correlation_id: "",
+            trace: None,
+        }
+    }
+}
+
 /// Appends `events`, each with its correlation id (the migration, wave or
-/// process it belongs to), as written by `actor` (a service, or the operator
-/// whose command they answer); ids are `<writer>-<uuid>`. Returns the log
-/// sequence of each event.
+/// process it belongs to) and trace context, as written by `actor` (a
+/// service, or the operator whose command they answer); ids are
+/// `<writer>-<uuid>`. Returns the log sequence of each event.
 pub async fn append_attributed(
     log: &dyn EventLog,
     writer: &str,
     actor: &str,
-    events: &[(&DomainEvent, &str)],
+    events: &[Attributed<'_>],
     at: i64,
 ) -> Result<Vec<u64>, LogError> {
     append_in_order(log, attributed_events(writer, actor, events, at)?).await
 }
 
 /// `events` as the log takes them: each under its aggregate's subject, with
-/// a fresh id `<writer>-<uuid>`, its correlation id and `actor`.
+/// a fresh id `<writer>-<uuid>`, its correlation id, trace and `actor`.
 fn attributed_events(
     writer: &str,
     actor: &str,
-    events: &[(&DomainEvent, &str)],
+    events: &[Attributed<'_>],
     at: i64,
 ) -> Result<Vec<(Subject, NewEvent)>, LogError> {
     events
         .iter()
-        .map(|(event, correlation_id)| {
+        .map(|attributed| {
+            let event = attributed.event;
             Ok((
                 Subject::new(subject_of(event))?,
                 NewEvent {
                     id: format!("{writer}-{}", uuid::Uuid::new_v4()),
                     recorded_at_unix_nanos: at,
-                    correlation_id: correlation_id.to_string(),
+                    correlation_id: attributed.correlation_id.to_string(),
                     causation_id: String::new(),
                     actor: actor.to_string(),
-                    trace: None,
-                    payload: Payload::Domain((*event).clone()),
+                    trace: attributed.trace.clone(),
+                    payload: Payload::Domain(event.clone()),
                 },
             ))
         })

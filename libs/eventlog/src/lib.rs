@@ -20,6 +20,7 @@ mod record;
 pub mod embedded;
 pub mod keys;
 pub mod nats;
+pub mod trace;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -27,7 +28,7 @@ pub mod conformance;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-pub use append::{append_attributed, append_facts, append_in_order, now_nanos};
+pub use append::{Attributed, append_attributed, append_facts, append_in_order, now_nanos};
 pub use error::LogError;
 pub use record::{
     Decoded, NewEvent, Payload, Signature, SigningKey, StoredEvent, Subject, UnknownReason,

@@ -932,14 +932,7 @@ fn event_headers(id: &str, check: Option<u64>, trace: Option<&TraceContext>) -> 
     if let Some(seq) = check {
         headers.insert(EXPECTED_LAST_SUBJECT_SEQUENCE, seq.to_string().as_str());
     }
-    if let Some(trace) = trace {
-        if !trace.traceparent.is_empty() {
-            headers.insert("traceparent", trace.traceparent.as_str());
-        }
-        if !trace.tracestate.is_empty() {
-            headers.insert("tracestate", trace.tracestate.as_str());
-        }
-    }
+    crate::trace::insert_headers(&mut headers, trace);
     headers
 }
 

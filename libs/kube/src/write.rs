@@ -29,6 +29,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
@@ -160,7 +161,7 @@ impl Writer {
         execute: F,
     ) -> Vec<Result<Outcome, EdgeError>>
     where
-        F: Fn(&'a Effect) -> Fut + Copy + 'a,
+        F: Fn(usize, &'a Effect) -> Fut + Copy + 'a,
         Fut: Future<Output = Result<Outcome, EdgeError>> + 'a,
     {
         let mut by_object: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -173,7 +174,7 @@ impl Writer {
             futures::stream::iter(by_object.into_values().map(|indices| async move {
                 let mut done = Vec::with_capacity(indices.len());
                 for i in indices {
-                    done.push((i, self.retrying(|| execute(&effects[i])).await));
+                    done.push((i, self.retrying(|| execute(i, &effects[i])).await));
                 }
                 done
             }))
@@ -352,7 +353,24 @@ impl<W: Writes> EffectExecutor for Edge<W> {
         async move {
             writes
                 .writer()
-                .execute_by_object(&effects, |effect| writes.write(effect))
+                .execute_by_object(&effects, |_, effect| writes.write(effect))
+                .await
+        }
+    }
+
+    fn execute_in_spans(
+        &mut self,
+        effects: Vec<(Effect, tracing::Span)>,
+    ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
+        let writes = self.writes.clone();
+        async move {
+            let (effects, spans): (Vec<Effect>, Vec<tracing::Span>) = effects.into_iter().unzip();
+            let spans = &spans;
+            writes
+                .writer()
+                .execute_by_object(&effects, |i, effect| {
+                    writes.write(effect).instrument(spans[i].clone())
+                })
                 .await
         }
     }
@@ -375,6 +393,7 @@ pub fn not_owned<W: Writes>(effect: &Effect) -> Result<Outcome, EdgeError> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Owned {
     pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
     pub unschedulable: Option<bool>,
 }
 
@@ -389,14 +408,20 @@ impl Owned {
             let Some(fields) = entry.fields_v1.as_ref().map(|f| &f.0) else {
                 continue;
             };
-            if let Some(labels) = fields
-                .get("f:metadata")
-                .and_then(|m| m.get("f:labels"))
-                .and_then(Value::as_object)
-            {
-                for key in labels.keys().filter_map(|k| k.strip_prefix("f:")) {
-                    if let Some(value) = node.labels().get(key) {
-                        owned.labels.insert(key.to_string(), value.clone());
+            for (field, values, into) in [
+                ("f:labels", node.labels(), &mut owned.labels),
+                ("f:annotations", node.annotations(), &mut owned.annotations),
+            ] {
+                let Some(keys) = fields
+                    .get("f:metadata")
+                    .and_then(|m| m.get(field))
+                    .and_then(Value::as_object)
+                else {
+                    continue;
+                };
+                for key in keys.keys().filter_map(|k| k.strip_prefix("f:")) {
+                    if let Some(value) = values.get(key) {
+                        into.insert(key.to_string(), value.clone());
                     }
                 }
             }
@@ -421,6 +446,9 @@ impl Owned {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": self.labels},
         });
+        if !self.annotations.is_empty() {
+            config["metadata"]["annotations"] = json!(self.annotations);
+        }
         if let Some(on) = self.unschedulable {
             config["spec"] = json!({"unschedulable": on});
         }

@@ -14,7 +14,10 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use switchyard_core::names::TRACEPARENT_ANNOTATION;
 use switchyard_gpu::publish::{self, Layout};
+use switchyard_proto::v1::TraceContext;
+use tracing::Instrument;
 
 use crate::agent::{Agent, AgentConfig, AgentError, HandoverBlocked, Stack};
 use crate::deviceplugin::Sharing;
@@ -325,12 +328,21 @@ pub async fn serve_node(
     // When the node last changed, as this agent saw it (µs since the epoch).
     let mut seen_unix_us = 0;
     let mut started = Some(started);
+    // The trace the node's stack was last assigned in.
+    let mut trace: Option<TraceContext> = None;
     loop {
         tokio::select! {
             event = watch.next() => match event {
                 Some(node) => {
                     seen_unix_us = crate::agent::now_unix_us();
                     wanted = Some(assigned(&node));
+                    trace = node
+                        .annotations()
+                        .get(TRACEPARENT_ANNOTATION)
+                        .map(|traceparent| TraceContext {
+                            traceparent: traceparent.clone(),
+                            tracestate: String::new(),
+                        });
                     node_ref = node.object_ref(&());
                 }
                 None => return Ok(()),
@@ -369,7 +381,18 @@ pub async fn serve_node(
         if let Some(stack) = wanted
             && agent.serving() != stack
         {
-            match agent.serve(stack).await {
+            let switch = tracing::info_span!(
+                "switch",
+                otel.name = %format_args!("switch to {}", stack.map_or("no stack", Stack::label)),
+                node = args.node,
+                otel.status_code = tracing::field::Empty,
+            );
+            switchyard_eventlog::trace::continue_in(&switch, trace.as_ref());
+            let switched = agent.serve(stack).instrument(switch.clone()).await;
+            if switched.is_err() {
+                switch.record("otel.status_code", "ERROR");
+            }
+            match switched {
                 Ok(()) => {
                     // From the node's change seen to the switch done, with
                     // what it waited on (the API server, kubelet): the
@@ -381,6 +404,7 @@ pub async fn serve_node(
                     let (api_started, api) = span(waits.api);
                     let (kubelet_started, kubelet) = span(waits.kubelet);
                     tracing::info!(
+                        parent: &switch,
                         ?stack,
                         seen_unix_us,
                         done_unix_us = crate::agent::now_unix_us(),
@@ -392,10 +416,10 @@ pub async fn serve_node(
                     );
                 }
                 Err(AgentError::Blocked(blocked)) => {
-                    tracing::warn!(error = %blocked, "HandoverBlocked: the switch waits");
+                    tracing::warn!(parent: &switch, error = %blocked, "HandoverBlocked: the switch waits");
                     events.handover_blocked(&blocked, stack, &node_ref).await;
                 }
-                Err(e) => tracing::warn!(error = %e, "switching stacks"),
+                Err(e) => tracing::warn!(parent: &switch, error = %e, "switching stacks"),
             }
         }
         // Ready once the node's assignment has been acted on.

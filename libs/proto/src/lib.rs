@@ -2,8 +2,12 @@
 //!
 //! Messages have canonical protobuf JSON (`serde`) through pbjson, which the CLI
 //! uses for `-o json`. Map fields are `BTreeMap`s so encodings are deterministic.
+//! [`schema`] describes that JSON for integrations, which receive each event as
+//! a CloudEvent whose `type` is [`v1::domain_event::Kind::cloudevent_type`].
 
 #![forbid(unsafe_code)]
+
+pub mod schema;
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
@@ -18,75 +22,121 @@ pub mod v1 {
         DomainEvent { kind: Some(kind) }
     }
 
-    impl domain_event::Kind {
-        /// The event's type name as recorded in `Envelope.event_type`.
-        pub fn type_name(&self) -> &'static str {
-            use domain_event::Kind::*;
-            match self {
-                MigrationStarted(_) => "MigrationStarted",
-                MigrationRefused(_) => "MigrationRefused",
-                WaveStarted(_) => "WaveStarted",
-                WaveCompleted(_) => "WaveCompleted",
-                MigrationPaused(_) => "MigrationPaused",
-                MigrationResumed(_) => "MigrationResumed",
-                MigrationAborted(_) => "MigrationAborted",
-                MigrationCompleted(_) => "MigrationCompleted",
-                NodeObserved(_) => "NodeObserved",
-                NodeRemoved(_) => "NodeRemoved",
-                NodeGroupObserved(_) => "NodeGroupObserved",
-                NodeGroupRemoved(_) => "NodeGroupRemoved",
-                ModuleSettingsObserved(_) => "ModuleSettingsObserved",
-                PhysicalGpuObserved(_) => "PhysicalGpuObserved",
-                PhysicalGpuRemoved(_) => "PhysicalGpuRemoved",
-                WorkloadObserved(_) => "WorkloadObserved",
-                ResourceQuotaObserved(_) => "ResourceQuotaObserved",
-                PodObserved(_) => "PodObserved",
-                PodRemoved(_) => "PodRemoved",
-                GpuClassObserved(_) => "GpuClassObserved",
-                ResourceSliceObserved(_) => "ResourceSliceObserved",
-                ResourceSliceRemoved(_) => "ResourceSliceRemoved",
-                DeviceClassObserved(_) => "DeviceClassObserved",
-                DeviceClassRemoved(_) => "DeviceClassRemoved",
-                EvictionBlocked(_) => "EvictionBlocked",
-                NodeGroupWritten(_) => "NodeGroupWritten",
-                GpuClassRemoved(_) => "GpuClassRemoved",
-                ResourceClaimObserved(_) => "ResourceClaimObserved",
-                ResourceClaimRemoved(_) => "ResourceClaimRemoved",
-                WorkloadRemoved(_) => "WorkloadRemoved",
-                GpuClassRetired(_) => "GpuClassRetired",
-                StackAssigned(_) => "StackAssigned",
-                NodeGroupHeldOnDra(_) => "NodeGroupHeldOnDra",
-                NodeGroupReleased(_) => "NodeGroupReleased",
-                GpuClassCompiled(_) => "GpuClassCompiled",
-                HandoverStarted(_) => "HandoverStarted",
-                HandoverRefused(_) => "HandoverRefused",
-                NodeCordoned(_) => "NodeCordoned",
-                NodeDrained(_) => "NodeDrained",
-                NodeGroupChanged(_) => "NodeGroupChanged",
-                NodeReadinessObserved(_) => "NodeReadinessObserved",
-                NodeUncordoned(_) => "NodeUncordoned",
-                HandoverCompleted(_) => "HandoverCompleted",
-                HandoverStalled(_) => "HandoverStalled",
-                ApplicationMoveStarted(_) => "ApplicationMoveStarted",
-                ApplicationMoveRefused(_) => "ApplicationMoveRefused",
-                WorkloadRewritten(_) => "WorkloadRewritten",
-                WorkloadRestarted(_) => "WorkloadRestarted",
-                ApplicationMoveVerified(_) => "ApplicationMoveVerified",
-                ResourceQuotaTranslated(_) => "ResourceQuotaTranslated",
-                LeftoverLabelsCleared(_) => "LeftoverLabelsCleared",
-                SourceGroupRetired(_) => "SourceGroupRetired",
-                CompletionRefused(_) => "CompletionRefused",
-                RollbackStarted(_) => "RollbackStarted",
-                StepCompensated(_) => "StepCompensated",
-                RollbackCompleted(_) => "RollbackCompleted",
-                AlertRaised(_) => "AlertRaised",
-                AlertCleared(_) => "AlertCleared",
-                ReadinessSelectorsConfigured(_) => "ReadinessSelectorsConfigured",
-                StackSwitchHeld(_) => "StackSwitchHeld",
-                EvidenceRecorded(_) => "EvidenceRecorded",
-                EvidenceChecked(_) => "EvidenceChecked",
+    /// Writes the three views of the one list of event kinds below, so they
+    /// cannot drift apart: `Kind::type_name`, `Kind::cloudevent_type` and
+    /// `EVENT_TYPES`. A kind's message is named like its oneof case.
+    macro_rules! event_kinds {
+        ($($kind:ident => $cloudevent_type:literal,)*) => {
+            /// Every kind of [`DomainEvent`] as `(type name, CloudEvent type, message)`:
+            /// the name recorded in `Envelope.event_type`, the `type` of the
+            /// CloudEvent an integration receives, and the full protobuf name of
+            /// the event's message (the CloudEvent's `data`).
+            pub const EVENT_TYPES: &[(&str, &str, &str)] = &[
+                $((
+                    stringify!($kind),
+                    $cloudevent_type,
+                    concat!("switchyard.v1.", stringify!($kind)),
+                ),)*
+            ];
+
+            impl domain_event::Kind {
+                /// The event's type name as recorded in `Envelope.event_type`.
+                pub fn type_name(&self) -> &'static str {
+                    match self {
+                        $(domain_event::Kind::$kind(_) => stringify!($kind),)*
+                    }
+                }
+
+                /// The `type` of the CloudEvent that publishes the event:
+                /// `io.switchyard.<noun>.<verb>`, where the noun names what the
+                /// event is about and the verb, in the past tense, what happened to it.
+                pub fn cloudevent_type(&self) -> &'static str {
+                    match self {
+                        $(domain_event::Kind::$kind(_) => $cloudevent_type,)*
+                    }
+                }
             }
-        }
+        };
+    }
+
+    // In the order of events.proto. The noun is the object the event is
+    // about, which is not always the first word of its name: NodeGroupChanged
+    // and NodeGroupWritten move a node to another group, so they are the
+    // node's events; NodeGroupHeldOnDra is the NodeGroup's.
+    event_kinds! {
+        // Cluster facts (inventory).
+        NodeObserved => "io.switchyard.node.observed",
+        NodeRemoved => "io.switchyard.node.removed",
+        NodeGroupObserved => "io.switchyard.node_group.observed",
+        NodeGroupRemoved => "io.switchyard.node_group.removed",
+        ModuleSettingsObserved => "io.switchyard.module_settings.observed",
+        PhysicalGpuObserved => "io.switchyard.physical_gpu.observed",
+        PhysicalGpuRemoved => "io.switchyard.physical_gpu.removed",
+        WorkloadObserved => "io.switchyard.workload.observed",
+        ResourceQuotaObserved => "io.switchyard.resource_quota.observed",
+        PodObserved => "io.switchyard.pod.observed",
+        PodRemoved => "io.switchyard.pod.removed",
+        GpuClassObserved => "io.switchyard.gpu_class.observed",
+        ResourceSliceObserved => "io.switchyard.resource_slice.observed",
+        ResourceSliceRemoved => "io.switchyard.resource_slice.removed",
+        DeviceClassObserved => "io.switchyard.device_class.observed",
+        DeviceClassRemoved => "io.switchyard.device_class.removed",
+        EvictionBlocked => "io.switchyard.eviction.blocked",
+        GpuClassRemoved => "io.switchyard.gpu_class.removed",
+        ResourceClaimObserved => "io.switchyard.resource_claim.observed",
+        ResourceClaimRemoved => "io.switchyard.resource_claim.removed",
+        WorkloadRemoved => "io.switchyard.workload.removed",
+        NodeGroupWritten => "io.switchyard.node.group_written",
+        // Stack decisions (stack-assigner).
+        StackAssigned => "io.switchyard.stack.assigned",
+        NodeGroupHeldOnDra => "io.switchyard.node_group.held_on_dra",
+        NodeGroupReleased => "io.switchyard.node_group.released",
+        // GPU classes (class-compiler).
+        GpuClassCompiled => "io.switchyard.gpu_class.compiled",
+        GpuClassRetired => "io.switchyard.gpu_class.retired",
+        // Node handover (stack-assigner).
+        HandoverStarted => "io.switchyard.handover.started",
+        HandoverRefused => "io.switchyard.handover.refused",
+        NodeCordoned => "io.switchyard.node.cordoned",
+        NodeDrained => "io.switchyard.node.drained",
+        NodeGroupChanged => "io.switchyard.node.group_changed",
+        NodeReadinessObserved => "io.switchyard.node_readiness.observed",
+        NodeUncordoned => "io.switchyard.node.uncordoned",
+        HandoverCompleted => "io.switchyard.handover.completed",
+        HandoverStalled => "io.switchyard.handover.stalled",
+        // Application move (claim-allocator).
+        ApplicationMoveStarted => "io.switchyard.application_move.started",
+        ApplicationMoveRefused => "io.switchyard.application_move.refused",
+        WorkloadRewritten => "io.switchyard.workload.rewritten",
+        WorkloadRestarted => "io.switchyard.workload.restarted",
+        ApplicationMoveVerified => "io.switchyard.application_move.verified",
+        // Completion.
+        ResourceQuotaTranslated => "io.switchyard.resource_quota.translated",
+        LeftoverLabelsCleared => "io.switchyard.leftover_labels.cleared",
+        SourceGroupRetired => "io.switchyard.source_group.retired",
+        CompletionRefused => "io.switchyard.completion.refused",
+        // Rollback.
+        RollbackStarted => "io.switchyard.rollback.started",
+        StepCompensated => "io.switchyard.step.compensated",
+        RollbackCompleted => "io.switchyard.rollback.completed",
+        // Alerts (alerter).
+        AlertRaised => "io.switchyard.alert.raised",
+        AlertCleared => "io.switchyard.alert.cleared",
+        // Migration in waves (claim-allocator).
+        MigrationStarted => "io.switchyard.migration.started",
+        MigrationRefused => "io.switchyard.migration.refused",
+        WaveStarted => "io.switchyard.wave.started",
+        WaveCompleted => "io.switchyard.wave.completed",
+        MigrationPaused => "io.switchyard.migration.paused",
+        MigrationResumed => "io.switchyard.migration.resumed",
+        MigrationAborted => "io.switchyard.migration.aborted",
+        MigrationCompleted => "io.switchyard.migration.completed",
+        // Node readiness gates (stack-assigner).
+        ReadinessSelectorsConfigured => "io.switchyard.readiness_selectors.configured",
+        StackSwitchHeld => "io.switchyard.stack_switch.held",
+        // Exit evidence (claim-allocator).
+        EvidenceRecorded => "io.switchyard.evidence.recorded",
+        EvidenceChecked => "io.switchyard.evidence.checked",
     }
 
     impl From<domain_event::Kind> for DomainEvent {

@@ -11,8 +11,10 @@ use switchyard_core::command::{
 use switchyard_core::{Command, ServiceName};
 use switchyard_eventlog::SigningKey;
 use switchyard_eventlog::keys::Keyring;
+use switchyard_eventlog::trace;
 use switchyard_proto::v1::migration_control_command::Action;
 use switchyard_proto::v1::{CommandReply, ServiceCommand, domain_event::Kind, service_command};
+use tracing::Instrument;
 
 /// How long a command may wait for the service's answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -122,6 +124,16 @@ pub struct Request {
     pub correlation_id: String,
     /// Who asks (recorded as the actor of the command's decisions).
     pub actor: String,
+}
+
+/// The name of the command a request carries (`StartHandover`), or
+/// `unreadable` — for its span, before it is checked.
+pub fn name_of(request: &[u8]) -> &'static str {
+    ServiceCommand::decode(request)
+        .ok()
+        .and_then(|r| r.command)
+        .and_then(|c| command_of(c).ok())
+        .map_or("unreadable", |c| c.name())
 }
 
 /// Reads a request into a command, or says why it is refused. With a
@@ -365,15 +377,25 @@ pub async fn send(
     // A command that names its process (a handover's, a move's, ... id) is
     // answered the same way when it comes again: the service follows what
     // the first one started, or decides it once if it never got it.
-    let resumable = command
-        .command
-        .clone()
-        .and_then(|c| command_of(c).ok())
-        .is_some_and(|c| c.process().is_some());
+    let parsed = command.command.clone().and_then(|c| command_of(c).ok());
+    let resumable = parsed.as_ref().is_some_and(|c| c.process().is_some());
+    // The command's span is the root of what it starts: its trace context
+    // goes with the request, for the service to continue.
+    let span = tracing::info_span!(
+        "command",
+        otel.name = %format_args!("send {}", parsed.as_ref().map_or("command", Command::name)),
+        %service,
+    );
+    let mut headers = async_nats::HeaderMap::new();
+    trace::insert_headers(&mut headers, trace::of_span(&span).as_ref());
     let once = || async {
         tokio::time::timeout(
             REPLY_TIMEOUT,
-            client.request(command_subject(service), request.clone().into()),
+            client.request_with_headers(
+                command_subject(service),
+                headers.clone(),
+                request.clone().into(),
+            ),
         )
         .await
         .map_err(|_| CommandError::Timeout { service })?
@@ -407,6 +429,7 @@ pub async fn send(
         .notify(|err, pause| {
             tracing::info!(%service, ?pause, %err, "not answered (the service restarting?): sending the command again");
         })
+        .instrument(span)
         .await?;
     let reply = CommandReply::decode(reply.payload)
         .map_err(|source| CommandError::Reply { service, source })?;

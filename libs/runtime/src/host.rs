@@ -19,15 +19,17 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
-use switchyard_core::subjects::process_of;
+use switchyard_core::subjects::{process_of, subject_of};
 use switchyard_core::{Command, Core, Input, ServiceName};
 use switchyard_eventlog::keys::{Keyring, KeyringError};
+use switchyard_eventlog::trace;
 use switchyard_eventlog::{
-    Decoded, EventLog, LogError, ReadRequest, StoredEvent, UnknownReason, append_attributed,
-    now_nanos,
+    Attributed, Decoded, EventLog, LogError, ReadRequest, StoredEvent, UnknownReason,
+    append_attributed, now_nanos,
 };
-use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
+use switchyard_proto::v1::{CommandReply, DomainEvent, TraceContext, domain_event::Kind, event};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::commands::{self, command_subject};
 
@@ -223,12 +225,35 @@ fn remember_correlation(
     }
 }
 
+/// Keeps the trace a process's first step was decided in, so its later
+/// steps continue it (also those another service decides, on facts that
+/// carry no trace): one handover, one trace.
+fn remember_trace(
+    traces: &mut BTreeMap<String, TraceContext>,
+    event: &DomainEvent,
+    trace: Option<&TraceContext>,
+) {
+    if let (Some(process), Some(trace)) = (process_of(event), trace) {
+        traces
+            .entry(process.to_string())
+            .or_insert_with(|| trace.clone());
+    }
+}
+
+/// The event's type name, for span names.
+fn type_name(event: &DomainEvent) -> &'static str {
+    event.kind.as_ref().map_or("Unknown", Kind::type_name)
+}
+
 /// An effect issued: when, and the pause before it may go again.
 struct Issued {
     at: Instant,
     pause: Duration,
     /// The pauses after failures, growing; reset by a success.
     backoff: ExponentialBackoff,
+    /// The trace of the input that first wanted it: each attempt's span
+    /// continues it.
+    trace: Option<TraceContext>,
 }
 
 struct Host<E> {
@@ -248,6 +273,14 @@ struct Host<E> {
     /// The log sequence of each process's first record: a command that
     /// would start it again is answered with it instead.
     started: BTreeMap<String, u64>,
+    /// The trace of each process (its first step's).
+    traces: BTreeMap<String, TraceContext>,
+    /// The last trace each aggregate (`node.<name>`, ...) was recorded in:
+    /// an effect on its object continues it.
+    aggregates: BTreeMap<String, TraceContext>,
+    /// The trace of the input handled last (its last decision, the record
+    /// or the command): effects on objects in no trace continue it.
+    cause: Option<TraceContext>,
 }
 
 /// Notes the sequence of a process's first record.
@@ -268,24 +301,70 @@ fn backoff(reissue: Duration) -> ExponentialBackoff {
 }
 
 impl<E: EffectExecutor> Host<E> {
+    /// Appends decisions made on no record or command (a tick, a catch-up,
+    /// what effects met), each in the trace of its process, if it has one.
     async fn append(&mut self, decisions: &[DomainEvent]) -> Result<(), HostError> {
         let service = self.core.service();
-        self.append_by(service.as_str(), decisions).await
+        let traces = self.decision_traces(decisions, None);
+        self.append_by(service.as_str(), decisions, &traces).await
+    }
+
+    /// A span for each decision, in the trace of its process (the trace its
+    /// first step was decided in) or else in `cause`'s; their trace
+    /// contexts, to record with the decisions. The last is the cause of the
+    /// effects they make wanted.
+    fn decision_traces(
+        &mut self,
+        decisions: &[DomainEvent],
+        cause: Option<&TraceContext>,
+    ) -> Vec<Option<TraceContext>> {
+        let traces: Vec<Option<TraceContext>> = decisions
+            .iter()
+            .map(|decision| {
+                let process = process_of(decision);
+                let parent = process.and_then(|p| self.traces.get(p)).or(cause);
+                let span = tracing::info_span!(
+                    "decision",
+                    otel.name = %format_args!("decide {}", type_name(decision)),
+                    process = process.unwrap_or_default(),
+                );
+                trace::continue_in(&span, parent);
+                let trace = trace::of_span(&span);
+                remember_trace(&mut self.traces, decision, trace.as_ref());
+                trace
+            })
+            .collect();
+        if let Some(Some(last)) = traces.last() {
+            self.cause = Some(last.clone());
+        }
+        traces
     }
 
     /// Appends `decisions` as `actor` wrote them, each with the correlation
-    /// id of the process it is a step of.
-    async fn append_by(&mut self, actor: &str, decisions: &[DomainEvent]) -> Result<(), HostError> {
+    /// id of the process it is a step of and the trace it was decided in.
+    async fn append_by(
+        &mut self,
+        actor: &str,
+        decisions: &[DomainEvent],
+        traces: &[Option<TraceContext>],
+    ) -> Result<(), HostError> {
         if decisions.is_empty() {
             return Ok(());
         }
-        let attributed: Vec<(&DomainEvent, &str)> = decisions
+        for (event, trace) in decisions.iter().zip(traces) {
+            if let Some(trace) = trace {
+                self.aggregates.insert(subject_of(event), trace.clone());
+            }
+        }
+        let attributed: Vec<Attributed> = decisions
             .iter()
-            .map(|d| {
-                let correlation = process_of(d)
+            .zip(traces)
+            .map(|(event, trace)| Attributed {
+                event,
+                correlation_id: process_of(event)
                     .and_then(|p| self.correlations.get(p))
-                    .map_or("", String::as_str);
-                (d, correlation)
+                    .map_or("", String::as_str),
+                trace: trace.clone(),
             })
             .collect();
         let sequences = append_attributed(
@@ -303,6 +382,19 @@ impl<E: EffectExecutor> Host<E> {
         crate::metrics::metrics().appended(self.core.service().as_str(), sequences.len());
         self.own.extend(sequences);
         Ok(())
+    }
+
+    /// The trace an effect is written in: that of its first attempt, else
+    /// the last its object's aggregate was recorded in (the process that
+    /// wants it), else the current input's.
+    fn effect_trace(&self, effect: &Effect) -> Option<&TraceContext> {
+        if let Some(issued) = self.issued.get(effect) {
+            return issued.trace.as_ref();
+        }
+        effect
+            .aggregate()
+            .and_then(|aggregate| self.aggregates.get(&aggregate))
+            .or(self.cause.as_ref())
     }
 
     /// Takes an operator's command; the answer is signed with the service's
@@ -338,7 +430,9 @@ impl<E: EffectExecutor> Host<E> {
         {
             return self.resume(&command, process, from).await;
         }
+        self.cause = trace::current();
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
+        let traces = self.decision_traces(&decisions, trace::current().as_ref());
         for decision in &decisions {
             // None given: each process is its own correlation.
             let own = process_of(decision).unwrap_or_default();
@@ -348,7 +442,7 @@ impl<E: EffectExecutor> Host<E> {
             };
             remember_correlation(&mut self.correlations, decision, correlation);
         }
-        match self.append_by(&actor, &decisions).await {
+        match self.append_by(&actor, &decisions, &traces).await {
             Ok(()) => CommandReply {
                 decisions,
                 ..CommandReply::default()
@@ -423,8 +517,26 @@ impl<E: EffectExecutor> Host<E> {
             tracing::debug!(?effect, "issuing");
         }
         let first = due.iter().filter(|e| !self.issued.contains_key(*e)).count();
+        // Each attempt in a span of the trace of the input that first wanted
+        // the effect.
+        let traced: Vec<(Effect, tracing::Span)> = due
+            .iter()
+            .map(|effect| {
+                let span = tracing::info_span!(
+                    "effect",
+                    otel.name = %format_args!("write {}", effect.kind()),
+                    object = %effect.object(),
+                    otel.status_code = tracing::field::Empty,
+                    error = tracing::field::Empty,
+                );
+                let parent = self.effect_trace(effect);
+                trace::continue_in(&span, parent);
+                (effect.clone(), span)
+            })
+            .collect();
+        let spans: Vec<tracing::Span> = traced.iter().map(|(_, span)| span.clone()).collect();
         let started = now_nanos();
-        let results = self.executor.execute(due.clone()).await;
+        let results = self.executor.execute_in_spans(traced).await;
         let written = Written {
             first,
             started,
@@ -433,17 +545,19 @@ impl<E: EffectExecutor> Host<E> {
         let reissue = self.options.reissue;
         let mut news = Vec::new();
         let service = self.core.service().as_str();
-        for (effect, result) in due.into_iter().zip(results) {
+        for ((effect, result), span) in due.into_iter().zip(results).zip(spans) {
             crate::metrics::metrics().effect(
                 service,
                 effect.kind(),
                 !self.issued.contains_key(&effect),
                 result.as_ref().err().map(E::metric_label),
             );
+            let trace = self.effect_trace(&effect).cloned();
             let issued = self.issued.entry(effect).or_insert_with(|| Issued {
                 at: Instant::now(),
                 pause: reissue,
                 backoff: backoff(reissue),
+                trace,
             });
             issued.at = Instant::now();
             match result {
@@ -458,7 +572,7 @@ impl<E: EffectExecutor> Host<E> {
                     }
                     if let Some(moved) = outcome.group_written {
                         tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
-                        news.push(event(Kind::NodeGroupWritten(moved)));
+                        news.push((event(Kind::NodeGroupWritten(moved)), trace::of_span(&span)));
                     }
                     for block in outcome.blocked {
                         let pod = (block.namespace.clone(), block.pod.clone());
@@ -468,22 +582,27 @@ impl<E: EffectExecutor> Host<E> {
                                 tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
                             }
                             self.blocked.insert(pod, refused.clone());
-                            news.push(refused);
+                            news.push((refused, trace::of_span(&span)));
                         } else {
                             tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
                         }
                     }
                 }
                 Err(err) => {
+                    span.record("otel.status_code", "ERROR");
+                    span.record("error", tracing::field::display(&err));
                     issued.pause = issued.backoff.next().unwrap_or(reissue * 32);
                     tracing::warn!(%err, pause = ?issued.pause, "effect failed; it is issued again later");
                 }
             }
         }
+        let (news, traces): (Vec<DomainEvent>, Vec<Option<TraceContext>>) =
+            news.into_iter().unzip();
         for event in &news {
             self.core.fold(event, now_nanos());
         }
-        self.append(&news).await?;
+        let service = self.core.service();
+        self.append_by(service.as_str(), &news, &traces).await?;
         Ok(written)
     }
 }
@@ -512,6 +631,7 @@ pub async fn run<E: EffectExecutor>(
     let mut last = 0;
     let mut correlations = BTreeMap::new();
     let mut starts = BTreeMap::new();
+    let mut traces = BTreeMap::new();
     let mut blocked = BTreeMap::new();
     let mut passed_over = 0;
     let keyring = options.keyring.clone();
@@ -522,6 +642,7 @@ pub async fn run<E: EffectExecutor>(
                 crate::metrics::metrics().folded(service.as_str());
                 firing(service, &event);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
+                remember_trace(&mut traces, &event, stored.envelope.trace.as_ref());
                 remember_start(&mut starts, &event, stored.sequence);
                 if author(&stored.envelope.actor) == Some(service) {
                     remember_blocked(&mut blocked, &event);
@@ -547,6 +668,9 @@ pub async fn run<E: EffectExecutor>(
         blocked,
         correlations,
         started: starts,
+        traces,
+        aggregates: BTreeMap::new(),
+        cause: None,
     };
     let due = host.core.catch_up(now_nanos());
     if !due.is_empty() {
@@ -591,7 +715,9 @@ pub async fn run<E: EffectExecutor>(
                         None => break,
                     }
                 }
+                host.cause = None;
                 let mut decisions = Vec::new();
+                let mut decision_traces = Vec::new();
                 let mut earliest: Option<i64> = None;
                 for stored in batch {
                     let stored = stored.ok_or(HostError::FollowEnded)??;
@@ -607,7 +733,12 @@ pub async fn run<E: EffectExecutor>(
                             continue;
                         }
                     };
+                    let traced = stored.envelope.trace.as_ref();
+                    if let Some(trace) = traced {
+                        host.aggregates.insert(stored.envelope.subject.clone(), trace.clone());
+                    }
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
+                    remember_trace(&mut host.traces, &event, traced);
                     remember_start(&mut host.started, &event, stored.sequence);
                     crate::metrics::metrics().folded(service.as_str());
                     if author(&stored.envelope.actor) == Some(service) {
@@ -619,16 +750,42 @@ pub async fn run<E: EffectExecutor>(
                     }
                     let recorded = stored.envelope.recorded_at_unix_nanos;
                     earliest = Some(earliest.map_or(recorded, |e| e.min(recorded)));
-                    let decided = host.core.decide(Input::Record(&event), now_nanos());
+                    // A record in a trace is handled in a span of it; a fact
+                    // outside any only if something is decided on it.
+                    let handling = |stored: &StoredEvent| {
+                        let span = tracing::info_span!(
+                            "record",
+                            otel.name = %format_args!("handle {}", stored.envelope.event_type),
+                            sequence = stored.sequence,
+                            subject = stored.envelope.subject,
+                            actor = stored.envelope.actor,
+                        );
+                        trace::continue_in(&span, stored.envelope.trace.as_ref());
+                        span
+                    };
+                    let span = traced.is_some().then(|| handling(&stored));
+                    let decided = match &span {
+                        Some(span) => span.in_scope(|| host.core.decide(Input::Record(&event), now_nanos())),
+                        None => host.core.decide(Input::Record(&event), now_nanos()),
+                    };
+                    let cause = match (&span, decided.is_empty()) {
+                        (Some(span), _) => trace::of_span(span),
+                        (None, false) => trace::of_span(&handling(&stored)),
+                        (None, true) => None,
+                    };
+                    if cause.is_some() {
+                        host.cause = cause.clone();
+                    }
                     // A process this record starts (a wave's handover, the
                     // move after it) belongs to the record's migration.
                     for decision in &decided {
                         remember_correlation(&mut host.correlations, decision, &stored.envelope.correlation_id);
                     }
+                    decision_traces.extend(host.decision_traces(&decided, cause.as_ref()));
                     decisions.extend(decided);
                 }
                 let appending = now_nanos();
-                host.append(&decisions).await?;
+                host.append_by(service.as_str(), &decisions, &decision_traces).await?;
                 let appended = now_nanos();
                 // Records this service wrote itself only: nothing to time
                 // unless effects go out after them.
@@ -643,6 +800,7 @@ pub async fn run<E: EffectExecutor>(
             }
             _ = tick.tick() => {
                 let received = now_nanos();
+                host.cause = None;
                 let decisions = host.core.decide(Input::Tick, now_nanos());
                 let appending = now_nanos();
                 host.append(&decisions).await?;
@@ -666,7 +824,14 @@ pub async fn run<E: EffectExecutor>(
             } => {
                 let received = now_nanos();
                 let answering = Instant::now();
-                let reply = host.command(&request.payload).await;
+                let span = tracing::info_span!(
+                    "command",
+                    otel.name = %format_args!("command {}", commands::name_of(&request.payload)),
+                    %service,
+                );
+                trace::continue_in(&span, trace::from_headers(request.headers.as_ref()).as_ref());
+                host.cause = None;
+                let reply = host.command(&request.payload).instrument(span).await;
                 crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
                 let decisions = reply.decisions.len();
                 if let (Some(to), Some(client)) = (request.reply, &commands) {

@@ -12,8 +12,8 @@
 //!   records in turn; both modes give the same records in the same order, so
 //!   the same log.
 //! - [`connect`]: the flags and connection every service and command shares
-//!   (`--nats-url`, `--nats-creds`, `--stream`), [`health`] for probes and
-//!   [`metrics`] for Prometheus.
+//!   (`--nats-url`, `--nats-creds`, `--stream`), [`health`] for probes,
+//!   [`metrics`] for Prometheus and [`telemetry`] for OpenTelemetry traces.
 
 #![forbid(unsafe_code)]
 
@@ -25,11 +25,13 @@ pub mod health;
 pub mod host;
 pub mod logging;
 pub mod metrics;
+pub mod telemetry;
 
 pub use actors::{Actors, MAX_RESTARTS};
 pub use logging::init_tracing;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
 pub use switchyard_core::{Command, Core, Input, Record, ServiceName};
+pub use telemetry::Telemetry;
 
 /// A copy of one core's state (downcast to the core's type).
 pub type CoreState = Box<dyn std::any::Any + Send>;

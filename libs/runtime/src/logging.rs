@@ -6,18 +6,22 @@
 //! `service`, `target`, `message`, the fields of the spans it happened in
 //! (`node`, `handover_id`, ...) and its own. A warning repeated word for word
 //! is said once: again only after [`REPEAT_WINDOW`] (a client made per
-//! request that warns each time, a retry loop during an outage).
+//! request that warns each time, a retry loop during an outage). A line
+//! logged inside a traced span also has its `trace_id` and `span_id`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::IsTerminal;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use opentelemetry::trace::TraceContextExt;
 use serde_json::{Map, Value};
+use tracing::dispatcher::WeakDispatch;
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::span::Id;
+use tracing::{Dispatch, Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
@@ -25,6 +29,8 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFi
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::telemetry::Telemetry;
 
 /// How long a repeated warning stays quiet.
 pub const REPEAT_WINDOW: Duration = Duration::from_secs(600);
@@ -72,8 +78,10 @@ pub fn log_format(setting: Option<&str>, terminal: bool) -> Result<LogFormat, St
 
 /// Logs of `service` to stderr as described above; `default` is the level
 /// when no variable sets one (`info` for services, `warn` for commands). A
-/// bad filter or format is said on stderr and the default used.
-pub fn init_tracing(service: &'static str, default: &str) {
+/// bad filter or format is said on stderr and the default used. Spans are
+/// traced too ([`crate::telemetry`]): the [`Telemetry`] returned exports
+/// them while it lives, and must be flushed before the process exits.
+pub fn init_tracing(service: &'static str, default: &str) -> Telemetry {
     let var = |name| std::env::var(name).ok();
     let directives = filter_directives(
         var("RUST_LOG").as_deref(),
@@ -90,8 +98,13 @@ pub fn init_tracing(service: &'static str, default: &str) {
             eprintln!("{err}; logging as JSON");
             LogFormat::Json
         });
+    let export = crate::telemetry::export_from(|name| std::env::var(name).ok());
+    let (telemetry, problem) = Telemetry::new(service, &export);
+    // The tracer sees Switchyard's spans whatever the log level; the log
+    // lines go through the filter.
     let registry = tracing_subscriber::registry()
-        .with(filter)
+        .with(telemetry.layer(service))
+        .with(TraceIds::default())
         .with(SaidOnce::default());
     match format {
         LogFormat::Json => registry
@@ -100,17 +113,27 @@ pub fn init_tracing(service: &'static str, default: &str) {
                     .fmt_fields(JsonFields::new())
                     .event_format(JsonLines { service })
                     .with_writer(std::io::stderr)
-                    .with_ansi(false),
+                    .with_ansi(false)
+                    .with_filter(filter),
             )
             .init(),
         LogFormat::Text => registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
-                    .with_ansi(terminal),
+                    .with_ansi(terminal)
+                    .with_filter(filter),
             )
             .init(),
     }
+    match (problem, export) {
+        (Some(problem), _) => tracing::warn!("{problem}"),
+        (None, crate::telemetry::Export::Otlp { endpoint }) => {
+            tracing::info!(endpoint, "exporting traces over OTLP/gRPC")
+        }
+        (None, _) => {}
+    }
+    telemetry
 }
 
 /// One JSON object per event.
@@ -149,7 +172,62 @@ where
             }
         }
         event.record(&mut Fields(&mut line));
+        // The trace the event happened in, to find its spans by.
+        if let Some(scope) = ctx.event_scope()
+            && let Some(ids) = scope
+                .into_iter()
+                .find_map(|span| span.extensions().get::<Ids>().cloned())
+        {
+            line.insert("trace_id".into(), ids.trace_id.into());
+            line.insert("span_id".into(), ids.span_id.into());
+        }
         writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// Keeps the trace and span id the OpenTelemetry layer gave each span, when
+/// it is entered, for the JSON lines logged in it.
+#[derive(Default)]
+pub struct TraceIds {
+    dispatch: OnceLock<WeakDispatch>,
+}
+
+/// A span's ids, as [`TraceIds`] kept them.
+#[derive(Clone)]
+struct Ids {
+    trace_id: String,
+    span_id: String,
+}
+
+impl<S> Layer<S> for TraceIds
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        if span.extensions().get::<Ids>().is_some() {
+            return;
+        }
+        let Some(dispatch) = self.dispatch.get().and_then(WeakDispatch::upgrade) else {
+            return;
+        };
+        let Some(context) = tracing_opentelemetry::get_otel_context(id, &dispatch) else {
+            return;
+        };
+        let otel = context.span();
+        let ids = otel.span_context();
+        if ids.is_valid() {
+            span.extensions_mut().insert(Ids {
+                trace_id: ids.trace_id().to_string(),
+                span_id: ids.span_id().to_string(),
+            });
+        }
     }
 }
 

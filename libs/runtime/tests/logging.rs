@@ -5,7 +5,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use switchyard_runtime::logging::{JsonLines, LogFormat, SaidOnce, filter_directives, log_format};
+use switchyard_runtime::logging::{
+    JsonLines, LogFormat, SaidOnce, TraceIds, filter_directives, log_format,
+};
 use tracing_subscriber::fmt::format::JsonFields;
 use tracing_subscriber::prelude::*;
 
@@ -130,4 +132,57 @@ fn a_warning_repeated_word_for_word_is_said_once() {
             "\"following the log again\" null",
         ]
     );
+}
+
+#[test]
+fn a_line_in_a_traced_span_carries_the_trace_that_the_next_process_continues() {
+    use switchyard_eventlog::trace;
+    use switchyard_runtime::telemetry::{Export, Telemetry};
+
+    let (telemetry, problem) = Telemetry::new("stack-assigner", &Export::None);
+    assert_eq!(problem, None);
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer("stack-assigner"))
+        .with(TraceIds::default())
+        .with(
+            tracing_subscriber::fmt::layer()
+                .fmt_fields(JsonFields::new())
+                .event_format(JsonLines {
+                    service: "stack-assigner",
+                })
+                .with_writer(move || writer.clone())
+                .with_ansi(false),
+        );
+    let (decided, continued) = tracing::subscriber::with_default(subscriber, || {
+        let decision = tracing::info_span!(target: "switchyard_runtime::host", "decision");
+        let decided = trace::of_span(&decision).expect("Switchyard's spans are traced");
+        decision.in_scope(|| tracing::info!(target: "switchyard_runtime::host", "decided"));
+        // What another process does with the record's context.
+        let record = tracing::info_span!(target: "switchyard_runtime::host", "record");
+        trace::continue_in(&record, Some(&decided));
+        let continued = trace::of_span(&record).expect("continued");
+        // A client's own spans (the exporter's gRPC calls among them) are not.
+        let other = tracing::info_span!(target: "tonic::transport", "call");
+        assert_eq!(trace::of_span(&other), None);
+        (decided, continued)
+    });
+    let id = |traceparent: &str| traceparent.split('-').nth(1).unwrap().to_string();
+    let span_id = |traceparent: &str| traceparent.split('-').nth(2).unwrap().to_string();
+    assert_eq!(id(&continued.traceparent), id(&decided.traceparent));
+    assert_ne!(
+        span_id(&continued.traceparent),
+        span_id(&decided.traceparent)
+    );
+    let lines = out.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["trace_id"], id(&decided.traceparent));
+    assert_eq!(lines[0]["span_id"], span_id(&decided.traceparent));
+
+    // Through a NATS message's headers and back.
+    let mut headers = async_nats::HeaderMap::new();
+    trace::insert_headers(&mut headers, Some(&decided));
+    assert_eq!(trace::from_headers(Some(&headers)), Some(decided));
+    assert_eq!(trace::from_headers(None), None);
 }

@@ -9,6 +9,7 @@
 pub mod bins;
 #[cfg(feature = "grpc")]
 pub mod health;
+pub mod jaeger;
 #[cfg(feature = "kube")]
 pub mod kube;
 #[cfg(feature = "kube")]
@@ -112,24 +113,32 @@ pub fn free_port() -> u16 {
 /// closes the connection after the answer); an error if the server does
 /// not answer 200.
 pub async fn scrape(port: u16) -> Result<String, String> {
+    http_get(port, "/metrics").await
+}
+
+/// The body of `GET path` on a loopback port, over HTTP/1.0 (the server
+/// closes the connection after the answer); an error naming the status if
+/// the server does not answer 200.
+pub async fn http_get(port: u16, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
     stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
-        .map_err(|e| format!("ask 127.0.0.1:{port}/metrics: {e}"))?;
-    let mut answer = String::new();
+        .map_err(|e| format!("ask 127.0.0.1:{port}{path}: {e}"))?;
+    let mut answer = Vec::new();
     stream
-        .read_to_string(&mut answer)
+        .read_to_end(&mut answer)
         .await
-        .map_err(|e| format!("read 127.0.0.1:{port}/metrics: {e}"))?;
+        .map_err(|e| format!("read 127.0.0.1:{port}{path}: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
     let (head, body) = answer
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
     if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("/metrics answered {head:?}"));
+        return Err(format!("{path} answered {head:?}"));
     }
     Ok(body.to_string())
 }
@@ -146,6 +155,47 @@ pub fn promtool_binary() -> Result<std::path::PathBuf, String> {
     let path = match std::env::var_os("SWITCHYARD_PROMTOOL") {
         Some(path) => std::path::PathBuf::from(path),
         None => cache_dir().join(format!("promtool/v{PROMTOOL_VERSION}/promtool")),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is missing; {hint}", path.display()))
+    }
+}
+
+/// The Jaeger Go module version the jaeger binary (Jaeger v2) is built from
+/// (`scripts/install-jaeger.sh`); the tests run it with
+/// `tests/fixtures/jaeger.yaml`.
+pub const JAEGER_VERSION: &str = "1.75.0";
+
+/// Finds jaeger: `$SWITCHYARD_JAEGER`, else the pinned build in the cache.
+pub fn jaeger_binary() -> Result<std::path::PathBuf, String> {
+    let hint = format!(
+        "build it with `scripts/install-jaeger.sh` (into ~/.cache/switchyard/jaeger/v{JAEGER_VERSION}) or set SWITCHYARD_JAEGER to a jaeger v2 binary"
+    );
+    let path = match std::env::var_os("SWITCHYARD_JAEGER") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => cache_dir().join(format!("jaeger/v{JAEGER_VERSION}/jaeger")),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is missing; {hint}", path.display()))
+    }
+}
+
+/// The natscli Go module version the `nats` CLI is built from
+/// (`scripts/install-natscli.sh`).
+pub const NATSCLI_VERSION: &str = "0.5.0";
+
+/// Finds the `nats` CLI: `$SWITCHYARD_NATSCLI`, else the pinned build in the cache.
+pub fn natscli_binary() -> Result<std::path::PathBuf, String> {
+    let hint = format!(
+        "build it with `scripts/install-natscli.sh` (into ~/.cache/switchyard/natscli/v{NATSCLI_VERSION}) or set SWITCHYARD_NATSCLI to a nats CLI binary"
+    );
+    let path = match std::env::var_os("SWITCHYARD_NATSCLI") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => cache_dir().join(format!("natscli/v{NATSCLI_VERSION}/nats")),
     };
     if path.is_file() {
         Ok(path)

@@ -167,6 +167,9 @@ pub struct World {
     /// Environment of one service, over `service_env` (its own account's
     /// kubeconfig, say).
     pub env_of: BTreeMap<&'static str, Vec<(String, String)>>,
+    /// Environment of every node agent started from now on (where to send
+    /// traces, say).
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// A bus that asks for credentials: the server's `authorization`, the seed
@@ -247,6 +250,7 @@ impl World {
             binary,
             service_env: Vec::new(),
             env_of: BTreeMap::new(),
+            agent_env: Vec::new(),
         }
     }
 
@@ -560,6 +564,7 @@ fn spawn_node_agent(world: &World, node: &str, dir: &Path) -> std::process::Chil
         .env("KUBECONFIG", world.plane.kubeconfig())
         .env("SWITCHYARD_LOG_LEVEL", "info")
         .env("SWITCHYARD_LOG_FORMAT", "text")
+        .envs(world.agent_env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -688,6 +693,8 @@ pub struct ClusterOptions<'a> {
     pub binary: Locate,
     /// Environment of every service (its flags), over the harness's.
     pub service_env: Vec<(String, String)>,
+    /// Environment of every node agent, over the harness's.
+    pub agent_env: Vec<(String, String)>,
     /// The module's version before an upgrade to this one, if it was
     /// upgraded (the upgrade hold).
     pub previous_version: Option<&'a str>,
@@ -775,6 +782,7 @@ impl MigrationCluster {
         )
         .await;
         world.service_env = options.service_env;
+        world.agent_env = options.agent_env;
         let server = world.plane.url();
         let toxiproxy = (!options.toxics.is_empty()).then(|| {
             let proxy = crate::toxiproxy::Toxiproxy::start();

@@ -422,7 +422,9 @@ fn passed_over(metrics: &str, service: &str, reason: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-fn cli_command(
+/// `switchyard` with `args` as the operator `ops@example.com`, on the bus
+/// at `nats` and the cluster of `kubeconfig`; not started.
+pub fn cli_command(
     cli: &Path,
     nats: &str,
     kubeconfig: &Path,
@@ -778,6 +780,7 @@ pub async fn run(options: Options<'_>) -> Report {
         gpus_per_node: 8,
         binary,
         service_env: Vec::new(),
+        agent_env: Vec::new(),
         previous_version: None,
         toxics,
         flow_shares,

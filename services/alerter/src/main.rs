@@ -13,8 +13,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing("alerter", "info");
-    match switchyard_alerter::run(Cli::parse().args).await {
+    let telemetry = switchyard_runtime::init_tracing("alerter", "info");
+    let result = switchyard_alerter::run(Cli::parse().args).await;
+    telemetry.flush().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");

@@ -17,8 +17,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing("claim-allocator", "info");
-    match switchyard_claim_allocator::run(Cli::parse().args).await {
+    let telemetry = switchyard_runtime::init_tracing("claim-allocator", "info");
+    let result = switchyard_claim_allocator::run(Cli::parse().args).await;
+    telemetry.flush().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");

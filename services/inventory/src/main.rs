@@ -17,8 +17,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing("inventory", "info");
-    match switchyard_inventory::run(Cli::parse().args).await {
+    let telemetry = switchyard_runtime::init_tracing("inventory", "info");
+    let result = switchyard_inventory::run(Cli::parse().args).await;
+    telemetry.flush().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");

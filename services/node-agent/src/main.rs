@@ -33,10 +33,17 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Discover(args) => discover::discover(args),
         Command::Serve(args) => {
-            switchyard_runtime::init_tracing("node-agent", "info");
             tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)
-                .and_then(|rt| Ok(rt.block_on(switchyard_node_agent::serve(args))?))
+                .and_then(|rt| {
+                    Ok(rt.block_on(async {
+                        // In the runtime: traces are exported from a task of it.
+                        let telemetry = switchyard_runtime::init_tracing("node-agent", "info");
+                        let served = switchyard_node_agent::serve(args).await;
+                        telemetry.flush().await;
+                        served
+                    })?)
+                })
                 .map(|()| ExitCode::SUCCESS)
         }
     };

@@ -16,6 +16,7 @@ use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, Outcome};
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
+    TRACEPARENT_ANNOTATION,
 };
 use switchyard_kube::write::{Edge, EdgeError, Writer, Writes, label_diff, not_owned, selects};
 use switchyard_proto::v1::{EvictionBlocked, NodeGroupWritten, Taint};
@@ -122,7 +123,10 @@ impl StackAssignerWrites {
             .await
     }
 
+    /// The stack label, with the trace it is written in (the node agent's
+    /// switch continues it).
     async fn apply_stack_label(&self, node: &str, stack: &str) -> Result<Outcome, EdgeError> {
+        let trace = switchyard_eventlog::trace::current();
         self.writer
             .apply_node(
                 node,
@@ -130,6 +134,12 @@ impl StackAssignerWrites {
                     owned
                         .labels
                         .insert(GPU_STACK_LABEL.to_string(), stack.to_string());
+                    if let Some(trace) = &trace {
+                        owned.annotations.insert(
+                            TRACEPARENT_ANNOTATION.to_string(),
+                            trace.traceparent.clone(),
+                        );
+                    }
                 },
                 |n| n.labels().get(GPU_STACK_LABEL).map(String::as_str) == Some(stack),
             )

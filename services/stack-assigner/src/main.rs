@@ -17,8 +17,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    switchyard_runtime::init_tracing("stack-assigner", "info");
-    match switchyard_stack_assigner::run(Cli::parse().args).await {
+    let telemetry = switchyard_runtime::init_tracing("stack-assigner", "info");
+    let result = switchyard_stack_assigner::run(Cli::parse().args).await;
+    telemetry.flush().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");

@@ -34,8 +34,10 @@ use clap::Parser;
 async fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     let (service, level) = cli.logging();
-    switchyard_runtime::init_tracing(service, level);
-    match cli.run().await {
+    let telemetry = switchyard_runtime::init_tracing(service, level);
+    let result = cli.run().await;
+    telemetry.flush().await;
+    match result {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

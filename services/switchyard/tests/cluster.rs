@@ -774,7 +774,7 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
         thief.as_ref(),
         "inventory",
         "inventory",
-        &[(&forged, "")],
+        &[switchyard_eventlog::Attributed::fact(&forged)],
         switchyard_eventlog::now_nanos(),
     )
     .await

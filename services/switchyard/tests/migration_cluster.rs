@@ -92,6 +92,7 @@ async fn cluster_with(
         gpus_per_node: 8,
         binary: switchyard_testkit::bins::binary,
         service_env: Vec::new(),
+        agent_env: Vec::new(),
         previous_version,
         toxics,
         flow_shares,

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use switchyard_eventlog::{append_attributed, now_nanos};
+use switchyard_eventlog::{Attributed, append_attributed, now_nanos};
 use switchyard_proto::v1::{DomainEvent, ModuleSettingsObserved, NodeObserved, domain_event::Kind};
 use switchyard_testkit::nats::{NatsOptions, NatsServer};
 use tokio::sync::mpsc;
@@ -42,7 +42,7 @@ async fn inventory_appends(
         log.as_ref(),
         "inventory",
         "inventory",
-        &[(&node("n1"), "")],
+        &[Attributed::fact(&node("n1"))],
         now_nanos(),
     )
     .await
@@ -233,7 +233,7 @@ async fn each_identity_does_what_its_role_needs_and_nothing_else() {
             log.as_ref(),
             "stack-assigner",
             actor,
-            &[(&settings, "")],
+            &[Attributed::fact(&settings)],
             now_nanos(),
         )
         .await

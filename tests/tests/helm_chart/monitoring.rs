@@ -76,3 +76,68 @@ fn the_pod_monitor_scrapes_every_pod_with_metrics() {
         "the five services and the node agent: {selected:?}"
     );
 }
+
+/// The `env` of every container of the chart's Deployments and DaemonSets,
+/// by container name: (name, value) pairs.
+fn container_env(docs: &[Value]) -> Vec<(String, Vec<(String, String)>)> {
+    docs.iter()
+        .filter(|doc| matches!(kind(doc), "Deployment" | "DaemonSet"))
+        .flat_map(|doc| {
+            doc["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|container| {
+            let env = container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    (
+                        e["name"].as_str().unwrap_or_default().to_string(),
+                        e["value"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect();
+            (
+                container["name"].as_str().unwrap_or_default().to_string(),
+                env,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn traces_go_to_the_collector_named_in_values_and_nowhere_by_default() {
+    const AGENT: &str = "nodeAgent.enabled=true";
+    let quiet = container_env(&render(&[NATS_URL, AGENT]));
+    assert_eq!(
+        quiet.len(),
+        6,
+        "five services and the node agent: {quiet:?}"
+    );
+    for (container, env) in &quiet {
+        assert!(
+            env.iter().all(|(name, _)| !name.starts_with("OTEL_")),
+            "{container} exports traces by default: {env:?}"
+        );
+    }
+    let endpoint = "http://otel-collector.monitoring:4317";
+    let set = format!("tracing.otlpEndpoint={endpoint}");
+    let traced = container_env(&render(&[NATS_URL, AGENT, &set]));
+    assert_eq!(traced.len(), 6);
+    for (container, env) in &traced {
+        assert!(
+            env.contains(&("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint.into())),
+            "{container}: {env:?}"
+        );
+    }
+    let refused = crate::support::template(&[NATS_URL, "tracing.otlpEndpoint=collector:4317"]);
+    assert!(!refused.ok, "an endpoint without http:// rendered");
+    assert!(
+        refused.stderr.contains("otlpEndpoint"),
+        "{}",
+        refused.stderr
+    );
+}

@@ -147,6 +147,10 @@ containers:
         value: {{ $root.Values.logLevel | quote }}
       - name: SWITCHYARD_LOG_FORMAT
         value: {{ $root.Values.logFormat | quote }}
+      {{- with $root.Values.tracing.otlpEndpoint }}
+      - name: OTEL_EXPORTER_OTLP_ENDPOINT
+        value: {{ . | quote }}
+      {{- end }}
       {{- if $nodeAgent }}
       - name: NODE_NAME
         valueFrom:
