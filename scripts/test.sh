@@ -17,6 +17,7 @@ scripts/install-toxiproxy.sh
 scripts/install-promtool.sh
 scripts/install-jaeger.sh
 scripts/install-natscli.sh
+scripts/install-nats-py.sh
 scripts/install-image-tools.sh
 scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

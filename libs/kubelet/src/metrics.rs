@@ -9,7 +9,10 @@
 //! - `switchyard_node_agent_claim_seconds{operation}`: how long preparing or
 //!   unpreparing one claim took (`prepare`, `unprepare`), a histogram;
 //! - `switchyard_node_agent_claim_errors_total{operation}`: claims whose
-//!   preparation or unpreparation kubelet was answered with an error.
+//!   preparation or unpreparation kubelet was answered with an error;
+//! - `switchyard_node_agent_gpu_healthy{uuid, index}`: per GPU of the node, 1
+//!   healthy, 0 not (what the device plugin lists and the DRA devices'
+//!   taint follow).
 
 use std::sync::LazyLock;
 
@@ -36,6 +39,12 @@ struct OperationLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    uuid: String,
+    index: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StackLabel {
     stack: &'static str,
 }
@@ -45,6 +54,7 @@ struct AgentMetrics {
     prepared: Gauge,
     seconds: Family<OperationLabel, Histogram>,
     errors: Family<OperationLabel, Counter>,
+    healthy: Family<GpuLabels, Gauge>,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(|| AgentMetrics {
@@ -53,6 +63,7 @@ static METRICS: LazyLock<AgentMetrics> = LazyLock::new(|| AgentMetrics {
     // 1 ms to about 4 s.
     seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 13))),
     errors: Family::default(),
+    healthy: Family::default(),
 });
 
 /// Registers the node agent's series in `registry` (prefixed `switchyard`).
@@ -79,6 +90,25 @@ pub fn register(registry: &mut Registry) {
         "Claims whose preparation or unpreparation failed, by operation",
         m.errors.clone(),
     );
+    agent.register(
+        "gpu_healthy",
+        "Per GPU of the node: 1 healthy, 0 unhealthy",
+        m.healthy.clone(),
+    );
+}
+
+/// The node's GPUs and their health, now.
+pub fn gpus(gpus: &[switchyard_gpu::Gpu]) {
+    METRICS.healthy.clear();
+    for gpu in gpus {
+        METRICS
+            .healthy
+            .get_or_create(&GpuLabels {
+                uuid: gpu.uuid.clone(),
+                index: gpu.index,
+            })
+            .set(i64::from(gpu.healthy));
+    }
 }
 
 /// The agent serves `stack` now (`None`: none).

@@ -268,6 +268,7 @@ pub async fn serve_node(
         .await
         .map_err(RunError::MachineTask)?
         .map_err(RunError::Machine)?;
+    crate::metrics::gpus(&machine.gpus);
     // The reports are inventory's; serving the stack does not wait for them.
     let mut reported = match report(&client, &args.node, &machine).await {
         Ok(reported) => reported,
@@ -362,6 +363,7 @@ pub async fn serve_node(
                     // Another error on a card already marked: nothing changes.
                     continue;
                 }
+                crate::metrics::gpus(&machine.gpus);
                 if let Err(e) = agent.update(machine.clone()).await {
                     tracing::warn!(error = %e, "publishing the health change");
                 }

@@ -175,6 +175,36 @@ fn kinds_name_their_cloudevent_type() {
     }
 }
 
+/// The schemas published with the docs are the ones the protos give now:
+/// `switchyard log schemas --out docs/integrations/schemas` writes them.
+#[test]
+fn the_schemas_in_the_docs_are_the_protos_schemas() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/integrations/schemas");
+    let regenerate = "run `switchyard log schemas --out docs/integrations/schemas`";
+    let mut expected = BTreeSet::new();
+    for (_, cloudevent_type, _) in EVENT_TYPES {
+        let file = format!("{cloudevent_type}.json");
+        let written = std::fs::read_to_string(dir.join(&file))
+            .unwrap_or_else(|e| panic!("docs/integrations/schemas/{file}: {e}: {regenerate}"));
+        let schema = event_schema(cloudevent_type).expect("a schema per type");
+        assert_eq!(
+            written,
+            serde_json::to_string_pretty(&schema).unwrap() + "\n",
+            "docs/integrations/schemas/{file} differs from the protos: {regenerate}"
+        );
+        expected.insert(file);
+    }
+    let present: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        present, expected,
+        "docs/integrations/schemas holds a file of no event type: {regenerate}"
+    );
+}
+
 #[test]
 fn every_event_type_has_a_schema_of_its_message() {
     for (type_name, cloudevent_type, message) in EVENT_TYPES {

@@ -618,6 +618,35 @@ struct Written {
 
 /// Runs a service until the log fails: rebuilt from `log`, its effects
 /// executed by `executor`, operator commands taken on `commands` if given.
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a service asks where the log ends, for its lag.
+const LOG_HEAD_EVERY: Duration = Duration::from_secs(5);
+
+/// Asks every [`LOG_HEAD_EVERY`] where the log ends, for the service's
+/// `switchyard_log_head_sequence` and `switchyard_log_lag_records`, until
+/// the returned guard is dropped. A failed question is asked again later.
+fn watch_log_head(service: ServiceName, log: Arc<dyn EventLog>) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let mut every = tokio::time::interval(LOG_HEAD_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match log.last_sequence(None).await {
+                Ok(head) => crate::metrics::metrics().log_head(service.as_str(), head),
+                Err(err) => tracing::debug!(%err, "could not ask where the log ends"),
+            }
+        }
+    }))
+}
+
 pub async fn run<E: EffectExecutor>(
     mut core: Box<dyn Core>,
     log: Arc<dyn EventLog>,
@@ -628,6 +657,7 @@ pub async fn run<E: EffectExecutor>(
 ) -> Result<(), HostError> {
     let started = Instant::now();
     let service = core.service();
+    let _head = watch_log_head(service, log.clone());
     let mut last = 0;
     let mut correlations = BTreeMap::new();
     let mut starts = BTreeMap::new();

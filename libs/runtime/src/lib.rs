@@ -19,6 +19,7 @@
 
 mod actors;
 pub mod authorship;
+pub mod cloudevents;
 pub mod commands;
 pub mod connect;
 pub mod health;

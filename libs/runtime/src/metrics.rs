@@ -18,6 +18,10 @@
 //!   appended (its decisions, or inventory's facts).
 //! - `switchyard_log_sequence{service}`: the sequence of the last record the
 //!   service read from the log (inventory: the last it appended).
+//! - `switchyard_log_head_sequence{service}`: the log's last sequence, as
+//!   the service last asked (every 5 s), and `switchyard_log_lag_records{service}`:
+//!   how far behind it the service has read (the chart's
+//!   `D8GpuMigrationLogLagging` fires on a lag that does not shrink);
 //! - `switchyard_effects_issued_total{service, effect, attempt}`: effects
 //!   handed to the service's writers (`Cordon`, `SetPlacement`, ...), the
 //!   `first` time or `again` (after a failure, or still wanted after the
@@ -100,6 +104,8 @@ pub struct Metrics {
     folded: Family<ServiceLabel, Counter>,
     appended: Family<ServiceLabel, Counter>,
     sequence: Family<ServiceLabel, Gauge>,
+    head: Family<ServiceLabel, Gauge>,
+    lag: Family<ServiceLabel, Gauge>,
     alerts: Family<Vec<(String, String)>, Gauge>,
     effects: Family<EffectLabels, Counter>,
     failed: Family<FailedLabels, Counter>,
@@ -140,6 +146,18 @@ impl Metrics {
             "Sequence of the last record the service read from the log (inventory: the last it appended)",
             sequence.clone(),
         );
+        let head = Family::<ServiceLabel, Gauge>::default();
+        registry.register(
+            "log_head_sequence",
+            "The log's last sequence, as the service last asked",
+            head.clone(),
+        );
+        let lag = Family::<ServiceLabel, Gauge>::default();
+        registry.register(
+            "log_lag_records",
+            "Records appended to the log that the service has not read yet (head minus read)",
+            lag.clone(),
+        );
         let alerts = Family::<Vec<(String, String)>, Gauge>::default();
         registry.register(
             "alert_firing",
@@ -173,6 +191,8 @@ impl Metrics {
             folded,
             appended,
             sequence,
+            head,
+            lag,
             alerts,
             effects,
             failed,
@@ -259,9 +279,20 @@ impl Metrics {
 
     /// `service` has read the log up to `sequence`.
     pub fn read_up_to(&self, service: &'static str, sequence: u64) {
-        self.sequence
-            .get_or_create(&ServiceLabel { service })
-            .set(i64::try_from(sequence).unwrap_or(i64::MAX));
+        let label = ServiceLabel { service };
+        let read = i64::try_from(sequence).unwrap_or(i64::MAX);
+        self.sequence.get_or_create(&label).set(read);
+        let head = self.head.get_or_create(&label).get();
+        self.lag.get_or_create(&label).set((head - read).max(0));
+    }
+
+    /// The log ends at `head`, as `service` asked it.
+    pub fn log_head(&self, service: &'static str, head: u64) {
+        let label = ServiceLabel { service };
+        let head = i64::try_from(head).unwrap_or(i64::MAX);
+        self.head.get_or_create(&label).set(head);
+        let read = self.sequence.get_or_create(&label).get();
+        self.lag.get_or_create(&label).set((head - read).max(0));
     }
 
     /// Adds another part's series (the node agent's) to the registry.

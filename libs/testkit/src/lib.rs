@@ -147,20 +147,30 @@ pub async fn http_get(port: u16, path: &str) -> Result<String, String> {
 /// 3.16.0; `scripts/install-promtool.sh`).
 pub const PROMTOOL_VERSION: &str = "0.316.0";
 
-/// Finds promtool: `$SWITCHYARD_PROMTOOL`, else the pinned build in the cache.
-pub fn promtool_binary() -> Result<std::path::PathBuf, String> {
-    let hint = format!(
-        "build it with `scripts/install-promtool.sh` (into ~/.cache/switchyard/promtool/v{PROMTOOL_VERSION}) or set SWITCHYARD_PROMTOOL to a promtool binary"
-    );
-    let path = match std::env::var_os("SWITCHYARD_PROMTOOL") {
+/// A tool an install script put in the cache: `$<variable>` if set, else
+/// `<cache>/<in_cache>`; an error naming the script when it is missing.
+fn cached_tool(variable: &str, in_cache: &str, script: &str) -> Result<std::path::PathBuf, String> {
+    let path = match std::env::var_os(variable) {
         Some(path) => std::path::PathBuf::from(path),
-        None => cache_dir().join(format!("promtool/v{PROMTOOL_VERSION}/promtool")),
+        None => cache_dir().join(in_cache),
     };
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!("{} is missing; {hint}", path.display()))
+        Err(format!(
+            "{} is missing; install it with `scripts/{script}` (into ~/.cache/switchyard/{in_cache}) or set {variable}",
+            path.display()
+        ))
     }
+}
+
+/// Finds promtool: `$SWITCHYARD_PROMTOOL`, else the pinned build in the cache.
+pub fn promtool_binary() -> Result<std::path::PathBuf, String> {
+    cached_tool(
+        "SWITCHYARD_PROMTOOL",
+        &format!("promtool/v{PROMTOOL_VERSION}/promtool"),
+        "install-promtool.sh",
+    )
 }
 
 /// The Jaeger Go module version the jaeger binary (Jaeger v2) is built from
@@ -170,38 +180,39 @@ pub const JAEGER_VERSION: &str = "1.75.0";
 
 /// Finds jaeger: `$SWITCHYARD_JAEGER`, else the pinned build in the cache.
 pub fn jaeger_binary() -> Result<std::path::PathBuf, String> {
-    let hint = format!(
-        "build it with `scripts/install-jaeger.sh` (into ~/.cache/switchyard/jaeger/v{JAEGER_VERSION}) or set SWITCHYARD_JAEGER to a jaeger v2 binary"
-    );
-    let path = match std::env::var_os("SWITCHYARD_JAEGER") {
-        Some(path) => std::path::PathBuf::from(path),
-        None => cache_dir().join(format!("jaeger/v{JAEGER_VERSION}/jaeger")),
-    };
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{} is missing; {hint}", path.display()))
-    }
+    cached_tool(
+        "SWITCHYARD_JAEGER",
+        &format!("jaeger/v{JAEGER_VERSION}/jaeger"),
+        "install-jaeger.sh",
+    )
 }
 
 /// The natscli Go module version the `nats` CLI is built from
 /// (`scripts/install-natscli.sh`).
 pub const NATSCLI_VERSION: &str = "0.5.0";
 
-/// Finds the `nats` CLI: `$SWITCHYARD_NATSCLI`, else the pinned build in the cache.
+/// Finds the stock `nats` CLI: `$SWITCHYARD_NATSCLI`, else the pinned build
+/// in the cache.
 pub fn natscli_binary() -> Result<std::path::PathBuf, String> {
-    let hint = format!(
-        "build it with `scripts/install-natscli.sh` (into ~/.cache/switchyard/natscli/v{NATSCLI_VERSION}) or set SWITCHYARD_NATSCLI to a nats CLI binary"
-    );
-    let path = match std::env::var_os("SWITCHYARD_NATSCLI") {
-        Some(path) => std::path::PathBuf::from(path),
-        None => cache_dir().join(format!("natscli/v{NATSCLI_VERSION}/nats")),
-    };
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{} is missing; {hint}", path.display()))
-    }
+    cached_tool(
+        "SWITCHYARD_NATSCLI",
+        &format!("natscli/v{NATSCLI_VERSION}/nats"),
+        "install-natscli.sh",
+    )
+}
+
+/// The nats-py version the Python example is run with
+/// (`scripts/install-nats-py.sh`).
+pub const NATS_PY_VERSION: &str = "2.16.0";
+
+/// Finds the Python of the virtual environment with nats-py:
+/// `$SWITCHYARD_NATS_PY`, else the one in the cache.
+pub fn nats_py_python() -> Result<std::path::PathBuf, String> {
+    cached_tool(
+        "SWITCHYARD_NATS_PY",
+        &format!("python/nats-py-{NATS_PY_VERSION}/bin/python"),
+        "install-nats-py.sh",
+    )
 }
 
 /// The path of a reference program of `tools/` (`name`), built and cached by

@@ -194,6 +194,7 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
     let kubelet_dir = dir.path().join("kubelet");
     let kubelet = switchyard_kubelet::fake::Kubelet::default();
     kubelet.serve(&kubelet_dir).unwrap();
+    let metrics = switchyard_testkit::free_port();
     let _agent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
             .args(["serve", "--node", "gpu-1", "--gpu-source"])
@@ -202,6 +203,7 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
             .arg(&kubelet_dir)
             .arg("--cdi-dir")
             .arg(dir.path().join("cdi"))
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
             .env("KUBECONFIG", plane.kubeconfig())
             .spawn()
             .expect("start the agent"),
@@ -209,6 +211,20 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let gpus: Api<switchyard_api::PhysicalGPU> = Api::all(client.clone());
     let uuid = "GPU-4fd41caf-a865-554f-8d72-20a7114d272f";
+    // The card's health on the agent's /metrics: 1, 0, or no series.
+    let health = || async move {
+        let body = switchyard_testkit::scrape(metrics).await.ok()?;
+        let cards = body
+            .lines()
+            .filter(|l| l.starts_with("switchyard_node_agent_gpu_healthy{"))
+            .count();
+        let line = body.lines().find(|l| {
+            l.starts_with(&format!(
+                "switchyard_node_agent_gpu_healthy{{uuid=\"{uuid}\",index=\"2\"}} "
+            ))
+        })?;
+        (cards == 8).then(|| line.ends_with(" 1"))
+    };
     // The card's device in the node's slice: whether it carries the taint.
     let tainted = || {
         let slices = slices.clone();
@@ -240,7 +256,9 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
         "DRA served, the card healthy",
         Duration::from_secs(30),
         || async {
-            tainted().await == Some(false) && phase().await == Some(switchyard_api::GpuPhase::Ready)
+            tainted().await == Some(false)
+                && phase().await == Some(switchyard_api::GpuPhase::Ready)
+                && health().await == Some(true)
         },
     )
     .await
@@ -249,11 +267,12 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
     // The card turns unhealthy in the fixture, as an XID would make it.
     write_fixture(&fixture, 2, false);
     eventually(
-        "the card's device tainted, its PhysicalGPU Failed, a Warning recorded",
+        "the card's device tainted, its PhysicalGPU Failed, /metrics 0, a Warning recorded",
         Duration::from_secs(30),
         || async {
             tainted().await == Some(true)
                 && phase().await == Some(switchyard_api::GpuPhase::Failed)
+                && health().await == Some(false)
                 && events_with_reason(&client, "GpuHealthChanged")
                     .await
                     .iter()
@@ -287,6 +306,7 @@ async fn health_changes_and_refused_switches_are_recorded_as_events() {
         || async {
             tainted().await == Some(false)
                 && phase().await == Some(switchyard_api::GpuPhase::Ready)
+                && health().await == Some(true)
                 && events_with_reason(&client, "GpuHealthChanged")
                     .await
                     .iter()

@@ -120,6 +120,9 @@ impl Cli {
             Command::Log(crate::log_cmd::LogCommand::Init(args)) => {
                 crate::log_cmd::init(args).await
             }
+            Command::Log(crate::log_cmd::LogCommand::Schemas(args)) => {
+                crate::log_cmd::schemas(args)
+            }
             Command::Keys(command) => crate::keys_cmd::run(command),
         }
     }

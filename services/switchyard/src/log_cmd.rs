@@ -29,12 +29,27 @@ pub enum LogCommand {
     /// start (they never create it: a log deleted or replaced must not
     /// silently start over empty). An existing stream is checked instead.
     Init(InitArgs),
+    /// The JSON Schema of each CloudEvent type's `data` (the services
+    /// publish every record on `switchyard.events.<noun>.<verb>`): one file
+    /// per type, `<type>.json`, into a directory, or all as one JSON object
+    /// keyed by type.
+    Schemas(SchemasArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SchemasArgs {
+    /// Write `<type>.json` per CloudEvent type into this directory (e.g.
+    /// docs/integrations/schemas).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub struct InitArgs {
     #[command(flatten)]
     pub nats: switchyard_runtime::connect::NatsArgs,
+    #[command(flatten)]
+    pub events: switchyard_runtime::cloudevents::EventsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -255,8 +270,18 @@ pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
         .get_stream(&stream.stream)
         .await
         .is_ok();
-    let log = stream.open(client, true).await?;
+    let log = stream.open(client.clone(), true).await?;
     let last = log.last_sequence(None).await?;
+    if !args.events.events_prefix.is_empty() {
+        let js = async_nats::jetstream::new(client);
+        switchyard_runtime::cloudevents::ensure_stream(&js, &args.events).await?;
+        println!(
+            "stream {} keeps the log's CloudEvents on {}.> for {}",
+            args.events.events_stream,
+            args.events.events_prefix,
+            humantime::format_duration(args.events.events_max_age)
+        );
+    }
     if existed {
         println!(
             "stream {} exists and is configured as the log must be ({} records)",
@@ -322,4 +347,30 @@ fn print_report(report: &VerifyReport, output: Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `switchyard log schemas`: every event type's schema, from the compiled
+/// protos — the same that `dataschema` of each CloudEvent names.
+pub fn schemas(args: SchemasArgs) -> anyhow::Result<ExitCode> {
+    let mut all = serde_json::Map::new();
+    for (_, ce_type, _) in switchyard_proto::v1::EVENT_TYPES {
+        let schema = switchyard_proto::schema::event_schema(ce_type)
+            .with_context(|| format!("no schema for the event type {ce_type}"))?;
+        match &args.out {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("create {}", dir.display()))?;
+                let path = dir.join(format!("{ce_type}.json"));
+                std::fs::write(&path, serde_json::to_string_pretty(&schema)? + "\n")
+                    .with_context(|| format!("write {}", path.display()))?;
+            }
+            None => {
+                all.insert(ce_type.to_string(), schema);
+            }
+        }
+    }
+    if args.out.is_none() {
+        crate::output::write_stdout(&(serde_json::to_string_pretty(&all)? + "\n"))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -206,17 +206,26 @@ async fn the_upgrade_hold_survives_restarts() {
     let alerter_env = [("SWITCHYARD_METRICS_LISTEN", listen.as_str())];
     const FIRING: &str =
         r#"switchyard_alert_firing{alert="D8GpuNodeGroupHeldOnDra",node_group="gpu-legacy"} 1"#;
+    // With the state it folded from the log: the group held, its node on
+    // DRA with no handover, and how far behind the log the alerter is.
+    const HELD: &str = r#"switchyard_node_group_held_on_dra{node_group="gpu-legacy"} 1"#;
+    const NODE: &str = r#"switchyard_gpu_node{node="legacy-1",node_group="gpu-legacy",stack="dra",handover_step="none",stack_reason="held_on_dra"} 1"#;
     let firing = || async {
-        switchyard_testkit::scrape(port)
-            .await
-            .is_ok_and(|text| text.lines().any(|l| l == FIRING))
+        switchyard_testkit::scrape(port).await.is_ok_and(|text| {
+            [FIRING, HELD, NODE]
+                .iter()
+                .all(|line| text.lines().any(|l| l == *line))
+                && text
+                    .lines()
+                    .any(|l| l.starts_with(r#"switchyard_log_lag_records{service="alerter"} "#))
+        })
     };
     for run in ["first", "restarted"] {
         world.stop("alerter");
         world.serve_with_env("alerter", &alerter_env);
         world
             .until(
-                &format!("the {run} alerter's /metrics to show the hold firing"),
+                &format!("the {run} alerter's /metrics to show the hold firing, the group held and its node"),
                 firing,
             )
             .await;
@@ -242,12 +251,17 @@ async fn the_upgrade_hold_survives_restarts() {
         world.labels("legacy-1").await,
         map(&[(GROUP, "gpu-legacy"), (STACK, "dra")])
     );
-    // The alert clears, and its series goes.
+    // The alert clears, and its series goes, as does the hold's.
     world
         .until("the alerter's /metrics to drop the hold", || async {
-            switchyard_testkit::scrape(port)
-                .await
-                .is_ok_and(|text| text.contains("# EOF") && !text.contains("gpu-legacy"))
+            switchyard_testkit::scrape(port).await.is_ok_and(|text| {
+                text.contains("# EOF")
+                    && !text.lines().any(|l| {
+                        (l.starts_with("switchyard_alert_firing{")
+                            || l.starts_with("switchyard_node_group_held_on_dra{"))
+                            && l.contains("gpu-legacy")
+                    })
+            })
         })
         .await;
 }

@@ -5,13 +5,15 @@
 //! the chart's admission policy that keeps it to its own node; DRA admin
 //! access only in the namespaces the chart's other policy allows.
 //! Its alert rules pass promtool's checks and tests; its PodMonitor scrapes
-//! every pod that serves metrics.
+//! every pod that serves metrics; its Grafana dashboards' queries are PromQL
+//! that promtool accepts, over series the services expose.
 //!
 //! helm comes from `scripts/install-helm.sh`, the control plane from
 //! `scripts/control-plane.sh`; a missing one fails the test saying so.
 
 mod admin_access;
 mod alerts;
+mod dashboards;
 mod least_privilege;
 mod monitoring;
 mod rbac;

@@ -272,9 +272,12 @@ NKey user per key of security.*, each allowed exactly what its role needs.
 - A service appends records (`switchyard.log.>`), takes its own commands
   (`switchyard.cmd.<service>`) and answers them (allow_responses: only to the
   requests it received).
-- An operator sends commands (`switchyard.cmd.*`).
-- log-init creates the stream.
-Nobody may update, delete or purge the stream, or create another.
+- An operator sends commands (`switchyard.cmd.*`) and reads the CloudEvents
+  (`switchyard.events.>`, live or from the stream SWITCHYARD_EVENTS).
+- The alerter publishes the CloudEvents (`switchyard.events.>`) and reads
+  where their stream ends.
+- log-init creates the two streams.
+Nobody may update, delete or purge a stream, or create another.
 */}}
 {{/* A list of subjects as the server's configuration spells it: ["a", "b"] (toJson would escape ">"). */}}
 {{- define "switchyard.natsList" -}}
@@ -284,6 +287,8 @@ Nobody may update, delete or purge the stream, or create another.
 {{- define "switchyard.natsAuthorization" -}}
 {{- $security := .Values.security }}
 {{- $stream := .Values.nats.stream }}
+{{- $events := "SWITCHYARD_EVENTS" }}
+{{- $readEvents := list (printf "$JS.API.STREAM.INFO.%s" $events) (printf "$JS.API.STREAM.MSG.GET.%s" $events) (printf "$JS.API.CONSUMER.CREATE.%s" $events) (printf "$JS.API.CONSUMER.CREATE.%s.>" $events) (printf "$JS.API.CONSUMER.INFO.%s.>" $events) (printf "$JS.API.CONSUMER.DELETE.%s.>" $events) (printf "$JS.API.CONSUMER.MSG.NEXT.%s.>" $events) (printf "$JS.ACK.%s.>" $events) (printf "$JS.FC.%s.>" $events) }}
 {{- $read := list (printf "$JS.API.STREAM.INFO.%s" $stream) (printf "$JS.API.DIRECT.GET.%s" $stream) (printf "$JS.API.DIRECT.GET.%s.>" $stream) (printf "$JS.API.STREAM.MSG.GET.%s" $stream) (printf "$JS.API.CONSUMER.CREATE.%s" $stream) (printf "$JS.API.CONSUMER.CREATE.%s.>" $stream) (printf "$JS.API.CONSUMER.INFO.%s.>" $stream) (printf "$JS.API.CONSUMER.DELETE.%s.>" $stream) (printf "$JS.API.CONSUMER.MSG.NEXT.%s.>" $stream) (printf "$JS.ACK.%s.>" $stream) (printf "$JS.FC.%s.>" $stream) }}
 authorization {
   users = [
@@ -294,7 +299,11 @@ authorization {
 {{- end }}
 {{- range $key := $keys }}
     # {{ $service }}
-    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (append $read "switchyard.log.>") }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key) (printf "switchyard.cmd.%s" $service)) }}}, allow_responses: true}}
+    {{- $publish := append $read "switchyard.log.>" }}
+    {{- if eq $service "alerter" }}
+    {{- $publish = concat $publish (list "switchyard.events.>" (printf "$JS.API.STREAM.INFO.%s" $events) (printf "$JS.API.STREAM.MSG.GET.%s" $events)) }}
+    {{- end }}
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" $publish }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key) (printf "switchyard.cmd.%s" $service)) }}}, allow_responses: true}}
 {{- end }}
 {{- end }}
 {{- if not $security.logInit }}
@@ -302,12 +311,12 @@ authorization {
 {{- end }}
 {{- range $key := $security.logInit }}
     # log-init
-    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (list (printf "$JS.API.STREAM.CREATE.%s" $stream) (printf "$JS.API.STREAM.INFO.%s" $stream)) }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key)) }}}}}
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (list (printf "$JS.API.STREAM.CREATE.%s" $stream) (printf "$JS.API.STREAM.INFO.%s" $stream) (printf "$JS.API.STREAM.CREATE.%s" $events) (printf "$JS.API.STREAM.INFO.%s" $events)) }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key)) }}}}}
 {{- end }}
 {{- range $identity, $keys := $security.operators }}
 {{- range $key := $keys }}
     # operator {{ $identity }}
-    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (append $read "switchyard.cmd.*") }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key)) }}}}}
+    {nkey: {{ $key | quote }}, permissions: {publish: {allow: {{ include "switchyard.natsList" (concat $read $readEvents (list "switchyard.cmd.*")) }}}, subscribe: {allow: {{ include "switchyard.natsList" (list (printf "_INBOX.%s.>" $key) "switchyard.events.>") }}}}}
 {{- end }}
 {{- end }}
   ]
