@@ -36,7 +36,7 @@ pub struct Args {
     wave: usize,
 }
 
-fn ev(kind: Kind) -> DomainEvent {
+pub(crate) fn ev(kind: Kind) -> DomainEvent {
     DomainEvent { kind: Some(kind) }
 }
 
@@ -46,7 +46,7 @@ fn group_of(i: usize) -> String {
     format!("gpu-{}", i % GROUPS)
 }
 
-fn node_fact(
+pub(crate) fn node_fact(
     name: &str,
     group: &str,
     unschedulable: bool,

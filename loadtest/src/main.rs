@@ -84,6 +84,7 @@ mod node_agent;
 mod plan;
 mod quantity;
 mod soak;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -130,6 +131,10 @@ enum Command {
     /// and kube-apiserver restarted, etcd paused, a junk record), once per
     /// seed: faults survived by kind, kill points by step.
     Soak(soak::Args),
+    /// What tracing costs the services' hot path: a service following node
+    /// facts, deciding and appending, with and without the OpenTelemetry
+    /// layer, in the same run.
+    Telemetry(telemetry::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -154,6 +159,7 @@ fn main() -> anyhow::Result<()> {
         Command::Plan(args) => Box::pin(plan::run(args)),
         Command::Migrate(args) => Box::pin(migrate::run(args)),
         Command::Soak(args) => Box::pin(soak::run(args)),
+        Command::Telemetry(args) => Box::pin(telemetry::run(args)),
     })?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

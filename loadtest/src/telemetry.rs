@@ -1,0 +1,199 @@
+//! What tracing costs the services' hot path: the stack-assigner hosted by
+//! the runtime on an embedded log, following N node facts as inventory
+//! appends them — each decided on (a `StackAssigned` per node), the decisions
+//! appended, their effects issued — with and without the OpenTelemetry layer
+//! (spans for the records handled, the decisions and the effects, the trace
+//! context in every record appended, the ids in the log lines), in the same
+//! run, rounds alternating. Nothing is exported: that happens off the hot
+//! path, in batches. The metrics are counted in both.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchyard_core::ServiceName;
+use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use switchyard_core::names::GPU_STACK_LABEL;
+use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
+use switchyard_eventlog::{EventLog, append_facts, now_nanos};
+use switchyard_proto::v1::{
+    DomainEvent, GpuSharing, GpuSpec, ModuleSettingsObserved, NodeGroupObserved, domain_event::Kind,
+};
+use switchyard_runtime::host::{self, HostOptions, Progress};
+use switchyard_runtime::telemetry::{Export, Telemetry};
+use tracing_subscriber::prelude::*;
+
+use crate::cores::{ev, node_fact};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Node facts the service follows per round.
+    #[arg(long, default_value_t = 5_000)]
+    nodes: usize,
+    /// Rounds per mode (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+}
+
+/// Writes nothing, as a cluster that takes every write would.
+struct Accepts;
+
+impl EffectExecutor for Accepts {
+    type Error = std::convert::Infallible;
+    async fn execute(&mut self, effects: Vec<Effect>) -> Vec<Result<Outcome, Self::Error>> {
+        effects.iter().map(|_| Ok(Outcome::default())).collect()
+    }
+}
+
+fn setup() -> Vec<DomainEvent> {
+    vec![
+        ev(Kind::NodeGroupObserved(NodeGroupObserved {
+            group: "gpu".into(),
+            node_type: "Static".into(),
+            gpu: Some(GpuSpec {
+                sharing: GpuSharing::Exclusive as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+        ev(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
+            dra_enabled: false,
+            feature_gates_ready: true,
+            module_version: "2.0.0".into(),
+            previous_module_version: String::new(),
+        })),
+    ]
+}
+
+/// One round: the microseconds per node fact from the first append to the
+/// service having read its last decision.
+fn round(nodes: usize, traced: bool) -> anyhow::Result<f64> {
+    // Both modes log as a service does (JSON lines at info, here to nowhere);
+    // the traced one adds what init_tracing adds for traces.
+    let dispatch = if traced {
+        let (telemetry, _) = Telemetry::new("stack-assigner", &Export::None);
+        tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(telemetry.layer("stack-assigner"))
+                .with(switchyard_runtime::logging::TraceIds::default())
+                .with(lines()),
+        )
+    } else {
+        tracing::Dispatch::new(tracing_subscriber::registry().with(lines()))
+    };
+    // One thread, one runtime, this subscriber: the mode is the only change.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tracing::dispatcher::with_default(&dispatch, || {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?
+                        .block_on(follow(nodes))
+                })
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the round panicked"))?
+    })
+}
+
+async fn follow(nodes: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let log: Arc<dyn EventLog> = Arc::new(EmbeddedLog::open(
+        dir.path(),
+        EmbeddedOptions {
+            durability: Durability::NoSync,
+            ..EmbeddedOptions::default()
+        },
+    )?);
+    append_facts(log.as_ref(), ServiceName::Inventory, &setup(), now_nanos()).await?;
+    let (progress, mut watching) = tokio::sync::watch::channel(Progress::default());
+    let service = tokio::spawn(host::run(
+        ServiceName::StackAssigner.core(),
+        log.clone(),
+        Accepts,
+        None,
+        HostOptions {
+            tick: Duration::from_secs(3600),
+            reissue: Duration::from_secs(3600),
+            ..HostOptions::default()
+        },
+        progress,
+    ));
+    watching.wait_for(|p| p.ready).await?;
+    let facts: Vec<DomainEvent> = (0..nodes)
+        .map(|i| {
+            node_fact(
+                &format!("node-{i:05}"),
+                "gpu",
+                false,
+                &[(GPU_STACK_LABEL, "device-plugin")],
+                8,
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let sequences = append_facts(log.as_ref(), ServiceName::Inventory, &facts, now_nanos()).await?;
+    let last_fact = *sequences.last().expect("facts");
+    // Caught up: a StackAssigned for every node appended and read back.
+    let done = last_fact + nodes as u64;
+    let caught_up = tokio::time::timeout(
+        Duration::from_secs(120),
+        watching.wait_for(|p| p.sequence >= done),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    anyhow::ensure!(
+        caught_up,
+        "the stack-assigner did not decide on all {nodes} nodes in 120 s: it read up to {}, the last fact is {last_fact}, the log ends at {}",
+        watching.borrow().sequence,
+        log.last_sequence(None).await?
+    );
+    let took = started.elapsed();
+    service.abort();
+    let decided = log.last_sequence(None).await? - last_fact;
+    anyhow::ensure!(
+        decided == nodes as u64,
+        "{decided} decisions on {nodes} node facts, expected one each"
+    );
+    Ok(took.as_secs_f64() * 1e6 / nodes as f64)
+}
+
+/// JSON lines at info, as a service writes them, to nowhere.
+fn lines<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+        .event_format(switchyard_runtime::logging::JsonLines {
+            service: "stack-assigner",
+        })
+        .with_writer(std::io::sink)
+        .with_ansi(false)
+        .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Value> {
+    let (mut plain, mut traced) = (Vec::new(), Vec::new());
+    // A warm-up round of each, not counted.
+    round(args.nodes, false)?;
+    round(args.nodes, true)?;
+    for _ in 0..args.rounds {
+        plain.push(round(args.nodes, false)?);
+        traced.push(round(args.nodes, true)?);
+    }
+    let (plain, traced) = (median(plain), median(traced));
+    Ok(json!({
+        "nodes": args.nodes,
+        "rounds": args.rounds,
+        "us_per_fact_untraced": plain,
+        "us_per_fact_traced": traced,
+        "traced_over_untraced": traced / plain,
+    }))
+}
