@@ -98,6 +98,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
         feature_gates_ready: true,
         module_version: "2.0.0".into(),
         previous_module_version: String::new(),
+        ..Default::default()
     })));
     for i in 0..args.nodes {
         let name = format!("node-{i:05}");
@@ -207,6 +208,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         feature_gates_ready: true,
         module_version: "2.0.0".into(),
         previous_module_version: String::new(),
+        ..Default::default()
     }));
     let start = Instant::now();
     let decisions = stack.handle_fact(&flip, 1);

@@ -61,6 +61,7 @@ fn setup() -> Vec<DomainEvent> {
             feature_gates_ready: true,
             module_version: "2.0.0".into(),
             previous_module_version: String::new(),
+            ..Default::default()
         })),
     ]
 }

@@ -258,7 +258,8 @@ pub struct Mig {
     group = "deckhouse.io",
     version = "v1alpha1",
     kind = "ModuleConfig",
-    plural = "moduleconfigs"
+    plural = "moduleconfigs",
+    status = "ModuleStatus"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ModuleConfigSpec {
@@ -283,6 +284,61 @@ pub struct DraSettings {
     pub enabled: bool,
 }
 
+/// The gpu module's status, as Switchyard writes it: on the `gpu`
+/// ModuleConfig where the chart installed that CRD, else on the
+/// `GPUModuleStatus` named `gpu`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleStatus {
+    /// `KubernetesVersion`, one `FeatureGate<Name>` per gate the module
+    /// needs, `DRAAPIServed`, `FeatureGatesReady` (all of those),
+    /// `DRAEnabled`, and one per alert (`True` while it fires).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Per GPU node: its stack, and why DRA is or is not deployed on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeStackStatus>,
+}
+
+/// Why a node is on its stack, and whether DRA is deployed there.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStackStatus {
+    pub name: String,
+    /// Empty for a node in no group.
+    #[serde(default)]
+    pub node_group: String,
+    /// `dra`, `device-plugin` or `none`.
+    pub stack: String,
+    /// Whether DRA is deployed: the node is on DRA and every readiness
+    /// condition holds.
+    pub dra_deployed: bool,
+    /// Why, in a word: `dra_enabled`, `group_has_spec_gpu`, `held_on_dra`,
+    /// `control_plane`, `gpu_disabled_label`, `no_spec_gpu_dra_disabled`,
+    /// `feature_gates_not_ready`, `readiness_missing`, `undecided`.
+    pub reason: String,
+    /// The same in the reference's words, with what is missing.
+    pub message: String,
+}
+
+/// Where Switchyard writes the gpu module's status in a cluster whose
+/// ModuleConfig CRD is not its own (Deckhouse's): cluster-scoped, one
+/// object named `gpu`, only a status.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "gpu.deckhouse.io",
+    version = "v1alpha1",
+    kind = "GPUModuleStatus",
+    plural = "gpumodulestatuses",
+    status = "ModuleStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"FeatureGatesReady\")].status"}"#
+)]
+pub struct GPUModuleStatusSpec {}
+
+/// The annotation on a CRD that Switchyard's chart installed: the
+/// ModuleConfig CRD carrying it is Switchyard's own, whose status it writes.
+pub const INSTALLED_BY_ANNOTATION: &str = "gpu.deckhouse.io/installed-by";
+
 /// Every CRD, with the file name it has in the Helm chart's `crds/`.
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
@@ -290,9 +346,19 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("physicalgpus.gpu.deckhouse.io.yaml", PhysicalGPU::crd()),
         ("nodegroups.deckhouse.io.yaml", NodeGroup::crd()),
         ("moduleconfigs.deckhouse.io.yaml", ModuleConfig::crd()),
+        (
+            "gpumodulestatuses.gpu.deckhouse.io.yaml",
+            GPUModuleStatus::crd(),
+        ),
     ]
     .into_iter()
-    .map(|(file, crd)| (file, with_kubernetes_formats(crd)))
+    .map(|(file, mut crd)| {
+        crd.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(INSTALLED_BY_ANNOTATION.into(), "switchyard".into());
+        (file, with_kubernetes_formats(crd))
+    })
     .collect()
 }
 

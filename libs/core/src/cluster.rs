@@ -106,6 +106,52 @@ pub struct ModuleSettings {
     pub previous_module_version: String,
     /// How many settings observations were folded; 1 right after the first.
     pub observations: u64,
+    /// The platform as inventory last read it: the API server's version,
+    /// the feature gates its metrics report, whether it serves
+    /// resource.k8s.io/v1, and why the gates could not be read.
+    pub kubernetes_version: String,
+    pub feature_gates: BTreeMap<String, bool>,
+    pub dra_api_served: bool,
+    pub feature_gates_error: String,
+}
+
+impl ModuleSettings {
+    /// What keeps the prerequisites from holding, in the reference's words;
+    /// empty when Kubernetes is 1.34 or newer, the six feature gates are on
+    /// and resource.k8s.io/v1 is served.
+    pub fn prerequisites_missing(&self) -> Vec<String> {
+        use crate::names::{MIN_KUBERNETES, REQUIRED_FEATURE_GATES, kubernetes_minor};
+        let mut missing = Vec::new();
+        match kubernetes_minor(&self.kubernetes_version) {
+            Some(v) if v >= MIN_KUBERNETES => {}
+            _ => missing.push(format!(
+                "Kubernetes version is {} (1.{} or newer is needed)",
+                if self.kubernetes_version.is_empty() {
+                    "unknown"
+                } else {
+                    &self.kubernetes_version
+                },
+                MIN_KUBERNETES.1
+            )),
+        }
+        for gate in REQUIRED_FEATURE_GATES {
+            match self.feature_gates.get(gate) {
+                Some(true) => {}
+                Some(false) => missing.push(format!("feature gate {gate} is disabled")),
+                None if !self.feature_gates_error.is_empty() => missing.push(format!(
+                    "feature gate {gate} is unknown: {}",
+                    self.feature_gates_error
+                )),
+                None => missing.push(format!(
+                    "feature gate {gate} is not reported by the API server"
+                )),
+            }
+        }
+        if !self.dra_api_served {
+            missing.push("the API server does not serve resource.k8s.io/v1".into());
+        }
+        missing
+    }
 }
 
 /// A pod, keyed by (namespace, name). Compact: clusters have many.
@@ -691,6 +737,10 @@ impl Cluster {
                     module_version: fact.module_version.clone(),
                     previous_module_version: fact.previous_module_version.clone(),
                     observations: self.module.observations + 1,
+                    kubernetes_version: fact.kubernetes_version.clone(),
+                    feature_gates: fact.feature_gates.clone(),
+                    dra_api_served: fact.dra_api_served,
+                    feature_gates_error: fact.feature_gates_error.clone(),
                 };
             }
             _ => {}

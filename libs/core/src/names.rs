@@ -66,3 +66,29 @@ pub const NVIDIA_LABEL_PREFIX: &str = "nvidia.com/";
 /// Labels that node preparation sets after a group change; a rollback leaves
 /// them to it instead of writing them back.
 pub const PREPARATION_LABELS: [&str; 2] = [GPU_STACK_LABEL, GPU_SETUP_COMPLETE_LABEL];
+
+/// The feature gates the module needs (reference, "Prerequisites"), as the
+/// API server names them in its `kubernetes_feature_enabled` metric.
+pub const REQUIRED_FEATURE_GATES: [&str; 6] = [
+    "DynamicResourceAllocation",
+    "DRAResourceClaimDeviceStatus",
+    "DRADeviceBindingConditions",
+    "DRAConsumableCapacity",
+    "DRAPartitionableDevices",
+    "DRAExtendedResource",
+];
+
+/// The oldest Kubernetes the module runs on (reference, "Prerequisites").
+pub const MIN_KUBERNETES: (u32, u32) = (1, 34);
+
+/// `major.minor` of a Kubernetes version string (`v1.36.3`, `v1.34.2-eks-1`).
+pub fn kubernetes_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
+}

@@ -155,12 +155,12 @@ pub fn node_group_removed(group: &NodeGroup) -> DomainEvent {
 }
 
 /// The GPU module's settings, or `None` for another module's ModuleConfig.
-/// `module_version` is the running Switchyard's; `dra_api_served` whether the
-/// API server serves `resource.k8s.io/v1`.
+/// `module_version` is the running Switchyard's; `platform` what the API
+/// server says of itself (version, feature gates, `resource.k8s.io/v1`).
 pub fn module_settings(
     config: &ModuleConfig,
     module_version: &str,
-    dra_api_served: bool,
+    platform: &crate::platform::Platform,
 ) -> Option<DomainEvent> {
     if config.name_any() != MODULE_CONFIG_NAME {
         return None;
@@ -171,16 +171,27 @@ pub fn module_settings(
         .as_ref()
         .and_then(|s| s.dra.as_ref())
         .is_some_and(|d| d.enabled);
+    let prerequisites = switchyard_core::cluster::ModuleSettings {
+        kubernetes_version: platform.kubernetes_version.clone(),
+        feature_gates: platform.feature_gates.clone(),
+        dra_api_served: platform.dra_api_served,
+        feature_gates_error: platform.feature_gates_error.clone(),
+        ..Default::default()
+    };
     Some(event(Kind::ModuleSettingsObserved(
         ModuleSettingsObserved {
             dra_enabled,
-            feature_gates_ready: dra_api_served,
+            feature_gates_ready: prerequisites.prerequisites_missing().is_empty(),
             module_version: module_version.to_string(),
             previous_module_version: config
                 .annotations()
                 .get(PREVIOUS_VERSION_ANNOTATION)
                 .cloned()
                 .unwrap_or_default(),
+            kubernetes_version: platform.kubernetes_version.clone(),
+            feature_gates: platform.feature_gates.clone(),
+            dra_api_served: platform.dra_api_served,
+            feature_gates_error: platform.feature_gates_error.clone(),
         },
     )))
 }
@@ -969,21 +980,54 @@ mod tests {
 
     #[test]
     fn only_the_gpu_module_config_is_a_fact() {
+        let mut platform = crate::platform::Platform {
+            kubernetes_version: "v1.36.3".into(),
+            feature_gates: switchyard_core::names::REQUIRED_FEATURE_GATES
+                .iter()
+                .map(|g| (g.to_string(), true))
+                .collect(),
+            dra_api_served: true,
+            feature_gates_error: String::new(),
+        };
         let other = ModuleConfig::new("cni-cilium", Default::default());
-        assert!(module_settings(&other, "2.0.0", true).is_none());
+        assert!(module_settings(&other, "2.0.0", &platform).is_none());
         let mut gpu = ModuleConfig::new(MODULE_CONFIG_NAME, Default::default());
         gpu.spec.settings = Some(switchyard_api::ModuleSettings {
             dra: Some(switchyard_api::DraSettings { enabled: true }),
         });
         gpu.metadata.annotations =
             Some([(PREVIOUS_VERSION_ANNOTATION.to_string(), "1.9.0".into())].into());
-        let Some(Kind::ModuleSettingsObserved(f)) =
-            module_settings(&gpu, "2.0.0", true).and_then(|e| e.kind)
-        else {
-            panic!("settings")
+        let settings = |platform: &crate::platform::Platform| {
+            let Some(Kind::ModuleSettingsObserved(f)) =
+                module_settings(&gpu, "2.0.0", platform).and_then(|e| e.kind)
+            else {
+                panic!("settings")
+            };
+            f
         };
+        let f = settings(&platform);
         assert!(f.dra_enabled && f.feature_gates_ready);
         assert_eq!(f.previous_module_version, "1.9.0");
+        assert_eq!(f.kubernetes_version, "v1.36.3");
+        // Any one prerequisite missing: not ready, and the fact says which.
+        platform
+            .feature_gates
+            .insert("DRAConsumableCapacity".into(), false);
+        let f = settings(&platform);
+        assert!(!f.feature_gates_ready);
+        assert_eq!(f.feature_gates.get("DRAConsumableCapacity"), Some(&false));
+        platform
+            .feature_gates
+            .insert("DRAConsumableCapacity".into(), true);
+        platform.kubernetes_version = "v1.33.5".into();
+        assert!(!settings(&platform).feature_gates_ready);
+        platform.kubernetes_version = "v1.34.2-eks-1".into();
+        assert!(settings(&platform).feature_gates_ready);
+        platform.feature_gates.remove("DRAExtendedResource");
+        assert!(
+            !settings(&platform).feature_gates_ready,
+            "a gate not reported is not on"
+        );
     }
 
     #[test]

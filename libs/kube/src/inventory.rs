@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::facts;
+use crate::platform::Platform;
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
@@ -237,12 +238,71 @@ where
     crate::watch::resilient(events, kind.to_string()).boxed()
 }
 
+/// How often inventory reads the platform again: a gate turned off and the
+/// API server restarted shows within this.
+const PLATFORM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The gpu ModuleConfig's settings as facts, with the platform read at
+/// start and again every `every`: a change of either is a new fact.
+fn module_settings(
+    client: Client,
+    version: String,
+    platform: Platform,
+    every: std::time::Duration,
+) -> BoxStream<'static, Seen> {
+    // The gpu ModuleConfig last seen, and the platform last read.
+    let latest = Arc::new(std::sync::Mutex::new((None::<ModuleConfig>, platform)));
+    let configs = {
+        let (latest, version) = (latest.clone(), version.clone());
+        watch(
+            Api::<ModuleConfig>::all(client.clone()),
+            "ModuleConfig",
+            move |config| {
+                let mut latest = latest.lock().unwrap_or_else(|e| e.into_inner());
+                let fact = facts::module_settings(config, &version, &latest.1)?;
+                latest.0 = Some(config.clone());
+                Some(fact)
+            },
+            |_| None,
+        )
+    };
+    let rereads = futures::stream::unfold(
+        (client, latest, version),
+        move |(client, latest, version)| async move {
+            tokio::time::sleep(every).await;
+            let platform = Platform::read(&client).await;
+            let fact = {
+                let mut latest = latest.lock().unwrap_or_else(|e| e.into_inner());
+                if latest.1 == platform {
+                    None
+                } else {
+                    tracing::info!(
+                        dra_api = platform.dra_api_served,
+                        kubernetes = platform.kubernetes_version,
+                        gates = ?platform.feature_gates,
+                        "the platform changed"
+                    );
+                    latest.1 = platform;
+                    let (config, platform) = &*latest;
+                    config
+                        .as_ref()
+                        .and_then(|c| facts::module_settings(c, &version, platform))
+                }
+            };
+            Some((fact, (client, latest, version)))
+        },
+    )
+    .filter_map(|fact| futures::future::ready(fact.map(|f| Seen::Object("ModuleConfig", f))));
+    futures::stream::select(configs, rereads).boxed()
+}
+
 /// Every watcher of inventory, merged.
 fn watchers(
     client: &Client,
     options: &InventoryOptions,
-    dra_api: bool,
+    platform: &Platform,
 ) -> impl Stream<Item = Seen> {
+    let dra_api = platform.dra_api_served;
     let c = || client.clone();
     let version = options.module_version.clone();
     let mut streams = vec![
@@ -258,12 +318,7 @@ fn watchers(
             |o| Some(facts::node_group(o)),
             |o| Some(facts::node_group_removed(o)),
         ),
-        watch(
-            Api::<ModuleConfig>::all(c()),
-            "ModuleConfig",
-            move |o| facts::module_settings(o, &version, dra_api),
-            |_| None,
-        ),
+        module_settings(c(), version, platform.clone(), PLATFORM_EVERY),
         watch(
             Api::<GPUClass>::all(c()),
             "GPUClass",
@@ -400,9 +455,14 @@ pub async fn run(
             }
         }
     });
-    let dra_api = dra_api_served(&client).await;
-    tracing::info!(dra_api, "inventory watching");
-    let mut seen = Box::pin(watchers(&client, &options, dra_api));
+    let platform = Platform::read(&client).await;
+    tracing::info!(
+        dra_api = platform.dra_api_served,
+        kubernetes = platform.kubernetes_version,
+        gates = ?platform.feature_gates,
+        "inventory watching"
+    );
+    let mut seen = Box::pin(watchers(&client, &options, &platform));
     while let Some(first) = seen.next().await {
         // Take whatever else is ready too, and append it in one go.
         let mut news = reported.handle(first);

@@ -17,5 +17,6 @@
 
 pub mod facts;
 pub mod inventory;
+pub mod platform;
 pub mod watch;
 pub mod write;

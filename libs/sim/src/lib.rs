@@ -237,6 +237,14 @@ impl Simulator {
                 feature_gates_ready: true,
                 module_version: "2.0.0".into(),
                 previous_module_version: "1.9.0".into(),
+                // A cluster that meets the prerequisites.
+                kubernetes_version: "v1.36.3".into(),
+                feature_gates: switchyard_core::names::REQUIRED_FEATURE_GATES
+                    .iter()
+                    .map(|gate| (gate.to_string(), true))
+                    .collect(),
+                dra_api_served: true,
+                feature_gates_error: String::new(),
             },
             pods: BTreeMap::new(),
             workloads: BTreeMap::new(),

@@ -79,6 +79,9 @@ pub struct Components {
     /// API Priority and Fairness on, as in a real cluster (off otherwise:
     /// the harness's clients are `system:masters`, which it exempts anyway).
     pub flow_control: bool,
+    /// The API server's `--feature-gates` (e.g. `DRAConsumableCapacity=false`),
+    /// empty for its defaults.
+    pub apiserver_feature_gates: &'static str,
 }
 
 /// etcd and kube-apiserver (and on request kube-scheduler and
@@ -177,6 +180,13 @@ impl ControlPlane {
             // the not-ready taint this plugin puts on every new node.
             "--disable-admission-plugins=TaintNodesByCondition".into(),
         ];
+        let mut apiserver_args = apiserver_args;
+        if !components.apiserver_feature_gates.is_empty() {
+            apiserver_args.push(format!(
+                "--feature-gates={}",
+                components.apiserver_feature_gates
+            ));
+        }
         let apiserver = spawn(
             &bin.join("kube-apiserver"),
             &apiserver_args,

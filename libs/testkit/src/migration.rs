@@ -777,6 +777,7 @@ impl MigrationCluster {
                 scheduler: true,
                 controller_manager: true,
                 flow_control: options.flow_shares.is_some(),
+                ..Components::default()
             },
             options.binary,
         )

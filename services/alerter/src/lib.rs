@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod doctor;
+pub mod module_status;
 pub mod state_metrics;
 
 use switchyard_api::rbac::Permission;
@@ -21,8 +22,30 @@ use switchyard_runtime::host::{self, ServeError, ServiceArgs};
 
 pub const SERVICE: ServiceName = ServiceName::Alerter;
 
-/// What the alerter may do, in its own namespace (a Role): record Events.
-pub const PERMISSIONS: &[Permission] = &[Permission::new("", "events", &["create", "patch"])];
+/// What the alerter may do in the cluster (a ClusterRole): read the
+/// ModuleConfig CRD (whose it is decides where the module status goes) and
+/// write the module status, on the `gpu` ModuleConfig or its own
+/// GPUModuleStatus.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["get"],
+    ),
+    Permission::new("deckhouse.io", "moduleconfigs", &["get"]),
+    Permission::new("deckhouse.io", "moduleconfigs/status", &["patch"]),
+    Permission::new("gpu.deckhouse.io", "gpumodulestatuses", &["get", "create"]),
+    Permission::new("gpu.deckhouse.io", "gpumodulestatuses/status", &["patch"]),
+];
+
+/// The alerter's Events (an alert starting to fire, on its Node, NodeGroup,
+/// PhysicalGPU or the module status object), in `default` where events
+/// about cluster-scoped objects live (a Role there).
+pub const EVENT_PERMISSIONS: &[Permission] = &[Permission::new(
+    "events.k8s.io",
+    "events",
+    &["create", "patch"],
+)];
 
 /// The flags of `switchyard-alerter` (and `switchyard serve alerter`).
 #[derive(clap::Args, Clone, Debug)]
@@ -31,6 +54,8 @@ pub struct Args {
     pub service: ServiceArgs,
     #[command(flatten)]
     pub events: EventsArgs,
+    #[command(flatten)]
+    pub status: module_status::StatusArgs,
 }
 
 /// Runs the service on the JetStream log until the log fails. It also
@@ -46,26 +71,43 @@ pub async fn run(args: Args) -> Result<(), ServeError<NotExecuted>> {
         let source = format!("/switchyard/{}", nats.stream.stream);
         cloudevents::spawn(log.clone(), client, args.events.clone(), source);
     }
-    spawn_state_metrics(log);
+    let state = spawn_state_metrics(log);
+    match kube::Config::infer().await {
+        Ok(config) => match kube::Client::try_from(config) {
+            Ok(client) => {
+                tokio::spawn(module_status::run(client, state, args.status.clone()));
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "no Kubernetes client: the module status is not written")
+            }
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, "no Kubernetes API (in-cluster config or KUBECONFIG): the module status is not written")
+        }
+    }
     host::serve(SERVICE, &args.service, async { Ok(NoEffects) }).await
 }
 
 /// Folds the log into a [`state_metrics::MigrationState`] served at each
 /// scrape; after a failure of the log it goes on from the last record it
 /// folded.
-pub fn spawn_state_metrics(log: std::sync::Arc<dyn switchyard_eventlog::EventLog>) {
+pub fn spawn_state_metrics(
+    log: std::sync::Arc<dyn switchyard_eventlog::EventLog>,
+) -> std::sync::Arc<std::sync::Mutex<state_metrics::MigrationState>> {
     let state = std::sync::Arc::new(std::sync::Mutex::new(
         state_metrics::MigrationState::default(),
     ));
     let collector = state_metrics::StateCollector::new(state.clone());
     switchyard_runtime::metrics::metrics()
         .register_with(|registry| registry.register_collector(Box::new(collector)));
+    let following = state.clone();
     tokio::spawn(async move {
         loop {
-            if let Err(err) = state_metrics::follow(log.clone(), state.clone()).await {
+            if let Err(err) = state_metrics::follow(log.clone(), following.clone()).await {
                 tracing::warn!(%err, "following the log for the state's metrics stopped; following it again");
             }
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     });
+    state
 }

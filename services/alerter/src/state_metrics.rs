@@ -36,16 +36,19 @@ use switchyard_proto::v1::{
 pub struct MigrationState {
     /// The last sequence folded.
     sequence: u64,
-    stack: StackAssigner,
-    claims: ClaimAllocator,
+    /// The log's last sequence when the alerter started following it: the
+    /// state is whole once it has folded that far.
+    started_at_head: Option<u64>,
+    pub(crate) stack: StackAssigner,
+    pub(crate) claims: ClaimAllocator,
     /// Evidence check (and wave) -> its last summary.
     evidence: BTreeMap<String, switchyard_proto::v1::EvidenceChecked>,
     /// Move id -> when it started, while it is in progress.
-    move_started: BTreeMap<String, i64>,
+    pub(crate) move_started: BTreeMap<String, i64>,
     /// Unallocated claims -> since when.
-    pending_since: BTreeMap<ObjectKey, i64>,
+    pub(crate) pending_since: BTreeMap<ObjectKey, i64>,
     /// Allocated claims reserved for no pending or running pod -> since when.
-    unused_since: BTreeMap<ObjectKey, i64>,
+    pub(crate) unused_since: BTreeMap<ObjectKey, i64>,
     /// (namespace, pod) -> the claims reserved for it.
     pod_claims: BTreeMap<ObjectKey, BTreeSet<String>>,
     /// Claim -> the pods it is reserved for, as last folded.
@@ -53,6 +56,12 @@ pub struct MigrationState {
 }
 
 impl MigrationState {
+    /// Whether everything the log held when the alerter started is folded.
+    pub fn caught_up(&self) -> bool {
+        self.started_at_head
+            .is_some_and(|head| self.sequence >= head)
+    }
+
     /// Folds one record, recorded at `at` (Unix nanoseconds).
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
@@ -164,7 +173,12 @@ pub async fn follow(
     log: Arc<dyn EventLog>,
     state: Arc<Mutex<MigrationState>>,
 ) -> Result<(), LogError> {
-    let from = state.lock().unwrap_or_else(|e| e.into_inner()).sequence + 1;
+    let head = log.last_sequence(None).await?;
+    let from = {
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        state.started_at_head.get_or_insert(head);
+        state.sequence + 1
+    };
     let mut records = log.follow(None, from).await?;
     while let Some(stored) = records.next().await {
         let stored = stored?;
@@ -229,7 +243,7 @@ fn seconds(nanos: i64) -> f64 {
     nanos as f64 / 1e9
 }
 
-fn stack_name(stack: Option<Stack>) -> &'static str {
+pub(crate) fn stack_name(stack: Option<Stack>) -> &'static str {
     match stack {
         Some(Stack::DevicePlugin) => "device-plugin",
         Some(Stack::Dra) => "dra",
@@ -237,7 +251,7 @@ fn stack_name(stack: Option<Stack>) -> &'static str {
     }
 }
 
-fn step_name(step: HandoverStep) -> &'static str {
+pub(crate) fn step_name(step: HandoverStep) -> &'static str {
     match step {
         HandoverStep::Cordon => "cordon",
         HandoverStep::Drain => "drain",
@@ -249,7 +263,7 @@ fn step_name(step: HandoverStep) -> &'static str {
 }
 
 /// Why the node is on its stack, as the stack-assigner decided.
-fn reason_name(reason: StackReason) -> &'static str {
+pub(crate) fn reason_name(reason: StackReason) -> &'static str {
     match reason {
         StackReason::GroupHasSpecGpu => "group_has_spec_gpu",
         StackReason::DraEnabled => "dra_enabled",
@@ -262,7 +276,7 @@ fn reason_name(reason: StackReason) -> &'static str {
     }
 }
 
-fn phase_name(phase: GpuPhase) -> &'static str {
+pub(crate) fn phase_name(phase: GpuPhase) -> &'static str {
     match phase {
         GpuPhase::Pending => "pending",
         GpuPhase::Ready => "ready",
@@ -273,7 +287,7 @@ fn phase_name(phase: GpuPhase) -> &'static str {
 
 /// A node with GPUs: cards counted, PhysicalGPUs, device-plugin resources
 /// allocatable, or a group with spec.gpu.
-fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
+pub(crate) fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
     node.gpu_count > 0
         || node.device_plugin_allocatable > 0
         || cluster.gpus.get(name).is_some_and(|g| !g.is_empty())

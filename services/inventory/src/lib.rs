@@ -38,6 +38,11 @@ pub const PERMISSIONS: &[Permission] = &[
     Permission::read("resource.k8s.io", "resourceclaims"),
 ];
 
+/// The API server's own endpoints inventory reads: `/metrics`, for the
+/// feature gates (`kubernetes_feature_enabled`). `/version` is every
+/// authenticated user's (system:public-info-viewer).
+pub const NON_RESOURCE_PERMISSIONS: &[(&str, &[&str])] = &[("/metrics", &["get"])];
+
 /// The flags of `switchyard-inventory` (and `switchyard serve inventory`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {

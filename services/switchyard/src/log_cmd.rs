@@ -272,16 +272,6 @@ pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
         .is_ok();
     let log = stream.open(client.clone(), true).await?;
     let last = log.last_sequence(None).await?;
-    if !args.events.events_prefix.is_empty() {
-        let js = async_nats::jetstream::new(client);
-        switchyard_runtime::cloudevents::ensure_stream(&js, &args.events).await?;
-        println!(
-            "stream {} keeps the log's CloudEvents on {}.> for {}",
-            args.events.events_stream,
-            args.events.events_prefix,
-            humantime::format_duration(args.events.events_max_age)
-        );
-    }
     if existed {
         println!(
             "stream {} exists and is configured as the log must be ({} records)",
@@ -291,6 +281,16 @@ pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
         println!(
             "created stream {} on {}.> (file storage, {} replica(s), deny delete and purge, no limits)",
             stream.stream, stream.subject_prefix, stream.stream_replicas
+        );
+    }
+    if !args.events.events_prefix.is_empty() {
+        let js = async_nats::jetstream::new(client);
+        switchyard_runtime::cloudevents::ensure_stream(&js, &args.events).await?;
+        println!(
+            "stream {} keeps the log's CloudEvents on {}.> for {}",
+            args.events.events_stream,
+            args.events.events_prefix,
+            humantime::format_duration(args.events.events_max_age)
         );
     }
     Ok(ExitCode::SUCCESS)

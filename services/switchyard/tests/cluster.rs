@@ -231,6 +231,24 @@ async fn the_upgrade_hold_survives_restarts() {
             .await;
     }
 
+    // The module status (the alerter wrote it on the gpu ModuleConfig,
+    // whose CRD is Switchyard's here): the prerequisites as this API server
+    // has them, and the hold.
+    world
+        .until(
+            "the module status to show the prerequisites and the hold",
+            || async {
+                let conditions = module_conditions(&c).await;
+                conditions
+                    .get("FeatureGatesReady")
+                    .is_some_and(|s| s.0 == "True")
+                    && conditions
+                        .get("D8GpuNodeGroupHeldOnDra")
+                        .is_some_and(|s| s.0 == "True" && s.2.contains("gpu-legacy"))
+            },
+        )
+        .await;
+
     // Removing spec.gpu releases the group; its nodes stay on DRA.
     Api::<NodeGroup>::all(c.clone())
         .patch(
@@ -922,4 +940,138 @@ async fn on_the_secured_bus_a_forged_record_is_passed_over_and_commands_are_the_
         )),
         "{stdout}"
     );
+}
+
+/// The conditions of the gpu ModuleConfig's status, by type: (status,
+/// reason, message).
+async fn module_conditions(c: &Client) -> BTreeMap<String, (String, String, String)> {
+    Api::<switchyard_api::ModuleConfig>::all(c.clone())
+        .get_opt("gpu")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|config| config.status)
+        .map(|status| {
+            status
+                .conditions
+                .into_iter()
+                .map(|c| (c.type_, (c.status, c.reason, c.message)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The module status on a real API server with one of the six feature gates
+/// turned off: read from the API server's own metric, not assumed — its
+/// condition False, the others True, the prerequisites not ready and why,
+/// the GPU node on no stack for that reason, and the alert that says so as
+/// a condition and as an Event on the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_status_shows_a_feature_gate_turned_off_and_why_dra_is_not_deployed() {
+    let mut world = World::start(Components {
+        apiserver_feature_gates: "DRAConsumableCapacity=false",
+        ..Components::default()
+    })
+    .await;
+    let c = world.client.clone();
+    create_group(&c, "gpu-dra", false).await;
+    create_node(&c, "gpu-1", &[(GROUP, "gpu-dra")], Vec::new()).await;
+    Api::<Node>::all(c.clone())
+        .patch(
+            "gpu-1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"gpu.deckhouse.io/physical-gpus": "8"}}}),
+            ),
+        )
+        .await
+        .expect("count the node's cards");
+    set_module_config(&c, true, None).await;
+    world.serve("inventory");
+    world.serve("stack-assigner");
+    world.serve_with_env("alerter", &[("SWITCHYARD_STATUS_EVERY", "1s")]);
+
+    let expected = |conditions: &BTreeMap<String, (String, String, String)>| {
+        let is = |type_: &str, status: &str| conditions.get(type_).is_some_and(|c| c.0 == status);
+        is("FeatureGateDRAConsumableCapacity", "False")
+            && [
+                "DynamicResourceAllocation",
+                "DRAResourceClaimDeviceStatus",
+                "DRADeviceBindingConditions",
+                "DRAPartitionableDevices",
+                "DRAExtendedResource",
+            ]
+            .iter()
+            .all(|gate| is(&format!("FeatureGate{gate}"), "True"))
+            && is("KubernetesVersion", "True")
+            && is("DRAAPIServed", "True")
+            && is("FeatureGatesReady", "False")
+            && is("DRAEnabled", "True")
+            && is("D8GpuNodeServedByNoStack", "True")
+            && is("D8GpuNodeGroupHeldOnDra", "False")
+    };
+    world
+        .until("the module status to show the gate off", || async {
+            expected(&module_conditions(&c).await)
+        })
+        .await;
+    let conditions = module_conditions(&c).await;
+    let (_, reason, message) = &conditions["FeatureGatesReady"];
+    assert_eq!(reason, "PrerequisitesMissing");
+    assert_eq!(message, "feature gate DRAConsumableCapacity is disabled");
+    let (_, reason, _) = &conditions["FeatureGateDRAConsumableCapacity"];
+    assert_eq!(reason, "Disabled");
+    assert!(
+        conditions["KubernetesVersion"].2.starts_with("v1.36."),
+        "{conditions:?}"
+    );
+    assert!(
+        conditions["D8GpuNodeServedByNoStack"]
+            .2
+            .contains("node gpu-1"),
+        "{conditions:?}"
+    );
+
+    // Per node: on no stack, and why.
+    let status = Api::<switchyard_api::ModuleConfig>::all(c.clone())
+        .get("gpu")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let [node] = &status.nodes[..] else {
+        panic!("one GPU node: {:?}", status.nodes)
+    };
+    assert_eq!(
+        (
+            node.name.as_str(),
+            node.node_group.as_str(),
+            node.stack.as_str(),
+            node.dra_deployed,
+            node.reason.as_str()
+        ),
+        ("gpu-1", "gpu-dra", "none", false, "feature_gates_not_ready")
+    );
+    assert!(
+        node.message
+            .contains("feature gate DRAConsumableCapacity is disabled"),
+        "{}",
+        node.message
+    );
+    // The stack-assigner decided on the same fact: no gpu-stack label.
+    assert_eq!(world.labels("gpu-1").await, map(&[(GROUP, "gpu-dra")]));
+
+    // And kubectl users see the alert as an Event on the node.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
+    world
+        .until("the alerter to record the alert on the node", || async {
+            events.list(&ListParams::default()).await.is_ok_and(|list| {
+                list.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("D8GpuNodeServedByNoStack")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-1")
+                })
+            })
+        })
+        .await;
 }

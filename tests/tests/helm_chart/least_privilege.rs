@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as EventsV1Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{
@@ -157,8 +157,8 @@ async fn least_privilege_per_service_account() {
         .collect();
     assert_eq!(
         access.len(),
-        24,
-        "6 ServiceAccounts, 5 + 5 cluster roles and bindings, 2 Roles and their bindings, the node agent's and the admin-access policies and their bindings"
+        26,
+        "6 ServiceAccounts, 6 + 6 cluster roles and bindings, 2 Roles (the node agent's and the alerter's Events) and their bindings, the node agent's and the admin-access policies and their bindings"
     );
     let discovery = prepare_cluster(&admin, &access).await;
     for doc in &access {
@@ -274,6 +274,17 @@ async fn least_privilege_per_service_account() {
                 .list(&ListParams::default())
                 .await,
             "inventory lists secrets",
+        );
+        // ...and the API server's /metrics, for the feature gates.
+        let metrics = allowed(
+            client
+                .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+                .await,
+            "inventory reads the API server's /metrics",
+        );
+        assert!(
+            metrics.contains("kubernetes_feature_enabled{"),
+            "the feature gates' metric"
         );
     }
 
@@ -611,36 +622,108 @@ async fn least_privilege_per_service_account() {
         assert!(message.contains("carries no node name"), "{message}");
     }
 
-    // alerter records Events in its own namespace and nothing else.
+    // alerter writes the module status (and only its status) and records
+    // Events in `default`; it reads nothing else of the cluster.
     {
         let client = as_service("alerter");
-        let events: &Api<Event> = &Api::namespaced(client.clone(), NAMESPACE);
-        let event = &|namespace: &str| -> Event {
-            serde_json::from_value(json!({
-                "metadata": {"name": "d8-gpu-node-group-held-on-dra", "namespace": namespace},
-                "involvedObject": {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "namespace": namespace,
-                    "name": "switchyard-alerter",
-                },
-                "reason": "D8GpuNodeGroupHeldOnDra",
-                "message": "node group gpu-legacy is held on DRA",
-                "type": "Warning",
-            }))
-            .unwrap()
-        };
-        allowed_once_propagated("alerter to create an Event", || async move {
-            events
-                .create(&PostParams::default(), &event(NAMESPACE))
+        let configs: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("deckhouse.io", "v1alpha1", "ModuleConfig"),
+                "moduleconfigs",
+            ),
+        );
+        let admin_configs: Api<DynamicObject> = Api::all_with(
+            admin.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("deckhouse.io", "v1alpha1", "ModuleConfig"),
+                "moduleconfigs",
+            ),
+        );
+        create(
+            &admin_configs,
+            json!({"apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig", "metadata": {"name": "gpu"}, "spec": {}}),
+        )
+        .await;
+        let status = Patch::Merge(json!({"status": {"conditions": [{
+            "type": "FeatureGatesReady", "status": "True", "reason": "PrerequisitesMet",
+            "message": "ready", "lastTransitionTime": "2026-12-03T00:00:00Z",
+        }]}}));
+        let configs = &configs;
+        let status = &status;
+        allowed_once_propagated("alerter to write the module status", || async move {
+            configs
+                .patch_status("gpu", &PatchParams::default(), status)
                 .await
         })
         .await;
         refused(
-            Api::<Event>::namespaced(client.clone(), "apps")
+            configs
+                .patch(
+                    "gpu",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"enabled": false}})),
+                )
+                .await,
+            "alerter patches the ModuleConfig's spec",
+        );
+        let own: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("gpu.deckhouse.io", "v1alpha1", "GPUModuleStatus"),
+                "gpumodulestatuses",
+            ),
+        );
+        allowed(
+            own.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "gpu.deckhouse.io/v1alpha1",
+                    "kind": "GPUModuleStatus",
+                    "metadata": {"name": "gpu"},
+                    "spec": {},
+                }))
+                .unwrap(),
+            )
+            .await,
+            "alerter creates its GPUModuleStatus",
+        );
+        allowed(
+            own.patch_status("gpu", &PatchParams::default(), status)
+                .await,
+            "alerter writes its GPUModuleStatus's status",
+        );
+        refused(
+            own.delete("gpu", &DeleteParams::default()).await,
+            "alerter deletes its GPUModuleStatus",
+        );
+        let event = |namespace: &str| -> EventsV1Event {
+            serde_json::from_value(json!({
+                "metadata": {"name": "gpu-node-1.d8gpunodedualadvertisement", "namespace": namespace},
+                "eventTime": "2026-12-03T00:00:00.000000Z",
+                "reportingController": "switchyard-alerter",
+                "reportingInstance": "switchyard-alerter",
+                "action": "Alert",
+                "reason": "D8GpuNodeDualAdvertisement",
+                "note": "node gpu-node-1 advertises through both stacks",
+                "type": "Warning",
+                "regarding": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"},
+            }))
+            .unwrap()
+        };
+        let in_default: &Api<EventsV1Event> = &Api::namespaced(client.clone(), "default");
+        let event = &event;
+        allowed_once_propagated("alerter to record an Event in default", || async move {
+            in_default
+                .create(&PostParams::default(), &event("default"))
+                .await
+        })
+        .await;
+        refused(
+            Api::<EventsV1Event>::namespaced(client.clone(), "apps")
                 .create(&PostParams::default(), &event("apps"))
                 .await,
-            "alerter creates an Event in another namespace",
+            "alerter records an Event outside default",
         );
         refused(
             Api::<Node>::all(client.clone())
@@ -653,6 +736,12 @@ async fn least_privilege_per_service_account() {
                 .list(&ListParams::default())
                 .await,
             "alerter lists pods",
+        );
+        refused(
+            client
+                .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+                .await,
+            "alerter reads the API server's /metrics",
         );
     }
     eprintln!(

@@ -30,14 +30,17 @@ fn pairs(permissions: &[Permission]) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// (group/resource, verb) pairs of a role's rules.
+/// (group/resource, verb) pairs of a role's rules; a non-resource URL as
+/// (`url:<path>`, verb).
 fn granted(role: &Value) -> BTreeSet<(String, String)> {
     let mut pairs = BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
-        assert!(
-            rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
-            "{rule}"
-        );
+        assert!(rule.get("resourceNames").is_none(), "{rule}");
+        for url in strings(&rule["nonResourceURLs"]) {
+            for verb in strings(&rule["verbs"]) {
+                pairs.insert((format!("url:{url}"), verb.to_string()));
+            }
+        }
         for group in strings(&rule["apiGroups"]) {
             for resource in strings(&rule["resources"]) {
                 for verb in strings(&rule["verbs"]) {
@@ -49,60 +52,69 @@ fn granted(role: &Value) -> BTreeSet<(String, String)> {
     pairs
 }
 
+/// A service's non-resource permissions as (`url:<path>`, verb) pairs.
+fn urls(permissions: &[(&str, &[&str])]) -> BTreeSet<(String, String)> {
+    permissions
+        .iter()
+        .flat_map(|(url, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (format!("url:{url}"), v.to_string()))
+        })
+        .collect()
+}
+
 #[test]
 fn each_role_grants_exactly_the_documented_permissions() {
     let docs = render(&[NATS_URL]);
     for (component, permissions) in PERMISSIONS {
         let role_name = format!("{RELEASE}-{component}");
-        let kind_wanted = if component == "alerter" {
-            "Role"
-        } else {
-            "ClusterRole"
-        };
         let role = docs
             .iter()
-            .find(|doc| kind(doc) == kind_wanted && name(doc) == role_name)
-            .unwrap_or_else(|| panic!("no {kind_wanted} {role_name}"));
-        assert_eq!(
-            granted(role),
-            pairs(permissions),
-            "{kind_wanted} {role_name}"
-        );
-        let binding_kind = format!("{kind_wanted}Binding");
+            .find(|doc| kind(doc) == "ClusterRole" && name(doc) == role_name)
+            .unwrap_or_else(|| panic!("no ClusterRole {role_name}"));
+        let mut documented = pairs(permissions);
+        if component == "inventory" {
+            documented.extend(urls(switchyard_inventory::NON_RESOURCE_PERMISSIONS));
+        }
+        assert_eq!(granted(role), documented, "ClusterRole {role_name}");
         let binding = docs
             .iter()
-            .find(|doc| kind(doc) == binding_kind && name(doc) == role_name)
-            .unwrap_or_else(|| panic!("no {binding_kind} {role_name}"));
+            .find(|doc| kind(doc) == "ClusterRoleBinding" && name(doc) == role_name)
+            .unwrap_or_else(|| panic!("no ClusterRoleBinding {role_name}"));
         assert_eq!(binding["roleRef"]["name"], role_name.as_str());
         assert_eq!(
             binding["subjects"],
             json!([{"kind": "ServiceAccount", "name": role_name, "namespace": NAMESPACE}])
         );
     }
-    // The node agent's Events about cluster-scoped objects live in `default`.
-    let events_role = format!("{RELEASE}-node-agent-events");
-    let role = docs
-        .iter()
-        .find(|doc| kind(doc) == "Role" && name(doc) == events_role)
-        .unwrap_or_else(|| panic!("no Role {events_role}"));
-    assert_eq!(role["metadata"]["namespace"], "default");
-    assert_eq!(
-        granted(role),
-        pairs(switchyard_node_agent::EVENT_PERMISSIONS)
-    );
-    let binding = docs
-        .iter()
-        .find(|doc| kind(doc) == "RoleBinding" && name(doc) == events_role)
-        .unwrap_or_else(|| panic!("no RoleBinding {events_role}"));
-    assert_eq!(binding["roleRef"]["name"], events_role.as_str());
-    assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": format!("{RELEASE}-node-agent"), "namespace": NAMESPACE}])
-    );
+    // The node agent's and the alerter's Events about cluster-scoped
+    // objects live in `default`.
+    for (component, permissions) in [
+        ("node-agent", switchyard_node_agent::EVENT_PERMISSIONS),
+        ("alerter", switchyard_alerter::EVENT_PERMISSIONS),
+    ] {
+        let events_role = format!("{RELEASE}-{component}-events");
+        let role = docs
+            .iter()
+            .find(|doc| kind(doc) == "Role" && name(doc) == events_role)
+            .unwrap_or_else(|| panic!("no Role {events_role}"));
+        assert_eq!(role["metadata"]["namespace"], "default");
+        assert_eq!(granted(role), pairs(permissions));
+        let binding = docs
+            .iter()
+            .find(|doc| kind(doc) == "RoleBinding" && name(doc) == events_role)
+            .unwrap_or_else(|| panic!("no RoleBinding {events_role}"));
+        assert_eq!(binding["roleRef"]["name"], events_role.as_str());
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": format!("{RELEASE}-{component}"), "namespace": NAMESPACE}])
+        );
+    }
     // No role or binding besides these.
     let roles = docs
         .iter()
         .filter(|doc| kind(doc).ends_with("Role") || kind(doc).ends_with("RoleBinding"))
         .count();
-    assert_eq!(roles, 2 * PERMISSIONS.len() + 2);
+    assert_eq!(roles, 2 * PERMISSIONS.len() + 4);
 }

@@ -129,8 +129,8 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         assert_eq!(count("Deployment"), 5, "{variant}");
         assert_eq!(count("DaemonSet"), 1, "{variant}");
         assert_eq!(count("ServiceAccount"), 6, "{variant}");
-        assert_eq!(count("ClusterRole"), 5, "{variant}");
-        assert_eq!(count("ClusterRoleBinding"), 5, "{variant}");
+        assert_eq!(count("ClusterRole"), 6, "{variant}");
+        assert_eq!(count("ClusterRoleBinding"), 6, "{variant}");
         assert_eq!(count("Role"), 2, "{variant}");
         assert_eq!(count("RoleBinding"), 2, "{variant}");
         // The node agent's own-node policy and the DRA admin-access policy.

@@ -71,6 +71,7 @@ pub fn mk_settings(dra_enabled: bool, gates_ready: bool, upgraded_from: &str) ->
         feature_gates_ready: gates_ready,
         module_version: "2.0.0".into(),
         previous_module_version: upgraded_from.into(),
+        ..Default::default()
     }))
 }
 

@@ -1,0 +1,104 @@
+//! What the platform gives the module, read from the API server itself: its
+//! version (`/version`), the feature gates the module needs as its
+//! `kubernetes_feature_enabled` metric reports them (`/metrics`), and
+//! whether it serves `resource.k8s.io/v1`. Never assumed: a gate the
+//! metric does not report is unknown, and an unreadable `/metrics` says why.
+
+use std::collections::BTreeMap;
+
+use kube::Client;
+use switchyard_core::names::REQUIRED_FEATURE_GATES;
+
+/// The platform as last read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Platform {
+    /// e.g. `v1.36.3`; empty when `/version` did not answer.
+    pub kubernetes_version: String,
+    /// The required gates the metric reports, by name.
+    pub feature_gates: BTreeMap<String, bool>,
+    pub dra_api_served: bool,
+    /// Why the gates could not be read; empty when they were.
+    pub feature_gates_error: String,
+}
+
+impl Platform {
+    /// Reads the platform from the API server `client` talks to.
+    pub async fn read(client: &Client) -> Platform {
+        let kubernetes_version = match client.apiserver_version().await {
+            Ok(info) => info.git_version,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the API server's version");
+                String::new()
+            }
+        };
+        let (feature_gates, feature_gates_error) = match metrics(client).await {
+            Ok(text) => (feature_gates(&text), String::new()),
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the API server's feature gates from /metrics");
+                (
+                    BTreeMap::new(),
+                    format!("GET /metrics of the API server: {err}"),
+                )
+            }
+        };
+        Platform {
+            kubernetes_version,
+            feature_gates,
+            dra_api_served: crate::inventory::dra_api_served(client).await,
+            feature_gates_error,
+        }
+    }
+}
+
+async fn metrics(client: &Client) -> Result<String, kube::Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    client.request_text(request).await
+}
+
+/// The required gates in an API server's Prometheus text:
+/// `kubernetes_feature_enabled{name="DRAConsumableCapacity",stage="BETA"} 1`.
+pub fn feature_gates(metrics: &str) -> BTreeMap<String, bool> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("kubernetes_feature_enabled{")?;
+            let (labels, value) = rest.split_once('}')?;
+            let name = labels
+                .split(',')
+                .find_map(|label| label.trim().strip_prefix("name=\""))?
+                .trim_end_matches('"');
+            let on = value.trim().parse::<f64>().ok()? == 1.0;
+            REQUIRED_FEATURE_GATES
+                .contains(&name)
+                .then(|| (name.to_string(), on))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_required_gates_are_read_from_the_metric_and_no_others() {
+        let text = r#"# HELP kubernetes_feature_enabled [BETA] This metric records the data about the stage and enablement of a k8s feature.
+# TYPE kubernetes_feature_enabled gauge
+kubernetes_feature_enabled{name="DynamicResourceAllocation",stage=""} 1
+kubernetes_feature_enabled{name="DRAConsumableCapacity",stage="BETA"} 0
+kubernetes_feature_enabled{name="DRAExtendedResource",stage="BETA"} 1
+kubernetes_feature_enabled{name="InPlacePodVerticalScaling",stage="BETA"} 1
+apiserver_request_total{code="200"} 3
+"#;
+        let gates = feature_gates(text);
+        assert_eq!(
+            gates,
+            BTreeMap::from([
+                ("DRAConsumableCapacity".to_string(), false),
+                ("DRAExtendedResource".to_string(), true),
+                ("DynamicResourceAllocation".to_string(), true),
+            ])
+        );
+    }
+}

@@ -1,0 +1,624 @@
+//! The gpu module's status, for `kubectl` users: the prerequisites as the
+//! API server reports them (inventory reads its version, the six feature
+//! gates from its `kubernetes_feature_enabled` metric, whether it serves
+//! `resource.k8s.io/v1`), per GPU node why DRA is or is not deployed, and
+//! each alert the alerter can tell from the log as a condition — with an
+//! Event when it starts firing.
+//!
+//! Written on the `gpu` ModuleConfig's status where the ModuleConfig CRD is
+//! Switchyard's own (the chart's, annotated `gpu.deckhouse.io/installed-by`),
+//! else on the cluster-scoped `GPUModuleStatus` named `gpu`:
+//!
+//! ```text
+//! kubectl get moduleconfig gpu -o jsonpath='{.status.conditions}'
+//! kubectl get gpumodulestatus gpu -o jsonpath='{.status.conditions}'
+//! ```
+//!
+//! Everything is computed from the state folded from the log (see
+//! [`crate::state_metrics`]) as it is at each pass, and only once that state
+//! holds the whole log the alerter found at start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client};
+use serde_json::json;
+use switchyard_api::{
+    GPUModuleStatus, GPUModuleStatusSpec, INSTALLED_BY_ANNOTATION, ModuleConfig, ModuleStatus,
+    NodeStackStatus,
+};
+use switchyard_core::names::{ALERT_HELD_ON_DRA, REQUIRED_FEATURE_GATES};
+use switchyard_proto::v1::{GpuPhase, Stack, StackReason};
+
+use crate::state_metrics::{MigrationState, is_gpu_node, reason_name, stack_name};
+
+/// The object the status is written on, and its name.
+pub const STATUS_NAME: &str = "gpu";
+
+/// How long before a process or claim counts as stalled, as the chart's
+/// alerts say by default (`prometheusRule.thresholds`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatusArgs {
+    /// How often the module status is written (when it changed).
+    #[arg(long, env = "SWITCHYARD_STATUS_EVERY", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub status_every: Duration,
+    /// An application move not verified after this is stalled.
+    #[arg(long, env = "SWITCHYARD_MOVE_STALLED_AFTER", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub move_stalled_after: Duration,
+    /// A ResourceClaim unallocated this long is stuck pending.
+    #[arg(long, env = "SWITCHYARD_CLAIM_PENDING_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub claim_pending_after: Duration,
+    /// An allocated ResourceClaim reserved for no pod this long is unused.
+    #[arg(long, env = "SWITCHYARD_CLAIM_UNUSED_AFTER", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub claim_unused_after: Duration,
+}
+
+/// An object an alert is about, as an Event names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Regarding {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+    pub name: String,
+}
+
+impl Regarding {
+    fn node(name: &str) -> Regarding {
+        Regarding {
+            kind: "Node",
+            api_version: "v1",
+            name: name.to_string(),
+        }
+    }
+}
+
+/// One object an alert fires for, and what to say of it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Firing {
+    pub alert: &'static str,
+    /// `None`: the module status object itself.
+    pub regarding: Option<Regarding>,
+    pub message: String,
+}
+
+/// The alerts the status carries, in order: those the alerter can tell
+/// from the log (the log's lag and records passed over are Prometheus's).
+pub const ALERTS: [&str; 10] = [
+    ALERT_HELD_ON_DRA,
+    "D8GpuNodeServedByNoStack",
+    "D8GpuNodeDraNotReady",
+    "D8GpuNodeDualAdvertisement",
+    "D8GpuDevicePluginOnDraNode",
+    "D8GpuHandoverStalled",
+    "D8GpuApplicationMoveStalled",
+    "D8GpuResourceClaimPending",
+    "D8GpuResourceClaimUnused",
+    "D8GpuUnhealthy",
+];
+
+fn condition(type_: &str, on: Option<bool>, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: match on {
+            Some(true) => "True",
+            Some(false) => "False",
+            None => "Unknown",
+        }
+        .to_string(),
+        reason: reason.to_string(),
+        message,
+        last_transition_time: Time(Default::default()),
+        observed_generation: None,
+    }
+}
+
+/// The status and the alerts firing, from `state` at `now` (Unix
+/// nanoseconds, for the ages of moves and claims).
+pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleStatus, Vec<Firing>) {
+    let module = &state.stack.cluster.module;
+    let mut conditions = Vec::new();
+    let version = switchyard_core::names::kubernetes_minor(&module.kubernetes_version);
+    let (min_major, min_minor) = switchyard_core::names::MIN_KUBERNETES;
+    conditions.push(match version {
+        Some(v) if v >= (min_major, min_minor) => condition(
+            "KubernetesVersion",
+            Some(true),
+            "Supported",
+            format!(
+                "{} ({min_major}.{min_minor} or newer is needed)",
+                module.kubernetes_version
+            ),
+        ),
+        Some(_) => condition(
+            "KubernetesVersion",
+            Some(false),
+            "TooOld",
+            format!(
+                "{}: {min_major}.{min_minor} or newer is needed",
+                module.kubernetes_version
+            ),
+        ),
+        None => condition(
+            "KubernetesVersion",
+            None,
+            "Unknown",
+            "the API server's version is not known yet".into(),
+        ),
+    });
+    for gate in REQUIRED_FEATURE_GATES {
+        let type_ = format!("FeatureGate{gate}");
+        conditions.push(match module.feature_gates.get(gate) {
+            Some(true) => condition(&type_, Some(true), "Enabled", format!("{gate} is enabled on the API server (kubernetes_feature_enabled)")),
+            Some(false) => condition(&type_, Some(false), "Disabled", format!("{gate} is disabled on the API server (kubernetes_feature_enabled); the platform must enable it: the module changes no control-plane or kubelet arguments")),
+            None if !module.feature_gates_error.is_empty() => condition(&type_, None, "Unreadable", module.feature_gates_error.clone()),
+            None => condition(&type_, None, "NotReported", format!("the API server's kubernetes_feature_enabled metric does not report {gate}")),
+        });
+    }
+    conditions.push(condition(
+        "DRAAPIServed",
+        Some(module.dra_api_served),
+        if module.dra_api_served {
+            "Served"
+        } else {
+            "NotServed"
+        },
+        if module.dra_api_served {
+            "the API server serves resource.k8s.io/v1".into()
+        } else {
+            "the API server does not serve resource.k8s.io/v1".into()
+        },
+    ));
+    let missing = module.prerequisites_missing();
+    conditions.push(if module.observations == 0 {
+        condition(
+            "FeatureGatesReady",
+            None,
+            "NotObserved",
+            "inventory has not reported the module settings yet".into(),
+        )
+    } else if missing.is_empty() {
+        condition(
+            "FeatureGatesReady",
+            Some(true),
+            "PrerequisitesMet",
+            "Kubernetes, the six feature gates and resource.k8s.io/v1 are ready for DRA".into(),
+        )
+    } else {
+        condition(
+            "FeatureGatesReady",
+            Some(false),
+            "PrerequisitesMissing",
+            missing.join("; "),
+        )
+    });
+    conditions.push(condition(
+        "DRAEnabled",
+        Some(module.dra_enabled),
+        if module.dra_enabled {
+            "Enabled"
+        } else {
+            "Disabled"
+        },
+        format!(
+            "the ModuleConfig's settings.dra.enabled is {}",
+            module.dra_enabled
+        ),
+    ));
+
+    let nodes = node_statuses(state);
+    let firing = alerts(state, &nodes, now, args);
+    for alert in ALERTS {
+        let of: Vec<&Firing> = firing.iter().filter(|f| f.alert == alert).collect();
+        conditions.push(if of.is_empty() {
+            condition(alert, Some(false), "NotFiring", String::new())
+        } else {
+            let mut message: Vec<&str> = of.iter().take(10).map(|f| f.message.as_str()).collect();
+            let more = format!("and {} more", of.len().saturating_sub(10));
+            if of.len() > 10 {
+                message.push(&more);
+            }
+            condition(alert, Some(true), "Firing", message.join("; "))
+        });
+    }
+    (ModuleStatus { conditions, nodes }, firing)
+}
+
+/// Per GPU node: its stack and why DRA is or is not deployed there.
+fn node_statuses(state: &MigrationState) -> Vec<NodeStackStatus> {
+    let cluster = &state.stack.cluster;
+    let mut nodes = Vec::new();
+    for (name, node) in &cluster.nodes {
+        if !is_gpu_node(cluster, name, node) {
+            continue;
+        }
+        let assignment = state.stack.assignments.get(name.as_str());
+        let stack = assignment.map(|a| a.stack);
+        let reason = assignment.map_or(StackReason::Unspecified, |a| a.reason);
+        let cards = state
+            .stack
+            .handovers
+            .active
+            .get(name.as_str())
+            .map_or(0, |h| h.cards_before);
+        let readiness_missing = if stack == Some(Stack::Dra) {
+            cluster.readiness(name, cards).missing()
+        } else {
+            Vec::new()
+        };
+        let dra_deployed = stack == Some(Stack::Dra) && readiness_missing.is_empty();
+        let message = match reason {
+            _ if !readiness_missing.is_empty() => format!(
+                "on DRA, but DRA is not deployed yet: {}",
+                readiness_missing.join("; ")
+            ),
+            StackReason::DraEnabled => {
+                "DRA is deployed: dra.enabled and the group has no spec.gpu".to_string()
+            }
+            StackReason::HeldOnDra => "DRA is deployed: the group has spec.gpu but is held on DRA since the module upgrade (D8GpuNodeGroupHeldOnDra)".to_string(),
+            StackReason::GroupHasSpecGpu => "DRA is not deployed: the group has spec.gpu, so the device plugin serves the node".to_string(),
+            StackReason::ControlPlane => {
+                "DRA is not deployed: control-plane nodes get no DRA".to_string()
+            }
+            StackReason::GpuDisabledLabel => {
+                "DRA is not deployed: the node is labeled gpu.deckhouse.io/enabled=false"
+                    .to_string()
+            }
+            StackReason::NoSpecGpuDraDisabled => "no stack manages the node: its group has no spec.gpu, and dra.enabled is off".to_string(),
+            StackReason::FeatureGatesNotReady => format!(
+                "DRA is not deployed: the feature gates are not ready ({})",
+                cluster.module.prerequisites_missing().join("; ")
+            ),
+            StackReason::Unspecified => {
+                "the stack-assigner has not decided the node's stack yet".to_string()
+            }
+        };
+        let reason = if readiness_missing.is_empty() {
+            reason_name(reason)
+        } else {
+            "readiness_missing"
+        };
+        nodes.push(NodeStackStatus {
+            name: name.clone(),
+            node_group: node.group().unwrap_or_default().to_string(),
+            stack: stack_name(stack).to_string(),
+            dra_deployed,
+            reason: reason.to_string(),
+            message,
+        });
+    }
+    nodes
+}
+
+/// Every alert firing now, per object.
+fn alerts(
+    state: &MigrationState,
+    nodes: &[NodeStackStatus],
+    now: i64,
+    args: &StatusArgs,
+) -> Vec<Firing> {
+    let cluster = &state.stack.cluster;
+    let handovers = &state.stack.handovers.active;
+    let mut firing = Vec::new();
+    let mut fire = |alert: &'static str, regarding: Option<Regarding>, message: String| {
+        firing.push(Firing {
+            alert,
+            regarding,
+            message,
+        });
+    };
+    for group in &state.stack.held {
+        fire(
+            ALERT_HELD_ON_DRA,
+            Some(Regarding {
+                kind: "NodeGroup",
+                api_version: "deckhouse.io/v1",
+                name: group.clone(),
+            }),
+            format!("node group {group} has spec.gpu and is held on DRA after the module upgrade"),
+        );
+    }
+    let mut slice_devices: BTreeMap<&str, usize> = BTreeMap::new();
+    for slice in cluster.slices.values() {
+        *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len();
+    }
+    for status in nodes {
+        let name = status.name.as_str();
+        let in_handover = handovers.contains_key(name);
+        if status.stack == "none"
+            && !in_handover
+            && !matches!(
+                status.reason.as_str(),
+                "control_plane" | "gpu_disabled_label"
+            )
+        {
+            fire(
+                "D8GpuNodeServedByNoStack",
+                Some(Regarding::node(name)),
+                format!("node {name}: {}", status.message),
+            );
+        }
+        if status.reason == "readiness_missing" && !in_handover {
+            fire(
+                "D8GpuNodeDraNotReady",
+                Some(Regarding::node(name)),
+                format!("node {name}: {}", status.message),
+            );
+        }
+        let device_plugin = cluster
+            .nodes
+            .get(name)
+            .map_or(0, |n| n.device_plugin_allocatable);
+        let slices = slice_devices.get(name).copied().unwrap_or(0);
+        if device_plugin > 0 && slices > 0 {
+            fire(
+                "D8GpuNodeDualAdvertisement",
+                Some(Regarding::node(name)),
+                format!(
+                    "node {name} advertises {device_plugin} device-plugin GPU resources and {slices} ResourceSlice devices at once: the exclusivity gate failed"
+                ),
+            );
+        }
+        if status.stack == "dra" && device_plugin > 0 {
+            fire(
+                "D8GpuDevicePluginOnDraNode",
+                Some(Regarding::node(name)),
+                format!(
+                    "the device plugin advertises {device_plugin} GPU resources on DRA node {name}"
+                ),
+            );
+        }
+    }
+    for h in handovers.values().filter(|h| h.stalled) {
+        fire(
+            "D8GpuHandoverStalled",
+            Some(Regarding::node(&h.node)),
+            format!(
+                "handover {} of node {} to {} is stalled at step {}",
+                h.id,
+                h.node,
+                h.target_group,
+                crate::state_metrics::step_name(h.step)
+            ),
+        );
+    }
+    let older = |since: i64, limit: Duration| {
+        now.saturating_sub(since) > i64::try_from(limit.as_nanos()).unwrap_or(i64::MAX)
+    };
+    for m in state.claims.moves.active.values() {
+        if let Some(started) = state.move_started.get(&m.id)
+            && older(*started, args.move_stalled_after)
+        {
+            fire(
+                "D8GpuApplicationMoveStalled",
+                None,
+                format!(
+                    "move {} of {}/{} to {} not verified after {}",
+                    m.id,
+                    m.workload.namespace,
+                    m.workload.name,
+                    m.target_group,
+                    humantime::format_duration(args.move_stalled_after)
+                ),
+            );
+        }
+    }
+    for ((namespace, claim), since) in &state.pending_since {
+        if older(*since, args.claim_pending_after) {
+            fire(
+                "D8GpuResourceClaimPending",
+                None,
+                format!(
+                    "ResourceClaim {namespace}/{claim} is unallocated for more than {}",
+                    humantime::format_duration(args.claim_pending_after)
+                ),
+            );
+        }
+    }
+    for ((namespace, claim), since) in &state.unused_since {
+        if older(*since, args.claim_unused_after) {
+            fire(
+                "D8GpuResourceClaimUnused",
+                None,
+                format!(
+                    "ResourceClaim {namespace}/{claim} is allocated but reserved for no running pod for more than {}",
+                    humantime::format_duration(args.claim_unused_after)
+                ),
+            );
+        }
+    }
+    for (node, gpus) in &cluster.gpus {
+        for gpu in gpus.iter().filter(|g| g.phase == GpuPhase::Failed) {
+            fire(
+                "D8GpuUnhealthy",
+                Some(Regarding {
+                    kind: "PhysicalGPU",
+                    api_version: "gpu.deckhouse.io/v1alpha1",
+                    name: gpu.name.to_string(),
+                }),
+                format!("GPU {} ({}) on node {node} is Failed", gpu.uuid, gpu.name),
+            );
+        }
+    }
+    firing
+}
+
+/// The conditions of `status` with the transition times of `before` where
+/// a condition's status did not change, `now` where it did.
+pub fn with_transitions(mut status: ModuleStatus, before: &[Condition], now: Time) -> ModuleStatus {
+    for condition in &mut status.conditions {
+        condition.last_transition_time = before
+            .iter()
+            .find(|b| b.type_ == condition.type_ && b.status == condition.status)
+            .map_or_else(|| now.clone(), |b| b.last_transition_time.clone());
+    }
+    status
+}
+
+/// Where the status goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The `gpu` ModuleConfig: its CRD is Switchyard's.
+    ModuleConfig,
+    /// The `gpu` GPUModuleStatus: the ModuleConfig CRD is someone else's.
+    GpuModuleStatus,
+}
+
+impl Target {
+    /// The ModuleConfig CRD as the API server has it decides.
+    pub fn of(crd: Option<&CustomResourceDefinition>) -> Target {
+        let ours = crd
+            .and_then(|c| c.metadata.annotations.as_ref())
+            .and_then(|a| a.get(INSTALLED_BY_ANNOTATION))
+            .is_some_and(|v| v == "switchyard");
+        if ours {
+            Target::ModuleConfig
+        } else {
+            Target::GpuModuleStatus
+        }
+    }
+
+    async fn detect(client: &Client) -> Result<Target, kube::Error> {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        Ok(Target::of(
+            crds.get_opt("moduleconfigs.deckhouse.io").await?.as_ref(),
+        ))
+    }
+
+    fn regarding(self) -> ObjectReference {
+        let (api_version, kind) = match self {
+            Target::ModuleConfig => ("deckhouse.io/v1alpha1", "ModuleConfig"),
+            Target::GpuModuleStatus => ("gpu.deckhouse.io/v1alpha1", "GPUModuleStatus"),
+        };
+        ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+            name: Some(STATUS_NAME.into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    /// The status written now; `None` when the object is missing (a
+    /// ModuleConfig nobody created yet; a GPUModuleStatus is created).
+    async fn current(self, client: &Client) -> Result<Option<ModuleStatus>, kube::Error> {
+        match self {
+            Target::ModuleConfig => Ok(Api::<ModuleConfig>::all(client.clone())
+                .get_opt(STATUS_NAME)
+                .await?
+                .map(|c| c.status.unwrap_or_default())),
+            Target::GpuModuleStatus => {
+                let api = Api::<GPUModuleStatus>::all(client.clone());
+                if let Some(object) = api.get_opt(STATUS_NAME).await? {
+                    return Ok(Some(object.status.unwrap_or_default()));
+                }
+                let object = GPUModuleStatus::new(STATUS_NAME, GPUModuleStatusSpec {});
+                match api.create(&PostParams::default(), &object).await {
+                    Ok(_) => Ok(Some(ModuleStatus::default())),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(ModuleStatus::default())),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn write(self, client: &Client, status: &ModuleStatus) -> Result<(), kube::Error> {
+        // A merge patch replaces the lists whole: what is written is all there is.
+        let patch = Patch::Merge(json!({ "status": status }));
+        let params = PatchParams::default();
+        match self {
+            Target::ModuleConfig => {
+                Api::<ModuleConfig>::all(client.clone())
+                    .patch_status(STATUS_NAME, &params, &patch)
+                    .await?;
+            }
+            Target::GpuModuleStatus => {
+                Api::<GPUModuleStatus>::all(client.clone())
+                    .patch_status(STATUS_NAME, &params, &patch)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes the status every `args.status_every` while it changes, and an
+/// Event (Warning, reason the alert's name) when an alert starts firing for
+/// an object, until the process ends.
+pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: StatusArgs) {
+    let target = loop {
+        match Target::detect(&client).await {
+            Ok(target) => break target,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the ModuleConfig CRD to choose where the module status goes");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
+    tracing::info!(?target, "writing the module status");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "switchyard-alerter".into(),
+            instance: None,
+        },
+    );
+    let mut announced: BTreeSet<Firing> = BTreeSet::new();
+    let mut every = tokio::time::interval(args.status_every);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let computed = {
+            let state = state.lock().unwrap_or_else(|e| e.into_inner());
+            state
+                .caught_up()
+                .then(|| compute(&state, switchyard_eventlog::now_nanos(), &args))
+        };
+        let Some((status, firing)) = computed else {
+            continue;
+        };
+        match target.current(&client).await {
+            Ok(Some(current)) => {
+                // The API server keeps seconds.
+                let now = k8s_openapi::jiff::Timestamp::from_second(
+                    k8s_openapi::jiff::Timestamp::now().as_second(),
+                )
+                .map_or_else(|_| Time(k8s_openapi::jiff::Timestamp::now()), Time);
+                let status = with_transitions(status, &current.conditions, now);
+                if status != current
+                    && let Err(err) = target.write(&client, &status).await
+                {
+                    tracing::warn!(error = %err, ?target, "writing the module status");
+                }
+            }
+            Ok(None) => tracing::debug!(?target, "no gpu ModuleConfig: no module status to write"),
+            Err(err) => tracing::warn!(error = %err, ?target, "reading the module status"),
+        }
+        let firing: BTreeSet<Firing> = firing.into_iter().collect();
+        for new in firing.difference(&announced) {
+            let regarding = new.regarding.as_ref().map_or_else(
+                || target.regarding(),
+                |r| ObjectReference {
+                    api_version: Some(r.api_version.into()),
+                    kind: Some(r.kind.into()),
+                    name: Some(r.name.clone()),
+                    ..ObjectReference::default()
+                },
+            );
+            let event = Event {
+                type_: EventType::Warning,
+                reason: new.alert.into(),
+                note: Some(new.message.chars().take(1000).collect()),
+                action: "Alert".into(),
+                secondary: None,
+            };
+            if let Err(err) = recorder.publish(&event, &regarding).await {
+                tracing::warn!(error = %err, alert = new.alert, "recording the alert's Event");
+            }
+        }
+        announced = firing;
+    }
+}
