@@ -293,10 +293,11 @@ pub struct ModuleStatus {
     /// `KubernetesVersion`, one `FeatureGate<Name>` per gate the module
     /// needs, `DRAAPIServed`, `FeatureGatesReady` (all of those),
     /// `DRAEnabled`, and one per alert (`True` while it fires).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub conditions: Vec<Condition>,
-    /// Per GPU node: its stack, and why DRA is or is not deployed on it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Per GPU node: its stack, and why DRA is or is not deployed on it
+    /// (written whole each time, `[]` too, so a merge patch clears it).
+    #[serde(default)]
     pub nodes: Vec<NodeStackStatus>,
 }
 

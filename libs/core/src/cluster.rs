@@ -116,6 +116,21 @@ pub struct ModuleSettings {
 }
 
 impl ModuleSettings {
+    /// Whether `gate` is on: as the API server's metric reports it, or on
+    /// because it went GA by this version and is no longer reported;
+    /// `None` when unknown.
+    pub fn gate(&self, gate: &str) -> Option<bool> {
+        use crate::names::{FEATURE_GATES_GA, kubernetes_minor};
+        if let Some(on) = self.feature_gates.get(gate) {
+            return Some(*on);
+        }
+        let version = kubernetes_minor(&self.kubernetes_version)?;
+        let graduated = FEATURE_GATES_GA
+            .iter()
+            .any(|(g, ga)| *g == gate && version >= *ga);
+        (graduated && self.feature_gates_error.is_empty()).then_some(true)
+    }
+
     /// What keeps the prerequisites from holding, in the reference's words;
     /// empty when Kubernetes is 1.34 or newer, the six feature gates are on
     /// and resource.k8s.io/v1 is served.
@@ -135,7 +150,7 @@ impl ModuleSettings {
             )),
         }
         for gate in REQUIRED_FEATURE_GATES {
-            match self.feature_gates.get(gate) {
+            match self.gate(gate) {
                 Some(true) => {}
                 Some(false) => missing.push(format!("feature gate {gate} is disabled")),
                 None if !self.feature_gates_error.is_empty() => missing.push(format!(

@@ -78,6 +78,11 @@ pub const REQUIRED_FEATURE_GATES: [&str; 6] = [
     "DRAExtendedResource",
 ];
 
+/// Required gates and the release they went GA in: a gate is locked on from
+/// then and, some releases later, removed — the API server then no longer
+/// reports it, and it is on.
+pub const FEATURE_GATES_GA: [(&str, (u32, u32)); 1] = [("DynamicResourceAllocation", (1, 34))];
+
 /// The oldest Kubernetes the module runs on (reference, "Prerequisites").
 pub const MIN_KUBERNETES: (u32, u32) = (1, 34);
 

@@ -1028,6 +1028,12 @@ mod tests {
             !settings(&platform).feature_gates_ready,
             "a gate not reported is not on"
         );
+        // ...unless it went GA by this version and was removed.
+        platform
+            .feature_gates
+            .insert("DRAExtendedResource".into(), true);
+        platform.feature_gates.remove("DynamicResourceAllocation");
+        assert!(settings(&platform).feature_gates_ready, "GA in 1.34");
     }
 
     #[test]

@@ -270,9 +270,10 @@ fn module_settings(
         (client, latest, version),
         move |(client, latest, version)| async move {
             tokio::time::sleep(every).await;
-            let platform = Platform::read(&client).await;
+            let fresh = Platform::read(&client).await;
             let fact = {
                 let mut latest = latest.lock().unwrap_or_else(|e| e.into_inner());
+                let platform = latest.1.updated_with(fresh);
                 if latest.1 == platform {
                     None
                 } else {

@@ -22,6 +22,22 @@ pub struct Platform {
 }
 
 impl Platform {
+    /// `self` read again as `fresh`: what the fresh read could not learn
+    /// (the version, the gates, after a failed request — an API server
+    /// restarting, a flaky load balancer) stays as it was known, so a failed
+    /// read never turns a ready platform into a not-ready one.
+    pub fn updated_with(&self, fresh: Platform) -> Platform {
+        let mut next = fresh;
+        if next.kubernetes_version.is_empty() {
+            next.kubernetes_version = self.kubernetes_version.clone();
+        }
+        if !next.feature_gates_error.is_empty() && !self.feature_gates.is_empty() {
+            next.feature_gates = self.feature_gates.clone();
+            next.feature_gates_error = String::new();
+        }
+        next
+    }
+
     /// Reads the platform from the API server `client` talks to.
     pub async fn read(client: &Client) -> Platform {
         let kubernetes_version = match client.apiserver_version().await {
@@ -80,6 +96,31 @@ pub fn feature_gates(metrics: &str) -> BTreeMap<String, bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_read_keeps_what_was_known() {
+        let known = Platform {
+            kubernetes_version: "v1.36.3".into(),
+            feature_gates: BTreeMap::from([("DRAConsumableCapacity".to_string(), true)]),
+            dra_api_served: true,
+            feature_gates_error: String::new(),
+        };
+        let failed = Platform {
+            kubernetes_version: String::new(),
+            feature_gates: BTreeMap::new(),
+            dra_api_served: true,
+            feature_gates_error: "GET /metrics of the API server: connection reset".into(),
+        };
+        assert_eq!(known.updated_with(failed.clone()), known);
+        // A real change is taken.
+        let off = Platform {
+            feature_gates: BTreeMap::from([("DRAConsumableCapacity".to_string(), false)]),
+            ..known.clone()
+        };
+        assert_eq!(known.updated_with(off.clone()), off);
+        // Nothing known yet: the failure is what there is.
+        assert_eq!(Platform::default().updated_with(failed.clone()), failed);
+    }
 
     #[test]
     fn the_required_gates_are_read_from_the_metric_and_no_others() {

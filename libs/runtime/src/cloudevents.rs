@@ -144,20 +144,29 @@ pub async fn ensure_stream(
     })
 }
 
-/// The log sequence of the last record the stream holds, 0 if none.
-async fn last_published(stream: &mut stream::Stream, name: &str) -> Result<u64, PublishError> {
+/// The log sequence of the last record the stream holds, 0 if it never
+/// held one; `None` when it held some and has let them all expire (a quiet
+/// spell longer than its max age).
+async fn last_published(
+    stream: &mut stream::Stream,
+    name: &str,
+) -> Result<Option<u64>, PublishError> {
     let failed = |message: String| PublishError::Stream {
         stream: name.to_string(),
         message,
     };
-    let last = stream
+    let state = stream
         .info()
         .await
         .map_err(|e| failed(e.to_string()))?
         .state
-        .last_sequence;
+        .clone();
+    let last = state.last_sequence;
     if last == 0 {
-        return Ok(0);
+        return Ok(Some(0));
+    }
+    if state.messages == 0 {
+        return Ok(None);
     }
     let message = stream
         .get_raw_message(last)
@@ -168,20 +177,41 @@ async fn last_published(stream: &mut stream::Stream, name: &str) -> Result<u64, 
     event["sequence"]
         .as_str()
         .and_then(|s| s.parse().ok())
+        .map(Some)
         .ok_or_else(|| failed(format!("message {last} has no sequence")))
 }
 
 /// Publishes every record of `log` after the last the stream holds, then
-/// each as it is appended, until the log or NATS fails.
+/// each as it is appended, until the log or NATS fails. `acked` is the log
+/// sequence of the last record whose publication (and every one before it)
+/// was acknowledged: a run after a failure goes on from there, as the
+/// stream may hold later records whose earlier ones were lost (the
+/// stream's duplicate window drops those published twice).
 pub async fn publish(
     log: Arc<dyn EventLog>,
     client: async_nats::Client,
     args: EventsArgs,
     source: String,
+    acked: &mut Option<u64>,
 ) -> Result<(), PublishError> {
     let js = jetstream::new(client);
     let mut stream = ensure_stream(&js, &args).await?;
-    let from = last_published(&mut stream, &args.events_stream).await? + 1;
+    let from = match (
+        *acked,
+        last_published(&mut stream, &args.events_stream).await?,
+    ) {
+        (Some(acked), _) => acked + 1,
+        (None, Some(last)) => last + 1,
+        (None, None) => {
+            let head = log.last_sequence(None).await?;
+            tracing::warn!(
+                stream = args.events_stream,
+                head,
+                "the stream let every CloudEvent expire: publishing from the log's end"
+            );
+            head + 1
+        }
+    };
     tracing::info!(
         stream = args.events_stream,
         prefix = args.events_prefix,
@@ -198,7 +228,7 @@ pub async fn publish(
             match follow.next().now_or_never() {
                 Some(next) => next,
                 None => {
-                    settle(&mut acks, 0).await?;
+                    settle(&mut acks, 0, acked).await?;
                     continue;
                 }
             }
@@ -225,22 +255,29 @@ pub async fn publish(
                 subject: subject.clone(),
                 message: e.to_string(),
             })?;
-        acks.push_back((subject, ack));
-        settle(&mut acks, IN_FLIGHT).await?;
+        acks.push_back((stored.sequence, subject, ack));
+        settle(&mut acks, IN_FLIGHT, acked).await?;
     }
 }
 
-/// Awaits acknowledgements until at most `keep` are pending.
+/// A publication awaiting its acknowledgement: the record's log sequence,
+/// the subject, the ack.
+type Pending = (u64, String, jetstream::context::PublishAckFuture);
+
+/// Awaits acknowledgements, in order, until at most `keep` are pending;
+/// `acked` follows them.
 async fn settle(
-    acks: &mut VecDeque<(String, jetstream::context::PublishAckFuture)>,
+    acks: &mut VecDeque<Pending>,
     keep: usize,
+    acked: &mut Option<u64>,
 ) -> Result<(), PublishError> {
     while acks.len() > keep {
-        let (subject, ack) = acks.pop_front().expect("pending");
+        let (sequence, subject, ack) = acks.pop_front().expect("pending");
         ack.await.map_err(|e| PublishError::Publish {
             subject,
             message: e.to_string(),
         })?;
+        *acked = Some(sequence);
     }
     Ok(())
 }
@@ -253,9 +290,17 @@ pub fn spawn(log: Arc<dyn EventLog>, client: async_nats::Client, args: EventsArg
     }
     tokio::spawn(async move {
         let mut pause = Duration::from_secs(1);
+        let mut acked = None;
         loop {
             let started = std::time::Instant::now();
-            let result = publish(log.clone(), client.clone(), args.clone(), source.clone()).await;
+            let result = publish(
+                log.clone(),
+                client.clone(),
+                args.clone(),
+                source.clone(),
+                &mut acked,
+            )
+            .await;
             if let Err(err) = result {
                 tracing::warn!(%err, ?pause, "publishing CloudEvents stopped; starting again");
             }

@@ -616,8 +616,6 @@ struct Written {
     took: i64,
 }
 
-/// Runs a service until the log fails: rebuilt from `log`, its effects
-/// executed by `executor`, operator commands taken on `commands` if given.
 /// Stops a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -647,6 +645,8 @@ fn watch_log_head(service: ServiceName, log: Arc<dyn EventLog>) -> AbortOnDrop {
     }))
 }
 
+/// Runs a service until the log fails: rebuilt from `log`, its effects
+/// executed by `executor`, operator commands taken on `commands` if given.
 pub async fn run<E: EffectExecutor>(
     mut core: Box<dyn Core>,
     log: Arc<dyn EventLog>,

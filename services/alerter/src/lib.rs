@@ -60,9 +60,10 @@ pub struct Args {
 
 /// Runs the service on the JetStream log until the log fails. It also
 /// publishes the log as CloudEvents for integrations
-/// ([`switchyard_runtime::cloudevents`]) and serves the migration's state as
-/// series on `/metrics` ([`state_metrics`]), each following the log on a
-/// connection of its own.
+/// ([`switchyard_runtime::cloudevents`]), serves the migration's state as
+/// series on `/metrics` ([`state_metrics`]) and writes the module status
+/// ([`module_status`]); the publisher and the state follow the log on a
+/// connection of their own, beside the service's.
 pub async fn run(args: Args) -> Result<(), ServeError<NotExecuted>> {
     let nats = &args.service.nats;
     let client = nats.service_client(SERVICE.as_str()).await?;

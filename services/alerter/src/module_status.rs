@@ -41,8 +41,9 @@ use crate::state_metrics::{MigrationState, is_gpu_node, reason_name, stack_name}
 /// The object the status is written on, and its name.
 pub const STATUS_NAME: &str = "gpu";
 
-/// How long before a process or claim counts as stalled, as the chart's
-/// alerts say by default (`prometheusRule.thresholds`).
+/// How often the status is written, and how long before a move or a claim
+/// counts as stalled (the chart sets these from its alerts'
+/// `prometheusRule.thresholds`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct StatusArgs {
     /// How often the module status is written (when it changed).
@@ -81,6 +82,9 @@ impl Regarding {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Firing {
     pub alert: &'static str,
+    /// What it fires for: a node, group, handover, move, claim or GPU by
+    /// name — one Event per alert and object while it keeps firing.
+    pub object: String,
     /// `None`: the module status object itself.
     pub regarding: Option<Regarding>,
     pub message: String,
@@ -152,7 +156,8 @@ pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleSt
     });
     for gate in REQUIRED_FEATURE_GATES {
         let type_ = format!("FeatureGate{gate}");
-        conditions.push(match module.feature_gates.get(gate) {
+        conditions.push(match module.gate(gate) {
+            Some(true) if !module.feature_gates.contains_key(gate) => condition(&type_, Some(true), "Graduated", format!("{gate} is GA in {} and no longer a gate", module.kubernetes_version)),
             Some(true) => condition(&type_, Some(true), "Enabled", format!("{gate} is enabled on the API server (kubernetes_feature_enabled)")),
             Some(false) => condition(&type_, Some(false), "Disabled", format!("{gate} is disabled on the API server (kubernetes_feature_enabled); the platform must enable it: the module changes no control-plane or kubelet arguments")),
             None if !module.feature_gates_error.is_empty() => condition(&type_, None, "Unreadable", module.feature_gates_error.clone()),
@@ -244,7 +249,8 @@ fn node_statuses(state: &MigrationState) -> Vec<NodeStackStatus> {
             .handovers
             .active
             .get(name.as_str())
-            .map_or(0, |h| h.cards_before);
+            .map_or(0, |h| h.cards_before)
+            .max(cluster.cards(name));
         let readiness_missing = if stack == Some(Stack::Dra) {
             cluster.readiness(name, cards).missing()
         } else {
@@ -304,16 +310,19 @@ fn alerts(
     let cluster = &state.stack.cluster;
     let handovers = &state.stack.handovers.active;
     let mut firing = Vec::new();
-    let mut fire = |alert: &'static str, regarding: Option<Regarding>, message: String| {
-        firing.push(Firing {
-            alert,
-            regarding,
-            message,
-        });
-    };
+    let mut fire =
+        |alert: &'static str, object: &str, regarding: Option<Regarding>, message: String| {
+            firing.push(Firing {
+                alert,
+                object: object.to_string(),
+                regarding,
+                message,
+            });
+        };
     for group in &state.stack.held {
         fire(
             ALERT_HELD_ON_DRA,
+            group,
             Some(Regarding {
                 kind: "NodeGroup",
                 api_version: "deckhouse.io/v1",
@@ -338,6 +347,7 @@ fn alerts(
         {
             fire(
                 "D8GpuNodeServedByNoStack",
+                name,
                 Some(Regarding::node(name)),
                 format!("node {name}: {}", status.message),
             );
@@ -345,6 +355,7 @@ fn alerts(
         if status.reason == "readiness_missing" && !in_handover {
             fire(
                 "D8GpuNodeDraNotReady",
+                name,
                 Some(Regarding::node(name)),
                 format!("node {name}: {}", status.message),
             );
@@ -357,6 +368,7 @@ fn alerts(
         if device_plugin > 0 && slices > 0 {
             fire(
                 "D8GpuNodeDualAdvertisement",
+                name,
                 Some(Regarding::node(name)),
                 format!(
                     "node {name} advertises {device_plugin} device-plugin GPU resources and {slices} ResourceSlice devices at once: the exclusivity gate failed"
@@ -366,6 +378,7 @@ fn alerts(
         if status.stack == "dra" && device_plugin > 0 {
             fire(
                 "D8GpuDevicePluginOnDraNode",
+                name,
                 Some(Regarding::node(name)),
                 format!(
                     "the device plugin advertises {device_plugin} GPU resources on DRA node {name}"
@@ -376,6 +389,7 @@ fn alerts(
     for h in handovers.values().filter(|h| h.stalled) {
         fire(
             "D8GpuHandoverStalled",
+            &h.id,
             Some(Regarding::node(&h.node)),
             format!(
                 "handover {} of node {} to {} is stalled at step {}",
@@ -395,6 +409,7 @@ fn alerts(
         {
             fire(
                 "D8GpuApplicationMoveStalled",
+                &m.id,
                 None,
                 format!(
                     "move {} of {}/{} to {} not verified after {}",
@@ -411,6 +426,7 @@ fn alerts(
         if older(*since, args.claim_pending_after) {
             fire(
                 "D8GpuResourceClaimPending",
+                &format!("{namespace}/{claim}"),
                 None,
                 format!(
                     "ResourceClaim {namespace}/{claim} is unallocated for more than {}",
@@ -423,6 +439,7 @@ fn alerts(
         if older(*since, args.claim_unused_after) {
             fire(
                 "D8GpuResourceClaimUnused",
+                &format!("{namespace}/{claim}"),
                 None,
                 format!(
                     "ResourceClaim {namespace}/{claim} is allocated but reserved for no running pod for more than {}",
@@ -435,6 +452,7 @@ fn alerts(
         for gpu in gpus.iter().filter(|g| g.phase == GpuPhase::Failed) {
             fire(
                 "D8GpuUnhealthy",
+                &gpu.name,
                 Some(Regarding {
                     kind: "PhysicalGPU",
                     api_version: "gpu.deckhouse.io/v1alpha1",
@@ -566,7 +584,8 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
             instance: None,
         },
     );
-    let mut announced: BTreeSet<Firing> = BTreeSet::new();
+    // Announced with an Event: (alert, object), while it keeps firing.
+    let mut announced: BTreeSet<(&'static str, String)> = BTreeSet::new();
     let mut every = tokio::time::interval(args.status_every);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -597,8 +616,14 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
             Ok(None) => tracing::debug!(?target, "no gpu ModuleConfig: no module status to write"),
             Err(err) => tracing::warn!(error = %err, ?target, "reading the module status"),
         }
-        let firing: BTreeSet<Firing> = firing.into_iter().collect();
-        for new in firing.difference(&announced) {
+        let mut still = BTreeSet::new();
+        for new in &firing {
+            let key = (new.alert, new.object.clone());
+            let fresh = !announced.contains(&key);
+            still.insert(key);
+            if !fresh {
+                continue;
+            }
             let regarding = new.regarding.as_ref().map_or_else(
                 || target.regarding(),
                 |r| ObjectReference {
@@ -616,9 +641,11 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
                 secondary: None,
             };
             if let Err(err) = recorder.publish(&event, &regarding).await {
+                // Said again on the next pass.
                 tracing::warn!(error = %err, alert = new.alert, "recording the alert's Event");
+                still.remove(&(new.alert, new.object.clone()));
             }
         }
-        announced = firing;
+        announced = still;
     }
 }

@@ -62,18 +62,20 @@ impl MigrationState {
             .is_some_and(|head| self.sequence >= head)
     }
 
+    /// The state of a log the caller folded here in full, record by record
+    /// with [`MigrationState::fold`]: whole, as if caught up.
+    pub fn whole(mut self) -> Self {
+        self.started_at_head = Some(self.sequence);
+        self
+    }
+
     /// Folds one record, recorded at `at` (Unix nanoseconds).
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
         self.claims.apply_at(event, at);
         match &event.kind {
             Some(Kind::EvidenceChecked(c)) => {
-                // A migration's waves share the operator's check id.
-                let key = if c.migration_id.is_empty() {
-                    c.check_id.clone()
-                } else {
-                    format!("{} wave {}", c.check_id, c.wave + 1)
-                };
+                let key = switchyard_core::claim_allocator::evidence::check_key(c);
                 self.evidence.insert(key, c.clone());
             }
             Some(Kind::ApplicationMoveStarted(m)) => {
@@ -89,14 +91,15 @@ impl MigrationState {
             Some(Kind::PodRemoved(p)) => self.pod_changed(&p.namespace, &p.name, at),
             _ => {}
         }
-        let active: BTreeSet<&str> = self
-            .claims
-            .moves
-            .active
-            .values()
-            .map(|m| m.id.as_str())
-            .collect();
-        if self.move_started.len() > active.len() {
+        // A move that ended: forget when it started.
+        if self.move_started.len() > self.claims.moves.active.len() {
+            let active: BTreeSet<&str> = self
+                .claims
+                .moves
+                .active
+                .values()
+                .map(|m| m.id.as_str())
+                .collect();
             self.move_started
                 .retain(|id, _| active.contains(id.as_str()));
         }
@@ -213,6 +216,9 @@ impl StateCollector {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// The `pod` of a device allocated to a claim reserved for no pod.
+pub const UNRESERVED: &str = "(unreserved)";
+
 /// One metric family being written: its series with their labels.
 struct Series<'a> {
     encoder: prometheus_client::encoding::MetricEncoder<'a>,
@@ -301,6 +307,11 @@ fn flag(on: bool) -> String {
 impl Collector for StateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // A state still rebuilding from the log shows finished processes as
+        // open and counts from zero: no series until it is whole.
+        if !state.caught_up() {
+            return Ok(());
+        }
         let s = &*state;
         let cluster = &s.claims.cluster;
         let handovers = &s.stack.handovers;
@@ -372,7 +383,8 @@ impl Collector for StateCollector {
             let cards = handovers
                 .active
                 .get(name.as_str())
-                .map_or(0, |h| h.cards_before);
+                .map_or(0, |h| h.cards_before)
+                .max(cluster.cards(name));
             let readiness = s.stack.cluster.readiness(name, cards);
             let missing = [
                 ("gpu_setup_complete", !readiness.gpu_setup_complete),
@@ -581,8 +593,10 @@ impl Collector for StateCollector {
             if claim.node.is_empty() {
                 continue;
             }
+            // Prometheus drops an empty label, and the scrape would give the
+            // series the alerter's own pod: a claim reserved for none says so.
             let pods: Vec<&str> = if claim.reserved_for.is_empty() {
-                vec![""]
+                vec![UNRESERVED]
             } else {
                 claim.reserved_for.iter().map(String::as_str).collect()
             };

@@ -98,7 +98,7 @@ async fn reference_log() -> Vec<Logged> {
 async fn the_reference_migration_scraped_is_what_the_services_hold() {
     let log = reference_log().await;
     let states = States::replay(log.iter().map(|l| (&l.event, l.at)));
-    let text = scrape(fold(&log));
+    let text = scrape(fold(&log).whole());
     let series = samples(&text);
 
     // Every GPU node, on the stack the stack-assigner gave it, no handover left.
@@ -173,7 +173,7 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
     assert_eq!(series["switchyard_physical_gpu"].len(), gpus);
 
     // Folding the same log again scrapes the same text.
-    assert_eq!(scrape(fold(&log)), text);
+    assert_eq!(scrape(fold(&log).whole()), text);
 
     // And the real promtool's lint takes it (names, units, help).
     let promtool = switchyard_testkit::promtool_binary().expect("promtool");
@@ -203,7 +203,7 @@ async fn a_handover_in_progress_shows_its_step_and_since_when() {
         .expect("a node is drained");
     let prefix = &log[..=drained];
     let states = States::replay(prefix.iter().map(|l| (&l.event, l.at)));
-    let series = samples(&scrape(fold(prefix)));
+    let series = samples(&scrape(fold(prefix).whole()));
     let [handover] = &states.stack.handovers.active.values().collect::<Vec<_>>()[..] else {
         panic!("one handover in progress");
     };

@@ -63,12 +63,7 @@ impl Folded {
                 self.rollbacks.insert(r.rollback_id.clone(), true);
             }
             Some(Kind::EvidenceChecked(c)) => {
-                // A migration's several waves share the operator's check id.
-                let key = if c.migration_id.is_empty() {
-                    c.check_id.clone()
-                } else {
-                    format!("{} wave {}", c.check_id, c.wave + 1)
-                };
+                let key = switchyard_core::claim_allocator::evidence::check_key(c);
                 self.evidence.insert(key, c.clone());
             }
             _ => {}

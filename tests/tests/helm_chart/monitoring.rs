@@ -141,3 +141,51 @@ fn traces_go_to_the_collector_named_in_values_and_nowhere_by_default() {
         refused.stderr
     );
 }
+
+/// The alerter ages moves and claims for the module status's alerts as the
+/// chart's rules do: from `prometheusRule.thresholds`, defaults included.
+#[test]
+fn the_module_status_ages_come_from_the_alert_thresholds() {
+    let alerter_env = |sets: &[&str]| {
+        let mut all = vec![NATS_URL];
+        all.extend_from_slice(sets);
+        container_env(&render(&all))
+            .into_iter()
+            .find(|(container, _)| container == "alerter")
+            .map(|(_, env)| env)
+            .expect("the alerter's container")
+    };
+    let pairs = |env: &[(String, String)]| -> Vec<(String, String)> {
+        env.iter()
+            .filter(|(name, _)| name.ends_with("_AFTER"))
+            .cloned()
+            .collect()
+    };
+    let set = |name: &str, value: &str| (name.to_string(), value.to_string());
+    assert_eq!(
+        pairs(&alerter_env(&[])),
+        [
+            set("SWITCHYARD_MOVE_STALLED_AFTER", "1h"),
+            set("SWITCHYARD_CLAIM_PENDING_AFTER", "15m"),
+            set("SWITCHYARD_CLAIM_UNUSED_AFTER", "30m"),
+        ]
+    );
+    assert_eq!(
+        pairs(&alerter_env(&[
+            "prometheusRule.thresholds.applicationMoveAge=2h",
+            "prometheusRule.thresholds.resourceClaimPendingAge=5m",
+            "prometheusRule.thresholds.resourceClaimUnusedAge=1d",
+        ])),
+        [
+            set("SWITCHYARD_MOVE_STALLED_AFTER", "2h"),
+            set("SWITCHYARD_CLAIM_PENDING_AFTER", "5m"),
+            set("SWITCHYARD_CLAIM_UNUSED_AFTER", "1d"),
+        ]
+    );
+    // No other service gets them.
+    for (container, env) in container_env(&render(&[NATS_URL])) {
+        if container != "alerter" {
+            assert_eq!(pairs(&env), [], "{container}");
+        }
+    }
+}

@@ -151,6 +151,16 @@ containers:
       - name: OTEL_EXPORTER_OTLP_ENDPOINT
         value: {{ . | quote }}
       {{- end }}
+      {{- if eq .component "alerter" }}
+      {{- /* The module status's alerts age moves and claims as the chart's rules do. */}}
+      {{- $t := $root.Values.prometheusRule.thresholds }}
+      - name: SWITCHYARD_MOVE_STALLED_AFTER
+        value: {{ $t.applicationMoveAge | quote }}
+      - name: SWITCHYARD_CLAIM_PENDING_AFTER
+        value: {{ $t.resourceClaimPendingAge | quote }}
+      - name: SWITCHYARD_CLAIM_UNUSED_AFTER
+        value: {{ $t.resourceClaimUnusedAge | quote }}
+      {{- end }}
       {{- if $nodeAgent }}
       - name: NODE_NAME
         valueFrom:

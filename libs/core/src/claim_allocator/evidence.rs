@@ -501,3 +501,14 @@ pub fn first_failure(records: &[DomainEvent]) -> Option<String> {
         _ => None,
     })
 }
+
+/// How a check is named where the last of each is kept (`switchyard
+/// status`, the alerter's series): its id, and for a migration's check —
+/// whose waves share the operator's id — the wave too.
+pub fn check_key(checked: &switchyard_proto::v1::EvidenceChecked) -> String {
+    if checked.migration_id.is_empty() {
+        checked.check_id.clone()
+    } else {
+        format!("{} wave {}", checked.check_id, checked.wave + 1)
+    }
+}
