@@ -10,6 +10,8 @@ pub struct Permission {
     /// A resource or a subresource, e.g. `pods/eviction`.
     pub resource: &'static str,
     pub verbs: &'static [&'static str],
+    /// Only these objects (`resourceNames`); empty: any.
+    pub names: &'static [&'static str],
 }
 
 /// Watching a kind: get, list, watch.
@@ -26,6 +28,22 @@ impl Permission {
             group,
             resource,
             verbs,
+            names: &[],
+        }
+    }
+
+    /// `verbs` on the objects `names` of `group`/`resource` only.
+    pub const fn named(
+        group: &'static str,
+        resource: &'static str,
+        verbs: &'static [&'static str],
+        names: &'static [&'static str],
+    ) -> Self {
+        Permission {
+            group,
+            resource,
+            verbs,
+            names,
         }
     }
 

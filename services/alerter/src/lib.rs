@@ -25,17 +25,25 @@ pub const SERVICE: ServiceName = ServiceName::Alerter;
 /// What the alerter may do in the cluster (a ClusterRole): read the
 /// ModuleConfig CRD (whose it is decides where the module status goes) and
 /// write the module status, on the `gpu` ModuleConfig or its own
-/// GPUModuleStatus.
+/// GPUModuleStatus — those objects only (creating one cannot be limited by
+/// name: Kubernetes does not know the name before the object exists).
 pub const PERMISSIONS: &[Permission] = &[
-    Permission::new(
+    Permission::named(
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         &["get"],
+        &["moduleconfigs.deckhouse.io"],
     ),
-    Permission::new("deckhouse.io", "moduleconfigs", &["get"]),
-    Permission::new("deckhouse.io", "moduleconfigs/status", &["patch"]),
-    Permission::new("gpu.deckhouse.io", "gpumodulestatuses", &["get", "create"]),
-    Permission::new("gpu.deckhouse.io", "gpumodulestatuses/status", &["patch"]),
+    Permission::named("deckhouse.io", "moduleconfigs", &["get"], &["gpu"]),
+    Permission::named("deckhouse.io", "moduleconfigs/status", &["patch"], &["gpu"]),
+    Permission::named("gpu.deckhouse.io", "gpumodulestatuses", &["get"], &["gpu"]),
+    Permission::new("gpu.deckhouse.io", "gpumodulestatuses", &["create"]),
+    Permission::named(
+        "gpu.deckhouse.io",
+        "gpumodulestatuses/status",
+        &["patch"],
+        &["gpu"],
+    ),
 ];
 
 /// The alerter's Events (an alert starting to fire, on its Node, NodeGroup,

@@ -667,6 +667,34 @@ async fn least_privilege_per_service_account() {
                 .await,
             "alerter patches the ModuleConfig's spec",
         );
+        // Another module's ModuleConfig is none of its business.
+        create(
+            &admin_configs,
+            json!({"apiVersion": "deckhouse.io/v1alpha1", "kind": "ModuleConfig", "metadata": {"name": "cni-cilium"}, "spec": {}}),
+        )
+        .await;
+        refused(
+            configs
+                .patch_status("cni-cilium", &PatchParams::default(), status)
+                .await,
+            "alerter writes another module's status",
+        );
+        refused(
+            configs.get("cni-cilium").await,
+            "alerter reads another module's ModuleConfig",
+        );
+        allowed(
+            Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(client.clone())
+                .get("moduleconfigs.deckhouse.io")
+                .await,
+            "alerter reads the ModuleConfig CRD",
+        );
+        refused(
+            Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(client.clone())
+                .get("physicalgpus.gpu.deckhouse.io")
+                .await,
+            "alerter reads another CRD",
+        );
         let own: Api<DynamicObject> = Api::all_with(
             client.clone(),
             &ApiResource::from_gvk_with_plural(

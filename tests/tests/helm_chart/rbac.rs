@@ -23,9 +23,12 @@ fn pairs(permissions: &[Permission]) -> BTreeSet<(String, String)> {
     permissions
         .iter()
         .flat_map(|p| {
-            p.verbs
-                .iter()
-                .map(move |verb| (format!("{}/{}", p.group, p.resource), verb.to_string()))
+            p.verbs.iter().map(move |verb| {
+                (
+                    format!("{}/{}{}", p.group, p.resource, names(p.names)),
+                    verb.to_string(),
+                )
+            })
         })
         .collect()
 }
@@ -35,7 +38,7 @@ fn pairs(permissions: &[Permission]) -> BTreeSet<(String, String)> {
 fn granted(role: &Value) -> BTreeSet<(String, String)> {
     let mut pairs = BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
-        assert!(rule.get("resourceNames").is_none(), "{rule}");
+        let only = names(&strings(&rule["resourceNames"]));
         for url in strings(&rule["nonResourceURLs"]) {
             for verb in strings(&rule["verbs"]) {
                 pairs.insert((format!("url:{url}"), verb.to_string()));
@@ -44,12 +47,21 @@ fn granted(role: &Value) -> BTreeSet<(String, String)> {
         for group in strings(&rule["apiGroups"]) {
             for resource in strings(&rule["resources"]) {
                 for verb in strings(&rule["verbs"]) {
-                    pairs.insert((format!("{group}/{resource}"), verb.to_string()));
+                    pairs.insert((format!("{group}/{resource}{only}"), verb.to_string()));
                 }
             }
         }
     }
     pairs
+}
+
+/// `[a,b]` for a rule limited to those objects, nothing for any.
+fn names(names: &[&str]) -> String {
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!("[{}]", names.join(","))
+    }
 }
 
 /// A service's non-resource permissions as (`url:<path>`, verb) pairs.
