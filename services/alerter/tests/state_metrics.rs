@@ -194,6 +194,20 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
 }
 
 #[tokio::test]
+async fn nothing_is_served_until_the_state_holds_the_whole_log() {
+    let log = reference_log().await;
+    // Half the log folded and not yet whole: a restarted alerter rebuilding.
+    let half = fold(&log[..log.len() / 2]);
+    assert!(!half.caught_up());
+    let text = scrape(half);
+    assert!(
+        !text.lines().any(|l| l.starts_with("switchyard_")),
+        "{text}"
+    );
+    assert!(samples(&scrape(fold(&log).whole())).contains_key("switchyard_gpu_node"));
+}
+
+#[tokio::test]
 async fn a_handover_in_progress_shows_its_step_and_since_when() {
     let log = reference_log().await;
     // The log up to the first node drained: its handover is at the next step.
@@ -283,7 +297,7 @@ fn a_claim_is_pending_and_unused_since_the_records_that_made_it_so() {
         for (event, at) in events {
             state.fold(event, at * SECOND);
         }
-        state
+        state.whole()
     };
     // Pending since it was first seen unallocated, not since it was seen again.
     assert_eq!(
