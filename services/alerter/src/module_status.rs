@@ -18,9 +18,9 @@
 //! [`crate::state_metrics`]) as it is at each pass, and only once that state
 //! holds the whole log the alerter found at start.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -36,7 +36,7 @@ use switchyard_api::{
 use switchyard_core::names::{ALERT_HELD_ON_DRA, REQUIRED_FEATURE_GATES};
 use switchyard_proto::v1::{GpuPhase, Stack, StackReason};
 
-use crate::state_metrics::{MigrationState, is_gpu_node, reason_name, stack_name};
+use crate::state_metrics::{GpuNodeView, MigrationState, reason_name, stack_name};
 
 /// The object the status is written on, and its name.
 pub const STATUS_NAME: &str = "gpu";
@@ -215,8 +215,9 @@ pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleSt
         ),
     ));
 
-    let nodes = node_statuses(state);
-    let firing = alerts(state, &nodes, now, args);
+    let views = state.gpu_nodes();
+    let nodes = node_statuses(state, &views);
+    let firing = alerts(state, &views, &nodes, now, args);
     for alert in ALERTS {
         let of: Vec<&Firing> = firing.iter().filter(|f| f.alert == alert).collect();
         conditions.push(if of.is_empty() {
@@ -234,28 +235,18 @@ pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleSt
 }
 
 /// Per GPU node: its stack and why DRA is or is not deployed there.
-fn node_statuses(state: &MigrationState) -> Vec<NodeStackStatus> {
+fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStackStatus> {
     let cluster = &state.stack.cluster;
     let mut nodes = Vec::new();
-    for (name, node) in &cluster.nodes {
-        if !is_gpu_node(cluster, name, node) {
-            continue;
-        }
-        let assignment = state.stack.assignments.get(name.as_str());
-        let stack = assignment.map(|a| a.stack);
-        let reason = assignment.map_or(StackReason::Unspecified, |a| a.reason);
-        let cards = state
-            .stack
-            .handovers
-            .active
-            .get(name.as_str())
-            .map_or(0, |h| h.cards_before)
-            .max(cluster.cards(name));
-        let readiness_missing = if stack == Some(Stack::Dra) {
-            cluster.readiness(name, cards).missing()
-        } else {
-            Vec::new()
-        };
+    for view in views {
+        let stack = view.stack();
+        let reason = view
+            .assignment
+            .map_or(StackReason::Unspecified, |a| a.reason);
+        let readiness_missing = view
+            .readiness
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.missing());
         let dra_deployed = stack == Some(Stack::Dra) && readiness_missing.is_empty();
         let message = match reason {
             _ if !readiness_missing.is_empty() => format!(
@@ -289,8 +280,8 @@ fn node_statuses(state: &MigrationState) -> Vec<NodeStackStatus> {
             "readiness_missing"
         };
         nodes.push(NodeStackStatus {
-            name: name.clone(),
-            node_group: node.group().unwrap_or_default().to_string(),
+            name: view.name.to_string(),
+            node_group: view.group().to_string(),
             stack: stack_name(stack).to_string(),
             dra_deployed,
             reason: reason.to_string(),
@@ -300,14 +291,14 @@ fn node_statuses(state: &MigrationState) -> Vec<NodeStackStatus> {
     nodes
 }
 
-/// Every alert firing now, per object.
+/// Every alert firing now, per object; `nodes` are the statuses of `views`.
 fn alerts(
     state: &MigrationState,
+    views: &[GpuNodeView],
     nodes: &[NodeStackStatus],
     now: i64,
     args: &StatusArgs,
 ) -> Vec<Firing> {
-    let cluster = &state.stack.cluster;
     let handovers = &state.stack.handovers.active;
     let mut firing = Vec::new();
     let mut fire =
@@ -331,13 +322,9 @@ fn alerts(
             format!("node group {group} has spec.gpu and is held on DRA after the module upgrade"),
         );
     }
-    let mut slice_devices: BTreeMap<&str, usize> = BTreeMap::new();
-    for slice in cluster.slices.values() {
-        *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len();
-    }
-    for status in nodes {
-        let name = status.name.as_str();
-        let in_handover = handovers.contains_key(name);
+    for (view, status) in views.iter().zip(nodes) {
+        let name = view.name;
+        let in_handover = view.handover.is_some();
         if status.stack == "none"
             && !in_handover
             && !matches!(
@@ -360,11 +347,8 @@ fn alerts(
                 format!("node {name}: {}", status.message),
             );
         }
-        let device_plugin = cluster
-            .nodes
-            .get(name)
-            .map_or(0, |n| n.device_plugin_allocatable);
-        let slices = slice_devices.get(name).copied().unwrap_or(0);
+        let device_plugin = view.node.device_plugin_allocatable;
+        let slices = view.slice_devices;
         if device_plugin > 0 && slices > 0 {
             fire(
                 "D8GpuNodeDualAdvertisement",
@@ -448,7 +432,7 @@ fn alerts(
             );
         }
     }
-    for (node, gpus) in &cluster.gpus {
+    for (node, gpus) in &state.stack.cluster.gpus {
         for gpu in gpus.iter().filter(|g| g.phase == GpuPhase::Failed) {
             fire(
                 "D8GpuUnhealthy",
@@ -563,6 +547,10 @@ impl Target {
     }
 }
 
+/// How long a status unchanged since it was written is trusted to be on the
+/// object before it is read again.
+const RESYNC: Duration = Duration::from_secs(300);
+
 /// Writes the status every `args.status_every` while it changes, and an
 /// Event (Warning, reason the alert's name) when an alert starts firing for
 /// an object, until the process ends.
@@ -586,6 +574,8 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
     );
     // Announced with an Event: (alert, object), while it keeps firing.
     let mut announced: BTreeSet<(&'static str, String)> = BTreeSet::new();
+    // The status last computed and seen on the object, and when it was.
+    let mut written: Option<(ModuleStatus, Instant)> = None;
     let mut every = tokio::time::interval(args.status_every);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -599,22 +589,38 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
         let Some((status, firing)) = computed else {
             continue;
         };
-        match target.current(&client).await {
-            Ok(Some(current)) => {
-                // The API server keeps seconds.
-                let now = k8s_openapi::jiff::Timestamp::from_second(
-                    k8s_openapi::jiff::Timestamp::now().as_second(),
-                )
-                .map_or_else(|_| Time(k8s_openapi::jiff::Timestamp::now()), Time);
-                let status = with_transitions(status, &current.conditions, now);
-                if status != current
-                    && let Err(err) = target.write(&client, &status).await
-                {
-                    tracing::warn!(error = %err, ?target, "writing the module status");
+        // Unchanged since it was last seen written: read again only now and
+        // then, in case someone else changed or removed it.
+        let settled = written
+            .as_ref()
+            .is_some_and(|(last, at)| *last == status && at.elapsed() < RESYNC);
+        if !settled {
+            written = None;
+            match target.current(&client).await {
+                Ok(Some(current)) => {
+                    // The API server keeps seconds.
+                    let now = k8s_openapi::jiff::Timestamp::from_second(
+                        k8s_openapi::jiff::Timestamp::now().as_second(),
+                    )
+                    .map_or_else(|_| Time(k8s_openapi::jiff::Timestamp::now()), Time);
+                    let timed = with_transitions(status.clone(), &current.conditions, now);
+                    let outcome = if timed == current {
+                        Ok(())
+                    } else {
+                        target.write(&client, &timed).await
+                    };
+                    match outcome {
+                        Ok(()) => written = Some((status, Instant::now())),
+                        Err(err) => {
+                            tracing::warn!(error = %err, ?target, "writing the module status");
+                        }
+                    }
                 }
+                Ok(None) => {
+                    tracing::debug!(?target, "no gpu ModuleConfig: no module status to write");
+                }
+                Err(err) => tracing::warn!(error = %err, ?target, "reading the module status"),
             }
-            Ok(None) => tracing::debug!(?target, "no gpu ModuleConfig: no module status to write"),
-            Err(err) => tracing::warn!(error = %err, ?target, "reading the module status"),
         }
         let mut still = BTreeSet::new();
         for new in &firing {

@@ -24,8 +24,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use switchyard_core::claim_allocator::ClaimAllocator;
-use switchyard_core::cluster::{Cluster, Node, ObjectKey};
-use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_core::cluster::{Cluster, Node, ObjectKey, Readiness};
+use switchyard_core::stack_assigner::handover::Handover;
+use switchyard_core::stack_assigner::{Assignment, StackAssigner};
 use switchyard_eventlog::{Decoded, EventLog, LogError};
 use switchyard_proto::v1::{
     DomainEvent, GpuPhase, HandoverStep, PodPhase, Stack, StackReason, domain_event::Kind,
@@ -300,6 +301,85 @@ pub(crate) fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
         || node.group().is_some_and(|g| cluster.has_spec_gpu(g))
 }
 
+/// One GPU node as the alerter shows it, in `/metrics` and in the module
+/// status: what the stack-assigner decided for it, its handover in progress,
+/// and — on DRA — which readiness conditions it still misses.
+pub(crate) struct GpuNodeView<'a> {
+    pub name: &'a str,
+    pub node: &'a Node,
+    pub assignment: Option<&'a Assignment>,
+    pub handover: Option<&'a Handover>,
+    /// On DRA only: the node's readiness, checked against the cards it had
+    /// before its handover (never fewer than it has PhysicalGPUs now).
+    pub readiness: Option<Readiness>,
+    /// Devices in the ResourceSlices published for the node.
+    pub slice_devices: usize,
+}
+
+impl GpuNodeView<'_> {
+    pub fn group(&self) -> &str {
+        self.node.group().unwrap_or_default()
+    }
+
+    pub fn stack(&self) -> Option<Stack> {
+        self.assignment.map(|a| a.stack)
+    }
+
+    /// The readiness conditions a DRA node misses, by name (none off DRA).
+    pub fn readiness_missing(&self) -> Vec<&'static str> {
+        let Some(r) = &self.readiness else {
+            return Vec::new();
+        };
+        [
+            ("gpu_setup_complete", !r.gpu_setup_complete),
+            ("gpu_stack_dra", !r.gpu_stack_dra),
+            (
+                "physical_gpus_ready",
+                r.ready_physical_gpus < r.expected_physical_gpus,
+            ),
+            ("node_agent_running", !r.node_agent_running),
+            ("vendor_adapter_running", !r.vendor_adapter_running),
+        ]
+        .into_iter()
+        .filter_map(|(condition, missing)| missing.then_some(condition))
+        .collect()
+    }
+}
+
+impl MigrationState {
+    /// Every GPU node (see [`is_gpu_node`]), by name.
+    pub(crate) fn gpu_nodes(&self) -> Vec<GpuNodeView<'_>> {
+        let cluster = &self.stack.cluster;
+        let mut slice_devices: BTreeMap<&str, usize> = BTreeMap::new();
+        for slice in cluster.slices.values() {
+            *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len();
+        }
+        cluster
+            .nodes
+            .iter()
+            .filter(|(name, node)| is_gpu_node(cluster, name, node))
+            .map(|(name, node)| {
+                let assignment = self.stack.assignments.get(name.as_str());
+                let handover = self.stack.handovers.active.get(name.as_str());
+                let readiness = (assignment.map(|a| a.stack) == Some(Stack::Dra)).then(|| {
+                    let cards = handover
+                        .map_or(0, |h| h.cards_before)
+                        .max(cluster.cards(name));
+                    cluster.readiness(name, cards)
+                });
+                GpuNodeView {
+                    name,
+                    node,
+                    assignment,
+                    handover,
+                    readiness,
+                    slice_devices: slice_devices.get(name.as_str()).copied().unwrap_or(0),
+                }
+            })
+            .collect()
+    }
+}
+
 fn flag(on: bool) -> String {
     if on { "true" } else { "false" }.to_string()
 }
@@ -316,12 +396,9 @@ impl Collector for StateCollector {
         let cluster = &s.claims.cluster;
         let handovers = &s.stack.handovers;
 
-        // Devices in the ResourceSlices of each node.
-        let mut slice_devices: BTreeMap<&str, i64> = BTreeMap::new();
         // (driver, node, device) -> the GPU's UUID.
         let mut uuids: BTreeMap<(&str, &str, &str), &str> = BTreeMap::new();
         for slice in cluster.slices.values() {
-            *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len() as i64;
             for device in &slice.devices {
                 uuids.insert(
                     (
@@ -334,13 +411,14 @@ impl Collector for StateCollector {
             }
         }
 
-        let gpu_nodes: Vec<(&String, &Node)> = cluster
-            .nodes
-            .iter()
-            .filter(|(name, node)| is_gpu_node(cluster, name, node))
-            .collect();
-        let group_of = |node: &Node| node.group().unwrap_or_default().to_string();
-        let stack_of = |name: &str| stack_name(s.stack.stack_of(name));
+        let gpu_nodes = s.gpu_nodes();
+        let node_labels = |view: &GpuNodeView| -> Labels {
+            vec![
+                ("node", view.name.to_string()),
+                ("node_group", view.group().to_string()),
+                ("stack", stack_name(view.stack()).to_string()),
+            ]
+        };
 
         let mut f = family(
             &mut encoder,
@@ -348,26 +426,15 @@ impl Collector for StateCollector {
             "1 per GPU node: its group, the stack it is on (dra, device-plugin, none), why, and the step of its handover in progress",
             MetricType::Gauge,
         )?;
-        for (name, node) in &gpu_nodes {
-            let step = handovers
-                .active
-                .get(name.as_str())
-                .map_or("none", |h| step_name(h.step));
-            let reason = s
-                .stack
-                .assignments
-                .get(name.as_str())
+        for view in &gpu_nodes {
+            let step = view.handover.map_or("none", |h| step_name(h.step));
+            let reason = view
+                .assignment
                 .map_or("undecided", |a| reason_name(a.reason));
-            f.count(
-                &vec![
-                    ("node", name.to_string()),
-                    ("node_group", group_of(node)),
-                    ("stack", stack_of(name).to_string()),
-                    ("handover_step", step.to_string()),
-                    ("stack_reason", reason.to_string()),
-                ],
-                1,
-            )?;
+            let mut labels = node_labels(view);
+            labels.push(("handover_step", step.to_string()));
+            labels.push(("stack_reason", reason.to_string()));
+            f.count(&labels, 1)?;
         }
 
         let mut f = family(
@@ -376,31 +443,12 @@ impl Collector for StateCollector {
             "1 per readiness condition missing on a GPU node put on DRA",
             MetricType::Gauge,
         )?;
-        for (name, node) in &gpu_nodes {
-            if s.stack.stack_of(name) != Some(Stack::Dra) {
-                continue;
-            }
-            let cards = handovers
-                .active
-                .get(name.as_str())
-                .map_or(0, |h| h.cards_before)
-                .max(cluster.cards(name));
-            let readiness = s.stack.cluster.readiness(name, cards);
-            let missing = [
-                ("gpu_setup_complete", !readiness.gpu_setup_complete),
-                ("gpu_stack_dra", !readiness.gpu_stack_dra),
-                (
-                    "physical_gpus_ready",
-                    readiness.ready_physical_gpus < readiness.expected_physical_gpus,
-                ),
-                ("node_agent_running", !readiness.node_agent_running),
-                ("vendor_adapter_running", !readiness.vendor_adapter_running),
-            ];
-            for (condition, _) in missing.iter().filter(|(_, missing)| *missing) {
+        for view in &gpu_nodes {
+            for condition in view.readiness_missing() {
                 f.count(
                     &vec![
-                        ("node", name.to_string()),
-                        ("node_group", group_of(node)),
+                        ("node", view.name.to_string()),
+                        ("node_group", view.group().to_string()),
                         ("condition", condition.to_string()),
                     ],
                     1,
@@ -408,23 +456,16 @@ impl Collector for StateCollector {
             }
         }
 
-        let node_labels = |name: &str, node: &Node| -> Labels {
-            vec![
-                ("node", name.to_string()),
-                ("node_group", group_of(node)),
-                ("stack", stack_of(name).to_string()),
-            ]
-        };
         let mut f = family(
             &mut encoder,
             "gpu_node_device_plugin_gpus",
             "The GPU node's allocatable device-plugin GPU resources (nvidia.com/gpu, time-slicing replicas, MIG), summed",
             MetricType::Gauge,
         )?;
-        for (name, node) in &gpu_nodes {
+        for view in &gpu_nodes {
             f.count(
-                &node_labels(name, node),
-                i64::from(node.device_plugin_allocatable),
+                &node_labels(view),
+                i64::from(view.node.device_plugin_allocatable),
             )?;
         }
         let mut f = family(
@@ -433,9 +474,8 @@ impl Collector for StateCollector {
             "Devices in the ResourceSlices published for the GPU node",
             MetricType::Gauge,
         )?;
-        for (name, node) in &gpu_nodes {
-            let devices = slice_devices.get(name.as_str()).copied().unwrap_or(0);
-            f.count(&node_labels(name, node), devices)?;
+        for view in &gpu_nodes {
+            f.count(&node_labels(view), view.slice_devices as i64)?;
         }
 
         let mut f = family(
