@@ -33,6 +33,9 @@ pub struct Args {
     /// Rounds per mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     rounds: usize,
+    /// Run one mode only (to profile it alone): `traced` or `untraced`.
+    #[arg(long, value_parser = ["traced", "untraced"])]
+    only: Option<String>,
 }
 
 /// Writes nothing, as a cluster that takes every write would.
@@ -183,13 +186,30 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
+    let modes: &[bool] = match args.only.as_deref() {
+        Some("traced") => &[true],
+        Some(_) => &[false],
+        None => &[false, true],
+    };
     let (mut plain, mut traced) = (Vec::new(), Vec::new());
     // A warm-up round of each, not counted.
-    round(args.nodes, false)?;
-    round(args.nodes, true)?;
+    for &mode in modes {
+        round(args.nodes, mode)?;
+    }
     for _ in 0..args.rounds {
-        plain.push(round(args.nodes, false)?);
-        traced.push(round(args.nodes, true)?);
+        for &mode in modes {
+            let took = round(args.nodes, mode)?;
+            if mode { &mut traced } else { &mut plain }.push(took);
+        }
+    }
+    if args.only.is_some() {
+        let took = median(if plain.is_empty() { traced } else { plain });
+        return Ok(json!({
+            "nodes": args.nodes,
+            "rounds": args.rounds,
+            "only": args.only,
+            "us_per_fact": took,
+        }));
     }
     let (plain, traced) = (median(plain), median(traced));
     Ok(json!({

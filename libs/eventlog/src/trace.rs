@@ -7,10 +7,9 @@
 //! runtime installs keeps it; without that layer there is none, and nothing
 //! is written.
 
-use std::collections::HashMap;
-
 use async_nats::HeaderMap;
-use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+pub use opentelemetry::trace::SpanContext;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use switchyard_proto::v1::TraceContext;
@@ -26,32 +25,84 @@ pub fn current() -> Option<TraceContext> {
 
 /// The trace context of `span`, if it belongs to a trace.
 pub fn of_span(span: &tracing::Span) -> Option<TraceContext> {
-    let context = span.context();
-    if !context.span().span_context().is_valid() {
-        return None;
-    }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&context, &mut carrier);
-    Some(TraceContext {
-        traceparent: carrier.remove(TRACEPARENT)?,
-        tracestate: carrier.remove(TRACESTATE).unwrap_or_default(),
-    })
+    context_of(span).map(|context| to_w3c(&context))
 }
 
 /// Makes `span` continue the trace `trace` names: its parent becomes the
 /// span that wrote it. Nothing changes without a readable context.
 pub fn continue_in(span: &tracing::Span, trace: Option<&TraceContext>) {
-    let Some(trace) = trace.filter(|t| !t.traceparent.is_empty()) else {
+    follow(span, trace.and_then(from_w3c).as_ref());
+}
+
+/// The ids of `span` (trace, span, flags), if it belongs to a trace: what a
+/// process keeps between records, as it is, and writes as text only into
+/// the records it appends ([`to_w3c`]).
+pub fn context_of(span: &tracing::Span) -> Option<SpanContext> {
+    let context = span.context();
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_valid().then(|| ids.clone())
+}
+
+/// Makes `span` a child of the span `parent` names (written by another
+/// process, or by this one earlier). Nothing changes without one.
+pub fn follow(span: &tracing::Span, parent: Option<&SpanContext>) {
+    let Some(parent) = parent.filter(|p| p.is_valid()) else {
         return;
     };
-    let carrier = HashMap::from([
-        (TRACEPARENT.to_string(), trace.traceparent.clone()),
-        (TRACESTATE.to_string(), trace.tracestate.clone()),
-    ]);
-    let context = TraceContextPropagator::new().extract(&carrier);
-    if context.span().span_context().is_valid() {
-        // Refused only once the span has started: ours are new.
-        let _ = span.set_parent(context);
+    // Refused only once the span has started: ours are new.
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent.clone()));
+}
+
+/// `context` as W3C text (`traceparent`, `tracestate`), as records and NATS
+/// headers carry it.
+pub fn to_w3c(context: &SpanContext) -> TraceContext {
+    let mut trace = TraceContext::default();
+    TraceContextPropagator::new().inject_context(
+        &opentelemetry::Context::new().with_remote_span_context(context.clone()),
+        &mut W3c(&mut trace),
+    );
+    trace
+}
+
+/// The ids W3C text names, if it is readable.
+pub fn from_w3c(trace: &TraceContext) -> Option<SpanContext> {
+    if trace.traceparent.is_empty() {
+        return None;
+    }
+    let context = TraceContextPropagator::new().extract(&W3cText(trace));
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_valid().then(|| ids.clone())
+}
+
+/// A [`TraceContext`] written by the propagator.
+struct W3c<'a>(&'a mut TraceContext);
+
+impl Injector for W3c<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        match key {
+            TRACEPARENT => self.0.traceparent = value,
+            TRACESTATE => self.0.tracestate = value,
+            _ => {}
+        }
+    }
+}
+
+/// A [`TraceContext`] read by the propagator.
+struct W3cText<'a>(&'a TraceContext);
+
+impl Extractor for W3cText<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            TRACEPARENT => Some(&self.0.traceparent),
+            TRACESTATE => Some(&self.0.tracestate),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT, TRACESTATE]
     }
 }
 

@@ -22,12 +22,12 @@ use switchyard_core::effects::{Effect, EffectExecutor};
 use switchyard_core::subjects::{process_of, subject_of};
 use switchyard_core::{Command, Core, Input, ServiceName};
 use switchyard_eventlog::keys::{Keyring, KeyringError};
-use switchyard_eventlog::trace;
+use switchyard_eventlog::trace::{self, SpanContext};
 use switchyard_eventlog::{
     Attributed, Decoded, EventLog, LogError, ReadRequest, StoredEvent, UnknownReason,
     append_attributed, now_nanos,
 };
-use switchyard_proto::v1::{CommandReply, DomainEvent, TraceContext, domain_event::Kind, event};
+use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -229,9 +229,9 @@ fn remember_correlation(
 /// steps continue it (also those another service decides, on facts that
 /// carry no trace): one handover, one trace.
 fn remember_trace(
-    traces: &mut BTreeMap<String, TraceContext>,
+    traces: &mut BTreeMap<String, SpanContext>,
     event: &DomainEvent,
-    trace: Option<&TraceContext>,
+    trace: Option<&SpanContext>,
 ) {
     if let (Some(process), Some(trace)) = (process_of(event), trace) {
         traces
@@ -245,6 +245,33 @@ fn type_name(event: &DomainEvent) -> &'static str {
     event.kind.as_ref().map_or("Unknown", Kind::type_name)
 }
 
+/// Of the effects wanted now, in their order, those not issued within their
+/// pause (as of `now`); the issued ones no longer wanted are forgotten. The
+/// wanted effects are walked in order beside the issued ones, so each check
+/// is a comparison rather than a search: thousands stay wanted while a large
+/// cluster moves.
+fn due(issued: &mut BTreeMap<Effect, Issued>, wanted: &[Effect], now: Instant) -> Vec<Effect> {
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by(|&a, &b| wanted[a].cmp(&wanted[b]));
+    let mut held = vec![false; wanted.len()];
+    let mut next = order.iter().peekable();
+    issued.retain(|effect, issued| {
+        while next.next_if(|&&i| wanted[i] < *effect).is_some() {}
+        let mut still = false;
+        while let Some(&i) = next.next_if(|&&i| wanted[i] == *effect) {
+            still = true;
+            held[i] = now.saturating_duration_since(issued.at) < issued.pause;
+        }
+        still
+    });
+    wanted
+        .iter()
+        .zip(held)
+        .filter(|(_, held)| !held)
+        .map(|(effect, _)| effect.clone())
+        .collect()
+}
+
 /// An effect issued: when, and the pause before it may go again.
 struct Issued {
     at: Instant,
@@ -253,7 +280,7 @@ struct Issued {
     backoff: ExponentialBackoff,
     /// The trace of the input that first wanted it: each attempt's span
     /// continues it.
-    trace: Option<TraceContext>,
+    trace: Option<SpanContext>,
 }
 
 struct Host<E> {
@@ -274,13 +301,15 @@ struct Host<E> {
     /// would start it again is answered with it instead.
     started: BTreeMap<String, u64>,
     /// The trace of each process (its first step's).
-    traces: BTreeMap<String, TraceContext>,
-    /// The last trace each aggregate (`node.<name>`, ...) was recorded in:
-    /// an effect on its object continues it.
-    aggregates: BTreeMap<String, TraceContext>,
+    traces: BTreeMap<String, SpanContext>,
+    /// The trace each aggregate (`node.<name>`, ...) was last recorded in
+    /// since the effects were last issued: an effect first issued on its
+    /// object continues it. Emptied once they are issued (an issued effect
+    /// keeps its own).
+    aggregates: BTreeMap<String, SpanContext>,
     /// The trace of the input handled last (its last decision, the record
     /// or the command): effects on objects in no trace continue it.
-    cause: Option<TraceContext>,
+    cause: Option<SpanContext>,
 }
 
 /// Notes the sequence of a process's first record.
@@ -316,9 +345,9 @@ impl<E: EffectExecutor> Host<E> {
     fn decision_traces(
         &mut self,
         decisions: &[DomainEvent],
-        cause: Option<&TraceContext>,
-    ) -> Vec<Option<TraceContext>> {
-        let traces: Vec<Option<TraceContext>> = decisions
+        cause: Option<&SpanContext>,
+    ) -> Vec<Option<SpanContext>> {
+        let traces: Vec<Option<SpanContext>> = decisions
             .iter()
             .map(|decision| {
                 let process = process_of(decision);
@@ -328,8 +357,8 @@ impl<E: EffectExecutor> Host<E> {
                     otel.name = %format_args!("decide {}", type_name(decision)),
                     process = process.unwrap_or_default(),
                 );
-                trace::continue_in(&span, parent);
-                let trace = trace::of_span(&span);
+                trace::follow(&span, parent);
+                let trace = trace::context_of(&span);
                 remember_trace(&mut self.traces, decision, trace.as_ref());
                 trace
             })
@@ -346,7 +375,7 @@ impl<E: EffectExecutor> Host<E> {
         &mut self,
         actor: &str,
         decisions: &[DomainEvent],
-        traces: &[Option<TraceContext>],
+        traces: &[Option<SpanContext>],
     ) -> Result<(), HostError> {
         if decisions.is_empty() {
             return Ok(());
@@ -364,7 +393,7 @@ impl<E: EffectExecutor> Host<E> {
                 correlation_id: process_of(event)
                     .and_then(|p| self.correlations.get(p))
                     .map_or("", String::as_str),
-                trace: trace.clone(),
+                trace: trace.as_ref().map(trace::to_w3c),
             })
             .collect();
         let sequences = append_attributed(
@@ -387,7 +416,7 @@ impl<E: EffectExecutor> Host<E> {
     /// The trace an effect is written in: that of its first attempt, else
     /// the last its object's aggregate was recorded in (the process that
     /// wants it), else the current input's.
-    fn effect_trace(&self, effect: &Effect) -> Option<&TraceContext> {
+    fn effect_trace(&self, effect: &Effect) -> Option<&SpanContext> {
         if let Some(issued) = self.issued.get(effect) {
             return issued.trace.as_ref();
         }
@@ -430,9 +459,10 @@ impl<E: EffectExecutor> Host<E> {
         {
             return self.resume(&command, process, from).await;
         }
-        self.cause = trace::current();
+        self.cause = trace::context_of(&tracing::Span::current());
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
-        let traces = self.decision_traces(&decisions, trace::current().as_ref());
+        let cause = self.cause.clone();
+        let traces = self.decision_traces(&decisions, cause.as_ref());
         for decision in &decisions {
             // None given: each process is its own correlation.
             let own = process_of(decision).unwrap_or_default();
@@ -499,18 +529,9 @@ impl<E: EffectExecutor> Host<E> {
     /// moment ago; records the eviction refusals they met.
     async fn execute_effects(&mut self) -> Result<Written, HostError> {
         let wanted = self.core.effects();
-        let still: BTreeSet<&Effect> = wanted.iter().collect();
-        self.issued.retain(|effect, _| still.contains(effect));
-        let due: Vec<Effect> = wanted
-            .iter()
-            .filter(|effect| {
-                self.issued
-                    .get(*effect)
-                    .is_none_or(|issued| issued.at.elapsed() >= issued.pause)
-            })
-            .cloned()
-            .collect();
+        let due = due(&mut self.issued, &wanted, Instant::now());
         if due.is_empty() {
+            self.aggregates.clear();
             return Ok(Written::default());
         }
         for effect in &due {
@@ -529,8 +550,7 @@ impl<E: EffectExecutor> Host<E> {
                     otel.status_code = tracing::field::Empty,
                     error = tracing::field::Empty,
                 );
-                let parent = self.effect_trace(effect);
-                trace::continue_in(&span, parent);
+                trace::follow(&span, self.effect_trace(effect));
                 (effect.clone(), span)
             })
             .collect();
@@ -572,7 +592,10 @@ impl<E: EffectExecutor> Host<E> {
                     }
                     if let Some(moved) = outcome.group_written {
                         tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
-                        news.push((event(Kind::NodeGroupWritten(moved)), trace::of_span(&span)));
+                        news.push((
+                            event(Kind::NodeGroupWritten(moved)),
+                            trace::context_of(&span),
+                        ));
                     }
                     for block in outcome.blocked {
                         let pod = (block.namespace.clone(), block.pod.clone());
@@ -582,7 +605,7 @@ impl<E: EffectExecutor> Host<E> {
                                 tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
                             }
                             self.blocked.insert(pod, refused.clone());
-                            news.push((refused, trace::of_span(&span)));
+                            news.push((refused, trace::context_of(&span)));
                         } else {
                             tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
                         }
@@ -596,11 +619,13 @@ impl<E: EffectExecutor> Host<E> {
                 }
             }
         }
-        let (news, traces): (Vec<DomainEvent>, Vec<Option<TraceContext>>) =
-            news.into_iter().unzip();
+        let (news, traces): (Vec<DomainEvent>, Vec<Option<SpanContext>>) = news.into_iter().unzip();
         for event in &news {
             self.core.fold(event, now_nanos());
         }
+        // Every effect wanted now has its trace: the aggregates' are for the
+        // effects the next decisions make wanted.
+        self.aggregates.clear();
         let service = self.core.service();
         self.append_by(service.as_str(), &news, &traces).await?;
         Ok(written)
@@ -672,7 +697,8 @@ pub async fn run<E: EffectExecutor>(
                 crate::metrics::metrics().folded(service.as_str());
                 firing(service, &event);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
-                remember_trace(&mut traces, &event, stored.envelope.trace.as_ref());
+                let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
+                remember_trace(&mut traces, &event, traced.as_ref());
                 remember_start(&mut starts, &event, stored.sequence);
                 if author(&stored.envelope.actor) == Some(service) {
                     remember_blocked(&mut blocked, &event);
@@ -763,12 +789,13 @@ pub async fn run<E: EffectExecutor>(
                             continue;
                         }
                     };
-                    let traced = stored.envelope.trace.as_ref();
-                    if let Some(trace) = traced {
+                    // Read once: its spans and maps keep the ids, not the text.
+                    let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
+                    if let Some(trace) = &traced {
                         host.aggregates.insert(stored.envelope.subject.clone(), trace.clone());
                     }
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
-                    remember_trace(&mut host.traces, &event, traced);
+                    remember_trace(&mut host.traces, &event, traced.as_ref());
                     remember_start(&mut host.started, &event, stored.sequence);
                     crate::metrics::metrics().folded(service.as_str());
                     if author(&stored.envelope.actor) == Some(service) {
@@ -790,7 +817,7 @@ pub async fn run<E: EffectExecutor>(
                             subject = stored.envelope.subject,
                             actor = stored.envelope.actor,
                         );
-                        trace::continue_in(&span, stored.envelope.trace.as_ref());
+                        trace::follow(&span, traced.as_ref());
                         span
                     };
                     let span = traced.is_some().then(|| handling(&stored));
@@ -799,8 +826,8 @@ pub async fn run<E: EffectExecutor>(
                         None => host.core.decide(Input::Record(&event), now_nanos()),
                     };
                     let cause = match (&span, decided.is_empty()) {
-                        (Some(span), _) => trace::of_span(span),
-                        (None, false) => trace::of_span(&handling(&stored)),
+                        (Some(span), _) => trace::context_of(span),
+                        (None, false) => trace::context_of(&handling(&stored)),
                         (None, true) => None,
                     };
                     if cause.is_some() {
@@ -978,4 +1005,64 @@ where
     tracing::info!(%service, "starting");
     run(core, log, executor, Some(client), options, progress).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cordon(node: &str) -> Effect {
+        Effect::Cordon { node: node.into() }
+    }
+
+    fn issued_at(at: Instant) -> Issued {
+        Issued {
+            at,
+            pause: Duration::from_secs(2),
+            backoff: backoff(Duration::from_secs(2)),
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn effects_not_issued_are_due_in_the_order_the_core_wants_them() {
+        let wanted = vec![
+            cordon("c"),
+            Effect::Drain { node: "a".into() },
+            cordon("a"),
+            cordon("b"),
+        ];
+        let mut issued = BTreeMap::new();
+        assert_eq!(due(&mut issued, &wanted, Instant::now()), wanted);
+    }
+
+    #[test]
+    fn an_effect_issued_within_its_pause_waits_and_one_no_longer_wanted_is_forgotten() {
+        let now = Instant::now();
+        let mut issued = BTreeMap::from([
+            (cordon("a"), issued_at(now)),
+            (cordon("b"), issued_at(now - Duration::from_secs(3))),
+            (cordon("gone"), issued_at(now)),
+            (cordon("z"), issued_at(now)),
+        ]);
+        let wanted = vec![cordon("z"), cordon("b"), cordon("a"), cordon("new")];
+        assert_eq!(
+            due(&mut issued, &wanted, now),
+            vec![cordon("b"), cordon("new")]
+        );
+        assert_eq!(
+            issued.keys().cloned().collect::<Vec<_>>(),
+            vec![cordon("a"), cordon("b"), cordon("z")]
+        );
+    }
+
+    #[test]
+    fn an_effect_wanted_twice_waits_or_goes_as_one() {
+        let now = Instant::now();
+        let mut issued = BTreeMap::from([(cordon("a"), issued_at(now))]);
+        let wanted = vec![cordon("a"), cordon("b"), cordon("a")];
+        assert_eq!(due(&mut issued, &wanted, now), vec![cordon("b")]);
+        let later = now + Duration::from_secs(2);
+        assert_eq!(due(&mut issued, &wanted, later), wanted);
+    }
 }

@@ -176,10 +176,10 @@ where
         if let Some(scope) = ctx.event_scope()
             && let Some(ids) = scope
                 .into_iter()
-                .find_map(|span| span.extensions().get::<Ids>().cloned())
+                .find_map(|span| span.extensions().get::<Ids>().copied())
         {
-            line.insert("trace_id".into(), ids.trace_id.into());
-            line.insert("span_id".into(), ids.span_id.into());
+            line.insert("trace_id".into(), ids.trace_id.to_string().into());
+            line.insert("span_id".into(), ids.span_id.to_string().into());
         }
         writeln!(writer, "{}", Value::Object(line))
     }
@@ -192,11 +192,12 @@ pub struct TraceIds {
     dispatch: OnceLock<WeakDispatch>,
 }
 
-/// A span's ids, as [`TraceIds`] kept them.
-#[derive(Clone)]
+/// A span's ids, as [`TraceIds`] kept them (as numbers: written out only
+/// when a line is logged in the span).
+#[derive(Clone, Copy)]
 struct Ids {
-    trace_id: String,
-    span_id: String,
+    trace_id: opentelemetry::trace::TraceId,
+    span_id: opentelemetry::trace::SpanId,
 }
 
 impl<S> Layer<S> for TraceIds
@@ -224,8 +225,8 @@ where
         let ids = otel.span_context();
         if ids.is_valid() {
             span.extensions_mut().insert(Ids {
-                trace_id: ids.trace_id().to_string(),
-                span_id: ids.span_id().to_string(),
+                trace_id: ids.trace_id(),
+                span_id: ids.span_id(),
             });
         }
     }

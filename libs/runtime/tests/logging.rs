@@ -180,6 +180,21 @@ fn a_line_in_a_traced_span_carries_the_trace_that_the_next_process_continues() {
     assert_eq!(lines[0]["trace_id"], id(&decided.traceparent));
     assert_eq!(lines[0]["span_id"], span_id(&decided.traceparent));
 
+    // The ids a host keeps between records, written as a record's text and
+    // read back: the same trace, span and flags.
+    let ids = trace::from_w3c(&decided).expect("a readable context");
+    assert_eq!(ids.trace_id().to_string(), id(&decided.traceparent));
+    assert_eq!(ids.span_id().to_string(), span_id(&decided.traceparent));
+    assert!(ids.is_sampled());
+    assert_eq!(trace::to_w3c(&ids), decided);
+    assert_eq!(
+        trace::from_w3c(&switchyard_proto::v1::TraceContext {
+            traceparent: "00-not-a-trace".into(),
+            tracestate: String::new(),
+        }),
+        None
+    );
+
     // Through a NATS message's headers and back.
     let mut headers = async_nats::HeaderMap::new();
     trace::insert_headers(&mut headers, Some(&decided));
