@@ -1,5 +1,6 @@
 //! What tracing costs the services' hot path: the stack-assigner hosted by
-//! the runtime on an embedded log, following N node facts as inventory
+//! the runtime on a log (embedded, or JetStream as deployed), following N
+//! node facts as inventory
 //! appends them — each decided on (a `StackAssigned` per node), the decisions
 //! appended, their effects issued — with and without the OpenTelemetry layer
 //! (spans for the records handled, the decisions and the effects, the trace
@@ -15,12 +16,14 @@ use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
 use switchyard_core::names::GPU_STACK_LABEL;
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{EventLog, append_facts, now_nanos};
 use switchyard_proto::v1::{
     DomainEvent, GpuSharing, GpuSpec, ModuleSettingsObserved, NodeGroupObserved, domain_event::Kind,
 };
 use switchyard_runtime::host::{self, HostOptions, Progress};
 use switchyard_runtime::telemetry::{Export, Telemetry};
+use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
 use tracing_subscriber::prelude::*;
 
 use crate::cores::{ev, node_fact};
@@ -36,6 +39,33 @@ pub struct Args {
     /// Run one mode only (to profile it alone): `traced` or `untraced`.
     #[arg(long, value_parser = ["traced", "untraced"])]
     only: Option<String>,
+    /// The log the service runs on: the embedded one without fsync (the
+    /// hot path at its cheapest: tracing's largest share), or JetStream on
+    /// a nats-server started here, as the services run in a cluster.
+    #[arg(long, value_enum, default_value_t = Log::Embedded)]
+    log: Log,
+    /// How nats-server fsyncs (with `--log jetstream`): `always`, as the
+    /// chart runs it, or the server's default.
+    #[arg(long, value_enum, default_value_t = crate::Sync::Always)]
+    sync: crate::Sync,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Log {
+    Embedded,
+    Jetstream,
+}
+
+/// Where a round's log is: each round starts on an empty one.
+#[derive(Clone)]
+enum Where {
+    Embedded,
+    /// The server's URL and the round's stream.
+    Jetstream {
+        url: String,
+        stream: String,
+    },
 }
 
 /// Writes nothing, as a cluster that takes every write would.
@@ -71,7 +101,7 @@ fn setup() -> Vec<DomainEvent> {
 
 /// One round: the microseconds per node fact from the first append to the
 /// service having read its last decision.
-fn round(nodes: usize, traced: bool) -> anyhow::Result<f64> {
+fn round(nodes: usize, traced: bool, at: Where) -> anyhow::Result<f64> {
     // Both modes log as a service does (JSON lines at info, here to nowhere);
     // the traced one adds what init_tracing adds for traces.
     let dispatch = if traced {
@@ -93,7 +123,7 @@ fn round(nodes: usize, traced: bool) -> anyhow::Result<f64> {
                     tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()?
-                        .block_on(follow(nodes))
+                        .block_on(follow(nodes, at))
                 })
             })
             .join()
@@ -101,15 +131,28 @@ fn round(nodes: usize, traced: bool) -> anyhow::Result<f64> {
     })
 }
 
-async fn follow(nodes: usize) -> anyhow::Result<f64> {
+async fn follow(nodes: usize, at: Where) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
-    let log: Arc<dyn EventLog> = Arc::new(EmbeddedLog::open(
-        dir.path(),
-        EmbeddedOptions {
-            durability: Durability::NoSync,
-            ..EmbeddedOptions::default()
-        },
-    )?);
+    let log: Arc<dyn EventLog> = match at {
+        Where::Embedded => Arc::new(EmbeddedLog::open(
+            dir.path(),
+            EmbeddedOptions {
+                durability: Durability::NoSync,
+                ..EmbeddedOptions::default()
+            },
+        )?),
+        Where::Jetstream { url, stream } => Arc::new(
+            NatsLog::connect(
+                &url,
+                NatsOptions {
+                    subject_prefix: format!("telemetry.{}", stream.to_lowercase()),
+                    stream,
+                    ..NatsOptions::default()
+                },
+            )
+            .await?,
+        ),
+    };
     append_facts(log.as_ref(), ServiceName::Inventory, &setup(), now_nanos()).await?;
     let (progress, mut watching) = tokio::sync::watch::channel(Progress::default());
     let service = tokio::spawn(host::run(
@@ -191,14 +234,36 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         Some(_) => &[false],
         None => &[false, true],
     };
+    // One server for the run, a stream per round.
+    let server = match args.log {
+        Log::Embedded => None,
+        Log::Jetstream => {
+            let options = ServerOptions {
+                sync_always: args.sync == crate::Sync::Always,
+                ..ServerOptions::default()
+            };
+            Some(tokio::task::spawn_blocking(move || NatsServer::start_with(options)).await?)
+        }
+    };
+    let mut rounds = 0;
+    let mut at = || {
+        rounds += 1;
+        match &server {
+            None => Where::Embedded,
+            Some(server) => Where::Jetstream {
+                url: server.url(),
+                stream: format!("TELEMETRY_R{rounds}"),
+            },
+        }
+    };
     let (mut plain, mut traced) = (Vec::new(), Vec::new());
     // A warm-up round of each, not counted.
     for &mode in modes {
-        round(args.nodes, mode)?;
+        round(args.nodes, mode, at())?;
     }
     for _ in 0..args.rounds {
         for &mode in modes {
-            let took = round(args.nodes, mode)?;
+            let took = round(args.nodes, mode, at())?;
             if mode { &mut traced } else { &mut plain }.push(took);
         }
     }
@@ -207,6 +272,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         return Ok(json!({
             "nodes": args.nodes,
             "rounds": args.rounds,
+            "log": args.log,
             "only": args.only,
             "us_per_fact": took,
         }));
@@ -215,6 +281,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     Ok(json!({
         "nodes": args.nodes,
         "rounds": args.rounds,
+        "log": args.log,
+        "sync": (args.log == Log::Jetstream).then_some(args.sync),
         "us_per_fact_untraced": plain,
         "us_per_fact_traced": traced,
         "traced_over_untraced": traced / plain,
