@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::commands::{self, command_subject};
+use crate::metrics::ServiceMetrics;
 
 /// Records taken from the log at once before the effects are issued.
 const FOLLOW_BATCH: usize = 512;
@@ -300,6 +301,8 @@ struct Host<E> {
     /// The log sequence of each process's first record: a command that
     /// would start it again is answered with it instead.
     started: BTreeMap<String, u64>,
+    /// The service's series.
+    metrics: ServiceMetrics,
     /// The trace of each process (its first step's).
     traces: BTreeMap<String, SpanContext>,
     /// The trace each aggregate (`node.<name>`, ...) was last recorded in
@@ -408,7 +411,7 @@ impl<E: EffectExecutor> Host<E> {
             remember_start(&mut self.started, decision, *sequence);
             firing(self.core.service(), decision);
         }
-        crate::metrics::metrics().appended(self.core.service().as_str(), sequences.len());
+        self.metrics.appended(sequences.len());
         self.own.extend(sequences);
         Ok(())
     }
@@ -564,10 +567,8 @@ impl<E: EffectExecutor> Host<E> {
         };
         let reissue = self.options.reissue;
         let mut news = Vec::new();
-        let service = self.core.service().as_str();
         for ((effect, result), span) in due.into_iter().zip(results).zip(spans) {
-            crate::metrics::metrics().effect(
-                service,
+            self.metrics.effect(
                 effect.kind(),
                 !self.issued.contains_key(&effect),
                 result.as_ref().err().map(E::metric_label),
@@ -656,14 +657,14 @@ const LOG_HEAD_EVERY: Duration = Duration::from_secs(5);
 /// Asks every [`LOG_HEAD_EVERY`] where the log ends, for the service's
 /// `switchyard_log_head_sequence` and `switchyard_log_lag_records`, until
 /// the returned guard is dropped. A failed question is asked again later.
-fn watch_log_head(service: ServiceName, log: Arc<dyn EventLog>) -> AbortOnDrop {
+fn watch_log_head(metrics: ServiceMetrics, log: Arc<dyn EventLog>) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
         let mut every = tokio::time::interval(LOG_HEAD_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             match log.last_sequence(None).await {
-                Ok(head) => crate::metrics::metrics().log_head(service.as_str(), head),
+                Ok(head) => metrics.log_head(head),
                 Err(err) => tracing::debug!(%err, "could not ask where the log ends"),
             }
         }
@@ -682,7 +683,8 @@ pub async fn run<E: EffectExecutor>(
 ) -> Result<(), HostError> {
     let started = Instant::now();
     let service = core.service();
-    let _head = watch_log_head(service, log.clone());
+    let metrics = crate::metrics::metrics().service(service.as_str());
+    let _head = watch_log_head(metrics.clone(), log.clone());
     let mut last = 0;
     let mut correlations = BTreeMap::new();
     let mut starts = BTreeMap::new();
@@ -694,7 +696,7 @@ pub async fn run<E: EffectExecutor>(
         match readable(&stored, keyring.as_deref()) {
             Decoded::Event(event) => {
                 core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-                crate::metrics::metrics().folded(service.as_str());
+                metrics.folded();
                 firing(service, &event);
                 remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
                 let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
@@ -712,7 +714,7 @@ pub async fn run<E: EffectExecutor>(
         last = stored.sequence;
     })
     .await?;
-    crate::metrics::metrics().read_up_to(service.as_str(), last);
+    metrics.read_up_to(last);
     tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
     let mut host = Host {
         core,
@@ -724,6 +726,7 @@ pub async fn run<E: EffectExecutor>(
         blocked,
         correlations,
         started: starts,
+        metrics,
         traces,
         aggregates: BTreeMap::new(),
         cause: None,
@@ -778,7 +781,7 @@ pub async fn run<E: EffectExecutor>(
                 for stored in batch {
                     let stored = stored.ok_or(HostError::FollowEnded)??;
                     let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
-                    crate::metrics::metrics().read_up_to(service.as_str(), stored.sequence);
+                    host.metrics.read_up_to(stored.sequence);
                     if host.own.remove(&stored.sequence) {
                         continue;
                     }
@@ -797,7 +800,7 @@ pub async fn run<E: EffectExecutor>(
                     remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
                     remember_trace(&mut host.traces, &event, traced.as_ref());
                     remember_start(&mut host.started, &event, stored.sequence);
-                    crate::metrics::metrics().folded(service.as_str());
+                    host.metrics.folded();
                     if author(&stored.envelope.actor) == Some(service) {
                         // Written by an earlier run of this service: fold only.
                         host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
