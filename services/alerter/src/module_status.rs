@@ -18,7 +18,7 @@
 //! [`crate::state_metrics`]) as it is at each pass, and only once that state
 //! holds the whole log the alerter found at start.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,46 @@ pub struct StatusArgs {
     /// An allocated ResourceClaim reserved for no pod this long is unused.
     #[arg(long, env = "SWITCHYARD_CLAIM_UNUSED_AFTER", default_value = "30m", value_parser = humantime::parse_duration)]
     pub claim_unused_after: Duration,
+    /// The `for:` of the rules whose condition the status checks as it is
+    /// now: how long it must hold before the alert fires (until then the
+    /// status shows it pending, and no Event is recorded). `ALERT=DURATION`,
+    /// comma-separated; an alert not named fires at once.
+    #[arg(long, env = "SWITCHYARD_ALERTS_FOR", value_delimiter = ',', value_parser = alert_for)]
+    pub alerts_for: Vec<(String, Duration)>,
 }
+
+/// One `ALERT=DURATION` of `--alerts-for`.
+fn alert_for(text: &str) -> Result<(String, Duration), String> {
+    let (alert, delay) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?}: expected ALERT=DURATION, e.g. D8GpuNodeDraNotReady=15m")
+    })?;
+    if !ALERTS.contains(&alert) {
+        return Err(format!(
+            "{alert:?} is not an alert of the module status (expected one of {})",
+            ALERTS.join(", ")
+        ));
+    }
+    let delay = humantime::parse_duration(delay)
+        .map_err(|err| format!("{alert}'s delay {delay:?}: {err}"))?;
+    Ok((alert.to_string(), delay))
+}
+
+impl StatusArgs {
+    /// How long `alert`'s condition must hold before it fires.
+    fn delay(&self, alert: &str) -> Duration {
+        self.alerts_for
+            .iter()
+            .rev()
+            .find(|(a, _)| a == alert)
+            .map_or(Duration::ZERO, |(_, d)| *d)
+    }
+}
+
+/// Since when each alert's condition has held for each object (Unix
+/// nanoseconds), as the status passes saw it: an alert fires once it held
+/// for its delay, as Prometheus fires a rule after its `for:`.
+#[derive(Debug, Default)]
+pub struct Holding(BTreeMap<(&'static str, String), i64>);
 
 /// An object an alert is about, as an Event names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,8 +161,14 @@ fn condition(type_: &str, on: Option<bool>, reason: &str, message: String) -> Co
 }
 
 /// The status and the alerts firing, from `state` at `now` (Unix
-/// nanoseconds, for the ages of moves and claims).
-pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleStatus, Vec<Firing>) {
+/// nanoseconds, for the ages of moves and claims, and the alerts' delays:
+/// `holding` is what the passes before this one saw).
+pub fn compute(
+    state: &MigrationState,
+    now: i64,
+    args: &StatusArgs,
+    holding: &mut Holding,
+) -> (ModuleStatus, Vec<Firing>) {
     let module = &state.stack.cluster.module;
     let mut conditions = Vec::new();
     let version = switchyard_core::names::kubernetes_minor(&module.kubernetes_version);
@@ -217,18 +262,46 @@ pub fn compute(state: &MigrationState, now: i64, args: &StatusArgs) -> (ModuleSt
 
     let views = state.gpu_nodes();
     let nodes = node_statuses(state, &views);
-    let firing = alerts(state, &views, &nodes, now, args);
+    let held = alerts(state, &views, &nodes, now, args);
+    // Since when each held; those that held long enough fire.
+    let mut since = BTreeMap::new();
+    for f in &held {
+        let key = (f.alert, f.object.clone());
+        let from = holding.0.get(&key).copied().unwrap_or(now);
+        since.insert(key, from);
+    }
+    holding.0 = since;
+    let (firing, pending): (Vec<Firing>, Vec<Firing>) = held.into_iter().partition(|f| {
+        let from = holding.0[&(f.alert, f.object.clone())];
+        let delay = i64::try_from(args.delay(f.alert).as_nanos()).unwrap_or(i64::MAX);
+        now.saturating_sub(from) >= delay
+    });
+    let messages = |of: &[&Firing]| {
+        let mut message: Vec<&str> = of.iter().take(10).map(|f| f.message.as_str()).collect();
+        let more = format!("and {} more", of.len().saturating_sub(10));
+        if of.len() > 10 {
+            message.push(&more);
+        }
+        message.join("; ")
+    };
     for alert in ALERTS {
         let of: Vec<&Firing> = firing.iter().filter(|f| f.alert == alert).collect();
-        conditions.push(if of.is_empty() {
-            condition(alert, Some(false), "NotFiring", String::new())
+        let waiting: Vec<&Firing> = pending.iter().filter(|f| f.alert == alert).collect();
+        conditions.push(if !of.is_empty() {
+            condition(alert, Some(true), "Firing", messages(&of))
+        } else if !waiting.is_empty() {
+            condition(
+                alert,
+                Some(false),
+                "Pending",
+                format!(
+                    "fires once this holds for {}: {}",
+                    humantime::format_duration(args.delay(alert)),
+                    messages(&waiting)
+                ),
+            )
         } else {
-            let mut message: Vec<&str> = of.iter().take(10).map(|f| f.message.as_str()).collect();
-            let more = format!("and {} more", of.len().saturating_sub(10));
-            if of.len() > 10 {
-                message.push(&more);
-            }
-            condition(alert, Some(true), "Firing", message.join("; "))
+            condition(alert, Some(false), "NotFiring", String::new())
         });
     }
     (ModuleStatus { conditions, nodes }, firing)
@@ -574,6 +647,7 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
     );
     // Announced with an Event: (alert, object), while it keeps firing.
     let mut announced: BTreeSet<(&'static str, String)> = BTreeSet::new();
+    let mut holding = Holding::default();
     // The status last computed and seen on the object, and when it was.
     let mut written: Option<(ModuleStatus, Instant)> = None;
     let mut every = tokio::time::interval(args.status_every);
@@ -582,9 +656,14 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
         every.tick().await;
         let computed = {
             let state = state.lock().unwrap_or_else(|e| e.into_inner());
-            state
-                .caught_up()
-                .then(|| compute(&state, switchyard_eventlog::now_nanos(), &args))
+            state.caught_up().then(|| {
+                compute(
+                    &state,
+                    switchyard_eventlog::now_nanos(),
+                    &args,
+                    &mut holding,
+                )
+            })
         };
         let Some((status, firing)) = computed else {
             continue;
@@ -653,5 +732,143 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
             }
         }
         announced = still;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use switchyard_proto::v1::{NodeObserved, domain_event::Kind, event};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        status: StatusArgs,
+    }
+
+    fn args(flags: &[&str]) -> Result<StatusArgs, clap::Error> {
+        Flags::try_parse_from(std::iter::once("alerter").chain(flags.iter().copied()))
+            .map(|f| f.status)
+    }
+
+    /// A GPU node of a group without spec.gpu while DRA is off: no stack
+    /// serves it (D8GpuNodeServedByNoStack holds).
+    fn unserved() -> MigrationState {
+        let mut state = MigrationState::default();
+        let labels = [(switchyard_core::names::GROUP_LABEL, "gpu")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        state.fold(
+            &event(Kind::NodeObserved(NodeObserved {
+                node: "gpu-1".into(),
+                labels,
+                gpu_count: 8,
+                ..Default::default()
+            })),
+            0,
+        );
+        state.whole()
+    }
+
+    fn served_by_no_stack(status: &ModuleStatus) -> &Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "D8GpuNodeServedByNoStack")
+            .expect("the alert's condition")
+    }
+
+    const MINUTE: i64 = 60_000_000_000;
+
+    #[test]
+    fn an_alert_with_a_delay_is_pending_until_its_condition_held_that_long() {
+        let state = unserved();
+        let args = args(&[
+            "--alerts-for",
+            "D8GpuNodeServedByNoStack=15m,D8GpuUnhealthy=5m",
+        ])
+        .expect("valid flags");
+        let mut holding = Holding::default();
+        let (status, firing) = compute(&state, 10 * MINUTE, &args, &mut holding);
+        let pending = served_by_no_stack(&status);
+        assert_eq!(
+            (pending.status.as_str(), pending.reason.as_str()),
+            ("False", "Pending")
+        );
+        assert!(
+            pending
+                .message
+                .starts_with("fires once this holds for 15m: node gpu-1"),
+            "{}",
+            pending.message
+        );
+        assert!(firing.is_empty(), "no Event before the delay: {firing:?}");
+
+        let (status, firing) = compute(&state, 24 * MINUTE, &args, &mut holding);
+        assert_eq!(served_by_no_stack(&status).reason, "Pending");
+        assert!(firing.is_empty());
+
+        let (status, firing) = compute(&state, 25 * MINUTE, &args, &mut holding);
+        let fired = served_by_no_stack(&status);
+        assert_eq!(
+            (fired.status.as_str(), fired.reason.as_str()),
+            ("True", "Firing")
+        );
+        assert_eq!(
+            firing
+                .iter()
+                .map(|f| (f.alert, f.object.as_str()))
+                .collect::<Vec<_>>(),
+            vec![("D8GpuNodeServedByNoStack", "gpu-1")]
+        );
+
+        // Once it stops holding, the delay starts over.
+        let (status, _) = compute(
+            &MigrationState::default().whole(),
+            26 * MINUTE,
+            &args,
+            &mut holding,
+        );
+        assert_eq!(served_by_no_stack(&status).reason, "NotFiring");
+        let (status, firing) = compute(&state, 27 * MINUTE, &args, &mut holding);
+        assert_eq!(served_by_no_stack(&status).reason, "Pending");
+        assert!(firing.is_empty());
+    }
+
+    #[test]
+    fn an_alert_without_a_delay_fires_at_once() {
+        let mut holding = Holding::default();
+        let (status, firing) = compute(&unserved(), MINUTE, &args(&[]).unwrap(), &mut holding);
+        assert_eq!(served_by_no_stack(&status).reason, "Firing");
+        assert_eq!(firing.len(), 1, "{firing:?}");
+    }
+
+    #[test]
+    fn a_delay_for_an_unknown_alert_or_without_a_duration_is_refused_by_name() {
+        let err = args(&["--alerts-for", "D8GpuNodeServedByNobody=15m"])
+            .expect_err("an unknown alert refused")
+            .to_string();
+        assert!(
+            err.contains("\"D8GpuNodeServedByNobody\" is not an alert of the module status"),
+            "{err}"
+        );
+        // What the chart sets by default.
+        let chart = args(&["--alerts-for", "D8GpuNodeServedByNoStack=15m,D8GpuNodeDraNotReady=15m,D8GpuNodeDualAdvertisement=5m,D8GpuDevicePluginOnDraNode=5m,D8GpuUnhealthy=5m"])
+            .expect("the chart's delays");
+        assert_eq!(
+            chart.delay("D8GpuNodeDraNotReady"),
+            Duration::from_secs(900)
+        );
+        assert_eq!(chart.delay("D8GpuResourceClaimPending"), Duration::ZERO);
+        let err = args(&["--alerts-for", "D8GpuUnhealthy"])
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("expected ALERT=DURATION"), "{err}");
+        let err = args(&["--alerts-for", "D8GpuUnhealthy=soon"])
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("D8GpuUnhealthy's delay \"soon\""), "{err}");
     }
 }

@@ -89,10 +89,10 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
     // Each fact appended, counted as it lands.
     let (appended, mut landed) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let metrics = switchyard_runtime::metrics::metrics();
+        let metrics = switchyard_runtime::metrics::metrics().service(SERVICE.as_str());
         while let Some(sequence) = landed.recv().await {
-            metrics.appended(SERVICE.as_str(), 1);
-            metrics.read_up_to(SERVICE.as_str(), sequence);
+            metrics.appended(1);
+            metrics.read_up_to(sequence);
         }
     });
     tracing::info!(service = %SERVICE, "starting");

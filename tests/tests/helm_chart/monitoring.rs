@@ -157,10 +157,12 @@ fn the_module_status_ages_come_from_the_alert_thresholds() {
     };
     let pairs = |env: &[(String, String)]| -> Vec<(String, String)> {
         env.iter()
-            .filter(|(name, _)| name.ends_with("_AFTER"))
+            .filter(|(name, _)| name.ends_with("_AFTER") || name == "SWITCHYARD_ALERTS_FOR")
             .cloned()
             .collect()
     };
+    // The rules' for: by default (values.yaml), as the alerter's flag takes them.
+    const DEFAULT_DELAYS: &str = "D8GpuNodeServedByNoStack=15m,D8GpuNodeDraNotReady=15m,D8GpuNodeDualAdvertisement=5m,D8GpuDevicePluginOnDraNode=5m,D8GpuUnhealthy=5m";
     let set = |name: &str, value: &str| (name.to_string(), value.to_string());
     assert_eq!(
         pairs(&alerter_env(&[])),
@@ -168,6 +170,7 @@ fn the_module_status_ages_come_from_the_alert_thresholds() {
             set("SWITCHYARD_MOVE_STALLED_AFTER", "1h"),
             set("SWITCHYARD_CLAIM_PENDING_AFTER", "15m"),
             set("SWITCHYARD_CLAIM_UNUSED_AFTER", "30m"),
+            set("SWITCHYARD_ALERTS_FOR", DEFAULT_DELAYS),
         ]
     );
     assert_eq!(
@@ -175,11 +178,17 @@ fn the_module_status_ages_come_from_the_alert_thresholds() {
             "prometheusRule.thresholds.applicationMoveAge=2h",
             "prometheusRule.thresholds.resourceClaimPendingAge=5m",
             "prometheusRule.thresholds.resourceClaimUnusedAge=1d",
+            "prometheusRule.thresholds.nodeDraNotReadyFor=30m",
+            "prometheusRule.thresholds.gpuUnhealthyFor=1m",
         ])),
         [
             set("SWITCHYARD_MOVE_STALLED_AFTER", "2h"),
             set("SWITCHYARD_CLAIM_PENDING_AFTER", "5m"),
             set("SWITCHYARD_CLAIM_UNUSED_AFTER", "1d"),
+            set(
+                "SWITCHYARD_ALERTS_FOR",
+                "D8GpuNodeServedByNoStack=15m,D8GpuNodeDraNotReady=30m,D8GpuNodeDualAdvertisement=5m,D8GpuDevicePluginOnDraNode=5m,D8GpuUnhealthy=1m"
+            ),
         ]
     );
     // No other service gets them.

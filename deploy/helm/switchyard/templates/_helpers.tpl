@@ -160,6 +160,9 @@ containers:
         value: {{ $t.resourceClaimPendingAge | quote }}
       - name: SWITCHYARD_CLAIM_UNUSED_AFTER
         value: {{ $t.resourceClaimUnusedAge | quote }}
+      {{- /* Its conditions fire after the rules' for:, as the alerts do. */}}
+      - name: SWITCHYARD_ALERTS_FOR
+        value: {{ printf "D8GpuNodeServedByNoStack=%s,D8GpuNodeDraNotReady=%s,D8GpuNodeDualAdvertisement=%s,D8GpuDevicePluginOnDraNode=%s,D8GpuUnhealthy=%s" $t.nodeServedByNoStackFor $t.nodeDraNotReadyFor $t.dualAdvertisementFor $t.devicePluginOnDraNodeFor $t.gpuUnhealthyFor | quote }}
       {{- end }}
       {{- if $nodeAgent }}
       - name: NODE_NAME
