@@ -4,6 +4,7 @@
 # (libs/eventlog/fuzz), quantity, cel, input (libs/dra/fuzz).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
+#   scripts/fuzz.sh --build-only     # install and build only (CI builds beside the tests)
 #
 # Installs cargo-fuzz (pinned, into ~/.cache/switchyard/cargo-fuzz) if missing and
 # builds the targets on the nightly toolchain into ~/.cache/switchyard/fuzz-target,
@@ -19,6 +20,11 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 seconds=15
+build_only=
+if [[ $# -gt 0 && $1 == --build-only ]]; then
+    build_only=1
+    shift
+fi
 if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then
     seconds=$1
     shift
@@ -69,6 +75,10 @@ for t in "${targets[@]}"; do
     cargo +nightly fuzz build "${build[@]}" --fuzz-dir "$dir"
     built[$dir]=1
 done
+if [[ -n $build_only ]]; then
+    echo "== built ($(elapsed))"
+    exit 0
+fi
 
 failed=()
 for t in "${targets[@]}"; do

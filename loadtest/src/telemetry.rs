@@ -39,10 +39,12 @@ pub struct Args {
     /// Run one mode only (to profile it alone): `traced` or `untraced`.
     #[arg(long, value_parser = ["traced", "untraced"])]
     only: Option<String>,
-    /// The log the service runs on: the embedded one without fsync (the
-    /// hot path at its cheapest: tracing's largest share), or JetStream on
-    /// a nats-server started here, as the services run in a cluster.
-    #[arg(long, value_enum, default_value_t = Log::Embedded)]
+    /// The log the service runs on: the embedded one without fsync (for
+    /// tests and throw-away runs: the hot path at its cheapest, tracing's
+    /// largest share), the embedded one as a process runs it (group
+    /// commit), or JetStream on a nats-server started here, as the services
+    /// run in a cluster.
+    #[arg(long, value_enum, default_value_t = Log::EmbeddedNosync)]
     log: Log,
     /// How nats-server fsyncs (with `--log jetstream`): `always`, as the
     /// chart runs it, or the server's default.
@@ -53,6 +55,7 @@ pub struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Log {
+    EmbeddedNosync,
     Embedded,
     Jetstream,
 }
@@ -60,7 +63,7 @@ pub enum Log {
 /// Where a round's log is: each round starts on an empty one.
 #[derive(Clone)]
 enum Where {
-    Embedded,
+    Embedded(Durability),
     /// The server's URL and the round's stream.
     Jetstream {
         url: String,
@@ -134,10 +137,10 @@ fn round(nodes: usize, traced: bool, at: Where) -> anyhow::Result<f64> {
 async fn follow(nodes: usize, at: Where) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let log: Arc<dyn EventLog> = match at {
-        Where::Embedded => Arc::new(EmbeddedLog::open(
+        Where::Embedded(durability) => Arc::new(EmbeddedLog::open(
             dir.path(),
             EmbeddedOptions {
-                durability: Durability::NoSync,
+                durability,
                 ..EmbeddedOptions::default()
             },
         )?),
@@ -255,7 +258,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     };
     // One server for the run, a stream per round.
     let server = match args.log {
-        Log::Embedded => None,
+        Log::EmbeddedNosync | Log::Embedded => None,
         Log::Jetstream => {
             let options = ServerOptions {
                 sync_always: args.sync == crate::Sync::Always,
@@ -268,7 +271,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let mut at = || {
         rounds += 1;
         match &server {
-            None => Where::Embedded,
+            None if args.log == Log::Embedded => Where::Embedded(Durability::GroupCommit),
+            None => Where::Embedded(Durability::NoSync),
             Some(server) => Where::Jetstream {
                 url: server.url(),
                 stream: format!("TELEMETRY_R{rounds}"),
