@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -26,6 +26,9 @@ use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 
 use crate::kube::{Components, ControlPlane, create_namespace, fake_node, install_crds};
+
+/// ResourceClaim (`namespace/name`) -> the pods it is reserved for.
+pub type Reservations = BTreeMap<String, BTreeSet<String>>;
 use crate::kwok::{Kwok, kwok_node, node_is_ready};
 use crate::nats::NatsServer;
 use crate::{KillOnDrop, eventually};
@@ -347,6 +350,55 @@ impl World {
                 }
                 Some(Kind::ResourceSliceRemoved(s)) => {
                     recorded.remove(&s.name);
+                }
+                _ => {}
+            }
+        }
+        (listed, recorded)
+    }
+
+    /// Each ResourceClaim (`namespace/name`) with the pods it is reserved
+    /// for, as the API server lists them and as inventory last recorded them.
+    pub async fn claims_listed_and_recorded(&self) -> (Reservations, Reservations) {
+        let listed = Api::<ResourceClaim>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|claim| {
+                        let pods = claim
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.reserved_for.as_ref())
+                            .into_iter()
+                            .flatten()
+                            .filter(|r| r.resource == "pods")
+                            .map(|r| r.name.clone())
+                            .collect();
+                        (
+                            format!(
+                                "{}/{}",
+                                claim.namespace().unwrap_or_default(),
+                                claim.name_any()
+                            ),
+                            pods,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut recorded = Reservations::new();
+        for (_, e) in self.events().await {
+            match e.kind {
+                Some(Kind::ResourceClaimObserved(c)) => {
+                    recorded.insert(
+                        format!("{}/{}", c.namespace, c.name),
+                        c.reserved_for.into_iter().collect(),
+                    );
+                }
+                Some(Kind::ResourceClaimRemoved(c)) => {
+                    recorded.remove(&format!("{}/{}", c.namespace, c.name));
                 }
                 _ => {}
             }

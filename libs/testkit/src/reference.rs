@@ -959,6 +959,25 @@ pub async fn run(options: Options<'_>) -> Report {
                     world.output()
                 );
             }
+            // So can its watch of ResourceClaims: the scheduler's
+            // reservations for the moved pods reach the log after the pods'
+            // Running, and the evidence checks both.
+            if let Err(e) = crate::eventually(
+                "inventory to record the ResourceClaims' reservations the API server lists",
+                WAIT,
+                || async {
+                    let (listed, recorded) = world.claims_listed_and_recorded().await;
+                    !listed.is_empty() && listed == recorded
+                },
+            )
+            .await
+            {
+                let (listed, recorded) = world.claims_listed_and_recorded().await;
+                panic!(
+                    "{s}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
+                    world.output()
+                );
+            }
         }
         let (code, out, err) = match &mut faults {
             None => {
