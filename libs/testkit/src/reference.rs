@@ -943,41 +943,17 @@ pub async fn run(options: Options<'_>) -> Report {
             // seconds. What is checked is the cluster as it is, so the check
             // waits for the record to reach it (a failure names both).
             let world = &cluster.world;
-            if let Err(e) = crate::eventually(
-                "inventory to record the ResourceSlices the API server lists",
-                WAIT,
-                || async {
-                    let (listed, recorded) = world.slices_listed_and_recorded().await;
-                    !listed.is_empty() && listed == recorded
-                },
-            )
-            .await
-            {
-                let (listed, recorded) = world.slices_listed_and_recorded().await;
-                panic!(
-                    "{s}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
-                    world.output()
-                );
-            }
+            recorded_as_listed(s, world, "the ResourceSlices", || {
+                world.slices_listed_and_recorded()
+            })
+            .await;
             // So can its watch of ResourceClaims: the scheduler's
             // reservations for the moved pods reach the log after the pods'
             // Running, and the evidence checks both.
-            if let Err(e) = crate::eventually(
-                "inventory to record the ResourceClaims' reservations the API server lists",
-                WAIT,
-                || async {
-                    let (listed, recorded) = world.claims_listed_and_recorded().await;
-                    !listed.is_empty() && listed == recorded
-                },
-            )
-            .await
-            {
-                let (listed, recorded) = world.claims_listed_and_recorded().await;
-                panic!(
-                    "{s}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
-                    world.output()
-                );
-            }
+            recorded_as_listed(s, world, "the ResourceClaims' reservations", || {
+                world.claims_listed_and_recorded()
+            })
+            .await;
         }
         let (code, out, err) = match &mut faults {
             None => {
@@ -1179,4 +1155,35 @@ pub async fn run(options: Options<'_>) -> Report {
     }
     report.struck = struck;
     report
+}
+
+/// Waits for inventory to record `what` as the API server lists it (`read`
+/// gives both, listed first; something must be listed); a failure names
+/// both and the step.
+async fn recorded_as_listed<T, F, Fut>(
+    step: &str,
+    world: &crate::migration::World,
+    what: &str,
+    read: F,
+) where
+    T: PartialEq + Default + std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (T, T)>,
+{
+    let waited = crate::eventually(
+        &format!("inventory to record {what} the API server lists"),
+        WAIT,
+        || async {
+            let (listed, recorded) = read().await;
+            listed != T::default() && listed == recorded
+        },
+    )
+    .await;
+    if let Err(e) = waited {
+        let (listed, recorded) = read().await;
+        panic!(
+            "{step}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
+            world.output()
+        );
+    }
 }

@@ -265,17 +265,19 @@ pub fn compute(
     let held = alerts(state, &views, &nodes, now, args);
     // Since when each held; those that held long enough fire.
     let mut since = BTreeMap::new();
-    for f in &held {
+    let (mut firing, mut pending) = (Vec::new(), Vec::new());
+    for f in held {
         let key = (f.alert, f.object.clone());
         let from = holding.0.get(&key).copied().unwrap_or(now);
         since.insert(key, from);
+        let delay = i64::try_from(args.delay(f.alert).as_nanos()).unwrap_or(i64::MAX);
+        if now.saturating_sub(from) >= delay {
+            firing.push(f);
+        } else {
+            pending.push(f);
+        }
     }
     holding.0 = since;
-    let (firing, pending): (Vec<Firing>, Vec<Firing>) = held.into_iter().partition(|f| {
-        let from = holding.0[&(f.alert, f.object.clone())];
-        let delay = i64::try_from(args.delay(f.alert).as_nanos()).unwrap_or(i64::MAX);
-        now.saturating_sub(from) >= delay
-    });
     let messages = |of: &[&Firing]| {
         let mut message: Vec<&str> = of.iter().take(10).map(|f| f.message.as_str()).collect();
         let more = format!("and {} more", of.len().saturating_sub(10));
