@@ -6,7 +6,9 @@
 //! (spans for the records handled, the decisions and the effects, the trace
 //! context in every record appended, the ids in the log lines), in the same
 //! run, rounds alternating. Nothing is exported: that happens off the hot
-//! path, in batches. The metrics are counted in both.
+//! path, in batches. The metrics are counted in both. The traced rounds
+//! record the traces `OTEL_TRACES_SAMPLER` chooses (every one by default),
+//! as a service would.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,6 +118,8 @@ fn round(nodes: usize, traced: bool, at: Where) -> anyhow::Result<f64> {
                 .with(lines()),
         )
     } else {
+        // No tracer: every span made, as without one, none carried on.
+        switchyard_eventlog::trace::sample_with(None);
         tracing::Dispatch::new(tracing_subscriber::registry().with(lines()))
     };
     // One thread, one runtime, this subscriber: the mode is the only change.
@@ -245,6 +249,16 @@ fn metrics_per_fact() -> f64 {
     started.elapsed().as_secs_f64() * 1e9 / FACTS as f64
 }
 
+/// The sampler the traced rounds record with, as the variables name it.
+fn sampler() -> String {
+    let var = |name| std::env::var(name).unwrap_or_default();
+    match (var("OTEL_TRACES_SAMPLER"), var("OTEL_TRACES_SAMPLER_ARG")) {
+        (name, _) if name.is_empty() => "parentbased_always_on (default)".into(),
+        (name, arg) if arg.is_empty() => name,
+        (name, arg) => format!("{name} {arg}"),
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -298,6 +312,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             "log": args.log,
             "only": args.only,
             "us_per_fact": took,
+            "sampler": sampler(),
         }));
     }
     let (plain, traced) = (median(plain), median(traced));
@@ -312,5 +327,6 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "us_per_fact_untraced": plain,
         "us_per_fact_traced": traced,
         "traced_over_untraced": traced / plain,
+        "sampler": sampler(),
     }))
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use switchyard_proto::v1::{
-    EvictionBlocked, NodeGroupWritten, Taint, WorkloadPlacement, WorkloadRef,
+    EvictionBlocked, NodeGroupWritten, Taint, TraceContext, WorkloadPlacement, WorkloadRef,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -197,14 +197,15 @@ pub trait EffectExecutor: Send + 'static {
     ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send;
 
     /// [`Self::execute`], each effect with the span (of a trace) it is
-    /// written in: an executor that writes to other systems does each in its
-    /// span, so what it writes carries the trace on; by default the spans are
-    /// only dropped when done.
+    /// written in — or, for a trace not recorded, no span and the trace's
+    /// context: an executor that writes to other systems does each in its
+    /// span or carrying that context, so what it writes carries the trace
+    /// on; by default the spans are only dropped when done.
     fn execute_in_spans(
         &mut self,
-        effects: Vec<(Effect, tracing::Span)>,
+        effects: Vec<(Effect, tracing::Span, Option<TraceContext>)>,
     ) -> impl Future<Output = Vec<Result<Outcome, Self::Error>>> + Send {
-        let effects = effects.into_iter().map(|(effect, _)| effect).collect();
+        let effects = effects.into_iter().map(|(effect, _, _)| effect).collect();
         self.execute(effects)
     }
 

@@ -29,6 +29,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
 use switchyard_core::effects::{Effect, EffectExecutor, Outcome};
+use switchyard_eventlog::trace;
+use switchyard_proto::v1::TraceContext;
 use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
@@ -360,16 +362,23 @@ impl<W: Writes> EffectExecutor for Edge<W> {
 
     fn execute_in_spans(
         &mut self,
-        effects: Vec<(Effect, tracing::Span)>,
+        effects: Vec<(Effect, tracing::Span, Option<TraceContext>)>,
     ) -> impl Future<Output = Vec<Result<Outcome, EdgeError>>> + Send {
         let writes = self.writes.clone();
         async move {
-            let (effects, spans): (Vec<Effect>, Vec<tracing::Span>) = effects.into_iter().unzip();
-            let spans = &spans;
+            let (effects, traces): (Vec<Effect>, Vec<_>) = effects
+                .into_iter()
+                .map(|(effect, span, carried)| (effect, (span, carried)))
+                .unzip();
+            let traces = &traces;
             writes
                 .writer()
                 .execute_by_object(&effects, |i, effect| {
-                    writes.write(effect).instrument(spans[i].clone())
+                    let (span, carried) = &traces[i];
+                    trace::carrying(
+                        carried.clone(),
+                        writes.write(effect).instrument(span.clone()),
+                    )
                 })
                 .await
         }

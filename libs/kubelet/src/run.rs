@@ -383,13 +383,18 @@ pub async fn serve_node(
         if let Some(stack) = wanted
             && agent.serving() != stack
         {
-            let switch = tracing::info_span!(
-                "switch",
-                otel.name = %format_args!("switch to {}", stack.map_or("no stack", Stack::label)),
-                node = args.node,
-                otel.status_code = tracing::field::Empty,
-            );
-            switchyard_eventlog::trace::continue_in(&switch, trace.as_ref());
+            let parent = trace
+                .as_ref()
+                .and_then(switchyard_eventlog::trace::from_w3c);
+            let switch = switchyard_eventlog::trace::span_in(parent.as_ref(), || {
+                tracing::info_span!(
+                    "switch",
+                    otel.name = %format_args!("switch to {}", stack.map_or("no stack", Stack::label)),
+                    node = args.node,
+                    otel.status_code = tracing::field::Empty,
+                )
+            })
+            .span;
             let switched = agent.serve(stack).instrument(switch.clone()).await;
             if switched.is_err() {
                 switch.record("otel.status_code", "ERROR");

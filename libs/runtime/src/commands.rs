@@ -381,13 +381,15 @@ pub async fn send(
     let resumable = parsed.as_ref().is_some_and(|c| c.process().is_some());
     // The command's span is the root of what it starts: its trace context
     // goes with the request, for the service to continue.
-    let span = tracing::info_span!(
-        "command",
-        otel.name = %format_args!("send {}", parsed.as_ref().map_or("command", Command::name)),
-        %service,
-    );
+    let trace::Traced { span, context } = trace::span_in(None, || {
+        tracing::info_span!(
+            "command",
+            otel.name = %format_args!("send {}", parsed.as_ref().map_or("command", Command::name)),
+            %service,
+        )
+    });
     let mut headers = async_nats::HeaderMap::new();
-    trace::insert_headers(&mut headers, trace::of_span(&span).as_ref());
+    trace::insert_headers(&mut headers, context.as_ref().map(trace::to_w3c).as_ref());
     let once = || async {
         tokio::time::timeout(
             REPLY_TIMEOUT,

@@ -355,13 +355,14 @@ impl<E: EffectExecutor> Host<E> {
             .map(|decision| {
                 let process = process_of(decision);
                 let parent = process.and_then(|p| self.traces.get(p)).or(cause);
-                let span = tracing::info_span!(
-                    "decision",
-                    otel.name = %format_args!("decide {}", type_name(decision)),
-                    process = process.unwrap_or_default(),
-                );
-                trace::follow(&span, parent);
-                let trace = trace::context_of(&span);
+                let trace = trace::span_in(parent, || {
+                    tracing::info_span!(
+                        "decision",
+                        otel.name = %format_args!("decide {}", type_name(decision)),
+                        process = process.unwrap_or_default(),
+                    )
+                })
+                .context;
                 remember_trace(&mut self.traces, decision, trace.as_ref());
                 trace
             })
@@ -462,7 +463,6 @@ impl<E: EffectExecutor> Host<E> {
         {
             return self.resume(&command, process, from).await;
         }
-        self.cause = trace::context_of(&tracing::Span::current());
         let decisions = self.core.decide(Input::Command(&command), now_nanos());
         let cause = self.cause.clone();
         let traces = self.decision_traces(&decisions, cause.as_ref());
@@ -543,21 +543,28 @@ impl<E: EffectExecutor> Host<E> {
         let first = due.iter().filter(|e| !self.issued.contains_key(*e)).count();
         // Each attempt in a span of the trace of the input that first wanted
         // the effect.
-        let traced: Vec<(Effect, tracing::Span)> = due
-            .iter()
-            .map(|effect| {
-                let span = tracing::info_span!(
+        // A trace not recorded has no span: its ids go with the effect, for
+        // what it writes to carry on.
+        let mut traced = Vec::with_capacity(due.len());
+        let mut spans = Vec::with_capacity(due.len());
+        for effect in &due {
+            let trace::Traced { span, context } = trace::span_in(self.effect_trace(effect), || {
+                tracing::info_span!(
                     "effect",
                     otel.name = %format_args!("write {}", effect.kind()),
                     object = %effect.object(),
                     otel.status_code = tracing::field::Empty,
                     error = tracing::field::Empty,
-                );
-                trace::follow(&span, self.effect_trace(effect));
-                (effect.clone(), span)
-            })
-            .collect();
-        let spans: Vec<tracing::Span> = traced.iter().map(|(_, span)| span.clone()).collect();
+                )
+            });
+            let carried = if span.is_none() {
+                context.as_ref().map(trace::to_w3c)
+            } else {
+                None
+            };
+            traced.push((effect.clone(), span.clone(), carried));
+            spans.push((span, context));
+        }
         let started = now_nanos();
         let results = self.executor.execute_in_spans(traced).await;
         let written = Written {
@@ -567,7 +574,7 @@ impl<E: EffectExecutor> Host<E> {
         };
         let reissue = self.options.reissue;
         let mut news = Vec::new();
-        for ((effect, result), span) in due.into_iter().zip(results).zip(spans) {
+        for ((effect, result), (span, context)) in due.into_iter().zip(results).zip(spans) {
             self.metrics.effect(
                 effect.kind(),
                 !self.issued.contains_key(&effect),
@@ -593,10 +600,7 @@ impl<E: EffectExecutor> Host<E> {
                     }
                     if let Some(moved) = outcome.group_written {
                         tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
-                        news.push((
-                            event(Kind::NodeGroupWritten(moved)),
-                            trace::context_of(&span),
-                        ));
+                        news.push((event(Kind::NodeGroupWritten(moved)), context.clone()));
                     }
                     for block in outcome.blocked {
                         let pod = (block.namespace.clone(), block.pod.clone());
@@ -606,7 +610,7 @@ impl<E: EffectExecutor> Host<E> {
                                 tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
                             }
                             self.blocked.insert(pod, refused.clone());
-                            news.push((refused, trace::context_of(&span)));
+                            news.push((refused, context.clone()));
                         } else {
                             tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
                         }
@@ -813,24 +817,26 @@ pub async fn run<E: EffectExecutor>(
                     // A record in a trace is handled in a span of it; a fact
                     // outside any only if something is decided on it.
                     let handling = |stored: &StoredEvent| {
-                        let span = tracing::info_span!(
-                            "record",
-                            otel.name = %format_args!("handle {}", stored.envelope.event_type),
-                            sequence = stored.sequence,
-                            subject = stored.envelope.subject,
-                            actor = stored.envelope.actor,
-                        );
-                        trace::follow(&span, traced.as_ref());
-                        span
+                        trace::span_in(traced.as_ref(), || {
+                            tracing::info_span!(
+                                "record",
+                                otel.name = %format_args!("handle {}", stored.envelope.event_type),
+                                sequence = stored.sequence,
+                                subject = stored.envelope.subject,
+                                actor = stored.envelope.actor,
+                            )
+                        })
                     };
-                    let span = traced.is_some().then(|| handling(&stored));
-                    let decided = match &span {
-                        Some(span) => span.in_scope(|| host.core.decide(Input::Record(&event), now_nanos())),
+                    let handled = traced.is_some().then(|| handling(&stored));
+                    let decided = match &handled {
+                        Some(handled) => handled
+                            .span
+                            .in_scope(|| host.core.decide(Input::Record(&event), now_nanos())),
                         None => host.core.decide(Input::Record(&event), now_nanos()),
                     };
-                    let cause = match (&span, decided.is_empty()) {
-                        (Some(span), _) => trace::context_of(span),
-                        (None, false) => trace::context_of(&handling(&stored)),
+                    let cause = match (handled, decided.is_empty()) {
+                        (Some(handled), _) => handled.context,
+                        (None, false) => handling(&stored).context,
                         (None, true) => None,
                     };
                     if cause.is_some() {
@@ -884,13 +890,17 @@ pub async fn run<E: EffectExecutor>(
             } => {
                 let received = now_nanos();
                 let answering = Instant::now();
-                let span = tracing::info_span!(
-                    "command",
-                    otel.name = %format_args!("command {}", commands::name_of(&request.payload)),
-                    %service,
-                );
-                trace::continue_in(&span, trace::from_headers(request.headers.as_ref()).as_ref());
-                host.cause = None;
+                let sent_in = trace::from_headers(request.headers.as_ref());
+                let trace::Traced { span, context } =
+                    trace::span_in(sent_in.as_ref().and_then(trace::from_w3c).as_ref(), || {
+                        tracing::info_span!(
+                            "command",
+                            otel.name = %format_args!("command {}", commands::name_of(&request.payload)),
+                            %service,
+                        )
+                    });
+                // What the command decides is in its trace.
+                host.cause = context;
                 let reply = host.command(&request.payload).instrument(span).await;
                 crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
                 let decisions = reply.decisions.len();

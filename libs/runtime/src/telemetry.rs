@@ -8,13 +8,17 @@
 //! `OTEL_RESOURCE_ATTRIBUTES` name the process as the specification says;
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, when set, must be `grpc`, and the endpoint
 //! a plain `http://` URL (no TLS: a collector in the cluster forwards).
+//! `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` choose the traces
+//! recorded ([`trace::Sampler`]): a trace not recorded makes no spans, in
+//! this process or the ones it continues in, and costs next to nothing.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::SpanExporter;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::runtime::Tokio;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{Sampler as SdkSampler, SdkTracerProvider};
+use switchyard_eventlog::trace;
 use tracing::Subscriber;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -77,29 +81,42 @@ impl Telemetry {
     /// Tokio runtime (the batches are sent from a task of it); outside one,
     /// or when the exporter cannot be built, spans are only kept local and
     /// the reason is returned for the log.
+    /// The traces recorded are those `OTEL_TRACES_SAMPLER` chooses, for the
+    /// whole process.
     pub fn new(service: &'static str, export: &Export) -> (Telemetry, Option<String>) {
         let mut resource = Resource::builder();
         if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
             resource = resource.with_service_name(service);
         }
-        let mut builder = SdkTracerProvider::builder().with_resource(resource.build());
-        let mut problem = None;
+        // The sampler decides before a span is made (`trace::span_in`): the
+        // SDK records every span it is given, and keeps to its parent's flag.
+        let mut builder = SdkTracerProvider::builder()
+            .with_resource(resource.build())
+            .with_sampler(SdkSampler::ParentBased(Box::new(SdkSampler::AlwaysOn)));
+        let mut problems = Vec::new();
+        let sampler = trace::Sampler::from_env(|name| std::env::var(name).ok()).unwrap_or_else(
+            |(why, default)| {
+                problems.push(why);
+                default
+            },
+        );
+        trace::sample_with(Some(sampler));
         match export {
             Export::None => {}
-            Export::Refused(why) => problem = Some(why.clone()),
+            Export::Refused(why) => problems.push(why.clone()),
             Export::Otlp { endpoint } => match exporter(endpoint) {
                 Ok(exporter) => {
                     builder = builder
                         .with_span_processor(BatchSpanProcessor::builder(exporter, Tokio).build());
                 }
-                Err(why) => problem = Some(why),
+                Err(why) => problems.push(why),
             },
         }
         (
             Telemetry {
                 provider: builder.build(),
             },
-            problem,
+            (!problems.is_empty()).then(|| problems.join("; ")),
         )
     }
 

@@ -133,6 +133,19 @@ fn traces_go_to_the_collector_named_in_values_and_nowhere_by_default() {
             "{container}: {env:?}"
         );
     }
+    // A share of the traces: every process samples alike, by the parent.
+    let sampled = container_env(&render(&[NATS_URL, AGENT, "tracing.sampleRatio=0.1"]));
+    assert_eq!(sampled.len(), 6);
+    for (container, env) in &sampled {
+        assert!(
+            env.contains(&("OTEL_TRACES_SAMPLER".into(), "parentbased_traceidratio".into()))
+                && env.contains(&("OTEL_TRACES_SAMPLER_ARG".into(), "0.1".into())),
+            "{container}: {env:?}"
+        );
+    }
+    let above = crate::support::template(&[NATS_URL, "tracing.sampleRatio=1.5"]);
+    assert!(!above.ok, "a share above 1 rendered");
+    assert!(above.stderr.contains("sampleRatio"), "{}", above.stderr);
     let refused = crate::support::template(&[NATS_URL, "tracing.otlpEndpoint=collector:4317"]);
     assert!(!refused.ok, "an endpoint without http:// rendered");
     assert!(

@@ -151,6 +151,12 @@ containers:
       - name: OTEL_EXPORTER_OTLP_ENDPOINT
         value: {{ . | quote }}
       {{- end }}
+      {{- if lt (float64 $root.Values.tracing.sampleRatio) 1.0 }}
+      - name: OTEL_TRACES_SAMPLER
+        value: parentbased_traceidratio
+      - name: OTEL_TRACES_SAMPLER_ARG
+        value: {{ $root.Values.tracing.sampleRatio | quote }}
+      {{- end }}
       {{- if eq .component "alerter" }}
       {{- /* The module status's alerts age moves and claims as the chart's rules do. */}}
       {{- $t := $root.Values.prometheusRule.thresholds }}
