@@ -298,6 +298,11 @@ impl World {
         self.services.retain(|s| s.name != name);
     }
 
+    /// All that the service `name` logged, every run of it.
+    pub fn service_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
     /// Services' logs, for a failure message.
     pub fn output(&self) -> String {
         self.services

@@ -23,9 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as EventsV1Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use serde_json::json;
@@ -643,12 +644,14 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
-            controller: "switchyard-alerter".into(),
+            controller: REPORTING_CONTROLLER.into(),
             instance: None,
         },
     );
-    // Announced with an Event: (alert, object), while it keeps firing.
+    // Announced with an Event: (alert, object), while it keeps firing. Those
+    // an earlier run announced are read once, on the first pass.
     let mut announced: BTreeSet<(&'static str, String)> = BTreeSet::new();
+    let mut read_earlier = false;
     let mut holding = Holding::default();
     // The status last computed and seen on the object, and when it was.
     let mut written: Option<(ModuleStatus, Instant)> = None;
@@ -703,6 +706,15 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
                 Err(err) => tracing::warn!(error = %err, ?target, "reading the module status"),
             }
         }
+        let mut first_pass = None;
+        if !read_earlier {
+            let events = announced_events(&client).await;
+            let before = announced_before(&firing, &target.regarding(), &events);
+            first_pass = Some(before.len());
+            announced.extend(before);
+            read_earlier = true;
+        }
+        let mut published = 0;
         let mut still = BTreeSet::new();
         for new in &firing {
             let key = (new.alert, new.object.clone());
@@ -711,30 +723,119 @@ pub async fn run(client: Client, state: Arc<Mutex<MigrationState>>, args: Status
             if !fresh {
                 continue;
             }
-            let regarding = new.regarding.as_ref().map_or_else(
-                || target.regarding(),
-                |r| ObjectReference {
-                    api_version: Some(r.api_version.into()),
-                    kind: Some(r.kind.into()),
-                    name: Some(r.name.clone()),
-                    ..ObjectReference::default()
-                },
+            let (event, regarding) = event_of(new, &target.regarding());
+            tracing::info!(
+                alert = new.alert,
+                object = new.object,
+                "announcing the alert with an Event"
             );
-            let event = Event {
-                type_: EventType::Warning,
-                reason: new.alert.into(),
-                note: Some(new.message.chars().take(1000).collect()),
-                action: "Alert".into(),
-                secondary: None,
-            };
-            if let Err(err) = recorder.publish(&event, &regarding).await {
-                // Said again on the next pass.
-                tracing::warn!(error = %err, alert = new.alert, "recording the alert's Event");
-                still.remove(&(new.alert, new.object.clone()));
+            match recorder.publish(&event, &regarding).await {
+                Ok(()) => published += 1,
+                Err(err) => {
+                    // Said again on the next pass.
+                    tracing::warn!(error = %err, alert = new.alert, "recording the alert's Event");
+                    still.remove(&(new.alert, new.object.clone()));
+                }
             }
+        }
+        if let Some(before) = first_pass {
+            tracing::info!(
+                firing = firing.len(),
+                announced = published,
+                announced_before = before,
+                "alerts announced on the first pass (those an earlier run announced are not announced again)"
+            );
         }
         announced = still;
     }
+}
+
+/// The Event that announces `firing` and the object it is about (`target`,
+/// the module status object, when it names none).
+fn event_of(firing: &Firing, target: &ObjectReference) -> (Event, ObjectReference) {
+    let regarding = firing.regarding.as_ref().map_or_else(
+        || target.clone(),
+        |r| ObjectReference {
+            api_version: Some(r.api_version.into()),
+            kind: Some(r.kind.into()),
+            name: Some(r.name.clone()),
+            ..ObjectReference::default()
+        },
+    );
+    let event = Event {
+        type_: EventType::Warning,
+        reason: firing.alert.into(),
+        note: Some(firing.message.chars().take(1000).collect()),
+        action: "Alert".into(),
+        secondary: None,
+    };
+    (event, regarding)
+}
+
+/// Who records the alerts' Events.
+const REPORTING_CONTROLLER: &str = "switchyard-alerter";
+
+/// The Events this controller recorded that the API server still keeps (in
+/// `default`, where Events about cluster-scoped objects go); none if they
+/// cannot be read, said in the log — the alerts are then announced again.
+async fn announced_events(client: &Client) -> Vec<EventsV1Event> {
+    let api: Api<EventsV1Event> = Api::namespaced(client.clone(), "default");
+    let mut events = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        match api.list(&params).await {
+            Ok(page) => {
+                events.extend(
+                    page.items.into_iter().filter(|e| {
+                        e.reporting_controller.as_deref() == Some(REPORTING_CONTROLLER)
+                    }),
+                );
+                match page.metadata.continue_ {
+                    Some(next) if !next.is_empty() => params = params.continue_token(&next),
+                    _ => return events,
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "listing the Events an earlier run recorded; the alerts firing are announced again");
+                return Vec::new();
+            }
+        }
+    }
+}
+
+/// The alerts of `firing` that one of `events` already announced: the same
+/// reason, about the same object, saying the same.
+fn announced_before(
+    firing: &[Firing],
+    target: &ObjectReference,
+    events: &[EventsV1Event],
+) -> BTreeSet<(&'static str, String)> {
+    let said: BTreeSet<(&str, &str, &str, &str)> = events
+        .iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some(REPORTING_CONTROLLER))
+        .filter_map(|e| {
+            let regarding = e.regarding.as_ref()?;
+            Some((
+                e.reason.as_deref()?,
+                regarding.kind.as_deref()?,
+                regarding.name.as_deref()?,
+                e.note.as_deref().unwrap_or_default(),
+            ))
+        })
+        .collect();
+    firing
+        .iter()
+        .filter(|f| {
+            let (event, regarding) = event_of(f, target);
+            said.contains(&(
+                event.reason.as_str(),
+                regarding.kind.as_deref().unwrap_or_default(),
+                regarding.name.as_deref().unwrap_or_default(),
+                event.note.as_deref().unwrap_or_default(),
+            ))
+        })
+        .map(|f| (f.alert, f.object.clone()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -872,5 +973,70 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(err.contains("D8GpuUnhealthy's delay \"soon\""), "{err}");
+    }
+
+    #[test]
+    fn an_alert_an_earlier_run_announced_is_not_announced_again() {
+        let target = ObjectReference {
+            api_version: Some("gpu.deckhouse.io/v1alpha1".into()),
+            kind: Some("GPUModuleStatus".into()),
+            name: Some("gpu".into()),
+            ..ObjectReference::default()
+        };
+        let on_node = Firing {
+            alert: "D8GpuNodeServedByNoStack",
+            object: "gpu-1".into(),
+            regarding: Some(Regarding::node("gpu-1")),
+            message: "node gpu-1: no stack".into(),
+        };
+        let on_status = Firing {
+            alert: "D8GpuResourceClaimPending",
+            object: "team-a/train".into(),
+            regarding: None,
+            message: "claim team-a/train pending for 20m".into(),
+        };
+        let recorded = |by: &str, f: &Firing| -> EventsV1Event {
+            let (event, regarding) = event_of(f, &target);
+            EventsV1Event {
+                reporting_controller: Some(by.into()),
+                reason: Some(event.reason),
+                note: event.note,
+                regarding: Some(regarding),
+                ..EventsV1Event::default()
+            }
+        };
+        let firing = [on_node.clone(), on_status.clone()];
+        // Nothing recorded, or recorded by someone else: both announced.
+        assert!(announced_before(&firing, &target, &[]).is_empty());
+        assert!(
+            announced_before(&firing, &target, &[recorded("someone-else", &on_node)]).is_empty()
+        );
+        // Recorded by the alerter: that one only.
+        assert_eq!(
+            announced_before(
+                &firing,
+                &target,
+                &[recorded(REPORTING_CONTROLLER, &on_node)]
+            ),
+            BTreeSet::from([("D8GpuNodeServedByNoStack", "gpu-1".to_string())])
+        );
+        // What it says now differs (another object on the status, a new
+        // count): announced again.
+        let other = Firing {
+            message: "claim team-a/train pending for 40m".into(),
+            ..on_status.clone()
+        };
+        assert!(
+            announced_before(&firing, &target, &[recorded(REPORTING_CONTROLLER, &other)])
+                .is_empty()
+        );
+        assert_eq!(
+            announced_before(
+                &firing,
+                &target,
+                &[recorded(REPORTING_CONTROLLER, &on_status)]
+            ),
+            BTreeSet::from([("D8GpuResourceClaimPending", "team-a/train".to_string())])
+        );
     }
 }

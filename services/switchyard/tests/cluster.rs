@@ -1063,15 +1063,46 @@ async fn the_module_status_shows_a_feature_gate_turned_off_and_why_dra_is_not_de
 
     // And kubectl users see the alert as an Event on the node.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
-    world
-        .until("the alerter to record the alert on the node", || async {
-            events.list(&ListParams::default()).await.is_ok_and(|list| {
-                list.items.iter().any(|e| {
+    let recorded = || async {
+        events.list(&ListParams::default()).await.map(|list| {
+            list.items
+                .iter()
+                .filter(|e| {
                     e.reason.as_deref() == Some("D8GpuNodeServedByNoStack")
                         && e.type_.as_deref() == Some("Warning")
                         && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-1")
                 })
-            })
+                .count()
+        })
+    };
+    world
+        .until("the alerter to record the alert on the node", || async {
+            recorded().await.is_ok_and(|n| n > 0)
         })
         .await;
+
+    // A restarted alerter does not announce it again: once is what it said.
+    world.stop("alerter");
+    world.serve_with_env("alerter", &[("SWITCHYARD_STATUS_EVERY", "1s")]);
+    let first_passes = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("alerts announced on the first pass"))
+            .map(str::to_string)
+            .collect()
+    };
+    world
+        .until("the restarted alerter's first pass", || async {
+            first_passes(&world.service_log("alerter")).len() == 2
+        })
+        .await;
+    let passes = first_passes(&world.service_log("alerter"));
+    assert!(
+        passes[1].contains("announced=0 announced_before=1"),
+        "{passes:?}"
+    );
+    assert_eq!(
+        recorded().await.unwrap(),
+        1,
+        "the alert's Events after a restart"
+    );
 }

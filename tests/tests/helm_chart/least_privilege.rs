@@ -610,6 +610,12 @@ async fn least_privilege_per_service_account() {
                 .await,
             "node-agent records an Event outside default",
         );
+        refused(
+            Api::<EventsV1Event>::namespaced(on_node_1.clone(), "default")
+                .list(&ListParams::default())
+                .await,
+            "node-agent lists Events",
+        );
 
         // A token bound to no node (not from a pod) writes nothing.
         let unbound = plane.impersonating(&service_account("node-agent"), &SERVICE_ACCOUNT_GROUPS);
@@ -752,6 +758,17 @@ async fn least_privilege_per_service_account() {
                 .create(&PostParams::default(), &event("apps"))
                 .await,
             "alerter records an Event outside default",
+        );
+        // It lists them there (what it announced before a restart), only there.
+        allowed(
+            in_default.list(&ListParams::default()).await,
+            "alerter lists the Events in default",
+        );
+        refused(
+            Api::<EventsV1Event>::namespaced(client.clone(), "apps")
+                .list(&ListParams::default())
+                .await,
+            "alerter lists Events outside default",
         );
         refused(
             Api::<Node>::all(client.clone())

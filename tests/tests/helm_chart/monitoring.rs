@@ -138,8 +138,10 @@ fn traces_go_to_the_collector_named_in_values_and_nowhere_by_default() {
     assert_eq!(sampled.len(), 6);
     for (container, env) in &sampled {
         assert!(
-            env.contains(&("OTEL_TRACES_SAMPLER".into(), "parentbased_traceidratio".into()))
-                && env.contains(&("OTEL_TRACES_SAMPLER_ARG".into(), "0.1".into())),
+            env.contains(&(
+                "OTEL_TRACES_SAMPLER".into(),
+                "parentbased_traceidratio".into()
+            )) && env.contains(&("OTEL_TRACES_SAMPLER_ARG".into(), "0.1".into())),
             "{container}: {env:?}"
         );
     }
