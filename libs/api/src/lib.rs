@@ -316,7 +316,9 @@ pub struct NodeStackStatus {
     pub dra_deployed: bool,
     /// Why, in a word: `dra_enabled`, `group_has_spec_gpu`, `held_on_dra`,
     /// `control_plane`, `gpu_disabled_label`, `no_spec_gpu_dra_disabled`,
-    /// `feature_gates_not_ready`, `readiness_missing`, `undecided`.
+    /// `feature_gates_not_ready`, `readiness_missing`, `undecided`; on the
+    /// nvidia-operator backend `pool_stack`, `operator_default`,
+    /// `no_gpu_present`.
     pub reason: String,
     /// The same in the reference's words, with what is missing.
     pub message: String,

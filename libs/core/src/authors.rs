@@ -63,6 +63,7 @@ pub fn authors(kind: &Kind) -> &'static [ServiceName] {
         | Kind::HandoverCompleted(_)
         | Kind::HandoverStalled(_)
         | Kind::ReadinessSelectorsConfigured(_)
+        | Kind::BackendConfigured(_)
         | Kind::StackSwitchHeld(_) => STACK_ASSIGNER,
         Kind::GpuClassCompiled(_) | Kind::GpuClassRetired(_) => CLASS_COMPILER,
         Kind::ApplicationMoveStarted(_)

@@ -495,6 +495,8 @@ pub struct Cluster {
     pub eviction_blocks: BTreeMap<ObjectKey, String>,
     /// The selectors of the readiness condition's pods, as last recorded.
     pub selectors: ReadinessSelectors,
+    /// The backend that serves the GPUs, as last recorded.
+    pub backend: crate::backend::Backend,
     /// Allocated ResourceClaims -> the node they are allocated on.
     pub claim_nodes: BTreeMap<ObjectKey, String>,
     /// Node -> the ResourceClaims allocated on it.
@@ -683,6 +685,9 @@ impl Cluster {
             }
             Kind::ReadinessSelectorsConfigured(fact) => {
                 self.selectors = ReadinessSelectors::from_event(fact);
+            }
+            Kind::BackendConfigured(fact) => {
+                self.backend = crate::backend::Backend::from_event(fact);
             }
             Kind::ResourceClaimObserved(fact) => {
                 let key = (fact.namespace.clone(), fact.name.clone());

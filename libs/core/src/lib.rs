@@ -3,8 +3,9 @@
 //! and [`inventory`] for the observers — each implementing the one
 //! [`Core`](service::Core) shape, plus what several share: the cluster model
 //! ([`cluster`]), the stack rules ([`stack_rules`]), placements and their
-//! rewrite ([`placement`]), the reference's names ([`names`]), effects, log
-//! subjects and the rollback planner.
+//! rewrite ([`placement`]), the reference's names ([`names`]), the stack
+//! backends' labels ([`backend`]), effects, log subjects and the rollback
+//! planner.
 //!
 //! Every core is a deterministic fold: `fold(state, event)` folds any event of
 //! the log (a fact or a decision) into the state, and `decide(state, input)`
@@ -16,6 +17,7 @@
 
 pub mod alerter;
 pub mod authors;
+pub mod backend;
 pub mod claim_allocator;
 pub mod class_compiler;
 pub mod cluster;

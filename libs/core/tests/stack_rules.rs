@@ -286,3 +286,127 @@ fn an_unchanged_fact_decides_nothing() {
     core.handle_fact(&mk_node_removed("w1"), 0);
     assert!(!core.assignments.contains_key("w1"));
 }
+
+// ------------------------------------------------- the nvidia-operator backend
+
+use std::collections::BTreeMap;
+use switchyard_core::backend::{Backend, NvidiaOperator};
+
+const POOL: &str = "gpu-scheduling.platform.example.com/pool";
+
+fn nvidia_backend() -> Backend {
+    Backend::NvidiaOperator(NvidiaOperator {
+        pools: BTreeMap::from([
+            ("legacy".to_string(), Stack::DevicePlugin),
+            ("dra-pilot".to_string(), Stack::Dra),
+        ]),
+        ..NvidiaOperator::default()
+    })
+}
+
+/// A GPU node as GPU Feature Discovery labels it, in `pool` if any.
+fn gfd_node(name: &str, pool: Option<&str>) -> DomainEvent {
+    let mut labels = vec![("nvidia.com/gpu.present", "true")];
+    if let Some(pool) = pool {
+        labels.push((POOL, pool));
+    }
+    mk_node_labels(name, None, &labels)
+}
+
+/// A stack-assigner started with `--backend nvidia-operator`, caught up on
+/// `facts`.
+fn given_on_nvidia(facts: &[DomainEvent]) -> (StackAssigner, Vec<DomainEvent>) {
+    let mut core = StackAssigner::default().on_backend(nvidia_backend());
+    let mut decided = core.catch_up(0);
+    for fact in facts {
+        decided.extend(core.handle_fact(fact, 0));
+    }
+    (core, decided)
+}
+
+#[test]
+fn on_the_nvidia_backend_the_pool_decides_the_stack() {
+    let (core, decided) = given_on_nvidia(&[
+        mk_settings(false, true, ""),
+        gfd_node("gpu-legacy-01", Some("legacy")),
+        gfd_node("gpu-dra-01", Some("dra-pilot")),
+        gfd_node("gpu-other", Some("unlisted")),
+        gfd_node("gpu-plain", None),
+        mk_node("cpu-1", None),
+    ]);
+    // The backend is recorded first, so a replay decides the same.
+    assert_eq!(names(&decided)[0], "BackendConfigured");
+    assert_eq!(core.cluster.backend, nvidia_backend());
+    assert_eq!(
+        stack(&core, "gpu-legacy-01"),
+        (Stack::DevicePlugin, StackReason::PoolStack)
+    );
+    // dra.enabled is the ModuleConfig's, Deckhouse's: it plays no part here.
+    assert_eq!(
+        stack(&core, "gpu-dra-01"),
+        (Stack::Dra, StackReason::PoolStack)
+    );
+    for node in ["gpu-other", "gpu-plain"] {
+        assert_eq!(
+            stack(&core, node),
+            (Stack::DevicePlugin, StackReason::OperatorDefault),
+            "{node}"
+        );
+    }
+    // No nvidia.com/gpu.present=true: the operator deploys nothing there.
+    assert_eq!(
+        stack(&core, "cpu-1"),
+        (Stack::None, StackReason::NoGpuPresent)
+    );
+}
+
+#[test]
+fn on_the_nvidia_backend_a_dra_pool_waits_for_the_feature_gates() {
+    let (core, _) = given_on_nvidia(&[
+        mk_settings(true, false, ""),
+        gfd_node("gpu-dra-01", Some("dra-pilot")),
+        gfd_node("gpu-legacy-01", Some("legacy")),
+        mk_control_plane("cp1"),
+    ]);
+    // Never a silent fall back to the device plugin.
+    assert_eq!(
+        stack(&core, "gpu-dra-01"),
+        (Stack::None, StackReason::FeatureGatesNotReady)
+    );
+    assert_eq!(
+        stack(&core, "gpu-legacy-01"),
+        (Stack::DevicePlugin, StackReason::PoolStack)
+    );
+    assert_eq!(
+        stack(&core, "cp1"),
+        (Stack::None, StackReason::ControlPlane)
+    );
+}
+
+#[test]
+fn the_backend_is_recorded_only_when_it_changes_and_read_back_as_written() {
+    let (mut core, _) = given_on_nvidia(&[mk_settings(true, true, "")]);
+    // Caught up again with the same flags: nothing new to record.
+    assert!(!names(&core.catch_up(1)).contains(&"BackendConfigured"));
+    let recorded = nvidia_backend().to_event();
+    assert_eq!(Backend::from_event(&recorded), nvidia_backend());
+    // Started with the default backend on a log that names none: nothing
+    // recorded (logs of the deckhouse backend stay as they were).
+    let mut plain = StackAssigner::default().on_backend(Backend::Deckhouse);
+    assert!(!names(&plain.catch_up(0)).contains(&"BackendConfigured"));
+}
+
+#[test]
+fn on_the_nvidia_backend_an_upgrade_holds_no_group() {
+    let (core, decided) = given_on_nvidia(&[
+        mk_group("gpu", true),
+        mk_settings(true, true, "1.9.0"),
+        gfd_node("gpu-legacy-01", Some("legacy")),
+    ]);
+    assert!(
+        !names(&decided).contains(&"NodeGroupHeldOnDra"),
+        "{:?}",
+        names(&decided)
+    );
+    assert!(core.held.is_empty());
+}

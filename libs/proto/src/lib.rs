@@ -134,6 +134,7 @@ pub mod v1 {
         // Node readiness gates (stack-assigner).
         ReadinessSelectorsConfigured => "io.switchyard.readiness_selectors.configured",
         StackSwitchHeld => "io.switchyard.stack_switch.held",
+        BackendConfigured => "io.switchyard.backend.configured",
         // Exit evidence (claim-allocator).
         EvidenceRecorded => "io.switchyard.evidence.recorded",
         EvidenceChecked => "io.switchyard.evidence.checked",

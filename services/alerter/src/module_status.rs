@@ -346,6 +346,10 @@ fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStack
                 "DRA is not deployed: the feature gates are not ready ({})",
                 cluster.module.prerequisites_missing().join("; ")
             ),
+            StackReason::PoolStack if stack == Some(Stack::Dra) => "DRA is deployed: the node's pool is configured for DRA (NVIDIA's DRA driver serves it)".to_string(),
+            StackReason::PoolStack => "DRA is not deployed: the node's pool is configured for the device plugin (the GPU Operator's)".to_string(),
+            StackReason::OperatorDefault => "DRA is not deployed: the node is in no pool Switchyard drives, so the GPU Operator's default serves it, the device plugin".to_string(),
+            StackReason::NoGpuPresent => "no stack: the node is not labeled nvidia.com/gpu.present=true, so the GPU Operator deploys nothing there".to_string(),
             StackReason::Unspecified => {
                 "the stack-assigner has not decided the node's stack yet".to_string()
             }
@@ -405,7 +409,7 @@ fn alerts(
             && !in_handover
             && !matches!(
                 status.reason.as_str(),
-                "control_plane" | "gpu_disabled_label"
+                "control_plane" | "gpu_disabled_label" | "no_gpu_present"
             )
         {
             fire(

@@ -279,6 +279,9 @@ pub(crate) fn reason_name(reason: StackReason) -> &'static str {
         StackReason::GpuDisabledLabel => "gpu_disabled_label",
         StackReason::NoSpecGpuDraDisabled => "no_spec_gpu_dra_disabled",
         StackReason::FeatureGatesNotReady => "feature_gates_not_ready",
+        StackReason::PoolStack => "pool_stack",
+        StackReason::OperatorDefault => "operator_default",
+        StackReason::NoGpuPresent => "no_gpu_present",
         StackReason::Unspecified => "undecided",
     }
 }

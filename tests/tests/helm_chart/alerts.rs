@@ -248,6 +248,8 @@ const SERVED_BY_NO_STACK: &str = r#"
         values: '1x50'
       - series: 'switchyard_gpu_node{namespace="switchyard-system",pod="al-0",node="gpu-8",node_group="master",stack="none",handover_step="none",stack_reason="control_plane"}'
         values: '1x50'
+      - series: 'switchyard_gpu_node{namespace="switchyard-system",pod="al-0",node="gpu-9",node_group="",stack="none",handover_step="none",stack_reason="no_gpu_present"}'
+        values: '1x50'
     alert_rule_test:
       - eval_time: 14m
         alertname: D8GpuNodeServedByNoStack

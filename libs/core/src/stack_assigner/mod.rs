@@ -36,6 +36,7 @@ use switchyard_proto::v1::{
 
 pub mod handover;
 
+use crate::backend::Backend;
 use crate::cluster::{Cluster, Node, ReadinessSelectors, WorkloadKey, workload_key};
 use crate::command::{Command, StartHandover, wave_handover_id};
 use crate::effects::Effect;
@@ -79,6 +80,9 @@ pub struct StackAssigner {
     /// The readiness selectors this service was started with (its flags);
     /// recorded when they differ from the log's. Not folded.
     pub configured: Option<ReadinessSelectors>,
+    /// The backend this service was started with (its flags); recorded when
+    /// it differs from the log's. Not folded.
+    pub configured_backend: Option<Backend>,
 }
 
 /// An input of the stack-assigner.
@@ -176,6 +180,14 @@ impl StackAssigner {
         StackAssigner {
             configured: Some(selectors),
             ..StackAssigner::default()
+        }
+    }
+
+    /// The same service on `backend` (its `--backend` flags).
+    pub fn on_backend(self, backend: Backend) -> Self {
+        StackAssigner {
+            configured_backend: Some(backend),
+            ..self
         }
     }
 
@@ -311,6 +323,10 @@ impl StackAssigner {
 
     /// The holds due, as decisions, added to `held`.
     fn due_holds(&self, held: &mut BTreeSet<String>) -> Vec<DomainEvent> {
+        // The upgrade hold is the Deckhouse module's (its NodeGroups' spec.gpu).
+        if self.cluster.backend != Backend::Deckhouse {
+            return Vec::new();
+        }
         self.holds_due
             .iter()
             .filter(|(group, _)| held.insert((*group).clone()))
@@ -573,6 +589,12 @@ impl StackAssigner {
             && *wanted != self.cluster.selectors
         {
             let recorded = event(Kind::ReadinessSelectorsConfigured(wanted.to_event()));
+            self.fold(vec![recorded], now, &mut out);
+        }
+        if let Some(wanted) = &self.configured_backend
+            && *wanted != self.cluster.backend
+        {
+            let recorded = event(Kind::BackendConfigured(wanted.to_event()));
             self.fold(vec![recorded], now, &mut out);
         }
         let mut held = self.held.clone();
