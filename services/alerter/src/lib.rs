@@ -52,7 +52,8 @@ pub const PERMISSIONS: &[Permission] = &[
 pub const EVENT_PERMISSIONS: &[Permission] = &[Permission::new(
     "events.k8s.io",
     "events",
-    &["create", "patch"],
+    // list: a restart does not announce again what the Events still say.
+    &["create", "patch", "list"],
 )];
 
 /// The flags of `switchyard-alerter` (and `switchyard serve alerter`).
