@@ -16,17 +16,18 @@
 
 use std::collections::BTreeMap;
 
+use crate::cluster::PodSelector;
 use switchyard_proto::v1::{
     Backend as BackendKind, BackendConfigured, NvidiaOperatorSettings, Stack,
 };
 
 /// Which backend serves the GPUs, as recorded in the log (`BackendConfigured`;
 /// none recorded: `deckhouse`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum Backend {
     #[default]
     Deckhouse,
-    NvidiaOperator(NvidiaOperator),
+    NvidiaOperator(Box<NvidiaOperator>),
 }
 
 impl Backend {
@@ -39,7 +40,7 @@ impl Backend {
             },
             Backend::NvidiaOperator(n) => BackendConfigured {
                 backend: BackendKind::NvidiaOperator as i32,
-                nvidia_operator: Some(NvidiaOperatorSettings {
+                nvidia_operator: Some(Box::new(NvidiaOperatorSettings {
                     domain: n.domain.clone(),
                     plugin_label: n.plugin_label.clone(),
                     pilot_taint: n.pilot_taint,
@@ -50,7 +51,11 @@ impl Backend {
                         .iter()
                         .map(|(pool, stack)| (pool.clone(), *stack as i32))
                         .collect(),
-                }),
+                    device_plugin_pods: n.device_plugin_pods.text.clone(),
+                    device_plugin_pods_selector: n.device_plugin_pods.selector.clone(),
+                    kubelet_plugin_pods: n.kubelet_plugin_pods.text.clone(),
+                    kubelet_plugin_pods_selector: n.kubelet_plugin_pods.selector.clone(),
+                })),
             },
         }
     }
@@ -59,26 +64,34 @@ impl Backend {
     /// reads as `deckhouse`, the one that writes no NVIDIA label.
     pub fn from_event(e: &BackendConfigured) -> Backend {
         match (e.backend(), &e.nvidia_operator) {
-            (BackendKind::NvidiaOperator, Some(n)) => Backend::NvidiaOperator(NvidiaOperator {
-                domain: n.domain.clone(),
-                plugin_label: n.plugin_label.clone(),
-                pilot_taint: n.pilot_taint,
-                disable_validator_on_dra: n.disable_validator_on_dra,
-                pool_label: n.pool_label.clone(),
-                pools: n
-                    .pools
-                    .iter()
-                    .map(|(pool, stack)| {
-                        (
-                            pool.clone(),
-                            Stack::try_from(*stack).unwrap_or(Stack::Unspecified),
-                        )
-                    })
-                    .collect(),
-            }),
-            (BackendKind::NvidiaOperator, None) => {
-                Backend::NvidiaOperator(NvidiaOperator::default())
+            (BackendKind::NvidiaOperator, Some(n)) => {
+                Backend::NvidiaOperator(Box::new(NvidiaOperator {
+                    domain: n.domain.clone(),
+                    plugin_label: n.plugin_label.clone(),
+                    pilot_taint: n.pilot_taint,
+                    disable_validator_on_dra: n.disable_validator_on_dra,
+                    pool_label: n.pool_label.clone(),
+                    pools: n
+                        .pools
+                        .iter()
+                        .map(|(pool, stack)| {
+                            (
+                                pool.clone(),
+                                Stack::try_from(*stack).unwrap_or(Stack::Unspecified),
+                            )
+                        })
+                        .collect(),
+                    device_plugin_pods: PodSelector {
+                        text: n.device_plugin_pods.clone(),
+                        selector: n.device_plugin_pods_selector.clone(),
+                    },
+                    kubelet_plugin_pods: PodSelector {
+                        text: n.kubelet_plugin_pods.clone(),
+                        selector: n.kubelet_plugin_pods_selector.clone(),
+                    },
+                }))
             }
+            (BackendKind::NvidiaOperator, None) => Backend::NvidiaOperator(Box::default()),
             _ => Backend::Deckhouse,
         }
     }
@@ -144,7 +157,7 @@ pub mod nvidia {
 }
 
 /// How the `nvidia-operator` backend writes a node's stack.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NvidiaOperator {
     /// The domain of the ownership label `<domain>/mode` and of the pilot
     /// taint `<domain>/mode=dra:NoSchedule`.
@@ -162,6 +175,10 @@ pub struct NvidiaOperator {
     /// Each pool's stack. A GPU node in no pool listed is left to the
     /// operator's default, the device plugin.
     pub pools: BTreeMap<String, Stack>,
+    /// The device plugin's pods (F3).
+    pub device_plugin_pods: PodSelector,
+    /// The DRA kubelet plugin's pods (F9).
+    pub kubelet_plugin_pods: PodSelector,
 }
 
 impl Default for NvidiaOperator {
@@ -173,8 +190,15 @@ impl Default for NvidiaOperator {
             disable_validator_on_dra: true,
             pool_label: format!("{}/pool", nvidia::DEFAULT_DOMAIN),
             pools: BTreeMap::new(),
+            device_plugin_pods: pod_selector(nvidia::DEVICE_PLUGIN_POD),
+            kubelet_plugin_pods: pod_selector(nvidia::KUBELET_PLUGIN_POD),
         }
     }
+}
+
+/// The pods labelled `key=value`.
+fn pod_selector((key, value): (&str, &str)) -> PodSelector {
+    PodSelector::parse(&format!("{key}={value}")).expect("a built-in selector parses")
 }
 
 /// What a stack asks of one label: this value, or absent.

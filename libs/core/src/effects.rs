@@ -44,6 +44,23 @@ pub enum Effect {
         node: String,
         stack: Option<String>,
     },
+    /// nvidia-operator backend: write these node labels in one merge patch
+    /// (`None` removes one), guarded on the labels read just before — the
+    /// GPU Operator and its driver manager own these keys too. With
+    /// `unless_paused`, nothing is written while a deploy label reads
+    /// `…paused-for-driver-upgrade` (the driver manager restores it).
+    SetOperandLabels {
+        node: String,
+        labels: BTreeMap<String, Option<String>>,
+        unless_paused: bool,
+    },
+    /// nvidia-operator backend: add (`present`) or remove the taint with
+    /// this key and effect (the pilot taint).
+    SetNodeTaint {
+        node: String,
+        taint: Taint,
+        present: bool,
+    },
     /// Record a Kubernetes Event on the Node (type Warning), e.g. why its
     /// stack switch is held; the same event is recorded once.
     NodeEvent {
@@ -108,6 +125,8 @@ impl Effect {
             Effect::MoveToGroup { .. } => "MoveToGroup",
             Effect::RestoreNode { .. } => "RestoreNode",
             Effect::SetStackLabel { .. } => "SetStackLabel",
+            Effect::SetOperandLabels { .. } => "SetOperandLabels",
+            Effect::SetNodeTaint { .. } => "SetNodeTaint",
             Effect::NodeEvent { .. } => "NodeEvent",
             Effect::RemoveNodeLabels { .. } => "RemoveNodeLabels",
             Effect::SetPlacement { .. } => "SetPlacement",
@@ -129,6 +148,8 @@ impl Effect {
             | Effect::MoveToGroup { node, .. }
             | Effect::RestoreNode { node, .. }
             | Effect::SetStackLabel { node, .. }
+            | Effect::SetOperandLabels { node, .. }
+            | Effect::SetNodeTaint { node, .. }
             | Effect::NodeEvent { node, .. }
             | Effect::RemoveNodeLabels { node, .. } => format!("node/{node}"),
             Effect::SetPlacement { workload, .. } | Effect::RestartWorkload { workload, .. } => {
@@ -156,6 +177,8 @@ impl Effect {
             | Effect::MoveToGroup { node, .. }
             | Effect::RestoreNode { node, .. }
             | Effect::SetStackLabel { node, .. }
+            | Effect::SetOperandLabels { node, .. }
+            | Effect::SetNodeTaint { node, .. }
             | Effect::NodeEvent { node, .. }
             | Effect::RemoveNodeLabels { node, .. } => {
                 Some(format!("node.{}", crate::subjects::token(node)))

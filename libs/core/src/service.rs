@@ -165,7 +165,9 @@ impl Effect {
             | Effect::MoveToGroup { .. }
             | Effect::RestoreNode { .. }
             | Effect::NodeEvent { .. }
-            | Effect::SetStackLabel { .. } => ServiceName::StackAssigner,
+            | Effect::SetStackLabel { .. }
+            | Effect::SetOperandLabels { .. }
+            | Effect::SetNodeTaint { .. } => ServiceName::StackAssigner,
             Effect::SetPlacement { .. }
             | Effect::RestartWorkload { .. }
             | Effect::RemoveSpecGpu { .. }

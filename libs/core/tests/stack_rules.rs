@@ -295,13 +295,13 @@ use switchyard_core::backend::{Backend, NvidiaOperator};
 const POOL: &str = "gpu-scheduling.platform.example.com/pool";
 
 fn nvidia_backend() -> Backend {
-    Backend::NvidiaOperator(NvidiaOperator {
+    Backend::NvidiaOperator(Box::new(NvidiaOperator {
         pools: BTreeMap::from([
             ("legacy".to_string(), Stack::DevicePlugin),
             ("dra-pilot".to_string(), Stack::Dra),
         ]),
         ..NvidiaOperator::default()
-    })
+    }))
 }
 
 /// A GPU node as GPU Feature Discovery labels it, in `pool` if any.

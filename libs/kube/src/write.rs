@@ -45,6 +45,10 @@ pub enum EdgeError {
     Config(#[from] kube::config::InferConfigError),
     #[error("{0}")]
     Invalid(String),
+    /// Not written while another controller holds the object in a state
+    /// it restores itself (the driver manager's paused operands).
+    #[error("{0}")]
+    Paused(String),
     #[error("{service} does not write {effect:?}: its owner, {}, does", effect.owner())]
     NotOwned {
         service: ServiceName,
@@ -60,7 +64,7 @@ impl EdgeError {
 
     /// Why, in a word: the API server's answer (`conflict`, `throttled`,
     /// `not_found`, `forbidden`, `invalid`, `server_error`, `refused`), or
-    /// `unreachable`, `config`, `not_owned`.
+    /// `unreachable`, `config`, `paused`, `not_owned`.
     pub fn metric_label(&self) -> &'static str {
         match self {
             EdgeError::Api {
@@ -78,6 +82,7 @@ impl EdgeError {
             EdgeError::Api { .. } => "unreachable",
             EdgeError::Config(_) => "config",
             EdgeError::Invalid(_) => "invalid",
+            EdgeError::Paused(_) => "paused",
             EdgeError::NotOwned { .. } => "not_owned",
         }
     }

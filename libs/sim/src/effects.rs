@@ -63,6 +63,21 @@ fn write_node(n: &mut SimNode, effect: &Effect) {
                 None => n.labels.remove(GPU_STACK_LABEL),
             };
         }
+        Effect::SetOperandLabels { labels, .. } => {
+            for (key, value) in labels {
+                match value {
+                    Some(value) => n.labels.insert(key.clone(), value.clone()),
+                    None => n.labels.remove(key),
+                };
+            }
+        }
+        Effect::SetNodeTaint { taint, present, .. } => {
+            n.taints
+                .retain(|t| !(t.key == taint.key && t.effect == taint.effect));
+            if *present {
+                n.taints.push(taint.clone());
+            }
+        }
         _ => {}
     }
 }
@@ -81,7 +96,9 @@ impl Simulator {
             | Effect::MoveToGroup { node, .. }
             | Effect::RestoreNode { node, .. }
             | Effect::RemoveNodeLabels { node, .. }
-            | Effect::SetStackLabel { node, .. } => {
+            | Effect::SetStackLabel { node, .. }
+            | Effect::SetOperandLabels { node, .. }
+            | Effect::SetNodeTaint { node, .. } => {
                 let Some(before) = self.nodes.get(node).cloned() else {
                     return;
                 };
@@ -119,7 +136,9 @@ impl Simulator {
             | Effect::MoveToGroup { node, .. }
             | Effect::RestoreNode { node, .. }
             | Effect::RemoveNodeLabels { node, .. }
-            | Effect::SetStackLabel { node, .. } => {
+            | Effect::SetStackLabel { node, .. }
+            | Effect::SetOperandLabels { node, .. }
+            | Effect::SetNodeTaint { node, .. } => {
                 if let Some(n) = self.nodes.get_mut(node) {
                     write_node(n, effect);
                 }

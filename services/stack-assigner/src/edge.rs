@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, EvictParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use switchyard_core::ServiceName;
+use switchyard_core::backend::{DeployLabel, nvidia};
 use switchyard_core::effects::{Effect, Outcome};
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS,
@@ -71,6 +72,16 @@ impl Writes for StackAssignerWrites {
                 labels,
                 taints,
             } => self.restore_node(node, labels, taints).await,
+            Effect::SetOperandLabels {
+                node,
+                labels,
+                unless_paused,
+            } => self.set_operand_labels(node, labels, *unless_paused).await,
+            Effect::SetNodeTaint {
+                node,
+                taint,
+                present,
+            } => self.set_node_taint(node, taint, *present).await,
             Effect::Drain { node } => self.drain(node).await,
             Effect::NodeEvent {
                 node,
@@ -264,6 +275,101 @@ impl StackAssignerWrites {
             group_written: written,
             ..outcome
         })
+    }
+
+    /// nvidia-operator backend: the labels the GPU Operator and the DRA
+    /// kubelet plugin's DaemonSet watch, in one merge patch guarded by the
+    /// node's resourceVersion (they own these keys too: a Server-Side Apply
+    /// would take them over or conflict). While the driver manager has paused
+    /// an operand (`…paused-for-driver-upgrade`), nothing is written and the
+    /// write fails, to be issued again once the pause ends.
+    async fn set_operand_labels(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, Option<String>>,
+        unless_paused: bool,
+    ) -> Result<Outcome, EdgeError> {
+        let current = self.writer.read_node(node).await?;
+        let before = current.labels().clone();
+        if unless_paused
+            && let Some((key, value)) = before.iter().find(|(k, v)| {
+                k.starts_with(nvidia::DEPLOY_PREFIX) && DeployLabel::read(Some(v)).paused()
+            })
+        {
+            return Err(EdgeError::Paused(format!(
+                "node {node}: {key}={value}: the driver manager paused the GPU Operator's operands for a driver upgrade; the labels are written once it restores them"
+            )));
+        }
+        let mut after = before.clone();
+        for (key, value) in labels {
+            match value {
+                Some(value) => after.insert(key.clone(), value.clone()),
+                None => after.remove(key),
+            };
+        }
+        if after == before {
+            return Ok(Outcome::default());
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": current.resource_version(),
+            "labels": label_diff(&before, &after),
+        }});
+        let nodes = self.writer.nodes();
+        self.writer
+            .merge_patch(
+                &nodes,
+                node,
+                &patch,
+                format!("write the GPU Operator's labels of node {node}"),
+            )
+            .await
+    }
+
+    /// nvidia-operator backend: the pilot taint added or removed, the
+    /// node's other taints kept, guarded by its resourceVersion.
+    async fn set_node_taint(
+        &self,
+        node: &str,
+        taint: &Taint,
+        present: bool,
+    ) -> Result<Outcome, EdgeError> {
+        let current = self.writer.read_node(node).await?;
+        let mut taints = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        let before = taints.len();
+        let same =
+            |t: &k8s_openapi::api::core::v1::Taint| t.key == taint.key && t.effect == taint.effect;
+        let had = taints.iter().any(same);
+        if had == present {
+            return Ok(Outcome::default());
+        }
+        taints.retain(|t| !same(t));
+        if present {
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: taint.key.clone(),
+                value: (!taint.value.is_empty()).then(|| taint.value.clone()),
+                effect: taint.effect.clone(),
+                time_added: None,
+            });
+        }
+        debug_assert_ne!(before, taints.len());
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "spec": {"taints": taints},
+        });
+        let nodes = self.writer.nodes();
+        let what = if present { "add" } else { "remove" };
+        self.writer
+            .merge_patch(
+                &nodes,
+                node,
+                &patch,
+                format!("{what} taint {} on node {node}", taint.key),
+            )
+            .await
     }
 
     /// Evicts every pod of the node but DaemonSet and mirror pods, through the

@@ -35,6 +35,7 @@ use switchyard_proto::v1::{
 };
 
 pub mod handover;
+pub mod operands;
 
 use crate::backend::Backend;
 use crate::cluster::{Cluster, Node, ReadinessSelectors, WorkloadKey, workload_key};
@@ -680,15 +681,18 @@ impl StackAssigner {
         // Both maps are sorted by node name: one pass over the nodes, no
         // lookups (this runs after every record).
         let mut nodes = self.cluster.nodes.iter().peekable();
-        let mut effects: Vec<Effect> = self
-            .assignments
-            .iter()
-            .filter_map(|(name, assignment)| {
-                while nodes.next_if(|(n, _)| *n < name).is_some() {}
-                let node = nodes.peek().filter(|(n, _)| *n == name).map(|(_, n)| *n);
-                label_effect(name, assignment, node)
-            })
-            .collect();
+        let mut effects: Vec<Effect> = Vec::new();
+        for (name, assignment) in &self.assignments {
+            while nodes.next_if(|(n, _)| *n < name).is_some() {}
+            let node = nodes.peek().filter(|(n, _)| *n == name).map(|(_, n)| *n);
+            match (&self.cluster.backend, node) {
+                (Backend::Deckhouse, _) => effects.extend(label_effect(name, assignment, node)),
+                (Backend::NvidiaOperator(backend), Some(node)) => effects.extend(
+                    operands::effects(name, assignment.stack, node, &self.cluster, backend),
+                ),
+                (Backend::NvidiaOperator(_), None) => {}
+            }
+        }
         effects.extend(self.switch_holds.iter().map(|(node, held)| {
             Effect::NodeEvent {
                 node: node.clone(),
