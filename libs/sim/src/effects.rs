@@ -110,6 +110,7 @@ impl Simulator {
                 if restacked {
                     self.prepare(node);
                 }
+                self.reconcile_operands(node);
             }
             Effect::Drain { node } => {
                 for owner in self.evict(node) {
@@ -279,7 +280,7 @@ impl Simulator {
         }
     }
 
-    fn edit_node(&mut self, node: &str, edit: impl FnOnce(&mut SimNode)) {
+    pub(crate) fn edit_node(&mut self, node: &str, edit: impl FnOnce(&mut SimNode)) {
         let Some(n) = self.nodes.get_mut(node) else {
             return;
         };
@@ -335,7 +336,7 @@ impl Simulator {
         );
     }
 
-    fn add_timer(&mut self, at: i64, timer: Timer) {
+    pub(crate) fn add_timer(&mut self, at: i64, timer: Timer) {
         self.timer_seq += 1;
         self.timers.insert((at, self.timer_seq), timer);
     }
@@ -376,6 +377,8 @@ impl Simulator {
                 }
                 self.schedule();
             }
+            Timer::StartOperand { node, operand } => self.operand_due(&node, operand),
+            Timer::DevicePluginGone { node } => self.device_plugin_gone(&node),
         }
     }
 }

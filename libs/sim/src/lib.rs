@@ -19,12 +19,16 @@
 mod actions;
 mod effects;
 mod executor;
+mod nvidia;
 mod queries;
 mod reports;
 mod scheduling;
 
+pub use nvidia::{DEVICE_PLUGIN_GRACE, DRA_NAMESPACE, OPERATOR_NAMESPACE, Operand};
+
 use std::collections::BTreeMap;
 
+use switchyard_core::backend::NvidiaOperator;
 use switchyard_core::cluster::{ObjectKey, WorkloadKey, workload_key};
 use switchyard_core::names::{
     CLASS_RESOURCE_PREFIX, CONTROL_PLANE_LABEL, DEVICE_GPU_CONFIG_LABEL, GPU_SETUP_COMPLETE_LABEL,
@@ -166,7 +170,19 @@ struct SimWorkload {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    PrepareNode { node: String, generation: u64 },
+    PrepareNode {
+        node: String,
+        generation: u64,
+    },
+    /// nvidia-operator: a DaemonSet's pod on the node starts now, if still wanted.
+    StartOperand {
+        node: String,
+        operand: Operand,
+    },
+    /// nvidia-operator: kubelet drops a stopped device plugin's resources.
+    DevicePluginGone {
+        node: String,
+    },
 }
 
 /// The simulated cluster.
@@ -190,6 +206,9 @@ pub struct Simulator {
     timer_seq: u64,
     pod_seq: u64,
     out: Vec<DomainEvent>,
+    /// The nvidia-operator backend's platform ([`Simulator::nvidia_operator`]);
+    /// `None`: Deckhouse's.
+    nvidia: Option<NvidiaOperator>,
 }
 
 fn ev(kind: Kind) -> DomainEvent {
@@ -226,7 +245,14 @@ impl Simulator {
     /// requesting `nvidia.com/gpu` bound to it. Returns the simulator; its
     /// initial facts are waiting in [`Simulator::take_facts`].
     pub fn new(config: SimConfig) -> Self {
-        let mut sim = Simulator {
+        let mut sim = Simulator::empty(config.clone());
+        sim.deckhouse(config);
+        sim
+    }
+
+    /// No node, no group, no workload: the platform's settings only.
+    fn empty(config: SimConfig) -> Self {
+        Simulator {
             now: config.start,
             rng: config.seed ^ 0x9E37_79B9_7F4A_7C15,
             config: config.clone(),
@@ -256,7 +282,13 @@ impl Simulator {
             timer_seq: 0,
             pod_seq: 0,
             out: Vec::new(),
-        };
+            nvidia: None,
+        }
+    }
+
+    /// The reference scenario's Deckhouse cluster ([`Simulator::new`]).
+    fn deckhouse(&mut self, config: SimConfig) {
+        let sim = self;
         sim.set_group("master", None);
         let master = SimNode {
             labels: [
@@ -399,7 +431,6 @@ impl Simulator {
             [("requests.nvidia.com/gpu", "64"), ("pods", "100")],
         );
         sim.schedule();
-        sim
     }
 
     pub fn config(&self) -> &SimConfig {
@@ -433,7 +464,7 @@ impl Simulator {
         self.now = self.now.max(to);
     }
 
-    fn random(&mut self) -> u64 {
+    pub(crate) fn random(&mut self) -> u64 {
         // splitmix64: the simulator's only source of variety, seeded.
         self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.rng;

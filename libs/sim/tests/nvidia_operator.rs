@@ -1,0 +1,250 @@
+//! The nvidia-operator backend against the simulated GPU Operator and DRA
+//! driver: the stack-assigner moves nodes between pools by the labels those
+//! watch, and at no moment does a node run the device plugin and the DRA
+//! kubelet plugin at once, or advertise `nvidia.com/gpu` beside a
+//! `gpu.nvidia.com` ResourceSlice.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use switchyard_core::backend::{Backend, NvidiaOperator};
+use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_proto::v1::{DomainEvent, Stack, domain_event::Kind};
+use switchyard_sim::{Card, SimConfig, Simulator};
+
+const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+const VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
+const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
+const MODE: &str = "gpu-scheduling.platform.example.com/mode";
+
+fn backend() -> NvidiaOperator {
+    NvidiaOperator {
+        pools: BTreeMap::from([
+            ("legacy".to_string(), Stack::DevicePlugin),
+            ("dra-pilot".to_string(), Stack::Dra),
+        ]),
+        ..NvidiaOperator::default()
+    }
+}
+
+/// The stack-assigner and the simulated cluster, and every record in order.
+struct World {
+    core: StackAssigner,
+    sim: Simulator,
+    log: Vec<DomainEvent>,
+    /// Slices of gpu.nvidia.com published, by node.
+    slices: BTreeSet<String>,
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let sim = Simulator::nvidia_operator(
+            SimConfig {
+                seed,
+                gpu_nodes: 3,
+                card: Card::h100(),
+                ..SimConfig::default()
+            },
+            backend(),
+        );
+        let mut core =
+            StackAssigner::default().on_backend(Backend::NvidiaOperator(Box::new(backend())));
+        let log = core.catch_up(sim.now());
+        World {
+            core,
+            sim,
+            log,
+            slices: BTreeSet::new(),
+        }
+    }
+
+    /// Facts to the core, its effects to the simulator, the clock on when
+    /// nothing else happens, until nothing is left to do; the invariant
+    /// checked after every fact.
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            let mut facts = self.sim.take_facts();
+            if facts.is_empty() {
+                for effect in self.core.effects() {
+                    self.sim.execute(&effect);
+                }
+                facts = self.sim.take_facts();
+            }
+            if facts.is_empty() {
+                match self.sim.next_timer() {
+                    Some(at) => {
+                        self.sim.advance_to(at);
+                        continue;
+                    }
+                    None => return,
+                }
+            }
+            for fact in facts {
+                match &fact.kind {
+                    Some(Kind::ResourceSliceObserved(s)) => {
+                        self.slices.insert(s.node.clone());
+                    }
+                    Some(Kind::ResourceSliceRemoved(s)) => {
+                        self.slices.remove(&s.node);
+                    }
+                    _ => {}
+                }
+                let decided = self.core.handle_fact(&fact, self.sim.now());
+                self.log.push(fact);
+                self.log.extend(decided);
+                self.check_exclusive();
+            }
+        }
+        panic!("the world did not settle");
+    }
+
+    /// No node runs both plugins, or advertises device-plugin GPUs beside a
+    /// DRA slice.
+    fn check_exclusive(&self) {
+        for node in ["gpu-0", "gpu-1", "gpu-2"] {
+            let (device_plugin, kubelet_plugin, allocatable) = self.sim.operands_on(node);
+            assert!(
+                !(device_plugin && kubelet_plugin),
+                "{node} runs both plugins at {}",
+                self.sim.now()
+            );
+            assert!(
+                !(allocatable > 0 && self.slices.contains(node)),
+                "{node} advertises {allocatable} nvidia.com/gpu and a gpu.nvidia.com slice"
+            );
+        }
+    }
+
+    fn labels(&self, node: &str) -> BTreeMap<String, String> {
+        self.core.cluster.nodes[node].labels.to_map()
+    }
+}
+
+#[test]
+fn a_node_moved_to_the_dra_pool_and_back_is_never_served_by_both_stacks() {
+    let mut world = World::new(7);
+    world.settle();
+    // Before: the operator's device plugin everywhere, Switchyard's
+    // ownership label written, nothing else changed.
+    for node in ["gpu-0", "gpu-1", "gpu-2"] {
+        let labels = world.labels(node);
+        assert_eq!(labels.get(DP).map(String::as_str), Some("true"), "{node}");
+        assert_eq!(
+            labels.get(MODE).map(String::as_str),
+            Some("legacy"),
+            "{node}"
+        );
+        assert!(!labels.contains_key(PLUGIN), "{node}");
+        assert_eq!(world.sim.operands_on(node), (true, false, 8), "{node}");
+    }
+
+    // The platform team puts gpu-1 into the DRA pilot pool.
+    world.sim.set_pool("gpu-1", "dra-pilot");
+    world.settle();
+    let labels = world.labels("gpu-1");
+    for (key, value) in [
+        (DP, "false"),
+        (VALIDATOR, "false"),
+        (PLUGIN, "true"),
+        (MODE, "dra"),
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {labels:?}"
+        );
+    }
+    assert_eq!(world.sim.operands_on("gpu-1"), (false, true, 0));
+    assert!(world.slices.contains("gpu-1"));
+    let node = &world.core.cluster.nodes["gpu-1"];
+    assert!(
+        node.taints
+            .iter()
+            .any(|t| t.key == MODE && t.value == "dra" && t.effect == "NoSchedule"),
+        "the pilot taint: {:?}",
+        node.taints
+    );
+    // The others are untouched.
+    assert_eq!(world.sim.operands_on("gpu-0"), (true, false, 8));
+
+    // And back to the legacy pool: DRA goes first, then the device plugin,
+    // then the pilot taint.
+    world.sim.set_pool("gpu-1", "legacy");
+    world.settle();
+    let labels = world.labels("gpu-1");
+    for (key, value) in [(DP, "true"), (VALIDATOR, "true"), (MODE, "legacy")] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {labels:?}"
+        );
+    }
+    assert!(!labels.contains_key(PLUGIN), "{labels:?}");
+    assert_eq!(world.sim.operands_on("gpu-1"), (true, false, 8));
+    assert!(!world.slices.contains("gpu-1"));
+    assert!(world.core.cluster.nodes["gpu-1"].taints.is_empty());
+}
+
+#[test]
+fn the_kubelet_plugin_waits_out_kubelets_grace_for_the_device_plugins_gpus() {
+    let mut world = World::new(3);
+    world.settle();
+    let started = world.sim.now();
+    world.sim.set_pool("gpu-2", "dra-pilot");
+    world.settle();
+    // The plugin label was written only after kubelet dropped the device
+    // plugin's GPUs, five minutes after its pod stopped.
+    let plugin_written = world
+        .log
+        .iter()
+        .position(|e| {
+            matches!(&e.kind, Some(Kind::NodeObserved(n))
+                if n.node == "gpu-2" && n.labels.get(PLUGIN).map(String::as_str) == Some("true"))
+        })
+        .expect("the plugin label observed");
+    let gpus_gone = world
+        .log
+        .iter()
+        .position(|e| {
+            matches!(&e.kind, Some(Kind::NodeObserved(n))
+                if n.node == "gpu-2" && n.labels.get(DP).map(String::as_str) == Some("false")
+                    && n.gpu_allocatable.is_empty())
+        })
+        .expect("the device plugin's GPUs gone");
+    assert!(gpus_gone < plugin_written, "{gpus_gone} < {plugin_written}");
+    assert!(world.sim.now() - started >= switchyard_sim::DEVICE_PLUGIN_GRACE);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_log() {
+    let run = |seed| {
+        let mut world = World::new(seed);
+        world.settle();
+        world.sim.set_pool("gpu-0", "dra-pilot");
+        world.sim.set_pool("gpu-2", "dra-pilot");
+        world.settle();
+        world.sim.set_pool("gpu-0", "legacy");
+        world.settle();
+        world.log
+    };
+    assert_eq!(run(11), run(11));
+}
+
+#[test]
+fn a_device_plugin_label_put_back_by_hand_on_a_dra_node_is_not_left_running_beside_the_plugin() {
+    let mut world = World::new(5);
+    world.settle();
+    world.sim.set_pool("gpu-0", "dra-pilot");
+    world.settle();
+    assert_eq!(world.sim.operands_on("gpu-0"), (false, true, 0));
+    // Someone sets the device plugin's label back to true (the guide's
+    // "failed exclusivity gate"): the DaemonSet would start its pod.
+    world.sim.set_node_label("gpu-0", DP, Some("true"));
+    world.settle();
+    // Switchyard writes it back to false before the pod starts; the plugin
+    // stays; the check ran after every fact.
+    assert_eq!(
+        world.labels("gpu-0").get(DP).map(String::as_str),
+        Some("false")
+    );
+    assert_eq!(world.sim.operands_on("gpu-0"), (false, true, 0));
+}
