@@ -196,6 +196,41 @@ impl Default for NvidiaOperator {
     }
 }
 
+/// `--nvidia-pools`: `pool=stack` pairs joined by commas (`legacy=device-plugin,dra-pilot=dra`),
+/// stacks named `device-plugin`, `dra` or `none`.
+pub fn parse_pools(text: &str) -> Result<BTreeMap<String, Stack>, String> {
+    let mut pools = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((pool, stack)) = pair.split_once('=') else {
+            return Err(format!("{pair:?}: expected POOL=STACK, e.g. dra-pilot=dra"));
+        };
+        let (pool, stack) = (pool.trim(), stack.trim());
+        let stack = match stack {
+            "device-plugin" => Stack::DevicePlugin,
+            "dra" => Stack::Dra,
+            "none" => Stack::None,
+            other => {
+                return Err(format!(
+                    "pool {pool}: stack {other:?}: expected device-plugin, dra or none"
+                ));
+            }
+        };
+        if pool.is_empty()
+            || !pool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(format!(
+                "pool {pool:?}: expected a label value (letters, digits, '-', '_', '.')"
+            ));
+        }
+        if pools.insert(pool.to_string(), stack).is_some() {
+            return Err(format!("pool {pool}: named twice"));
+        }
+    }
+    Ok(pools)
+}
+
 /// The pods labelled `key=value`.
 fn pod_selector((key, value): (&str, &str)) -> PodSelector {
     PodSelector::parse(&format!("{key}={value}")).expect("a built-in selector parses")
@@ -315,6 +350,36 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn pools_are_read_from_the_flag_and_bad_ones_are_refused_by_name() {
+        assert_eq!(
+            parse_pools("legacy=device-plugin, dra-pilot=dra,idle=none"),
+            Ok(BTreeMap::from([
+                ("dra-pilot".to_string(), Stack::Dra),
+                ("idle".to_string(), Stack::None),
+                ("legacy".to_string(), Stack::DevicePlugin),
+            ]))
+        );
+        assert_eq!(parse_pools(""), Ok(BTreeMap::new()));
+        assert_eq!(
+            parse_pools("dra-pilot"),
+            Err("\"dra-pilot\": expected POOL=STACK, e.g. dra-pilot=dra".into())
+        );
+        assert_eq!(
+            parse_pools("dra-pilot=DRA"),
+            Err("pool dra-pilot: stack \"DRA\": expected device-plugin, dra or none".into())
+        );
+        assert_eq!(
+            parse_pools("a=dra,a=none"),
+            Err("pool a: named twice".into())
+        );
+        assert!(
+            parse_pools("a b=dra")
+                .unwrap_err()
+                .contains("expected a label value")
+        );
     }
 
     #[test]

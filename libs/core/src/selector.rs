@@ -47,7 +47,8 @@ fn requirements(selector: &str) -> Vec<&str> {
     parts
 }
 
-fn valid_key(key: &str) -> bool {
+/// A label key as the API server accepts its characters.
+pub fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && key
             .chars()

@@ -196,6 +196,33 @@ pub fn module_settings(
     )))
 }
 
+/// The platform's facts as module settings, for a cluster with no gpu
+/// ModuleConfig (the nvidia-operator backend): DRA's API and feature gates
+/// as the API server reports them, `dra.enabled` off (there is no module
+/// setting), no previous version (no upgrade hold).
+pub fn platform_settings(
+    module_version: &str,
+    platform: &crate::platform::Platform,
+) -> DomainEvent {
+    let prerequisites = switchyard_core::cluster::ModuleSettings {
+        kubernetes_version: platform.kubernetes_version.clone(),
+        feature_gates: platform.feature_gates.clone(),
+        dra_api_served: platform.dra_api_served,
+        feature_gates_error: platform.feature_gates_error.clone(),
+        ..Default::default()
+    };
+    event(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
+        dra_enabled: false,
+        feature_gates_ready: prerequisites.prerequisites_missing().is_empty(),
+        module_version: module_version.to_string(),
+        previous_module_version: String::new(),
+        kubernetes_version: platform.kubernetes_version.clone(),
+        feature_gates: platform.feature_gates.clone(),
+        dra_api_served: platform.dra_api_served,
+        feature_gates_error: platform.feature_gates_error.clone(),
+    }))
+}
+
 pub fn physical_gpu(gpu: &PhysicalGPU) -> DomainEvent {
     let status = gpu.status.clone().unwrap_or_default();
     let phase = match status.phase {

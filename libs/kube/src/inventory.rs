@@ -54,12 +54,17 @@ enum Seen {
 pub struct InventoryOptions {
     /// The running module version, reported with the module settings.
     pub module_version: String,
+    /// No gpu ModuleConfig is expected (the nvidia-operator backend): the
+    /// platform's facts are recorded as module settings at start and when
+    /// they change, as long as none appears.
+    pub without_module_config: bool,
 }
 
 impl Default for InventoryOptions {
     fn default() -> Self {
         InventoryOptions {
             module_version: env!("CARGO_PKG_VERSION").to_string(),
+            without_module_config: false,
         }
     }
 }
@@ -249,7 +254,14 @@ fn module_settings(
     version: String,
     platform: Platform,
     every: std::time::Duration,
+    without_module_config: bool,
 ) -> BoxStream<'static, Seen> {
+    // Without a ModuleConfig: the platform alone, until one appears.
+    let alone = move |config: Option<&ModuleConfig>, version: &str, platform: &Platform| {
+        (without_module_config && config.is_none())
+            .then(|| facts::platform_settings(version, platform))
+    };
+    let first = alone(None, &version, &platform).map(|fact| Seen::Object("ModuleConfig", fact));
     // The gpu ModuleConfig last seen, and the platform last read.
     let latest = Arc::new(std::sync::Mutex::new((None::<ModuleConfig>, platform)));
     let configs = {
@@ -288,13 +300,16 @@ fn module_settings(
                     config
                         .as_ref()
                         .and_then(|c| facts::module_settings(c, &version, platform))
+                        .or_else(|| alone(config.as_ref(), &version, platform))
                 }
             };
             Some((fact, (client, latest, version)))
         },
     )
     .filter_map(|fact| futures::future::ready(fact.map(|f| Seen::Object("ModuleConfig", f))));
-    futures::stream::select(configs, rereads).boxed()
+    futures::stream::iter(first)
+        .chain(futures::stream::select(configs, rereads))
+        .boxed()
 }
 
 /// Every watcher of inventory, merged.
@@ -319,7 +334,13 @@ fn watchers(
             |o| Some(facts::node_group(o)),
             |o| Some(facts::node_group_removed(o)),
         ),
-        module_settings(c(), version, platform.clone(), PLATFORM_EVERY),
+        module_settings(
+            c(),
+            version,
+            platform.clone(),
+            PLATFORM_EVERY,
+            options.without_module_config,
+        ),
         watch(
             Api::<GPUClass>::all(c()),
             "GPUClass",

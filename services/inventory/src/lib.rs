@@ -57,6 +57,11 @@ pub struct Args {
     /// The module version inventory reports with the module settings.
     #[arg(long, env = "SWITCHYARD_MODULE_VERSION", default_value = env!("CARGO_PKG_VERSION"))]
     pub module_version: String,
+    /// The backend that serves the GPUs. On `nvidia-operator` no gpu
+    /// ModuleConfig is expected: the platform's facts (Kubernetes version,
+    /// feature gates, DRA API) are recorded without one.
+    #[arg(long, env = "SWITCHYARD_BACKEND", default_value = "deckhouse", value_parser = ["deckhouse", "nvidia-operator"])]
+    pub backend: String,
 }
 
 /// Why inventory stopped, besides the connection to the log.
@@ -98,6 +103,7 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
     tracing::info!(service = %SERVICE, "starting");
     let options = InventoryOptions {
         module_version: args.module_version,
+        without_module_config: args.backend == "nvidia-operator",
     };
     inventory::run(kube, log, options, Some(appended))
         .await

@@ -11,7 +11,7 @@ pub enum Service {
     /// = switchyard-inventory
     Inventory(switchyard_inventory::Args),
     /// = switchyard-stack-assigner
-    StackAssigner(switchyard_stack_assigner::Args),
+    StackAssigner(Box<switchyard_stack_assigner::Args>),
     /// = switchyard-class-compiler
     ClassCompiler(switchyard_class_compiler::Args),
     /// = switchyard-claim-allocator
@@ -39,7 +39,7 @@ impl Service {
 pub async fn serve(service: Service) -> anyhow::Result<ExitCode> {
     match service {
         Service::Inventory(args) => switchyard_inventory::run(args).await?,
-        Service::StackAssigner(args) => switchyard_stack_assigner::run(args).await?,
+        Service::StackAssigner(args) => switchyard_stack_assigner::run(*args).await?,
         Service::ClassCompiler(args) => switchyard_class_compiler::run(args).await?,
         Service::ClaimAllocator(args) => switchyard_claim_allocator::run(args).await?,
         Service::Alerter(args) => switchyard_alerter::run(args).await?,

@@ -13,6 +13,7 @@
 
 mod admin_access;
 mod alerts;
+mod backend;
 mod dashboards;
 mod least_privilege;
 mod monitoring;

@@ -79,7 +79,7 @@ fn the_pod_monitor_scrapes_every_pod_with_metrics() {
 
 /// The `env` of every container of the chart's Deployments and DaemonSets,
 /// by container name: (name, value) pairs.
-fn container_env(docs: &[Value]) -> Vec<(String, Vec<(String, String)>)> {
+pub(crate) fn container_env(docs: &[Value]) -> Vec<(String, Vec<(String, String)>)> {
     docs.iter()
         .filter(|doc| matches!(kind(doc), "Deployment" | "DaemonSet"))
         .flat_map(|doc| {

@@ -157,6 +157,33 @@ containers:
       - name: OTEL_TRACES_SAMPLER_ARG
         value: {{ $root.Values.tracing.sampleRatio | quote }}
       {{- end }}
+      {{- if has .component (list "inventory" "stack-assigner") }}
+      - name: SWITCHYARD_BACKEND
+        value: {{ $root.Values.backend | quote }}
+      {{- end }}
+      {{- if and (eq .component "stack-assigner") (eq $root.Values.backend "nvidia-operator") }}
+      {{- $n := $root.Values.nvidiaOperator }}
+      {{- $pools := list }}
+      {{- range $pool := keys $n.pools | sortAlpha }}
+      {{- $pools = append $pools (printf "%s=%s" $pool (get $n.pools $pool)) }}
+      {{- end }}
+      - name: SWITCHYARD_NVIDIA_DOMAIN
+        value: {{ $n.domain | quote }}
+      - name: SWITCHYARD_NVIDIA_PLUGIN_LABEL
+        value: {{ $n.pluginLabel | quote }}
+      - name: SWITCHYARD_NVIDIA_POOL_LABEL
+        value: {{ $n.poolLabel | quote }}
+      - name: SWITCHYARD_NVIDIA_POOLS
+        value: {{ join "," $pools | quote }}
+      - name: SWITCHYARD_NVIDIA_PILOT_TAINT
+        value: {{ $n.pilotTaint | quote }}
+      - name: SWITCHYARD_NVIDIA_DISABLE_VALIDATOR_ON_DRA
+        value: {{ $n.disableValidatorOnDra | quote }}
+      - name: SWITCHYARD_NVIDIA_DEVICE_PLUGIN_PODS
+        value: {{ $n.devicePluginPods | quote }}
+      - name: SWITCHYARD_NVIDIA_KUBELET_PLUGIN_PODS
+        value: {{ $n.kubeletPluginPods | quote }}
+      {{- end }}
       {{- if eq .component "alerter" }}
       {{- /* The module status's alerts age moves and claims as the chart's rules do. */}}
       {{- $t := $root.Values.prometheusRule.thresholds }}

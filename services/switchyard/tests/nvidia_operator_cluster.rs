@@ -1,0 +1,435 @@
+//! The nvidia-operator backend on a real cluster: etcd, kube-apiserver,
+//! kube-scheduler and kube-controller-manager (its DaemonSet controller),
+//! kwok running the GPU nodes, JetStream, inventory and the stack-assigner
+//! as processes with `--backend nvidia-operator`. The GPU Operator's
+//! device-plugin DaemonSet and the DRA driver's kubelet-plugin DaemonSet are
+//! real DaemonSets with NVIDIA's node selectors and pod labels, so the
+//! DaemonSet controller makes their pods come and go as Switchyard
+//! relabels; test-side stand-ins play what kwok has no model of: the
+//! operator's labeller (missing deploy labels become `true`), kubelet's
+//! device manager (`nvidia.com/gpu` allocatable while the device-plugin pod
+//! runs) and the DRA kubelet plugin (a `gpu.nvidia.com` ResourceSlice while
+//! its pod runs).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_proto::v1::domain_event::Kind;
+use switchyard_testkit::kube::{Components, create_namespace};
+use switchyard_testkit::kwok::{Kwok, kwok_node, node_is_ready};
+
+use support::*;
+
+const POOL: &str = "gpu-scheduling.platform.example.com/pool";
+const MODE: &str = "gpu-scheduling.platform.example.com/mode";
+const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+const VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
+const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
+const OPERATOR: &str = "gpu-operator";
+const DRA: &str = "nvidia-dra-driver-gpu";
+const NODES: [&str; 2] = ["gpu-1", "gpu-2"];
+
+/// The backend's flags, as the chart sets them.
+const BACKEND_ENV: [(&str, &str); 2] = [
+    ("SWITCHYARD_BACKEND", "nvidia-operator"),
+    (
+        "SWITCHYARD_NVIDIA_POOLS",
+        "legacy=device-plugin,dra-pilot=dra",
+    ),
+];
+
+/// A DaemonSet that runs `labels`' pods on the nodes labelled `selector`.
+async fn daemon_set(
+    c: &Client,
+    namespace: &str,
+    name: &str,
+    labels: (&str, &str),
+    selector: (&str, &str),
+) {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {labels.0: labels.1}},
+            "template": {
+                "metadata": {"labels": {labels.0: labels.1}},
+                "spec": {
+                    "nodeSelector": {selector.0: selector.1},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "nvcr.io/nvidia/example:1"}],
+                },
+            },
+        },
+    }))
+    .expect("daemonset");
+    Api::<DaemonSet>::namespaced(c.clone(), namespace)
+        .create(&PostParams::default(), &ds)
+        .await
+        .unwrap_or_else(|e| panic!("create DaemonSet {namespace}/{name}: {e}"));
+}
+
+/// Running pods of `namespace` labelled `label`, by node.
+async fn running(c: &Client, namespace: &str, label: &str) -> BTreeMap<String, String> {
+    Api::<Pod>::namespaced(c.clone(), namespace)
+        .list(&ListParams::default().labels(label))
+        .await
+        .map(|list| {
+            list.items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p.name_any())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The platform around Switchyard that kwok does not play, once: the
+/// operator's labeller, kubelet's device manager, the DRA kubelet plugin's
+/// ResourceSlice.
+async fn play_platform(c: &Client) {
+    let nodes: Api<Node> = Api::all(c.clone());
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    let device_plugins = running(c, OPERATOR, "app=nvidia-device-plugin-daemonset").await;
+    let kubelet_plugins = running(c, DRA, "dra-driver-nvidia-gpu-component=kubelet-plugin").await;
+    for name in NODES {
+        let Ok(node) = nodes.get(name).await else {
+            continue;
+        };
+        let labels = node.labels();
+        // The labeller: a missing or empty deploy label becomes true.
+        let missing: BTreeMap<&str, &str> = [DP, VALIDATOR]
+            .into_iter()
+            .filter(|k| labels.get(*k).is_none_or(String::is_empty))
+            .map(|k| (k, "true"))
+            .collect();
+        if !missing.is_empty() {
+            let _ = nodes
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": missing}})),
+                )
+                .await;
+        }
+        // kubelet: the device plugin's GPUs while its pod runs.
+        let has = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .is_some_and(|a| a.contains_key("nvidia.com/gpu"));
+        let serving = device_plugins.contains_key(name);
+        if serving != has {
+            let gpus = if serving {
+                json!("8")
+            } else {
+                serde_json::Value::Null
+            };
+            let _ = nodes
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {
+                        "capacity": {"nvidia.com/gpu": gpus},
+                        "allocatable": {"nvidia.com/gpu": gpus},
+                    }})),
+                )
+                .await;
+        }
+        // The DRA kubelet plugin: its node's slice while its pod runs.
+        let slice = format!("{name}-gpu.nvidia.com");
+        let published = slices.get_opt(&slice).await.ok().flatten().is_some();
+        match (kubelet_plugins.contains_key(name), published) {
+            (true, false) => {
+                let devices: Vec<serde_json::Value> = (0..8)
+                    .map(|minor| {
+                        json!({
+                            "name": format!("gpu-{minor}"),
+                            "attributes": {
+                                "type": {"string": "gpu"},
+                                "uuid": {"string": format!("GPU-{name}-{minor}")},
+                                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                                "architecture": {"string": "Hopper"},
+                            },
+                            "capacity": {"memory": {"value": "80Gi"}},
+                        })
+                    })
+                    .collect();
+                let object: ResourceSlice = serde_json::from_value(json!({
+                    "metadata": {"name": slice},
+                    "spec": {
+                        "driver": "gpu.nvidia.com",
+                        "nodeName": name,
+                        "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                        "devices": devices,
+                    },
+                }))
+                .expect("slice");
+                let _ = slices.create(&PostParams::default(), &object).await;
+            }
+            (false, true) => {
+                let _ = slices.delete(&slice, &DeleteParams::default()).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// GPU nodes as GPU Feature Discovery labels them, in the pool `legacy`.
+async fn create_gfd_nodes(c: &Client) {
+    let api: Api<Node> = Api::all(c.clone());
+    for name in NODES {
+        let node = kwok_node(
+            name,
+            &[
+                ("nvidia.com/gpu.present", "true"),
+                ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+                ("nvidia.com/gpu.count", "8"),
+                ("nvidia.com/gpu.memory", "81559"),
+                ("nvidia.com/gpu.family", "hopper"),
+                (POOL, "legacy"),
+            ],
+            &[("cpu", "64"), ("memory", "512Gi"), ("pods", "110")],
+            Vec::new(),
+        );
+        api.create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+    }
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.labels().get(key).map(String::as_str)
+}
+
+fn pilot_tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.key == MODE && t.value.as_deref() == Some("dra") && t.effect == "NoSchedule"
+            })
+        })
+}
+
+/// What a node runs now: (device-plugin pod, kubelet-plugin pod,
+/// `nvidia.com/gpu` allocatable, a gpu.nvidia.com slice).
+async fn serving(c: &Client, name: &str) -> (bool, bool, bool, bool) {
+    let node = Api::<Node>::all(c.clone()).get(name).await.expect("node");
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .is_some_and(|a| a.contains_key("nvidia.com/gpu"));
+    let slice = Api::<ResourceSlice>::all(c.clone())
+        .get_opt(&format!("{name}-gpu.nvidia.com"))
+        .await
+        .ok()
+        .flatten()
+        .is_some();
+    (
+        running(c, OPERATOR, "app=nvidia-device-plugin-daemonset")
+            .await
+            .contains_key(name),
+        running(c, DRA, "dra-driver-nvidia-gpu-component=kubelet-plugin")
+            .await
+            .contains_key(name),
+        allocatable,
+        slice,
+    )
+}
+
+/// The first record's position in `events` that `pred` holds for.
+fn first(
+    events: &[(String, switchyard_proto::v1::DomainEvent)],
+    pred: impl Fn(&Kind) -> bool,
+) -> Option<usize> {
+    events
+        .iter()
+        .position(|(_, e)| e.kind.as_ref().is_some_and(&pred))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels() {
+    let mut world = World::start(Components {
+        scheduler: true,
+        controller_manager: true,
+        ..Components::default()
+    })
+    .await;
+    let c = world.client.clone();
+    let _kwok = Kwok::start(&world.plane);
+    create_namespace(&c, OPERATOR).await;
+    create_namespace(&c, DRA).await;
+    create_gfd_nodes(&c).await;
+    world
+        .until("the GPU nodes Ready", || async {
+            let nodes = Api::<Node>::all(c.clone())
+                .list(&ListParams::default())
+                .await;
+            nodes.is_ok_and(|l| l.items.iter().filter(|n| node_is_ready(n)).count() == NODES.len())
+        })
+        .await;
+    // The operator's DaemonSets as the GPU Operator renders them, and the
+    // DRA driver's kubelet plugin as the guide's chart values select it.
+    daemon_set(
+        &c,
+        OPERATOR,
+        "nvidia-device-plugin-daemonset",
+        ("app", "nvidia-device-plugin-daemonset"),
+        (DP, "true"),
+    )
+    .await;
+    daemon_set(
+        &c,
+        OPERATOR,
+        "nvidia-operator-validator",
+        ("app", "nvidia-operator-validator"),
+        (VALIDATOR, "true"),
+    )
+    .await;
+    daemon_set(
+        &c,
+        DRA,
+        "dra-driver-nvidia-gpu-kubelet-plugin",
+        ("dra-driver-nvidia-gpu-component", "kubelet-plugin"),
+        (PLUGIN, "true"),
+    )
+    .await;
+    let platform = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            loop {
+                play_platform(&c).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    // Before Switchyard: the operator's device plugin on both nodes.
+    world
+        .until("the device plugin serving both nodes", || async {
+            let mut all = true;
+            for name in NODES {
+                all &= serving(&c, name).await == (true, false, true, false);
+            }
+            all
+        })
+        .await;
+
+    world.serve_with_env("inventory", &BACKEND_ENV);
+    world.serve_with_env("stack-assigner", &BACKEND_ENV);
+    let nodes: Api<Node> = Api::all(c.clone());
+    world
+        .until("both nodes owned as legacy", || async {
+            let mut all = true;
+            for name in NODES {
+                let node = nodes.get(name).await.expect("node");
+                all &= label(&node, MODE) == Some("legacy") && label(&node, DP) == Some("true");
+            }
+            all
+        })
+        .await;
+
+    // The platform team puts gpu-2 into the DRA pilot pool.
+    nodes
+        .patch(
+            "gpu-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {POOL: "dra-pilot"}}})),
+        )
+        .await
+        .expect("relabel gpu-2");
+    world
+        .until("gpu-2 served by DRA alone", || async {
+            serving(&c, "gpu-2").await == (false, true, false, true)
+        })
+        .await;
+    let node = nodes.get("gpu-2").await.unwrap();
+    for (key, value) in [
+        (DP, "false"),
+        (VALIDATOR, "false"),
+        (PLUGIN, "true"),
+        (MODE, "dra"),
+    ] {
+        assert_eq!(label(&node, key), Some(value), "{key}: {:?}", node.labels());
+    }
+    assert!(pilot_tainted(&node), "the pilot taint: {:?}", node.spec);
+    // The driver, toolkit, GFD and DCGM are never touched; gpu-1 is as it was.
+    assert!(
+        node.labels()
+            .keys()
+            .all(|k| !k.starts_with("nvidia.com/gpu.deploy.") || k == DP || k == VALIDATOR)
+    );
+    assert_eq!(serving(&c, "gpu-1").await, (true, false, true, false));
+
+    // The log shows the guide's order: the device plugin's pod gone and its
+    // GPUs out of allocatable before the kubelet plugin's label was written.
+    let events = world.events().await;
+    let plugin_on = first(&events, |k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.labels.get(PLUGIN).map(String::as_str) == Some("true")))
+        .expect("the plugin label recorded");
+    let device_plugin_off = first(&events, |k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.labels.get(DP).map(String::as_str) == Some("false")))
+        .expect("the device plugin label recorded off");
+    let gpus_gone = first(&events, |k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.labels.get(DP).map(String::as_str) == Some("false") && n.gpu_allocatable.is_empty()))
+        .expect("the device plugin's GPUs recorded gone");
+    let pod_gone = first(&events, |k| matches!(k, Kind::PodRemoved(p) if p.namespace == OPERATOR && p.name.starts_with("nvidia-device-plugin-daemonset")))
+        .expect("the device plugin's pod recorded gone");
+    assert!(
+        device_plugin_off < gpus_gone && gpus_gone < plugin_on && pod_gone < plugin_on,
+        "{device_plugin_off} < {gpus_gone}, {pod_gone} < {plugin_on}"
+    );
+
+    // And back: DRA goes first, then the device plugin, then the taint.
+    nodes
+        .patch(
+            "gpu-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {POOL: "legacy"}}})),
+        )
+        .await
+        .expect("relabel gpu-2");
+    world
+        .until("gpu-2 back on the device plugin, untainted", || async {
+            let node = nodes.get("gpu-2").await.expect("node");
+            !pilot_tainted(&node) && serving(&c, "gpu-2").await == (true, false, true, false)
+        })
+        .await;
+    let node = nodes.get("gpu-2").await.unwrap();
+    for (key, value) in [(DP, "true"), (VALIDATOR, "true"), (MODE, "legacy")] {
+        assert_eq!(label(&node, key), Some(value), "{key}: {:?}", node.labels());
+    }
+    assert_eq!(label(&node, PLUGIN), None);
+    // DRA recorded gone before the device plugin's label was written back.
+    let events = world.events().await;
+    let after = |from: usize, pred: &dyn Fn(&Kind) -> bool| {
+        events[from..]
+            .iter()
+            .position(|(_, e)| e.kind.as_ref().is_some_and(pred))
+            .map(|i| from + i)
+    };
+    let back = after(plugin_on, &|k| {
+        matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.labels.get(POOL).map(String::as_str) == Some("legacy"))
+    })
+    .expect("the move back recorded");
+    let slice_gone = after(
+        back,
+        &|k| matches!(k, Kind::ResourceSliceRemoved(s) if s.node == "gpu-2"),
+    )
+    .expect("the slice recorded gone");
+    let device_plugin_on = after(back, &|k| {
+        matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.labels.get(DP).map(String::as_str) == Some("true"))
+    })
+    .expect("the device plugin label recorded on");
+    assert!(
+        slice_gone < device_plugin_on,
+        "{slice_gone} < {device_plugin_on}"
+    );
+    platform.abort();
+}
