@@ -64,6 +64,8 @@ pub fn authors(kind: &Kind) -> &'static [ServiceName] {
         | Kind::HandoverStalled(_)
         | Kind::ReadinessSelectorsConfigured(_)
         | Kind::BackendConfigured(_)
+        | Kind::ExclusivityLost(_)
+        | Kind::ExclusivityRestored(_)
         | Kind::StackSwitchHeld(_) => STACK_ASSIGNER,
         Kind::GpuClassCompiled(_) | Kind::GpuClassRetired(_) => CLASS_COMPILER,
         Kind::ApplicationMoveStarted(_)

@@ -95,6 +95,8 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::AlertCleared(e) => alert(&e.alert_name, &e.labels),
         Kind::ReadinessSelectorsConfigured(_) => "cluster.readiness-selectors".into(),
         Kind::BackendConfigured(_) => "cluster.backend".into(),
+        Kind::ExclusivityLost(e) => format!("node.{}", token(&e.node)),
+        Kind::ExclusivityRestored(e) => format!("node.{}", token(&e.node)),
         Kind::StackSwitchHeld(e) => format!("node.{}", token(&e.node)),
         Kind::EvidenceRecorded(e) if e.workload.is_some() => workload(&e.workload),
         Kind::EvidenceRecorded(e) => format!("node.{}", token(&e.node)),

@@ -135,6 +135,8 @@ pub mod v1 {
         ReadinessSelectorsConfigured => "io.switchyard.readiness_selectors.configured",
         StackSwitchHeld => "io.switchyard.stack_switch.held",
         BackendConfigured => "io.switchyard.backend.configured",
+        ExclusivityLost => "io.switchyard.exclusivity.lost",
+        ExclusivityRestored => "io.switchyard.exclusivity.restored",
         // Exit evidence (claim-allocator).
         EvidenceRecorded => "io.switchyard.evidence.recorded",
         EvidenceChecked => "io.switchyard.evidence.checked",

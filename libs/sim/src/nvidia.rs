@@ -304,6 +304,13 @@ impl Simulator {
             })));
     }
 
+    /// A device-plugin pod runs on `node` whatever its label says (a
+    /// DaemonSet whose selector was changed by hand): a failed exclusivity
+    /// gate, for tests.
+    pub fn start_device_plugin_anyway(&mut self, node: &str) {
+        self.start_operand(node, Operand::DevicePlugin);
+    }
+
     /// The operands running on `node` now, for checks: (device-plugin pod,
     /// kubelet-plugin pod, `nvidia.com/gpu` allocatable).
     pub fn operands_on(&self, node: &str) -> (bool, bool, u32) {

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_core::backend::{Backend, NvidiaOperator};
+use switchyard_core::effects::Effect;
 use switchyard_core::stack_assigner::StackAssigner;
 use switchyard_proto::v1::{DomainEvent, Stack, domain_event::Kind};
 use switchyard_sim::{Card, SimConfig, Simulator};
@@ -247,4 +248,71 @@ fn a_device_plugin_label_put_back_by_hand_on_a_dra_node_is_not_left_running_besi
         Some("false")
     );
     assert_eq!(world.sim.operands_on("gpu-0"), (false, true, 0));
+    // The failed gate was recorded, the node cordoned meanwhile, and
+    // uncordoned once the gate held again.
+    let position = |pred: &dyn Fn(&Kind) -> bool| {
+        world
+            .log
+            .iter()
+            .position(|e| e.kind.as_ref().is_some_and(pred))
+    };
+    let lost = position(&|k| {
+        matches!(k, Kind::ExclusivityLost(e) if e.node == "gpu-0"
+            && e.evidence == "Device Plugin reappears on DRA node gpu-0: nvidia.com/gpu.deploy.device-plugin=true"
+            && e.cordoned_by_switchyard)
+    })
+    .expect("ExclusivityLost recorded");
+    let cordoned =
+        position(&|k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-0" && n.unschedulable))
+            .expect("the node cordoned");
+    let restored =
+        position(&|k| matches!(k, Kind::ExclusivityRestored(e) if e.node == "gpu-0" && e.uncordon))
+            .expect("ExclusivityRestored recorded");
+    assert!(
+        lost < cordoned && lost < restored,
+        "{lost} {cordoned} {restored}"
+    );
+    assert!(!world.core.cluster.nodes["gpu-0"].unschedulable);
+    assert!(world.core.exclusivity_lost.is_empty());
+}
+
+#[test]
+fn a_device_plugin_pod_on_a_dra_node_fences_the_node_while_it_runs() {
+    let mut world = World::new(9);
+    world.settle();
+    world.sim.set_pool("gpu-1", "dra-pilot");
+    world.settle();
+    // The device plugin's pod is there again (its DaemonSet's selector was
+    // changed by hand, say): the gate fails while it runs.
+    world.sim.start_device_plugin_anyway("gpu-1");
+    for fact in world.sim.take_facts() {
+        let decided = world.core.handle_fact(&fact, world.sim.now());
+        world.log.push(fact);
+        world.log.extend(decided);
+    }
+    let (cordoned, evidence) = world
+        .core
+        .exclusivity_lost
+        .get("gpu-1")
+        .expect("the gate failed")
+        .clone();
+    assert!(cordoned);
+    // Recorded as first seen: the pod (its GPUs follow in the next fact).
+    assert_eq!(
+        evidence,
+        "Device Plugin reappears on DRA node gpu-1: 1 device-plugin pod(s) on the node"
+    );
+    let effects = world.core.effects();
+    assert!(
+        effects.contains(&Effect::Cordon {
+            node: "gpu-1".into()
+        }),
+        "{effects:?}"
+    );
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::NodeEvent { node, reason, .. } if node == "gpu-1" && reason == "ExclusivityLost")),
+        "{effects:?}"
+    );
 }

@@ -386,6 +386,41 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         "{device_plugin_off} < {gpus_gone}, {pod_gone} < {plugin_on}"
     );
 
+    // The guide's failed exclusivity gate: someone puts the device plugin's
+    // label back on the DRA node. Switchyard records it, cordons the node,
+    // writes the label back; once the device plugin is gone again the node
+    // is uncordoned.
+    nodes
+        .patch(
+            "gpu-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {DP: "true"}}})),
+        )
+        .await
+        .expect("relabel gpu-2");
+    world
+        .until("the lost gate recorded and healed", || async {
+            let events = world.events().await;
+            let lost = first(&events, |k| matches!(k, Kind::ExclusivityLost(e) if e.node == "gpu-2" && e.cordoned_by_switchyard));
+            let restored = first(&events, |k| matches!(k, Kind::ExclusivityRestored(e) if e.node == "gpu-2" && e.uncordon));
+            let node = nodes.get("gpu-2").await.expect("node");
+            lost.is_some()
+                && restored.is_some()
+                && !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+                && label(&node, DP) == Some("false")
+                && serving(&c, "gpu-2").await == (false, true, false, true)
+        })
+        .await;
+    let events = world.events().await;
+    let cordoned = first(
+        &events,
+        |k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-2" && n.unschedulable),
+    );
+    assert!(
+        cordoned.is_some(),
+        "the node was cordoned while the gate failed"
+    );
+
     // And back: DRA goes first, then the device plugin, then the taint.
     nodes
         .patch(

@@ -30,8 +30,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    DomainEvent, HandoverRefused, NodeGroupHeldOnDra, NodeGroupReleased, ReleaseReason, Stack,
-    StackAssigned, StackReason, StackSwitchHeld, WorkloadRef, domain_event::Kind, event,
+    DomainEvent, ExclusivityLost, ExclusivityRestored, HandoverRefused, NodeGroupHeldOnDra,
+    NodeGroupReleased, ReleaseReason, Stack, StackAssigned, StackReason, StackSwitchHeld,
+    WorkloadRef, domain_event::Kind, event,
 };
 
 pub mod handover;
@@ -84,6 +85,13 @@ pub struct StackAssigner {
     /// The backend this service was started with (its flags); recorded when
     /// it differs from the log's. Not folded.
     pub configured_backend: Option<Backend>,
+    /// nvidia-operator: DRA nodes whose exclusivity gate failed
+    /// (`ExclusivityLost`), with whether Switchyard cordoned them and what
+    /// was seen.
+    pub exclusivity_lost: BTreeMap<String, (bool, String)>,
+    /// Nodes Switchyard cordoned for a lost gate that holds again, until
+    /// they read schedulable.
+    pub uncordon_due: BTreeSet<String>,
 }
 
 /// An input of the stack-assigner.
@@ -362,10 +370,27 @@ impl StackAssigner {
             Kind::NodeRemoved(fact) => {
                 self.assignments.remove(&fact.node);
                 self.switch_holds.remove(&fact.node);
+                self.exclusivity_lost.remove(&fact.node);
+                self.uncordon_due.remove(&fact.node);
             }
             Kind::StackSwitchHeld(decision) => {
                 self.switch_holds
                     .insert(decision.node.clone(), decision.claims.clone());
+            }
+            Kind::ExclusivityLost(decision) => {
+                self.exclusivity_lost.insert(
+                    decision.node.clone(),
+                    (decision.cordoned_by_switchyard, decision.evidence.clone()),
+                );
+            }
+            Kind::ExclusivityRestored(decision) => {
+                self.exclusivity_lost.remove(&decision.node);
+                if decision.uncordon {
+                    self.uncordon_due.insert(decision.node.clone());
+                }
+            }
+            Kind::NodeObserved(fact) if !fact.unschedulable => {
+                self.uncordon_due.remove(&fact.node);
             }
             Kind::StackAssigned(decision) => {
                 self.switch_holds.remove(&decision.node);
@@ -507,6 +532,8 @@ impl StackAssigner {
                 self.apply(fact, now);
                 let decisions = self.decide(fact);
                 self.fold(decisions, now, &mut out);
+                let gate = self.exclusivity_decisions(fact, was_on.as_deref());
+                self.fold(gate, now, &mut out);
                 let mut nodes = self.handovers_touched_by(fact, was_on);
                 if matches!(fact.kind, Some(Kind::WaveStarted(_))) {
                     nodes.extend(self.start_waves_due(now, &mut out));
@@ -611,6 +638,12 @@ impl StackAssigner {
         self.fold(decisions, now, &mut out);
         let rollbacks = self.handovers.rollbacks_due();
         self.fold(rollbacks, now, &mut out);
+        let nodes: Vec<String> = self.cluster.nodes.keys().cloned().collect();
+        let gates = nodes
+            .iter()
+            .filter_map(|n| self.exclusivity_decision(n))
+            .collect();
+        self.fold(gates, now, &mut out);
         self.start_waves_due(now, &mut out);
         out.extend(self.handle(Input::Tick, now));
         out
@@ -629,6 +662,48 @@ impl StackAssigner {
     }
 
     /// The node the pod of a pod fact is on now, as folded so far.
+    /// nvidia-operator: the exclusivity gate's decisions on the nodes `fact`
+    /// touches (`was_on`: where the pod of a pod fact was before it).
+    fn exclusivity_decisions(&self, fact: &DomainEvent, was_on: Option<&str>) -> Vec<DomainEvent> {
+        if !matches!(self.cluster.backend, Backend::NvidiaOperator(_)) {
+            return Vec::new();
+        }
+        let node = match &fact.kind {
+            Some(Kind::NodeObserved(f)) => Some(f.node.as_str()),
+            Some(Kind::PodObserved(f)) => Some(f.node.as_str()),
+            Some(Kind::PodRemoved(_)) => was_on,
+            _ => None,
+        };
+        node.and_then(|n| self.exclusivity_decision(n))
+            .into_iter()
+            .collect()
+    }
+
+    /// `ExclusivityLost` for `name` when the gate fails and was not known to,
+    /// `ExclusivityRestored` when it holds again.
+    fn exclusivity_decision(&self, name: &str) -> Option<DomainEvent> {
+        let Backend::NvidiaOperator(backend) = &self.cluster.backend else {
+            return None;
+        };
+        let node = self.cluster.nodes.get(name)?;
+        let stack = self.assignments.get(name).map(|a| a.stack);
+        let evidence = operands::exclusivity_lost(name, stack, node, &self.cluster, backend);
+        match (evidence, self.exclusivity_lost.get(name)) {
+            (Some(evidence), None) => Some(event(Kind::ExclusivityLost(ExclusivityLost {
+                node: name.to_string(),
+                evidence,
+                cordoned_by_switchyard: !node.unschedulable,
+            }))),
+            (None, Some((cordoned, _))) => {
+                Some(event(Kind::ExclusivityRestored(ExclusivityRestored {
+                    node: name.to_string(),
+                    uncordon: *cordoned,
+                })))
+            }
+            _ => None,
+        }
+    }
+
     fn pod_node(&self, fact: &DomainEvent) -> Option<String> {
         let key = match &fact.kind {
             Some(Kind::PodObserved(f)) => (f.namespace.clone(), f.name.clone()),
@@ -703,7 +778,45 @@ impl StackAssigner {
                 ),
             }
         }));
+        if matches!(self.cluster.backend, Backend::NvidiaOperator(_)) {
+            effects.extend(self.exclusivity_effects());
+        }
         effects.extend(self.handovers.effects());
+        effects
+    }
+
+    /// nvidia-operator: a node whose exclusivity gate failed is cordoned and
+    /// says why in an Event; once it holds again, the node Switchyard
+    /// cordoned is uncordoned.
+    fn exclusivity_effects(&self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for (name, (_, evidence)) in &self.exclusivity_lost {
+            if self
+                .cluster
+                .nodes
+                .get(name)
+                .is_some_and(|n| !n.unschedulable)
+            {
+                effects.push(Effect::Cordon { node: name.clone() });
+            }
+            effects.push(Effect::NodeEvent {
+                node: name.clone(),
+                reason: "ExclusivityLost".into(),
+                message: format!(
+                    "{evidence}: the exclusivity gate failed; Switchyard cordoned the node (no new DRA work) and writes the device plugin's label back to false"
+                ),
+            });
+        }
+        for name in &self.uncordon_due {
+            if self
+                .cluster
+                .nodes
+                .get(name)
+                .is_some_and(|n| n.unschedulable)
+            {
+                effects.push(Effect::Uncordon { node: name.clone() });
+            }
+        }
         effects
     }
 

@@ -208,3 +208,46 @@ fn dra_gone(name: &str, cluster: &Cluster, backend: &NvidiaOperator) -> bool {
         && driver_slices(name, cluster).next().is_none()
         && cluster.claims_on(name).is_empty()
 }
+
+/// What shows the guide's failed exclusivity gate on `name`, a node DRA
+/// serves (decided DRA, its kubelet plugin's label on): the device plugin's
+/// pod there, its GPUs allocatable, or its deploy label reading `true` (not
+/// a driver-upgrade pause); `None` while the gate holds.
+pub fn exclusivity_lost(
+    name: &str,
+    stack: Option<Stack>,
+    node: &Node,
+    cluster: &Cluster,
+    backend: &NvidiaOperator,
+) -> Option<String> {
+    let serving_dra = stack == Some(Stack::Dra)
+        && node.labels.get(&backend.plugin_label).map(String::as_str) == Some("true");
+    if !serving_dra {
+        return None;
+    }
+    let label = DeployLabel::read(
+        node.labels
+            .get(nvidia::DEPLOY_DEVICE_PLUGIN)
+            .map(String::as_str),
+    );
+    let pods = pods_on(name, cluster, &backend.device_plugin_pods).count();
+    let mut seen = Vec::new();
+    if pods > 0 {
+        seen.push(format!("{pods} device-plugin pod(s) on the node"));
+    }
+    if node.device_plugin_allocatable > 0 {
+        seen.push(format!(
+            "{} device-plugin GPU resource(s) allocatable",
+            node.device_plugin_allocatable
+        ));
+    }
+    if label.on() && !label.paused() {
+        seen.push(format!("{}=true", nvidia::DEPLOY_DEVICE_PLUGIN));
+    }
+    (!seen.is_empty()).then(|| {
+        format!(
+            "Device Plugin reappears on DRA node {name}: {}",
+            seen.join(", ")
+        )
+    })
+}
