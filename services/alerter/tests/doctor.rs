@@ -633,3 +633,92 @@ fn tenants_are_everyone_but_system_components_switchyard_and_the_driver() {
         agent[0].fix
     );
 }
+
+/// The GPU Operator's ClusterPolicy with this driver-manager env.
+fn mk_cluster_policy(env: Value) -> Value {
+    json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {"driver": {"manager": {"env": env}}},
+    })
+}
+
+/// The DRA driver's kubelet-plugin DaemonSet selecting `node_selector`.
+fn mk_kubelet_plugin(node_selector: Value) -> k8s_openapi::api::apps::v1::DaemonSet {
+    from(json!({
+        "metadata": {"name": "dra-driver-nvidia-gpu-kubelet-plugin", "namespace": "nvidia-dra-driver-gpu"},
+        "spec": {
+            "selector": {"matchLabels": {"dra-driver-nvidia-gpu-component": "kubelet-plugin"}},
+            "template": {
+                "metadata": {"labels": {"dra-driver-nvidia-gpu-component": "kubelet-plugin"}},
+                "spec": {"nodeSelector": node_selector, "containers": [{"name": "plugins", "image": "x"}]},
+            },
+        },
+    }))
+}
+
+#[test]
+fn the_gpu_operators_driver_manager_must_evict_the_dra_pool_by_its_label() {
+    // Without the operator there is nothing to check.
+    let mut s = healthy();
+    s.daemon_sets.push(mk_kubelet_plugin(json!({})));
+    assert!(only(&diagnose(&s), Row::EvictionLabelMissing).is_empty());
+    assert!(only(&diagnose(&s), Row::KubeletPluginUnscoped).is_empty());
+
+    s.cluster_policies
+        .push(mk_cluster_policy(json!([{"name": "OTHER", "value": "1"}])));
+    let f = diagnose(&s);
+    let [missing] = only(&f, Row::EvictionLabelMissing)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(missing.objects, ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        missing.cause.contains("no NODE_LABEL_FOR_GPU_POD_EVICTION"),
+        "{}",
+        missing.cause
+    );
+    assert!(
+        missing
+            .fix
+            .contains("--set 'driver.manager.env[0].value=nvidia.com/dra-kubelet-plugin'"),
+        "{}",
+        missing.fix
+    );
+    // The DRA chart's default: no node selector, so on every GPU node.
+    let [unscoped] = only(&f, Row::KubeletPluginUnscoped)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(
+        unscoped.objects,
+        ["DaemonSet/nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin"]
+    );
+    assert!(
+        unscoped
+            .fix
+            .contains(r#"'kubeletPlugin.nodeSelector={"nvidia.com/dra-kubelet-plugin":"true"}'"#),
+        "{}",
+        unscoped.fix
+    );
+
+    // As the guide sets them: nothing to say.
+    s.cluster_policies = vec![mk_cluster_policy(json!([
+        {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"}
+    ]))];
+    s.daemon_sets = vec![mk_kubelet_plugin(
+        json!({"nvidia.com/dra-kubelet-plugin": "true"}),
+    )];
+    assert_eq!(diagnose(&s), Vec::new());
+    // A pool label of the platform's own: the plugin must select that one.
+    s.cluster_policies = vec![mk_cluster_policy(json!([
+        {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "example.com/dra"}
+    ]))];
+    let f = diagnose(&s);
+    let [unscoped] = only(&f, Row::KubeletPluginUnscoped)[..] else {
+        panic!("{f:#?}")
+    };
+    assert!(
+        unscoped.cause.contains("example.com/dra=\"true\""),
+        "{}",
+        unscoped.cause
+    );
+}

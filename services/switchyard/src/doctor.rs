@@ -11,13 +11,13 @@ use clap::{Args, Subcommand};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use switchyard_alerter::doctor::{self, Finding, PodExplanation, Severity, Snapshot};
@@ -101,11 +101,13 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         list::<ResourceClaim>(client),
         list::<ResourceClaimTemplate>(client),
     )?;
-    let (pods, deployments, stateful_sets) = tokio::try_join!(
+    let (pods, deployments, stateful_sets, daemon_sets) = tokio::try_join!(
         list::<Pod>(client),
         list::<Deployment>(client),
         list::<StatefulSet>(client),
+        list::<DaemonSet>(client),
     )?;
+    let cluster_policies = cluster_policies(client).await?;
     // Who may do what with devices: RBAC as stored, the admission policies.
     let (namespaces, service_accounts, cluster_roles, cluster_role_bindings) = tokio::try_join!(
         list::<Namespace>(client),
@@ -147,7 +149,28 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         role_bindings,
         admission_policies,
         admission_policy_bindings,
+        cluster_policies,
+        daemon_sets,
     })
+}
+
+/// The GPU Operator's ClusterPolicies (`nvidia.com/v1`), as JSON; none where
+/// the operator's CRD is not installed.
+async fn cluster_policies(client: &Client) -> anyhow::Result<Vec<serde_json::Value>> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+        "clusterpolicies",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .map(|p| serde_json::to_value(p).context("a ClusterPolicy as JSON"))
+            .collect(),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e).context("list clusterpolicies.nvidia.com"),
+    }
 }
 
 #[derive(serde::Serialize)]

@@ -9,6 +9,7 @@
 
 mod access;
 mod dra;
+mod nvidia;
 pub mod pod;
 mod stack;
 mod workloads;
@@ -18,7 +19,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{
@@ -62,6 +63,10 @@ pub struct Snapshot {
     pub role_bindings: Vec<RoleBinding>,
     pub admission_policies: Vec<ValidatingAdmissionPolicy>,
     pub admission_policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// The GPU Operator's ClusterPolicies (`nvidia.com/v1`), as JSON; none
+    /// where the operator is not installed.
+    pub cluster_policies: Vec<serde_json::Value>,
+    pub daemon_sets: Vec<DaemonSet>,
 }
 
 /// How much a finding asks of the operator: a warning is a mistake to fix
@@ -92,10 +97,12 @@ pub enum Row {
     AdminAccessNamespace,
     TenantWritesDraInventory,
     NodeAgentSlicesUnconfined,
+    EvictionLabelMissing,
+    KubeletPluginUnscoped,
 }
 
 impl Row {
-    pub const ALL: [Row; 15] = [
+    pub const ALL: [Row; 17] = [
         Row::NoStackManagesNode,
         Row::DraNotDeployed,
         Row::HeldOnDra,
@@ -111,6 +118,8 @@ impl Row {
         Row::AdminAccessNamespace,
         Row::TenantWritesDraInventory,
         Row::NodeAgentSlicesUnconfined,
+        Row::EvictionLabelMissing,
+        Row::KubeletPluginUnscoped,
     ];
 
     /// The stable id, as in JSON.
@@ -131,6 +140,8 @@ impl Row {
             Row::AdminAccessNamespace => "admin-access-namespace",
             Row::TenantWritesDraInventory => "tenant-writes-dra-inventory",
             Row::NodeAgentSlicesUnconfined => "node-agent-slices-unconfined",
+            Row::EvictionLabelMissing => "eviction-label-missing",
+            Row::KubeletPluginUnscoped => "kubelet-plugin-unscoped",
         }
     }
 
@@ -158,6 +169,10 @@ impl Row {
             Row::NodeAgentSlicesUnconfined => {
                 "The node agent may write every node's ResourceSlices"
             }
+            Row::EvictionLabelMissing => {
+                "The GPU Operator's driver manager does not evict the DRA kubelet plugin"
+            }
+            Row::KubeletPluginUnscoped => "The DRA kubelet plugin runs outside the DRA pool",
         }
     }
 
@@ -214,6 +229,8 @@ pub fn diagnose(s: &Snapshot) -> Vec<Finding> {
     out.extend(access::admin_access_namespaces(&view));
     out.extend(access::tenant_writes_dra_inventory(&view));
     out.extend(access::node_agent_slices_unconfined(&view));
+    out.extend(nvidia::eviction_label_missing(&view));
+    out.extend(nvidia::kubelet_plugin_unscoped(&view));
     out.sort_by(|a, b| (a.row, &a.objects).cmp(&(b.row, &b.objects)));
     out
 }
