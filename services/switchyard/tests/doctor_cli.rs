@@ -1156,3 +1156,96 @@ async fn the_node_agent_may_write_every_nodes_slices_without_its_policy() {
     let (code, findings) = doctor(&plane);
     assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
 }
+
+/// The GPU Operator's ClusterPolicy CRD, enough to store its objects.
+fn cluster_policy_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "metadata": {"name": "clusterpolicies.nvidia.com"},
+        "spec": {
+            "group": "nvidia.com",
+            "scope": "Cluster",
+            "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy", "listKind": "ClusterPolicyList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .expect("crd")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_gpu_operator_cluster_the_dra_drivers_prerequisites_are_checked() {
+    let (plane, client) = start().await;
+    healthy(&client).await;
+    install_crds(&client, vec![cluster_policy_crd()]).await;
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+            "clusterpolicies",
+        ),
+    );
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {"driver": {"manager": {"env": [{"name": "ENABLE_AUTO_DRAIN", "value": "false"}]}}},
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the ClusterPolicy");
+    create_namespace(&client, "nvidia-dra-driver-gpu").await;
+    // The DRA chart's default: no node selector.
+    let plugin: k8s_openapi::api::apps::v1::DaemonSet = create(
+        &client,
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "dra-driver-nvidia-gpu-kubelet-plugin", "namespace": "nvidia-dra-driver-gpu"},
+            "spec": {
+                "selector": {"matchLabels": {"dra-driver-nvidia-gpu-component": "kubelet-plugin"}},
+                "template": {
+                    "metadata": {"labels": {"dra-driver-nvidia-gpu-component": "kubelet-plugin"}},
+                    "spec": {"containers": [{"name": "plugins", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v0.4.1"}]},
+                },
+            },
+        }),
+    )
+    .await;
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1, "{findings:#?}");
+    let missing = rows(&findings, "eviction-label-missing");
+    assert_eq!(missing.len(), 1, "{findings:#?}");
+    assert_eq!(objects(missing[0]), ["ClusterPolicy/cluster-policy"]);
+    let unscoped = rows(&findings, "kubelet-plugin-unscoped");
+    assert_eq!(unscoped.len(), 1, "{findings:#?}");
+    assert_eq!(
+        objects(unscoped[0]),
+        ["DaemonSet/nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin"]
+    );
+
+    // Set as the guide asks: nothing left to say.
+    policies
+        .patch(
+            "cluster-policy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"driver": {"manager": {"env": [
+                {"name": "ENABLE_AUTO_DRAIN", "value": "false"},
+                {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"},
+            ]}}}})),
+        )
+        .await
+        .expect("patch the ClusterPolicy");
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), "nvidia-dra-driver-gpu")
+        .patch(
+            &plugin.metadata.name.unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"spec": {"nodeSelector": {"nvidia.com/dra-kubelet-plugin": "true"}}}}})),
+        )
+        .await
+        .expect("patch the DaemonSet");
+    let (code, findings) = doctor(&plane);
+    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+}
