@@ -291,3 +291,132 @@ fn a_node_in_no_pool_and_one_without_gpus_lose_only_switchyards_labels() {
     let (_, effects) = wanted(&[gone]);
     assert_eq!(effects, vec![labels(&[(MODE, None), (PLUGIN, None)])]);
 }
+
+// ------------------------------------------- exit evidence on this backend
+
+use switchyard_core::claim_allocator::evidence::{
+    NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH_GFD, node_evidence,
+};
+use switchyard_proto::v1::SliceDevice;
+
+/// The node's slice as the NVIDIA driver publishes H100s: `n` devices,
+/// productName with spaces, memory.
+fn h100_slice(n: u32, memory_mib: u64) -> DomainEvent {
+    ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
+        name: "gpu-1-gpu.nvidia.com-x".into(),
+        driver: "gpu.nvidia.com".into(),
+        node: "gpu-1".into(),
+        pool: "gpu-1".into(),
+        devices: n,
+        device_list: (0..n)
+            .map(|minor| SliceDevice {
+                name: format!("gpu-{minor}"),
+                r#type: "gpu".into(),
+                uuid: format!("GPU-{minor}"),
+                product: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib,
+            })
+            .collect(),
+    }))
+}
+
+const GFD: [(&str, &str); 3] = [
+    ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+    ("nvidia.com/gpu.count", "8"),
+    ("nvidia.com/gpu.memory", "81559"),
+];
+
+fn dra_node_labels() -> Vec<(&'static str, &'static str)> {
+    let mut labels = vec![
+        (DP, "false"),
+        (VALIDATOR, "false"),
+        (MODE, "dra"),
+        (PLUGIN, "true"),
+    ];
+    labels.extend(GFD);
+    labels
+}
+
+fn evidence(facts: &[DomainEvent]) -> Vec<(String, bool, String)> {
+    let (core, _) = wanted(facts);
+    node_evidence(&core.cluster, "gpu-1")
+        .into_iter()
+        .map(|i| (i.check, i.passed, i.detail))
+        .collect()
+}
+
+#[test]
+fn a_dra_node_passes_on_the_drivers_slices_against_gpu_feature_discoverys_labels() {
+    let items = evidence(&[
+        node("dra-pilot", &dra_node_labels(), 0, true),
+        kubelet_plugin_pod(),
+        h100_slice(8, 81559),
+    ]);
+    assert_eq!(
+        items
+            .iter()
+            .map(|(c, p, _)| (c.as_str(), *p))
+            .collect::<Vec<_>>(),
+        vec![
+            (NO_DUAL_ADVERTISEMENT, true),
+            (PLUGIN_HEALTHY, true),
+            (SLICES_MATCH_GFD, true)
+        ],
+        "{items:#?}"
+    );
+    assert_eq!(
+        items[2].2,
+        "8 GPUs published as GPU Feature Discovery labelled them (NVIDIA-H100-80GB-HBM3, 81559 MiB)"
+    );
+}
+
+#[test]
+fn a_dra_node_fails_on_a_missing_card_other_memory_no_plugin_or_the_device_plugin_back() {
+    // Seven cards published of eight, another memory size, no plugin pod.
+    let items = evidence(&[
+        node("dra-pilot", &dra_node_labels(), 0, true),
+        h100_slice(7, 40960),
+    ]);
+    let failed: Vec<(&str, &str)> = items
+        .iter()
+        .filter(|(_, passed, _)| !passed)
+        .map(|(c, _, d)| (c.as_str(), d.as_str()))
+        .collect();
+    assert_eq!(failed.len(), 2, "{items:#?}");
+    assert_eq!(
+        failed[0],
+        (
+            PLUGIN_HEALTHY,
+            "no DRA kubelet-plugin pod (dra-driver-nvidia-gpu-component=kubelet-plugin) is running on the node"
+        )
+    );
+    assert!(
+        failed[1].1.starts_with("7 GPUs published by gpu.nvidia.com, 8 labelled nvidia.com/gpu.count; gpu-0: memory 40960 MiB in the slice, 81559 MiB labelled nvidia.com/gpu.memory"),
+        "{}",
+        failed[1].1
+    );
+    // The device plugin's pod back on the DRA node, its GPUs allocatable.
+    let items = evidence(&[
+        node("dra-pilot", &dra_node_labels(), 0, true),
+        kubelet_plugin_pod(),
+        device_plugin_pod(),
+        h100_slice(8, 81559),
+    ]);
+    assert_eq!(
+        (items[0].0.as_str(), items[0].1, items[0].2.as_str()),
+        (
+            NO_DUAL_ADVERTISEMENT,
+            false,
+            "the device plugin runs on this DRA node: gpu-operator/nvidia-device-plugin-daemonset-x1"
+        )
+    );
+    let items = evidence(&[
+        node("dra-pilot", &dra_node_labels(), 8, true),
+        kubelet_plugin_pod(),
+        h100_slice(8, 81559),
+    ]);
+    assert!(
+        !items[0].1 && items[0].2.contains("both allocators advertise the node"),
+        "{items:#?}"
+    );
+}

@@ -158,7 +158,7 @@ async fn play_platform(c: &Client) {
                                 "productName": {"string": "NVIDIA H100 80GB HBM3"},
                                 "architecture": {"string": "Hopper"},
                             },
-                            "capacity": {"memory": {"value": "80Gi"}},
+                            "capacity": {"memory": {"value": "81559Mi"}},
                         })
                     })
                     .collect();
@@ -326,6 +326,7 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
 
     world.serve_with_env("inventory", &BACKEND_ENV);
     world.serve_with_env("stack-assigner", &BACKEND_ENV);
+    world.serve("claim-allocator");
     let nodes: Api<Node> = Api::all(c.clone());
     world
         .until("both nodes owned as legacy", || async {
@@ -420,6 +421,27 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         cordoned.is_some(),
         "the node was cordoned while the gate failed"
     );
+
+    // The exit evidence on the facts now: gpu-2 on DRA alone, its slice as
+    // GPU Feature Discovery labelled the cards; gpu-1 on the device plugin.
+    let (code, out, err) = switchyard_testkit::reference::cli_at(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchyard")),
+        &world.nats.url(),
+        &world.plane.kubeconfig(),
+        &["evidence", "--id", "ev-nvidia"],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    for line in [
+        "evidence of node gpu-1: passed",
+        "ok     no dual advertisement: device-plugin stack: 8 device-plugin GPU resources allocatable, no GPU ResourceSlice",
+        "evidence of node gpu-2: passed",
+        "ok     no dual advertisement: 8 devices in 1 ResourceSlices, no device-plugin resource allocatable",
+        "ok     DRA plug-in healthy: the DRA kubelet plugin runs: nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin-",
+        "ok     slices match GPU Feature Discovery's labels: 8 GPUs published as GPU Feature Discovery labelled them (NVIDIA-H100-80GB-HBM3, 81559 MiB)",
+        "evidence ev-nvidia: 2 node(s), 0 workload(s), 0 failed",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
 
     // And back: DRA goes first, then the device plugin, then the taint.
     nodes

@@ -24,6 +24,7 @@ use switchyard_proto::v1::{
     domain_event::Kind, event,
 };
 
+use crate::backend::{Backend, NvidiaOperator, nvidia};
 use crate::class_compiler::GPU_DRIVER;
 use crate::cluster::{Cluster, Slice, workload_key};
 use crate::names::{GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA};
@@ -35,6 +36,9 @@ pub const GPU_DRIVERS: [&str; 2] = [GPU_DRIVER, "gpu.nvidia.com"];
 pub const NO_DUAL_ADVERTISEMENT: &str = "no dual advertisement";
 pub const PLUGIN_HEALTHY: &str = "DRA plug-in healthy";
 pub const SLICES_MATCH: &str = "slices match the PhysicalGPUs";
+/// nvidia-operator backend: the driver's devices against what GPU Feature
+/// Discovery labelled on the node.
+pub const SLICES_MATCH_GFD: &str = "slices match GPU Feature Discovery's labels";
 pub const PODS_ON_TARGET: &str = "pods on the target group";
 pub const CLAIMS_RESERVED: &str = "claims allocated and reserved";
 pub const RESTART_AND_CLEANUP: &str = "restart and cleanup";
@@ -84,63 +88,17 @@ pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
             Err(format!("node {node} does not exist")),
         )];
     };
+    if let Backend::NvidiaOperator(backend) = &cluster.backend {
+        return nvidia_node_evidence(cluster, node, facts, backend);
+    }
     let dra = facts
         .labels
         .get(GPU_STACK_LABEL)
         .is_some_and(|v| v == STACK_DRA);
-    let on_node: Vec<&Slice> = gpu_slices(cluster)
-        .filter(|(_, s)| s.node == node)
-        .map(|(_, s)| s)
-        .collect();
-    let published: usize = on_node.iter().map(|s| s.devices.len()).sum();
-    let allocatable = facts.device_plugin_allocatable;
-    let stack = if dra { "dra" } else { "device-plugin" };
-    // Pods holding device-plugin GPUs on a node that publishes its cards to
-    // DRA: the same cards have two allocators.
-    let holding: Vec<String> = if published > 0 {
-        cluster
-            .pods_by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .filter(|key| {
-                cluster.pods.get(*key).is_some_and(|p| {
-                    p.device_plugin_gpus > 0
-                        && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
-                })
-            })
-            .map(|(ns, name)| format!("{ns}/{name}"))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let dual = if !holding.is_empty() {
-        Err(format!(
-            "pods hold device-plugin GPUs on a node that publishes {published} devices in {} \
-             ResourceSlices: {}",
-            on_node.len(),
-            holding.join(", ")
-        ))
-    } else if published > 0 && allocatable > 0 {
-        Err(format!(
-            "{allocatable} device-plugin GPU resources (nvidia.com/gpu, MIG, shared) are allocatable while {published} devices are published in {} ResourceSlices: both allocators advertise the node",
-            on_node.len()
-        ))
-    } else if dra && published == 0 {
-        Err(format!(
-            "the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: {allocatable})"
-        ))
-    } else if dra {
-        Ok(format!(
-            "{published} devices in {} ResourceSlices, no device-plugin resource allocatable",
-            on_node.len()
-        ))
-    } else {
-        Ok(format!(
-            "{stack} stack: {allocatable} device-plugin GPU resources allocatable, no GPU ResourceSlice"
-        ))
-    };
-    let mut items = vec![item(NO_DUAL_ADVERTISEMENT, dual)];
+    let mut items = vec![item(
+        NO_DUAL_ADVERTISEMENT,
+        dual_advertisement(cluster, node, facts, dra),
+    )];
     if !dra {
         return items;
     }
@@ -178,6 +136,196 @@ pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
     items.push(item(PLUGIN_HEALTHY, healthy));
     items.push(item(SLICES_MATCH, slices_match(cluster, node)));
     items
+}
+
+/// No dual advertisement on `node` (`dra`: on the DRA stack).
+fn dual_advertisement(
+    cluster: &Cluster,
+    node: &str,
+    facts: &crate::cluster::Node,
+    dra: bool,
+) -> Result<String, String> {
+    let on_node: Vec<&Slice> = gpu_slices(cluster)
+        .filter(|(_, s)| s.node == node)
+        .map(|(_, s)| s)
+        .collect();
+    let published: usize = on_node.iter().map(|s| s.devices.len()).sum();
+    let allocatable = facts.device_plugin_allocatable;
+    let stack = if dra { "dra" } else { "device-plugin" };
+    // Pods holding device-plugin GPUs on a node that publishes its cards to
+    // DRA: the same cards have two allocators.
+    let holding: Vec<String> = if published > 0 {
+        cluster
+            .pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter(|key| {
+                cluster.pods.get(*key).is_some_and(|p| {
+                    p.device_plugin_gpus > 0
+                        && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
+                })
+            })
+            .map(|(ns, name)| format!("{ns}/{name}"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !holding.is_empty() {
+        Err(format!(
+            "pods hold device-plugin GPUs on a node that publishes {published} devices in {} \
+             ResourceSlices: {}",
+            on_node.len(),
+            holding.join(", ")
+        ))
+    } else if published > 0 && allocatable > 0 {
+        Err(format!(
+            "{allocatable} device-plugin GPU resources (nvidia.com/gpu, MIG, shared) are allocatable while {published} devices are published in {} ResourceSlices: both allocators advertise the node",
+            on_node.len()
+        ))
+    } else if dra && published == 0 {
+        Err(format!(
+            "the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: {allocatable})"
+        ))
+    } else if dra {
+        Ok(format!(
+            "{published} devices in {} ResourceSlices, no device-plugin resource allocatable",
+            on_node.len()
+        ))
+    } else {
+        Ok(format!(
+            "{stack} stack: {allocatable} device-plugin GPU resources allocatable, no GPU ResourceSlice"
+        ))
+    }
+}
+
+/// nvidia-operator backend: the guide's gates on the facts now — no dual
+/// advertisement and no device-plugin pod on a DRA node, the DRA kubelet
+/// plugin's pod running, and the `gpu.nvidia.com` devices matching what GPU
+/// Feature Discovery labelled (count, product, memory), each UUID once.
+fn nvidia_node_evidence(
+    cluster: &Cluster,
+    node: &str,
+    facts: &crate::cluster::Node,
+    backend: &NvidiaOperator,
+) -> Vec<EvidenceItem> {
+    let dra = facts.labels.get(&backend.plugin_label).map(String::as_str) == Some("true");
+    let device_plugin_pods: Vec<String> = cluster
+        .pods_on(node)
+        .filter(|(_, p)| backend.device_plugin_pods.selects(p))
+        .map(|((ns, name), _)| format!("{ns}/{name}"))
+        .collect();
+    let dual = match dual_advertisement(cluster, node, facts, dra) {
+        Ok(_) if dra && !device_plugin_pods.is_empty() => Err(format!(
+            "the device plugin runs on this DRA node: {}",
+            device_plugin_pods.join(", ")
+        )),
+        other => other,
+    };
+    let mut items = vec![item(NO_DUAL_ADVERTISEMENT, dual)];
+    if !dra {
+        return items;
+    }
+    let running: Vec<String> = cluster
+        .pods_on(node)
+        .filter(|(_, p)| backend.kubelet_plugin_pods.selects(p) && p.phase == PodPhase::Running)
+        .map(|((ns, name), _)| format!("{ns}/{name}"))
+        .collect();
+    let healthy = if running.is_empty() {
+        Err(format!(
+            "no DRA kubelet-plugin pod ({}) is running on the node",
+            backend.kubelet_plugin_pods.text
+        ))
+    } else {
+        Ok(format!(
+            "the DRA kubelet plugin runs: {}",
+            running.join(", ")
+        ))
+    };
+    items.push(item(PLUGIN_HEALTHY, healthy));
+    items.push(item(
+        SLICES_MATCH_GFD,
+        slices_match_gfd(cluster, node, facts),
+    ));
+    items
+}
+
+/// The node's `gpu.nvidia.com` whole-GPU devices against GPU Feature
+/// Discovery's labels: as many as `nvidia.com/gpu.count`, each product (the
+/// NVML name, spaces for GFD's dashes) a prefix of `nvidia.com/gpu.product`,
+/// each memory `nvidia.com/gpu.memory` MiB (within 1 MiB; the driver leaves
+/// it out when NVML reports none), each UUID once.
+fn slices_match_gfd(
+    cluster: &Cluster,
+    node: &str,
+    facts: &crate::cluster::Node,
+) -> Result<String, String> {
+    let label = |key: &str| facts.labels.get(key).map(String::as_str);
+    let (Some(count), Some(product)) = (label(nvidia::GFD_COUNT), label(nvidia::GFD_PRODUCT))
+    else {
+        return Err(format!(
+            "the node has no {} or {} label to compare the slices with (GPU Feature Discovery)",
+            nvidia::GFD_COUNT,
+            nvidia::GFD_PRODUCT
+        ));
+    };
+    let count: usize = count
+        .parse()
+        .map_err(|_| format!("{}={count:?} is not a count", nvidia::GFD_COUNT))?;
+    let memory: Option<u64> = label(nvidia::GFD_MEMORY_MIB).and_then(|m| m.parse().ok());
+    let devices: Vec<(&str, &switchyard_proto::v1::SliceDevice)> = cluster
+        .slices
+        .values()
+        .filter(|s| s.node == node && s.driver == nvidia::DRIVER)
+        .flat_map(|s| s.devices.iter().map(move |d| (s.node.as_str(), d)))
+        .filter(|(_, d)| d.r#type.is_empty() || d.r#type == "gpu")
+        .collect();
+    let mut wrong = Vec::new();
+    if devices.len() != count {
+        wrong.push(format!(
+            "{} GPUs published by {}, {} labelled {}",
+            devices.len(),
+            nvidia::DRIVER,
+            count,
+            nvidia::GFD_COUNT
+        ));
+    }
+    let mut uuids: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, d) in &devices {
+        *uuids.entry(d.uuid.as_str()).or_default() += 1;
+        if !product.starts_with(&d.product.replace(' ', "-")) {
+            wrong.push(format!(
+                "{}: product {:?} in the slice, {product:?} labelled by GPU Feature Discovery",
+                d.name, d.product
+            ));
+        }
+        if let Some(memory) = memory
+            && d.memory_mib != 0
+            && d.memory_mib.abs_diff(memory) > 1
+        {
+            wrong.push(format!(
+                "{}: memory {} MiB in the slice, {memory} MiB labelled {}",
+                d.name,
+                d.memory_mib,
+                nvidia::GFD_MEMORY_MIB
+            ));
+        }
+    }
+    for (uuid, n) in uuids {
+        if uuid.is_empty() {
+            wrong.push(format!("{n} device(s) published without a UUID"));
+        } else if n > 1 {
+            wrong.push(format!("{uuid} is published {n} times"));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(format!(
+            "{count} GPUs published as GPU Feature Discovery labelled them ({product}{})",
+            memory.map_or(String::new(), |m| format!(", {m} MiB"))
+        ))
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 /// Every PhysicalGPU of `node` published once as a whole device, with its
