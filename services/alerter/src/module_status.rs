@@ -319,10 +319,8 @@ fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStack
         let reason = view
             .assignment
             .map_or(StackReason::Unspecified, |a| a.reason);
-        let readiness_missing = view
-            .readiness
-            .as_ref()
-            .map_or_else(Vec::new, |r| r.missing());
+        let readiness_missing: Vec<&str> =
+            view.missing.iter().map(|(_, seen)| seen.as_str()).collect();
         let dra_deployed = stack == Some(Stack::Dra) && readiness_missing.is_empty();
         let message = match reason {
             _ if !readiness_missing.is_empty() => format!(

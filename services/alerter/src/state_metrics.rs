@@ -23,9 +23,11 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use switchyard_core::backend::Backend;
 use switchyard_core::claim_allocator::ClaimAllocator;
 use switchyard_core::cluster::{Cluster, Node, ObjectKey, Readiness};
 use switchyard_core::stack_assigner::handover::Handover;
+use switchyard_core::stack_assigner::operands;
 use switchyard_core::stack_assigner::{Assignment, StackAssigner};
 use switchyard_eventlog::{Decoded, EventLog, LogError};
 use switchyard_proto::v1::{
@@ -312,9 +314,11 @@ pub(crate) struct GpuNodeView<'a> {
     pub node: &'a Node,
     pub assignment: Option<&'a Assignment>,
     pub handover: Option<&'a Handover>,
-    /// On DRA only: the node's readiness, checked against the cards it had
-    /// before its handover (never fewer than it has PhysicalGPUs now).
-    pub readiness: Option<Readiness>,
+    /// On DRA only: the readiness conditions the node misses, as (name,
+    /// what is seen) — the reference's (checked against the cards it had
+    /// before its handover, never fewer than it has PhysicalGPUs now), or on
+    /// the nvidia-operator backend the guide's gates.
+    pub missing: Vec<(&'static str, String)>,
     /// Devices in the ResourceSlices published for the node.
     pub slice_devices: usize,
 }
@@ -330,23 +334,27 @@ impl GpuNodeView<'_> {
 
     /// The readiness conditions a DRA node misses, by name (none off DRA).
     pub fn readiness_missing(&self) -> Vec<&'static str> {
-        let Some(r) = &self.readiness else {
-            return Vec::new();
-        };
-        [
-            ("gpu_setup_complete", !r.gpu_setup_complete),
-            ("gpu_stack_dra", !r.gpu_stack_dra),
-            (
-                "physical_gpus_ready",
-                r.ready_physical_gpus < r.expected_physical_gpus,
-            ),
-            ("node_agent_running", !r.node_agent_running),
-            ("vendor_adapter_running", !r.vendor_adapter_running),
-        ]
-        .into_iter()
-        .filter_map(|(condition, missing)| missing.then_some(condition))
-        .collect()
+        self.missing.iter().map(|(name, _)| *name).collect()
     }
+}
+
+/// The reference's readiness conditions `r` misses, as (name, what is seen).
+fn deckhouse_missing(r: &Readiness) -> Vec<(&'static str, String)> {
+    let mut messages = r.missing().into_iter();
+    [
+        ("gpu_setup_complete", !r.gpu_setup_complete),
+        ("gpu_stack_dra", !r.gpu_stack_dra),
+        (
+            "physical_gpus_ready",
+            r.ready_physical_gpus < r.expected_physical_gpus,
+        ),
+        ("node_agent_running", !r.node_agent_running),
+        ("vendor_adapter_running", !r.vendor_adapter_running),
+    ]
+    .into_iter()
+    .filter(|(_, missing)| *missing)
+    .map(|(condition, _)| (condition, messages.next().unwrap_or_default()))
+    .collect()
 }
 
 impl MigrationState {
@@ -364,18 +372,25 @@ impl MigrationState {
             .map(|(name, node)| {
                 let assignment = self.stack.assignments.get(name.as_str());
                 let handover = self.stack.handovers.active.get(name.as_str());
-                let readiness = (assignment.map(|a| a.stack) == Some(Stack::Dra)).then(|| {
-                    let cards = handover
-                        .map_or(0, |h| h.cards_before)
-                        .max(cluster.cards(name));
-                    cluster.readiness(name, cards)
-                });
+                let on_dra = assignment.map(|a| a.stack) == Some(Stack::Dra);
+                let missing = match &cluster.backend {
+                    _ if !on_dra => Vec::new(),
+                    Backend::NvidiaOperator(backend) => {
+                        operands::dra_missing(name, node, cluster, backend)
+                    }
+                    Backend::Deckhouse => {
+                        let cards = handover
+                            .map_or(0, |h| h.cards_before)
+                            .max(cluster.cards(name));
+                        deckhouse_missing(&cluster.readiness(name, cards))
+                    }
+                };
                 GpuNodeView {
                     name,
                     node,
                     assignment,
                     handover,
-                    readiness,
+                    missing,
                     slice_devices: slice_devices.get(name.as_str()).copied().unwrap_or(0),
                 }
             })

@@ -338,3 +338,88 @@ fn a_claim_is_pending_and_unused_since_the_records_that_made_it_so() {
     assert_eq!(since(at(&fresh), unused), []);
     assert_eq!(since(at(&fresh), pending), []);
 }
+
+/// On the nvidia-operator backend a DRA node misses the guide's gates, not
+/// the reference's conditions (no gpu-setup-complete, no node agent there).
+#[test]
+fn on_the_nvidia_backend_a_dra_node_misses_the_guides_gates() {
+    use switchyard_core::backend::{Backend, NvidiaOperator};
+    let backend = Backend::NvidiaOperator(Box::new(NvidiaOperator {
+        pools: [("dra-pilot".to_string(), Stack::Dra)].into(),
+        ..NvidiaOperator::default()
+    }));
+    let labels: BTreeMap<String, String> = [
+        ("nvidia.com/gpu.present", "true"),
+        ("gpu-scheduling.platform.example.com/pool", "dra-pilot"),
+        ("gpu-scheduling.platform.example.com/mode", "dra"),
+        ("nvidia.com/gpu.deploy.device-plugin", "false"),
+        ("nvidia.com/dra-kubelet-plugin", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut events = vec![
+        ev(Kind::BackendConfigured(backend.to_event())),
+        ev(Kind::NodeObserved(v1::NodeObserved {
+            node: "gpu-1".into(),
+            labels,
+            gpu_count: 8,
+            ..Default::default()
+        })),
+        ev(Kind::StackAssigned(v1::StackAssigned {
+            node: "gpu-1".into(),
+            stack: Stack::Dra as i32,
+            reason: v1::StackReason::PoolStack as i32,
+            ..Default::default()
+        })),
+    ];
+    let missing = |events: &[DomainEvent]| -> Vec<String> {
+        let mut state = MigrationState::default();
+        for event in events {
+            state.fold(event, 0);
+        }
+        samples(&scrape(state.whole()))
+            .remove("switchyard_gpu_node_dra_missing")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(l, _)| format!("{} {}", label(&l, "node"), label(&l, "condition")))
+            .collect()
+    };
+    assert_eq!(
+        missing(&events),
+        ["gpu-1 kubelet_plugin_running", "gpu-1 devices_published"]
+    );
+    events.push(ev(Kind::PodObserved(PodObserved {
+        namespace: "nvidia-dra-driver-gpu".into(),
+        name: "dra-driver-nvidia-gpu-kubelet-plugin-x".into(),
+        node: "gpu-1".into(),
+        owner: Some(v1::WorkloadRef {
+            namespace: "nvidia-dra-driver-gpu".into(),
+            kind: "DaemonSet".into(),
+            name: "dra-driver-nvidia-gpu-kubelet-plugin".into(),
+        }),
+        phase: PodPhase::Running as i32,
+        labels: [(
+            "dra-driver-nvidia-gpu-component".to_string(),
+            "kubelet-plugin".to_string(),
+        )]
+        .into(),
+        ..Default::default()
+    })));
+    events.push(ev(Kind::ResourceSliceObserved(v1::ResourceSliceObserved {
+        name: "gpu-1-gpu.nvidia.com".into(),
+        driver: "gpu.nvidia.com".into(),
+        node: "gpu-1".into(),
+        pool: "gpu-1".into(),
+        devices: 8,
+        device_list: (0..8)
+            .map(|i| v1::SliceDevice {
+                name: format!("gpu-{i}"),
+                r#type: "gpu".into(),
+                uuid: format!("GPU-{i}"),
+                ..Default::default()
+            })
+            .collect(),
+    })));
+    assert_eq!(missing(&events), Vec::<String>::new());
+}

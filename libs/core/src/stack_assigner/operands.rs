@@ -251,3 +251,60 @@ pub fn exclusivity_lost(
         )
     })
 }
+
+/// What a node decided DRA still misses before DRA serves it on this
+/// backend, as (condition, what is seen): the device plugin gone, the
+/// kubelet plugin's label written, its pod running, its `gpu.nvidia.com`
+/// devices published. Empty when DRA serves the node.
+pub fn dra_missing(
+    name: &str,
+    node: &Node,
+    cluster: &Cluster,
+    backend: &NvidiaOperator,
+) -> Vec<(&'static str, String)> {
+    let mut missing = Vec::new();
+    if !device_plugin_gone(name, node, cluster, backend) {
+        missing.push((
+            "device_plugin_gone",
+            format!(
+                "the device plugin is still deployed ({} pod(s), {} GPU resource(s) allocatable)",
+                pods_on(name, cluster, &backend.device_plugin_pods).count(),
+                node.device_plugin_allocatable
+            ),
+        ));
+    }
+    if node.labels.get(&backend.plugin_label).map(String::as_str) != Some("true") {
+        missing.push((
+            "kubelet_plugin_label",
+            format!("label {}=true is not present", backend.plugin_label),
+        ));
+    }
+    let running = cluster.pods_on(name).any(|(_, p)| {
+        backend.kubelet_plugin_pods.selects(p) && p.phase == switchyard_proto::v1::PodPhase::Running
+    });
+    if !running {
+        missing.push((
+            "kubelet_plugin_running",
+            format!(
+                "no running DRA kubelet-plugin pod ({}) on the node",
+                backend.kubelet_plugin_pods.text
+            ),
+        ));
+    }
+    let published: usize = cluster
+        .slices
+        .values()
+        .filter(|s| s.node == name && s.driver == nvidia::DRIVER)
+        .map(|s| s.devices.len())
+        .sum();
+    if published == 0 {
+        missing.push((
+            "devices_published",
+            format!(
+                "no {} ResourceSlice device is published for the node",
+                nvidia::DRIVER
+            ),
+        ));
+    }
+    missing
+}
