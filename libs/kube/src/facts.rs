@@ -171,29 +171,12 @@ pub fn module_settings(
         .as_ref()
         .and_then(|s| s.dra.as_ref())
         .is_some_and(|d| d.enabled);
-    let prerequisites = switchyard_core::cluster::ModuleSettings {
-        kubernetes_version: platform.kubernetes_version.clone(),
-        feature_gates: platform.feature_gates.clone(),
-        dra_api_served: platform.dra_api_served,
-        feature_gates_error: platform.feature_gates_error.clone(),
-        ..Default::default()
-    };
-    Some(event(Kind::ModuleSettingsObserved(
-        ModuleSettingsObserved {
-            dra_enabled,
-            feature_gates_ready: prerequisites.prerequisites_missing().is_empty(),
-            module_version: module_version.to_string(),
-            previous_module_version: config
-                .annotations()
-                .get(PREVIOUS_VERSION_ANNOTATION)
-                .cloned()
-                .unwrap_or_default(),
-            kubernetes_version: platform.kubernetes_version.clone(),
-            feature_gates: platform.feature_gates.clone(),
-            dra_api_served: platform.dra_api_served,
-            feature_gates_error: platform.feature_gates_error.clone(),
-        },
-    )))
+    let previous = config
+        .annotations()
+        .get(PREVIOUS_VERSION_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    Some(settings(dra_enabled, previous, module_version, platform))
 }
 
 /// The platform's facts as module settings, for a cluster with no gpu
@@ -201,6 +184,17 @@ pub fn module_settings(
 /// as the API server reports them, `dra.enabled` off (there is no module
 /// setting), no previous version (no upgrade hold).
 pub fn platform_settings(
+    module_version: &str,
+    platform: &crate::platform::Platform,
+) -> DomainEvent {
+    settings(false, String::new(), module_version, platform)
+}
+
+/// Module settings with the platform as read, and whether it meets the
+/// prerequisites.
+fn settings(
+    dra_enabled: bool,
+    previous_module_version: String,
     module_version: &str,
     platform: &crate::platform::Platform,
 ) -> DomainEvent {
@@ -212,10 +206,10 @@ pub fn platform_settings(
         ..Default::default()
     };
     event(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
-        dra_enabled: false,
+        dra_enabled,
         feature_gates_ready: prerequisites.prerequisites_missing().is_empty(),
         module_version: module_version.to_string(),
-        previous_module_version: String::new(),
+        previous_module_version,
         kubernetes_version: platform.kubernetes_version.clone(),
         feature_gates: platform.feature_gates.clone(),
         dra_api_served: platform.dra_api_served,

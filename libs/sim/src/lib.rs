@@ -290,22 +290,10 @@ impl Simulator {
     fn deckhouse(&mut self, config: SimConfig) {
         let sim = self;
         sim.set_group("master", None);
-        let master = SimNode {
-            labels: [
-                (GROUP_LABEL.to_string(), "master".to_string()),
-                (CONTROL_PLANE_LABEL.to_string(), String::new()),
-                (format!("{NODE_ROLE_PREFIX}master"), String::new()),
-            ]
-            .into(),
-            taints: vec![Taint {
-                key: CONTROL_PLANE_LABEL.into(),
-                value: String::new(),
-                effect: "NoSchedule".into(),
-            }],
-            ..SimNode::default()
-        };
-        sim.nodes.insert("master-0".into(), master);
-        sim.report_node("master-0");
+        sim.add_control_plane(&[
+            (GROUP_LABEL, "master"),
+            (&format!("{NODE_ROLE_PREFIX}master"), ""),
+        ]);
         if config.upgraded_with_dra {
             // DRA served this group before the upgrade, spec.gpu notwithstanding.
             sim.set_group(
@@ -431,6 +419,27 @@ impl Simulator {
             [("requests.nvidia.com/gpu", "64"), ("pods", "100")],
         );
         sim.schedule();
+    }
+
+    /// The control-plane node `master-0`, tainted as kubeadm taints it, with
+    /// `labels` besides the control-plane role.
+    fn add_control_plane(&mut self, labels: &[(&str, &str)]) {
+        let mut all: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        all.insert(CONTROL_PLANE_LABEL.to_string(), String::new());
+        let master = SimNode {
+            labels: all,
+            taints: vec![Taint {
+                key: CONTROL_PLANE_LABEL.into(),
+                value: String::new(),
+                effect: "NoSchedule".into(),
+            }],
+            ..SimNode::default()
+        };
+        self.nodes.insert("master-0".into(), master);
+        self.report_node("master-0");
     }
 
     pub fn config(&self) -> &SimConfig {

@@ -21,9 +21,8 @@ use std::collections::BTreeMap;
 
 use switchyard_core::backend::{DeployLabel, NvidiaOperator, nvidia};
 use switchyard_core::cluster::ObjectKey;
-use switchyard_core::names::CONTROL_PLANE_LABEL;
 use switchyard_proto::v1::{
-    PodPhase, ResourceSliceObserved, ResourceSliceRemoved, SliceDevice, Taint, WorkloadRef,
+    PodPhase, ResourceSliceObserved, ResourceSliceRemoved, SliceDevice, WorkloadRef,
     domain_event::Kind,
 };
 
@@ -75,17 +74,7 @@ impl Simulator {
         sim.nvidia = Some(backend.clone());
         sim.module.dra_enabled = false;
         sim.module.previous_module_version = String::new();
-        let master = SimNode {
-            labels: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
-            taints: vec![Taint {
-                key: CONTROL_PLANE_LABEL.into(),
-                value: String::new(),
-                effect: "NoSchedule".into(),
-            }],
-            ..SimNode::default()
-        };
-        sim.nodes.insert("master-0".into(), master);
-        sim.report_node("master-0");
+        sim.add_control_plane(&[]);
         sim.out
             .push(ev(Kind::ModuleSettingsObserved(sim.module.clone())));
         let family = config
