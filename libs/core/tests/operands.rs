@@ -420,3 +420,55 @@ fn a_dra_node_fails_on_a_missing_card_other_memory_no_plugin_or_the_device_plugi
         "{items:#?}"
     );
 }
+
+#[test]
+fn a_gate_lost_again_before_its_uncordon_took_keeps_the_cordon_switchyards() {
+    let cordoned = |mut fact: DomainEvent| {
+        if let Some(Kind::NodeObserved(n)) = &mut fact.kind {
+            n.unschedulable = true;
+        }
+        fact
+    };
+    let mut labels = dra_node_labels();
+    labels[0] = (DP, "true");
+    let lost = node("dra-pilot", &labels, 0, true);
+    let healed = cordoned(node("dra-pilot", &dra_node_labels(), 0, true));
+    // Lost while schedulable: Switchyard cordons it.
+    let (core, _) = wanted(std::slice::from_ref(&lost));
+    assert_eq!(core.exclusivity_lost["gpu-1"].0, true);
+    // Healed while still cordoned: its uncordon is due.
+    let (core, effects) = wanted(&[lost.clone(), healed.clone()]);
+    assert!(core.exclusivity_lost.is_empty());
+    assert!(
+        effects.contains(&Effect::Uncordon {
+            node: "gpu-1".into()
+        }),
+        "{effects:?}"
+    );
+    // Lost again before the node read schedulable: still Switchyard's
+    // cordon, and no uncordon while the gate fails.
+    let again = cordoned(node("dra-pilot", &dra_node_labels(), 8, true));
+    let (core, effects) = wanted(&[lost, healed, again]);
+    assert_eq!(
+        core.exclusivity_lost["gpu-1"].0, true,
+        "{:?}",
+        core.exclusivity_lost
+    );
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::Uncordon { .. })),
+        "{effects:?}"
+    );
+    // Healed for good: uncordoned.
+    let (_, effects) = wanted(&[
+        node("dra-pilot", &labels, 0, true),
+        cordoned(node("dra-pilot", &dra_node_labels(), 0, true)),
+        cordoned(node("dra-pilot", &dra_node_labels(), 8, true)),
+        cordoned(node("dra-pilot", &dra_node_labels(), 0, true)),
+    ]);
+    assert!(
+        effects.contains(&Effect::Uncordon {
+            node: "gpu-1".into()
+        }),
+        "{effects:?}"
+    );
+}

@@ -378,6 +378,8 @@ impl StackAssigner {
                     .insert(decision.node.clone(), decision.claims.clone());
             }
             Kind::ExclusivityLost(decision) => {
+                // Lost again before the uncordon took: the cordon stays ours.
+                self.uncordon_due.remove(&decision.node);
                 self.exclusivity_lost.insert(
                     decision.node.clone(),
                     (decision.cordoned_by_switchyard, decision.evidence.clone()),
@@ -692,7 +694,9 @@ impl StackAssigner {
             (Some(evidence), None) => Some(event(Kind::ExclusivityLost(ExclusivityLost {
                 node: name.to_string(),
                 evidence,
-                cordoned_by_switchyard: !node.unschedulable,
+                // Schedulable, or still cordoned by Switchyard for the gate
+                // lost before (its uncordon not seen yet).
+                cordoned_by_switchyard: !node.unschedulable || self.uncordon_due.contains(name),
             }))),
             (None, Some((cordoned, _))) => {
                 Some(event(Kind::ExclusivityRestored(ExclusivityRestored {
