@@ -435,7 +435,7 @@ fn a_gate_lost_again_before_its_uncordon_took_keeps_the_cordon_switchyards() {
     let healed = cordoned(node("dra-pilot", &dra_node_labels(), 0, true));
     // Lost while schedulable: Switchyard cordons it.
     let (core, _) = wanted(std::slice::from_ref(&lost));
-    assert_eq!(core.exclusivity_lost["gpu-1"].0, true);
+    assert!(core.exclusivity_lost["gpu-1"].0);
     // Healed while still cordoned: its uncordon is due.
     let (core, effects) = wanted(&[lost.clone(), healed.clone()]);
     assert!(core.exclusivity_lost.is_empty());
@@ -449,8 +449,8 @@ fn a_gate_lost_again_before_its_uncordon_took_keeps_the_cordon_switchyards() {
     // cordon, and no uncordon while the gate fails.
     let again = cordoned(node("dra-pilot", &dra_node_labels(), 8, true));
     let (core, effects) = wanted(&[lost, healed, again]);
-    assert_eq!(
-        core.exclusivity_lost["gpu-1"].0, true,
+    assert!(
+        core.exclusivity_lost["gpu-1"].0,
         "{:?}",
         core.exclusivity_lost
     );
