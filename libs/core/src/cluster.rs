@@ -439,31 +439,54 @@ impl Readiness {
 
     /// What is still missing, in the reference's words.
     pub fn missing(&self) -> Vec<String> {
+        self.missing_conditions()
+            .into_iter()
+            .map(|(_, seen)| seen)
+            .collect()
+    }
+
+    /// [`Self::missing`], each with its condition's name (a metric's
+    /// `condition` label): `gpu_setup_complete`, `gpu_stack_dra`,
+    /// `physical_gpus_ready`, `node_agent_running`, `vendor_adapter_running`.
+    pub fn missing_conditions(&self) -> Vec<(&'static str, String)> {
         let mut missing = Vec::new();
         if !self.gpu_setup_complete {
-            missing.push(format!("label {GPU_SETUP_COMPLETE_LABEL} is not present"));
+            missing.push((
+                "gpu_setup_complete",
+                format!("label {GPU_SETUP_COMPLETE_LABEL} is not present"),
+            ));
         }
         if !self.gpu_stack_dra {
-            missing.push(format!(
-                "label {GPU_STACK_LABEL}={STACK_DRA} is not present"
+            missing.push((
+                "gpu_stack_dra",
+                format!("label {GPU_STACK_LABEL}={STACK_DRA} is not present"),
             ));
         }
         if self.ready_physical_gpus < self.expected_physical_gpus {
-            missing.push(format!(
-                "{} of {} PhysicalGPU objects are Ready",
-                self.ready_physical_gpus, self.expected_physical_gpus
+            missing.push((
+                "physical_gpus_ready",
+                format!(
+                    "{} of {} PhysicalGPU objects are Ready",
+                    self.ready_physical_gpus, self.expected_physical_gpus
+                ),
             ));
         }
         if !self.node_agent_running {
-            missing.push(format!(
-                "no running gpu-node-agent pod ({}) on the node",
-                self.node_agent_selector
+            missing.push((
+                "node_agent_running",
+                format!(
+                    "no running gpu-node-agent pod ({}) on the node",
+                    self.node_agent_selector
+                ),
             ));
         }
         if !self.vendor_adapter_running {
-            missing.push(format!(
-                "no running vendor adapter pod ({}) on the node",
-                self.vendor_adapter_selector
+            missing.push((
+                "vendor_adapter_running",
+                format!(
+                    "no running vendor adapter pod ({}) on the node",
+                    self.vendor_adapter_selector
+                ),
             ));
         }
         missing

@@ -255,18 +255,19 @@ impl Writer {
     }
 
     /// Read-decide-write of a node's labels: `edit` gets the labels as they
-    /// are; the difference is written as a merge patch guarded by the read
-    /// resourceVersion. Nothing is written when nothing changes.
+    /// are, and may refuse to write; the difference is written as a merge
+    /// patch guarded by the read resourceVersion. Nothing is written when
+    /// nothing changes.
     pub async fn edit_node_labels(
         &self,
         node: &str,
-        edit: impl Fn(&mut BTreeMap<String, String>),
+        edit: impl FnOnce(&mut BTreeMap<String, String>) -> Result<(), EdgeError>,
     ) -> Result<Outcome, EdgeError> {
         let nodes = self.nodes();
         let current = self.read_node(node).await?;
         let before = current.labels().clone();
         let mut after = before.clone();
-        edit(&mut after);
+        edit(&mut after)?;
         if after == before {
             return Ok(Outcome::default());
         }

@@ -25,7 +25,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use switchyard_core::backend::Backend;
 use switchyard_core::claim_allocator::ClaimAllocator;
-use switchyard_core::cluster::{Cluster, Node, ObjectKey, Readiness};
+use switchyard_core::cluster::{Cluster, Node, ObjectKey};
 use switchyard_core::stack_assigner::handover::Handover;
 use switchyard_core::stack_assigner::operands;
 use switchyard_core::stack_assigner::{Assignment, StackAssigner};
@@ -338,25 +338,6 @@ impl GpuNodeView<'_> {
     }
 }
 
-/// The reference's readiness conditions `r` misses, as (name, what is seen).
-fn deckhouse_missing(r: &Readiness) -> Vec<(&'static str, String)> {
-    let mut messages = r.missing().into_iter();
-    [
-        ("gpu_setup_complete", !r.gpu_setup_complete),
-        ("gpu_stack_dra", !r.gpu_stack_dra),
-        (
-            "physical_gpus_ready",
-            r.ready_physical_gpus < r.expected_physical_gpus,
-        ),
-        ("node_agent_running", !r.node_agent_running),
-        ("vendor_adapter_running", !r.vendor_adapter_running),
-    ]
-    .into_iter()
-    .filter(|(_, missing)| *missing)
-    .map(|(condition, _)| (condition, messages.next().unwrap_or_default()))
-    .collect()
-}
-
 impl MigrationState {
     /// Every GPU node (see [`is_gpu_node`]), by name.
     pub(crate) fn gpu_nodes(&self) -> Vec<GpuNodeView<'_>> {
@@ -382,7 +363,7 @@ impl MigrationState {
                         let cards = handover
                             .map_or(0, |h| h.cards_before)
                             .max(cluster.cards(name));
-                        deckhouse_missing(&cluster.readiness(name, cards))
+                        cluster.readiness(name, cards).missing_conditions()
                     }
                 };
                 GpuNodeView {

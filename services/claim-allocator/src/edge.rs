@@ -93,11 +93,12 @@ impl Writes for ClaimAllocatorWrites {
                     .edit_node_labels(node, |current| {
                         if current.get(GROUP_LABEL).map_or("", String::as_str) != group {
                             tracing::info!(node, group, now = ?current.get(GROUP_LABEL), "the node left the group its leftover labels were to be cleared in: left as it is");
-                            return;
+                            return Ok(());
                         }
                         for label in labels {
                             current.remove(label);
                         }
+                        Ok(())
                     })
                     .await
             }

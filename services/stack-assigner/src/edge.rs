@@ -172,6 +172,7 @@ impl StackAssignerWrites {
         self.writer
             .edit_node_labels(node, |labels| {
                 labels.remove(GPU_STACK_LABEL);
+                Ok(())
             })
             .await
     }
@@ -289,39 +290,25 @@ impl StackAssignerWrites {
         labels: &BTreeMap<String, Option<String>>,
         unless_paused: bool,
     ) -> Result<Outcome, EdgeError> {
-        let current = self.writer.read_node(node).await?;
-        let before = current.labels().clone();
-        if unless_paused
-            && let Some((key, value)) = before.iter().find(|(k, v)| {
-                k.starts_with(nvidia::DEPLOY_PREFIX) && DeployLabel::read(Some(v)).paused()
-            })
-        {
-            return Err(EdgeError::Paused(format!(
-                "node {node}: {key}={value}: the driver manager paused the GPU Operator's operands for a driver upgrade; the labels are written once it restores them"
-            )));
-        }
-        let mut after = before.clone();
-        for (key, value) in labels {
-            match value {
-                Some(value) => after.insert(key.clone(), value.clone()),
-                None => after.remove(key),
-            };
-        }
-        if after == before {
-            return Ok(Outcome::default());
-        }
-        let patch = json!({"metadata": {
-            "resourceVersion": current.resource_version(),
-            "labels": label_diff(&before, &after),
-        }});
-        let nodes = self.writer.nodes();
         self.writer
-            .merge_patch(
-                &nodes,
-                node,
-                &patch,
-                format!("write the GPU Operator's labels of node {node}"),
-            )
+            .edit_node_labels(node, |current| {
+                if unless_paused
+                    && let Some((key, value)) = current.iter().find(|(k, v)| {
+                        k.starts_with(nvidia::DEPLOY_PREFIX) && DeployLabel::read(Some(v)).paused()
+                    })
+                {
+                    return Err(EdgeError::Paused(format!(
+                        "node {node}: {key}={value}: the driver manager paused the GPU Operator's operands for a driver upgrade; the labels are written once it restores them"
+                    )));
+                }
+                for (key, value) in labels {
+                    match value {
+                        Some(value) => current.insert(key.clone(), value.clone()),
+                        None => current.remove(key),
+                    };
+                }
+                Ok(())
+            })
             .await
     }
 

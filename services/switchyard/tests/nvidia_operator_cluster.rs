@@ -14,7 +14,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -304,12 +303,30 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         (PLUGIN, "true"),
     )
     .await;
+    // Played again on every change of what it reads (kwok's heartbeats
+    // renew the nodes: a write refused once is tried again).
     let platform = {
         let c = c.clone();
         tokio::spawn(async move {
-            loop {
+            use futures::StreamExt;
+            use kube::runtime::{WatchStreamExt, watcher};
+            let config = watcher::Config::default;
+            let mut changes = futures::stream::select_all([
+                watcher(Api::<Pod>::all(c.clone()), config())
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+                watcher(Api::<Node>::all(c.clone()), config())
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+                watcher(Api::<ResourceSlice>::all(c.clone()), config())
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+            ]);
+            while changes.next().await.is_some() {
                 play_platform(&c).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
     };

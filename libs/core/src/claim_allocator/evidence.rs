@@ -28,6 +28,7 @@ use crate::backend::{Backend, NvidiaOperator, nvidia};
 use crate::class_compiler::GPU_DRIVER;
 use crate::cluster::{Cluster, Slice, workload_key};
 use crate::names::{GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA};
+use crate::stack_assigner::operands;
 
 /// The DRA drivers whose slices publish GPUs: Switchyard's node agent's and
 /// the NVIDIA DRA driver's.
@@ -210,11 +211,8 @@ fn nvidia_node_evidence(
     backend: &NvidiaOperator,
 ) -> Vec<EvidenceItem> {
     let dra = facts.labels.get(&backend.plugin_label).map(String::as_str) == Some("true");
-    let device_plugin_pods: Vec<String> = cluster
-        .pods_on(node)
-        .filter(|(_, p)| backend.device_plugin_pods.selects(p))
-        .map(|((ns, name), _)| format!("{ns}/{name}"))
-        .collect();
+    let device_plugin_pods =
+        operands::pods_selected(node, cluster, &backend.device_plugin_pods, false);
     let dual = match dual_advertisement(cluster, node, facts, dra) {
         Ok(_) if dra && !device_plugin_pods.is_empty() => Err(format!(
             "the device plugin runs on this DRA node: {}",
@@ -226,11 +224,7 @@ fn nvidia_node_evidence(
     if !dra {
         return items;
     }
-    let running: Vec<String> = cluster
-        .pods_on(node)
-        .filter(|(_, p)| backend.kubelet_plugin_pods.selects(p) && p.phase == PodPhase::Running)
-        .map(|((ns, name), _)| format!("{ns}/{name}"))
-        .collect();
+    let running = operands::pods_selected(node, cluster, &backend.kubelet_plugin_pods, true);
     let healthy = if running.is_empty() {
         Err(format!(
             "no DRA kubelet-plugin pod ({}) is running on the node",
@@ -273,12 +267,9 @@ fn slices_match_gfd(
         .parse()
         .map_err(|_| format!("{}={count:?} is not a count", nvidia::GFD_COUNT))?;
     let memory: Option<u64> = label(nvidia::GFD_MEMORY_MIB).and_then(|m| m.parse().ok());
-    let devices: Vec<(&str, &switchyard_proto::v1::SliceDevice)> = cluster
-        .slices
-        .values()
-        .filter(|s| s.node == node && s.driver == nvidia::DRIVER)
-        .flat_map(|s| s.devices.iter().map(move |d| (s.node.as_str(), d)))
-        .filter(|(_, d)| d.r#type.is_empty() || d.r#type == "gpu")
+    let devices: Vec<&switchyard_proto::v1::SliceDevice> = operands::driver_slices(node, cluster)
+        .flat_map(|s| &s.devices)
+        .filter(|d| d.r#type.is_empty() || d.r#type == "gpu")
         .collect();
     let mut wrong = Vec::new();
     if devices.len() != count {
@@ -291,7 +282,7 @@ fn slices_match_gfd(
         ));
     }
     let mut uuids: BTreeMap<&str, usize> = BTreeMap::new();
-    for (_, d) in &devices {
+    for d in &devices {
         *uuids.entry(d.uuid.as_str()).or_default() += 1;
         if !product.starts_with(&d.product.replace(' ', "-")) {
             wrong.push(format!(

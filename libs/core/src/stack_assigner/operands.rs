@@ -21,10 +21,10 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_proto::v1::{Stack, Taint};
+use switchyard_proto::v1::{PodPhase, Stack, Taint};
 
 use crate::backend::{DeployLabel, NvidiaOperator, nvidia};
-use crate::cluster::{Cluster, Node};
+use crate::cluster::{Cluster, Node, PodSelector, Slice};
 use crate::effects::Effect;
 
 /// The pilot taint, `<domain>/mode=dra:NoSchedule`.
@@ -118,12 +118,12 @@ pub fn waiting_for(
     match stack {
         Stack::Dra if !device_plugin_gone(name, node, cluster, backend) => Some(format!(
             "node {name}: the device plugin is still deployed there ({} pod(s), {} GPU resource(s) allocatable)",
-            pods_on(name, cluster, &backend.device_plugin_pods).count(),
+            pods_selected(name, cluster, &backend.device_plugin_pods, false).len(),
             node.device_plugin_allocatable
         )),
         Stack::DevicePlugin if !dra_gone(name, cluster, backend) => Some(format!(
             "node {name}: DRA still serves it ({} kubelet-plugin pod(s), {} gpu.nvidia.com slice(s), claims {:?})",
-            pods_on(name, cluster, &backend.kubelet_plugin_pods).count(),
+            pods_selected(name, cluster, &backend.kubelet_plugin_pods, false).len(),
             driver_slices(name, cluster).count(),
             cluster.claims_on(name)
         )),
@@ -166,23 +166,27 @@ fn paused(node: &Node) -> bool {
         .any(|(k, v)| k.starts_with(nvidia::DEPLOY_PREFIX) && DeployLabel::read(Some(v)).paused())
 }
 
-fn pods_on<'a>(
-    name: &'a str,
-    cluster: &'a Cluster,
-    selector: &'a crate::cluster::PodSelector,
-) -> impl Iterator<Item = ()> + 'a {
+/// The pods on `name` that `selector` selects (`running`: only those
+/// Running), as `namespace/name`.
+pub fn pods_selected(
+    name: &str,
+    cluster: &Cluster,
+    selector: &PodSelector,
+    running: bool,
+) -> Vec<String> {
     cluster
         .pods_on(name)
-        .filter(move |(_, pod)| selector.selects(pod))
-        .map(|_| ())
+        .filter(|(_, pod)| selector.selects(pod) && (!running || pod.phase == PodPhase::Running))
+        .map(|((namespace, pod), _)| format!("{namespace}/{pod}"))
+        .collect()
 }
 
-fn driver_slices<'a>(name: &'a str, cluster: &'a Cluster) -> impl Iterator<Item = ()> + 'a {
+/// The `gpu.nvidia.com` ResourceSlices published for `name`.
+pub fn driver_slices<'a>(name: &'a str, cluster: &'a Cluster) -> impl Iterator<Item = &'a Slice> {
     cluster
         .slices
         .values()
         .filter(move |s| s.node == name && s.driver == nvidia::DRIVER)
-        .map(|_| ())
 }
 
 /// The device plugin is gone from the node: none of its pods there, and no
@@ -194,17 +198,13 @@ fn device_plugin_gone(
     backend: &NvidiaOperator,
 ) -> bool {
     node.device_plugin_allocatable == 0
-        && pods_on(name, cluster, &backend.device_plugin_pods)
-            .next()
-            .is_none()
+        && pods_selected(name, cluster, &backend.device_plugin_pods, false).is_empty()
 }
 
 /// DRA is gone from the node: no kubelet-plugin pod, no `gpu.nvidia.com`
 /// ResourceSlice, no claim allocated there.
 fn dra_gone(name: &str, cluster: &Cluster, backend: &NvidiaOperator) -> bool {
-    pods_on(name, cluster, &backend.kubelet_plugin_pods)
-        .next()
-        .is_none()
+    pods_selected(name, cluster, &backend.kubelet_plugin_pods, false).is_empty()
         && driver_slices(name, cluster).next().is_none()
         && cluster.claims_on(name).is_empty()
 }
@@ -230,7 +230,7 @@ pub fn exclusivity_lost(
             .get(nvidia::DEPLOY_DEVICE_PLUGIN)
             .map(String::as_str),
     );
-    let pods = pods_on(name, cluster, &backend.device_plugin_pods).count();
+    let pods = pods_selected(name, cluster, &backend.device_plugin_pods, false).len();
     let mut seen = Vec::new();
     if pods > 0 {
         seen.push(format!("{pods} device-plugin pod(s) on the node"));
@@ -268,7 +268,7 @@ pub fn dra_missing(
             "device_plugin_gone",
             format!(
                 "the device plugin is still deployed ({} pod(s), {} GPU resource(s) allocatable)",
-                pods_on(name, cluster, &backend.device_plugin_pods).count(),
+                pods_selected(name, cluster, &backend.device_plugin_pods, false).len(),
                 node.device_plugin_allocatable
             ),
         ));
@@ -279,10 +279,7 @@ pub fn dra_missing(
             format!("label {}=true is not present", backend.plugin_label),
         ));
     }
-    let running = cluster.pods_on(name).any(|(_, p)| {
-        backend.kubelet_plugin_pods.selects(p) && p.phase == switchyard_proto::v1::PodPhase::Running
-    });
-    if !running {
+    if pods_selected(name, cluster, &backend.kubelet_plugin_pods, true).is_empty() {
         missing.push((
             "kubelet_plugin_running",
             format!(
@@ -291,13 +288,7 @@ pub fn dra_missing(
             ),
         ));
     }
-    let published: usize = cluster
-        .slices
-        .values()
-        .filter(|s| s.node == name && s.driver == nvidia::DRIVER)
-        .map(|s| s.devices.len())
-        .sum();
-    if published == 0 {
+    if driver_slices(name, cluster).all(|s| s.devices.is_empty()) {
         missing.push((
             "devices_published",
             format!(
