@@ -111,7 +111,8 @@ async fn gpu_class(client: &Client, edge: &Edge, spec: Value) {
     let Some(Kind::GpuClassObserved(observed)) = fact.kind else {
         unreachable!()
     };
-    let variants = class_compiler::compile(&observed).expect("the class compiles");
+    let variants = class_compiler::compile(&observed, &class_compiler::Profile::DECKHOUSE)
+        .expect("the class compiles");
     edge.execute_one(&Effect::PublishDeviceClasses {
         gpu_class: observed.name.clone(),
         variants,

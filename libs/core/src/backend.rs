@@ -31,6 +31,15 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The label that names a node's group: `node.deckhouse.io/group`, or on
+    /// the `nvidia-operator` backend the pool label.
+    pub fn group_label(&self) -> &str {
+        match self {
+            Backend::Deckhouse => crate::names::GROUP_LABEL,
+            Backend::NvidiaOperator(n) => &n.pool_label,
+        }
+    }
+
     /// As recorded in the log.
     pub fn to_event(&self) -> BackendConfigured {
         match self {

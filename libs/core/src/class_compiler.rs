@@ -30,6 +30,19 @@
 //! A class whose spec cannot be compiled — a selector key no PhysicalGPU
 //! label has, an unknown MIG profile, nothing offered — is refused with the
 //! reason; its DeviceClasses stay as they were.
+//!
+//! On the `nvidia-operator` backend the same variants select the NVIDIA DRA
+//! driver's devices (`gpu.nvidia.com`, attributes as its kubelet plugin
+//! publishes them: `type` `gpu` or `mig`, `profile`, `productName`,
+//! `architecture`, `brand`); a selector names those attributes by their
+//! qualified names (`gpu.nvidia.com/productName`), and each test first asks
+//! whether the device has the attribute (a device without it would fail the
+//! whole allocation attempt, not just not match). The driver's own classes
+//! (`gpu.nvidia.com`, `mig.nvidia.com`) are left alone, and since the driver's
+//! `gpu.nvidia.com` class maps `nvidia.com/gpu` itself on `resource.k8s.io/v1`,
+//! a bridge is refused while any class that is not ours maps it. The driver
+//! shares a card through the claim's configuration, not through a class: a
+//! share variant is refused.
 
 use std::collections::BTreeMap;
 
@@ -38,8 +51,9 @@ use switchyard_proto::v1::{
     LabelSelector, domain_event::Kind,
 };
 
+use crate::backend::{Backend, nvidia};
 use crate::effects::Effect;
-use crate::names::CLASS_RESOURCE_PREFIX;
+use crate::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
 use crate::service::{Core, Input, ServiceName};
 
 /// The GPU driver that publishes the cards and their partitions.
@@ -52,6 +66,65 @@ pub const SELECTABLE_LABELS: [&str; 3] = [
     "gpu.deckhouse.io/product",
     "gpu.deckhouse.io/architecture",
 ];
+
+/// The NVIDIA DRA driver's string attributes a class may select on, by
+/// their qualified names.
+pub const NVIDIA_SELECTABLE: [&str; 3] = [
+    "gpu.nvidia.com/productName",
+    "gpu.nvidia.com/architecture",
+    "gpu.nvidia.com/brand",
+];
+
+/// What a class compiles against: the driver whose devices it selects,
+/// the selector keys it takes, and whether each attribute test is guarded
+/// by the attribute's presence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub driver: &'static str,
+    keys: &'static [&'static str],
+    /// What a key is, and what it must be: "label", "a label of …".
+    key_noun: &'static str,
+    what_keys: &'static str,
+    guarded: bool,
+}
+
+impl Profile {
+    pub const DECKHOUSE: Profile = Profile {
+        driver: GPU_DRIVER,
+        keys: &SELECTABLE_LABELS,
+        key_noun: "label",
+        what_keys: "a label of PhysicalGPU objects",
+        guarded: false,
+    };
+    pub const NVIDIA: Profile = Profile {
+        driver: nvidia::DRIVER,
+        keys: &NVIDIA_SELECTABLE,
+        key_noun: "attribute",
+        what_keys: "an attribute the NVIDIA DRA driver publishes",
+        guarded: true,
+    };
+
+    pub fn of(backend: &Backend) -> Profile {
+        match backend {
+            Backend::Deckhouse => Profile::DECKHOUSE,
+            Backend::NvidiaOperator(_) => Profile::NVIDIA,
+        }
+    }
+
+    /// `device.attributes["<driver>"]`.
+    fn attributes(&self) -> String {
+        format!("device.attributes[{}]", quote(self.driver))
+    }
+
+    /// `test` over attribute `name`, guarded where the profile says.
+    fn guard(&self, name: &str, test: String) -> String {
+        if self.guarded {
+            format!("{} in {} && {test}", quote(name), self.attributes())
+        } else {
+            test
+        }
+    }
+}
 
 /// The MIG profiles NVIDIA data-centre cards offer (A100 40/80 GB, A30,
 /// H100/H200), with and without media extensions.
@@ -73,8 +146,11 @@ pub struct ClassCompiler {
     pub deleted: std::collections::BTreeSet<String>,
     /// ResourceClaim (namespace, name) -> the DeviceClasses it names.
     pub claims: BTreeMap<(String, String), Vec<String>>,
-    /// DeviceClasses that exist, as observed.
-    pub device_classes: std::collections::BTreeSet<String>,
+    /// DeviceClasses that exist, as observed, with the extended resource
+    /// each maps (empty: none).
+    pub device_classes: BTreeMap<String, String>,
+    /// The backend, as recorded in the log: which driver classes select.
+    pub backend: Backend,
     /// Retired classes -> their DeviceClasses, until those are gone.
     pub retired: BTreeMap<String, Vec<String>>,
     /// GPUClass -> its last observation and when it came (the count of
@@ -88,26 +164,31 @@ fn quote(s: &str) -> String {
     format!("{s:?}")
 }
 
-/// CEL for one selector key (a PhysicalGPU label) as a device attribute.
-fn attribute(key: &str) -> Result<String, String> {
-    if !SELECTABLE_LABELS.contains(&key) {
+/// CEL for one selector key as a device attribute of the profile's driver.
+fn attribute(key: &str, profile: &Profile) -> Result<String, String> {
+    if !profile.keys.contains(&key) {
         return Err(format!(
-            "spec.selector: label {key:?} is not a label of PhysicalGPU objects; expected one of {}",
-            SELECTABLE_LABELS.join(", ")
+            "spec.selector: {} {key:?} is not {}; expected one of {}",
+            profile.key_noun,
+            profile.what_keys,
+            profile.keys.join(", ")
         ));
     }
     let name = key.rsplit('/').next().unwrap_or(key);
-    Ok(format!("device.attributes[{}].{name}", quote(GPU_DRIVER)))
+    Ok(format!("{}.{name}", profile.attributes()))
 }
 
 /// A label selector as CEL over the devices' attributes.
-pub fn selector_cel(selector: &LabelSelector) -> Result<Vec<String>, String> {
+pub fn selector_cel(selector: &LabelSelector, profile: &Profile) -> Result<Vec<String>, String> {
+    let attrs = profile.attributes();
     let mut terms = Vec::new();
     for (key, value) in &selector.match_labels {
-        terms.push(format!("{} == {}", attribute(key)?, quote(value)));
+        let name = key.rsplit('/').next().unwrap_or(key);
+        let test = format!("{} == {}", attribute(key, profile)?, quote(value));
+        terms.push(profile.guard(name, test));
     }
     for (i, r) in selector.match_expressions.iter().enumerate() {
-        let attr = attribute(&r.key)?;
+        let attr = attribute(&r.key, profile)?;
         let name = r.key.rsplit('/').next().unwrap_or(&r.key);
         let list = || {
             format!(
@@ -128,19 +209,10 @@ pub fn selector_cel(selector: &LabelSelector) -> Result<Vec<String>, String> {
             ));
         }
         terms.push(match r.operator.as_str() {
-            "In" => format!("{attr} in {}", list()),
-            "NotIn" => format!(
-                "!({} in device.attributes[{}]) || !({attr} in {})",
-                quote(name),
-                quote(GPU_DRIVER),
-                list()
-            ),
-            "Exists" => format!("{} in device.attributes[{}]", quote(name), quote(GPU_DRIVER)),
-            "DoesNotExist" => format!(
-                "!({} in device.attributes[{}])",
-                quote(name),
-                quote(GPU_DRIVER)
-            ),
+            "In" => profile.guard(name, format!("{attr} in {}", list())),
+            "NotIn" => format!("!({} in {attrs}) || !({attr} in {})", quote(name), list()),
+            "Exists" => format!("{} in {attrs}", quote(name)),
+            "DoesNotExist" => format!("!({} in {attrs})", quote(name)),
             other => {
                 return Err(format!(
                     "spec.selector.matchExpressions[{i}].operator: {other:?}; expected In, NotIn, Exists or DoesNotExist"
@@ -152,11 +224,20 @@ pub fn selector_cel(selector: &LabelSelector) -> Result<Vec<String>, String> {
 }
 
 /// The variants of a class, or why its spec cannot be compiled.
-pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String> {
+pub fn compile(
+    class: &GpuClassObserved,
+    profile: &Profile,
+) -> Result<Vec<CompiledVariant>, String> {
     let name = &class.name;
-    let selector = selector_cel(&class.selector.clone().unwrap_or_default())?;
+    let selector = selector_cel(&class.selector.clone().unwrap_or_default(), profile)?;
+    if profile.driver == nvidia::DRIVER && class.time_slicing_replicas >= 2 {
+        return Err(format!(
+            "spec.sharing.timeSlicingReplicas: {}: the NVIDIA DRA driver shares a card through the claim's configuration (its GpuConfig sharing), not through a class; expected 0 or 1 on the nvidia-operator backend",
+            class.time_slicing_replicas
+        ));
+    }
     let variant = |variant: String, suffix: &str, terms: &[String]| {
-        let mut all = vec![format!("device.driver == {}", quote(GPU_DRIVER))];
+        let mut all = vec![format!("device.driver == {}", quote(profile.driver))];
         all.extend(terms.iter().cloned());
         all.extend(selector.iter().map(|t| format!("({t})")));
         CompiledVariant {
@@ -166,7 +247,7 @@ pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String>
             cel_selector: all.join(" && "),
         }
     };
-    let attr = |a: &str| format!("device.attributes[{}].{a}", quote(GPU_DRIVER));
+    let attr = |a: &str| format!("{}.{a}", profile.attributes());
     let mut variants = Vec::new();
     if class.whole.unwrap_or(true) {
         variants.push(variant(
@@ -197,7 +278,7 @@ pub fn compile(class: &GpuClassObserved) -> Result<Vec<CompiledVariant>, String>
             "-legacy",
             &[format!("{} == \"gpu\"", attr("type"))],
         );
-        bridge.extended_resource_name = crate::names::NVIDIA_GPU.into();
+        bridge.extended_resource_name = NVIDIA_GPU.into();
         variants.push(bridge);
     }
     if class.time_slicing_replicas >= 2 {
@@ -283,12 +364,14 @@ impl ClassCompiler {
                 self.claims.remove(&(c.namespace.clone(), c.name.clone()));
             }
             Some(Kind::DeviceClassObserved(d)) => {
-                self.device_classes.insert(d.name.clone());
+                self.device_classes
+                    .insert(d.name.clone(), d.extended_resource_name.clone());
             }
+            Some(Kind::BackendConfigured(b)) => self.backend = Backend::from_event(b),
             Some(Kind::DeviceClassRemoved(d)) => {
                 self.device_classes.remove(&d.name);
                 let gone = |classes: &Vec<String>| {
-                    !classes.iter().any(|c| self.device_classes.contains(c))
+                    !classes.iter().any(|c| self.device_classes.contains_key(c))
                 };
                 let done: Vec<String> = self
                     .retired
@@ -349,6 +432,8 @@ impl ClassCompiler {
             Some(Kind::GpuClassObserved(class)) => {
                 self.compile_due(&class.name).into_iter().collect()
             }
+            // Another driver: every class compiles again for it.
+            Some(Kind::BackendConfigured(_)) => self.catch_up(),
             _ => Vec::new(),
         }
     }
@@ -381,10 +466,16 @@ impl ClassCompiler {
     fn compile_due(&mut self, name: &str) -> Option<DomainEvent> {
         let (_, class) = self.observed.get(name)?;
         let previous = self.compiled.get(name);
-        if previous.is_some_and(|p| p.generation == class.generation) {
+        let profile = Profile::of(&self.backend);
+        let driver = if profile.driver == GPU_DRIVER {
+            ""
+        } else {
+            profile.driver
+        };
+        if previous.is_some_and(|p| p.generation == class.generation && p.driver == driver) {
             return None;
         }
-        let compiled = match compile(class)
+        let compiled = match compile(class, &profile)
             .and_then(|v| self.clash(&class.name, v))
             .and_then(|v| Ok((v, namespaces(class)?)))
         {
@@ -394,6 +485,7 @@ impl ClassCompiler {
                 refused: String::new(),
                 generation: class.generation,
                 namespaces,
+                driver: driver.into(),
             },
             Err(reason) => GpuClassCompiled {
                 gpu_class: class.name.clone(),
@@ -401,6 +493,7 @@ impl ClassCompiler {
                 refused: reason,
                 generation: class.generation,
                 namespaces: previous.map(|p| p.namespaces.clone()).unwrap_or_default(),
+                driver: driver.into(),
             },
         };
         let decision = DomainEvent {
@@ -417,6 +510,23 @@ impl ClassCompiler {
         class: &str,
         variants: Vec<CompiledVariant>,
     ) -> Result<Vec<CompiledVariant>, String> {
+        // A class that is not ours mapping nvidia.com/gpu: on v1 the NVIDIA
+        // driver's own `gpu.nvidia.com` does (F14).
+        let ours = |device_class: &str| {
+            self.compiled
+                .values()
+                .any(|c| c.variants.iter().any(|v| v.device_class == device_class))
+        };
+        if let Some(v) = variants.iter().find(|v| v.variant == "legacy")
+            && let Some((other, _)) = self
+                .device_classes
+                .iter()
+                .find(|(name, mapped)| **mapped == v.extended_resource_name && !ours(name))
+        {
+            return Err(format!(
+                "spec.legacyBridge: DeviceClass {other} already maps {NVIDIA_GPU} (the NVIDIA DRA driver's class does on resource.k8s.io/v1); at most one class may, and with two the scheduler takes the one created last"
+            ));
+        }
         for v in &variants {
             for (other, compiled) in self.compiled.iter().filter(|(name, _)| *name != class) {
                 for theirs in &compiled.variants {
@@ -451,7 +561,7 @@ impl ClassCompiler {
         let retire = self
             .retired
             .iter()
-            .filter(|(_, classes)| classes.iter().any(|c| self.device_classes.contains(c)))
+            .filter(|(_, classes)| classes.iter().any(|c| self.device_classes.contains_key(c)))
             .map(|(name, classes)| Effect::RetireDeviceClasses {
                 gpu_class: name.clone(),
                 device_classes: classes.clone(),

@@ -9,7 +9,7 @@ use switchyard_proto::v1::{
 };
 
 use crate::names::{
-    CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL,
+    CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL,
     NODE_AGENT_SELECTOR, STACK_DRA, VENDOR_ADAPTER_SELECTOR,
 };
 use crate::selector;
@@ -24,6 +24,9 @@ pub struct Node {
     /// The device plugin's allocatable GPU resources, summed: nvidia.com/gpu,
     /// its time-slicing replicas and MIG partitions.
     pub device_plugin_allocatable: u32,
+    /// The node's group, read from the backend's group label when the node
+    /// (or the backend) was folded: [`Node::group`].
+    group: Option<Box<str>>,
 }
 
 /// A node's labels: a sorted vector (nodes have a handful, and tens of
@@ -70,12 +73,25 @@ impl From<BTreeMap<String, String>> for Labels {
 }
 
 impl Node {
-    /// The node's group, from its `node.deckhouse.io/group` label.
+    /// The node's group: its `node.deckhouse.io/group` label, or on the
+    /// `nvidia-operator` backend its pool label ([`Cluster::group_label`]).
     pub fn group(&self) -> Option<&str> {
-        self.labels
-            .get(GROUP_LABEL)
-            .map(String::as_str)
+        self.group.as_deref()
+    }
+
+    /// Puts the node in `group` as `label` names it, as a move would.
+    pub fn move_to(&mut self, label: &str, group: &str) {
+        self.labels.insert(label.into(), group.into());
+        self.regroup(label);
+    }
+
+    /// Reads the node's group from `label`.
+    fn regroup(&mut self, label: &str) {
+        self.group = self
+            .labels
+            .get(label)
             .filter(|g| !g.is_empty())
+            .map(|g| g.as_str().into());
     }
 
     pub fn is_control_plane(&self) -> bool {
@@ -556,7 +572,7 @@ impl Cluster {
 
     fn observe_node(&mut self, fact: NodeObserved) {
         self.remove_member(&fact.node);
-        let node = Node {
+        let mut node = Node {
             provisioning: fact.provisioning(),
             labels: fact.labels.into(),
             taints: fact.taints,
@@ -566,7 +582,9 @@ impl Cluster {
                 .gpu_allocatable
                 .values()
                 .fold(0u32, |sum, n| sum.saturating_add(*n)),
+            group: None,
         };
+        node.regroup(self.backend.group_label());
         if let Some(group) = node.group() {
             self.members
                 .entry(group.to_string())
@@ -711,6 +729,18 @@ impl Cluster {
             }
             Kind::BackendConfigured(fact) => {
                 self.backend = crate::backend::Backend::from_event(fact);
+                // Groups are read from the backend's label: read them again.
+                let label = self.backend.group_label().to_string();
+                self.members.clear();
+                for (name, node) in &mut self.nodes {
+                    node.regroup(&label);
+                    if let Some(group) = node.group() {
+                        self.members
+                            .entry(group.to_string())
+                            .or_default()
+                            .insert(name.clone());
+                    }
+                }
             }
             Kind::ResourceClaimObserved(fact) => {
                 let key = (fact.namespace.clone(), fact.name.clone());
@@ -945,6 +975,15 @@ impl Cluster {
             if members.is_empty() {
                 self.members.remove(group);
             }
+        }
+    }
+
+    /// Whether `group` is a group a node can be handed over to: a NodeGroup
+    /// observed, or on the `nvidia-operator` backend a configured pool.
+    pub fn group_known(&self, group: &str) -> bool {
+        match &self.backend {
+            crate::backend::Backend::Deckhouse => self.groups.contains_key(group),
+            crate::backend::Backend::NvidiaOperator(b) => b.pools.contains_key(group),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_core::class_compiler::{ClassCompiler, compile};
+use switchyard_core::class_compiler::{ClassCompiler, Profile, compile};
 use switchyard_core::effects::Effect;
 use switchyard_dra::Quantity;
 use switchyard_dra::cel::{Attribute, Compiler, Device};
@@ -62,7 +62,7 @@ fn a_class_compiles_into_named_variants_whose_selectors_pick_the_right_devices()
     let mut a100 = class("a100", "a100-sxm4-40gb");
     a100.mig_profiles = vec!["1g.5gb".into(), "3g.20gb".into()];
     a100.time_slicing_replicas = 4;
-    let variants = compile(&a100).unwrap();
+    let variants = compile(&a100, &Profile::DECKHOUSE).unwrap();
     let names: Vec<(&str, &str, &str)> = variants
         .iter()
         .map(|v| {
@@ -118,7 +118,7 @@ fn a_class_compiles_into_named_variants_whose_selectors_pick_the_right_devices()
         .is_empty()
     );
     // The same class always compiles to the same bytes.
-    assert_eq!(compile(&a100).unwrap(), variants);
+    assert_eq!(compile(&a100, &Profile::DECKHOUSE).unwrap(), variants);
 }
 
 #[test]
@@ -144,7 +144,7 @@ fn match_expressions_become_cel() {
             },
         ],
     });
-    let variants = compile(&c).unwrap();
+    let variants = compile(&c, &Profile::DECKHOUSE).unwrap();
     assert_eq!(
         picks(&variants, &card("a100-sxm4-40gb", "gpu", None, false)),
         ["whole"]
@@ -168,20 +168,24 @@ fn bad_classes_are_refused_naming_the_field() {
         .match_labels
         .insert("gpu.deckhouse.io/vendor".into(), "nvidia".into());
     assert!(
-        compile(&unknown_key)
+        compile(&unknown_key, &Profile::DECKHOUSE)
             .unwrap_err()
             .contains("label \"gpu.deckhouse.io/vendor\"")
     );
     let mut bad_profile = class("x", "a100-sxm4-40gb");
     bad_profile.mig_profiles = vec!["1g.5gb".into(), "9g.99gb".into()];
     assert!(
-        compile(&bad_profile)
+        compile(&bad_profile, &Profile::DECKHOUSE)
             .unwrap_err()
             .starts_with("spec.partitions.migProfiles[1]: \"9g.99gb\"")
     );
     let mut nothing = class("x", "a100-sxm4-40gb");
     nothing.whole = Some(false);
-    assert!(compile(&nothing).unwrap_err().contains("offers nothing"));
+    assert!(
+        compile(&nothing, &Profile::DECKHOUSE)
+            .unwrap_err()
+            .contains("offers nothing")
+    );
     let mut no_values = class("x", "a100-sxm4-40gb");
     no_values.selector.as_mut().unwrap().match_expressions = vec![LabelSelectorRequirement {
         key: "gpu.deckhouse.io/device".into(),
@@ -189,7 +193,7 @@ fn bad_classes_are_refused_naming_the_field() {
         values: Vec::new(),
     }];
     assert!(
-        compile(&no_values)
+        compile(&no_values, &Profile::DECKHOUSE)
             .unwrap_err()
             .starts_with("spec.selector.matchExpressions[0]: operator In needs values")
     );
@@ -332,6 +336,7 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
     core.handle(&ev(Kind::DeviceClassObserved(DeviceClassObserved {
         name: "a100.gpu.deckhouse.io".into(),
         selectors: Vec::new(),
+        extended_resource_name: "gpu.deckhouse.io/a100".into(),
     })));
     let claim = ResourceClaimObserved {
         namespace: "ml".into(),
@@ -370,4 +375,180 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
     })));
     assert!(core.effects().is_empty());
     assert!(!core.compiled.contains_key("a100"));
+}
+
+// ---------------------------------------------------------------- nvidia-operator
+
+fn nvidia_backend() -> switchyard_proto::v1::BackendConfigured {
+    use switchyard_core::backend::Backend;
+    Backend::NvidiaOperator(Box::default()).to_event()
+}
+
+/// A device as the NVIDIA DRA driver's kubelet plugin publishes it (a whole
+/// H100, or one of its MIG partitions), with or without `productName`.
+fn nvidia_device(kind: &str, profile: Option<&str>, product: Option<&str>) -> Device {
+    let mut attributes = BTreeMap::from([
+        ("type".to_string(), Attribute::String(kind.into())),
+        (
+            "architecture".to_string(),
+            Attribute::String("Hopper".into()),
+        ),
+        ("brand".to_string(), Attribute::String("Nvidia".into())),
+        ("uuid".to_string(), Attribute::String("GPU-0".into())),
+    ]);
+    if let Some(p) = product {
+        attributes.insert("productName".into(), Attribute::String(p.into()));
+    }
+    if let Some(p) = profile {
+        attributes.insert("profile".into(), Attribute::String(p.into()));
+    }
+    Device {
+        driver: "gpu.nvidia.com".into(),
+        allow_multiple_allocations: false,
+        attributes,
+        capacity: BTreeMap::from([("memory".to_string(), Quantity::parse("80Gi").unwrap())]),
+    }
+}
+
+fn h100_class() -> GpuClassObserved {
+    GpuClassObserved {
+        name: "h100".into(),
+        selector: Some(LabelSelector {
+            match_labels: [(
+                "gpu.nvidia.com/productName".to_string(),
+                "NVIDIA H100 80GB HBM3".to_string(),
+            )]
+            .into(),
+            match_expressions: vec![LabelSelectorRequirement {
+                key: "gpu.nvidia.com/architecture".into(),
+                operator: "In".into(),
+                values: vec!["Hopper".into()],
+            }],
+        }),
+        mig_profiles: vec!["1g.10gb".into()],
+        generation: 1,
+        ..GpuClassObserved::default()
+    }
+}
+
+#[test]
+fn on_the_nvidia_backend_a_class_selects_the_nvidia_drivers_devices_with_every_attribute_guarded() {
+    let variants = compile(&h100_class(), &Profile::NVIDIA).unwrap();
+    assert_eq!(
+        variants[0].cel_selector,
+        "device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"gpu\" && (\"productName\" in device.attributes[\"gpu.nvidia.com\"] && device.attributes[\"gpu.nvidia.com\"].productName == \"NVIDIA H100 80GB HBM3\") && (\"architecture\" in device.attributes[\"gpu.nvidia.com\"] && device.attributes[\"gpu.nvidia.com\"].architecture in [\"Hopper\"])"
+    );
+    let product = Some("NVIDIA H100 80GB HBM3");
+    assert_eq!(
+        picks(&variants, &nvidia_device("gpu", None, product)),
+        ["whole"]
+    );
+    assert_eq!(
+        picks(&variants, &nvidia_device("mig", Some("1g.10gb"), product)),
+        ["1g.10gb"]
+    );
+    assert!(
+        picks(
+            &variants,
+            &nvidia_device("gpu", None, Some("NVIDIA A100-SXM4-80GB"))
+        )
+        .is_empty()
+    );
+    // A device without the attribute does not match: the guard keeps the
+    // expression from failing (which would abort the allocation attempt).
+    assert!(picks(&variants, &nvidia_device("gpu", None, None)).is_empty());
+    // Deckhouse's devices are not the NVIDIA driver's.
+    assert!(picks(&variants, &card("a100-sxm4-40gb", "gpu", None, false)).is_empty());
+}
+
+#[test]
+fn on_the_nvidia_backend_bad_classes_are_refused_naming_the_field() {
+    let mut physical_gpu_label = h100_class();
+    physical_gpu_label.selector = Some(LabelSelector {
+        match_labels: [("gpu.deckhouse.io/device".to_string(), "h100".to_string())].into(),
+        match_expressions: Vec::new(),
+    });
+    assert_eq!(
+        compile(&physical_gpu_label, &Profile::NVIDIA).unwrap_err(),
+        "spec.selector: attribute \"gpu.deckhouse.io/device\" is not an attribute the NVIDIA DRA driver publishes; expected one of gpu.nvidia.com/productName, gpu.nvidia.com/architecture, gpu.nvidia.com/brand"
+    );
+    let mut shared = h100_class();
+    shared.time_slicing_replicas = 4;
+    assert!(
+        compile(&shared, &Profile::NVIDIA)
+            .unwrap_err()
+            .starts_with("spec.sharing.timeSlicingReplicas: 4: the NVIDIA DRA driver shares a card through the claim's configuration")
+    );
+}
+
+#[test]
+fn the_bridge_is_refused_while_the_nvidia_drivers_own_class_maps_nvidia_com_gpu() {
+    use switchyard_proto::v1::DeviceClassObserved;
+    let ev = |kind| DomainEvent { kind: Some(kind) };
+    let mut core = ClassCompiler::default();
+    core.handle(&ev(Kind::BackendConfigured(nvidia_backend())));
+    // The driver's classes as its chart renders them on resource.k8s.io/v1.
+    for (name, mapped) in [("gpu.nvidia.com", "nvidia.com/gpu"), ("mig.nvidia.com", "")] {
+        core.handle(&ev(Kind::DeviceClassObserved(DeviceClassObserved {
+            name: name.into(),
+            selectors: Vec::new(),
+            extended_resource_name: mapped.into(),
+        })));
+    }
+    let mut bridge = h100_class();
+    bridge.legacy_bridge = true;
+    let decided = core.handle(&observed(&bridge));
+    let Some(Kind::GpuClassCompiled(c)) = &decided[0].kind else {
+        panic!("{decided:?}")
+    };
+    assert_eq!(
+        c.refused,
+        "spec.legacyBridge: DeviceClass gpu.nvidia.com already maps nvidia.com/gpu (the NVIDIA DRA driver's class does on resource.k8s.io/v1); at most one class may, and with two the scheduler takes the one created last"
+    );
+    assert_eq!(c.driver, "gpu.nvidia.com");
+    // Without the bridge the class compiles; the driver's classes are
+    // never among what it publishes.
+    let mut plain = h100_class();
+    plain.generation = 2;
+    let decided = core.handle(&observed(&plain));
+    let Some(Kind::GpuClassCompiled(c)) = &decided[0].kind else {
+        panic!("{decided:?}")
+    };
+    assert!(c.refused.is_empty(), "{}", c.refused);
+    assert!(
+        c.variants
+            .iter()
+            .all(|v| !v.device_class.ends_with("nvidia.com"))
+    );
+}
+
+#[test]
+fn a_class_compiled_before_the_backend_was_recorded_compiles_again_for_the_nvidia_driver() {
+    let ev = |kind| DomainEvent { kind: Some(kind) };
+    let mut core = ClassCompiler::default();
+    let mut c = h100_class();
+    c.selector = None;
+    let first = core.handle(&observed(&c));
+    let Some(Kind::GpuClassCompiled(first)) = &first[0].kind else {
+        panic!()
+    };
+    assert!(first.variants[0].cel_selector.contains("gpu.deckhouse.io"));
+    let again = core.handle(&ev(Kind::BackendConfigured(nvidia_backend())));
+    let Some(Kind::GpuClassCompiled(again)) = &again[0].kind else {
+        panic!("{again:?}")
+    };
+    assert_eq!(
+        (again.generation, again.driver.as_str()),
+        (1, "gpu.nvidia.com")
+    );
+    assert!(
+        again.variants[0]
+            .cel_selector
+            .starts_with("device.driver == \"gpu.nvidia.com\"")
+    );
+    // Recorded once: the same backend again changes nothing.
+    assert!(
+        core.handle(&ev(Kind::BackendConfigured(nvidia_backend())))
+            .is_empty()
+    );
 }

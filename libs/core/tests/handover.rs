@@ -99,7 +99,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     assert_eq!(started.labels_before["nvidia.com/gpu.product"], "A100");
     assert_eq!(started.taints_before, vec![dedicated()]);
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::Cordon { node: "w1".into() }]
     );
 
@@ -125,7 +125,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
         "DaemonSet pods stay"
     );
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::Drain { node: "w1".into() }]
     );
 
@@ -133,7 +133,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     let decisions = core.handle_fact(&mk_pod_removed("apps", "web-1"), 30 * S);
     assert_eq!(names(&decisions), ["NodeDrained"]);
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::MoveToGroup {
             node: "w1".into(),
             group: "gpu-dra".into(),
@@ -162,7 +162,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     assert_eq!(changed.labels_after["node.deckhouse.io/group"], "gpu-dra");
     assert_eq!(core.stack_of("w1"), Some(Stack::Dra));
     assert!(
-        core.handovers.effects().is_empty(),
+        core.handovers.effects(&core.cluster.backend).is_empty(),
         "waiting for the node's preparation"
     );
 
@@ -208,7 +208,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     );
     assert_eq!(names(&decisions), ["NodeReadinessObserved"]);
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::Uncordon { node: "w1".into() }]
     );
 
@@ -221,7 +221,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     assert_eq!(names(&decisions), ["NodeUncordoned", "HandoverCompleted"]);
     assert!(core.handovers.active.is_empty());
     assert_eq!(core.handovers.completed["h-w1"], "w1");
-    assert!(core.handovers.effects().is_empty());
+    assert!(core.handovers.effects(&core.cluster.backend).is_empty());
 }
 
 #[test]
@@ -300,7 +300,7 @@ fn a_blocked_drain_stalls_once_with_the_pods_that_stay() {
         "reported once"
     );
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::Drain { node: "w1".into() }],
         "and still tried"
     );

@@ -223,9 +223,14 @@ fn to_the_device_plugin_dra_goes_first_its_claims_and_slices_then_the_device_plu
         vec![labels(&[(DP, Some("true")), (VALIDATOR, Some("true"))])]
     );
 
-    // Then the pilot taint goes.
+    // Then the pilot taint goes, once the device plugin serves the node
+    // again: its pod running and its GPUs allocatable.
     let legacy = [(DP, "true"), (VALIDATOR, "true"), (MODE, "legacy")];
+    let (_, effects) = wanted(&[node("legacy", &legacy, 0, true), device_plugin_pod()]);
+    assert_eq!(effects, vec![], "no GPU allocatable yet");
     let (_, effects) = wanted(&[node("legacy", &legacy, 8, true)]);
+    assert_eq!(effects, vec![], "no device-plugin pod yet");
+    let (_, effects) = wanted(&[node("legacy", &legacy, 8, true), device_plugin_pod()]);
     assert_eq!(effects, vec![taint(false)]);
     let (_, effects) = wanted(&[node("legacy", &legacy, 8, false)]);
     assert_eq!(effects, vec![]);

@@ -155,7 +155,7 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
     let d = core.handle(Input::Rollback(&planned), 100);
     assert_eq!(names(&d), ["RollbackStarted"]);
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::Cordon { node: "w1".into() }]
     );
 
@@ -199,7 +199,7 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
     let original = back.labels_before.clone();
     assert_eq!(original["node.deckhouse.io/group"], "gpu");
     assert_eq!(
-        core.handovers.effects(),
+        core.handovers.effects(&core.cluster.backend),
         [Effect::RestoreNode {
             node: "w1".into(),
             labels: original.clone(),

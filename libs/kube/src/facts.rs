@@ -774,6 +774,11 @@ pub fn device_class(class: &DeviceClass) -> DomainEvent {
             .flatten()
             .filter_map(|s| s.cel.as_ref().map(|c| c.expression.clone()))
             .collect(),
+        extended_resource_name: class
+            .spec
+            .extended_resource_name
+            .clone()
+            .unwrap_or_default(),
     }))
 }
 

@@ -7,15 +7,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_core::backend::{Backend, NvidiaOperator};
+use switchyard_core::command::StartHandover;
 use switchyard_core::effects::Effect;
-use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_proto::v1::{DomainEvent, Stack, domain_event::Kind};
+use switchyard_core::rollback::plan_node_rollback;
+use switchyard_core::stack_assigner::{Input, StackAssigner};
+use switchyard_proto::v1::{DomainEvent, NodeObserved, Stack, domain_event::Kind};
 use switchyard_sim::{Card, SimConfig, Simulator};
 
 const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
 const VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
 const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
 const MODE: &str = "gpu-scheduling.platform.example.com/mode";
+const POOL: &str = "gpu-scheduling.platform.example.com/pool";
 
 fn backend() -> NvidiaOperator {
     NvidiaOperator {
@@ -315,4 +318,192 @@ fn a_device_plugin_pod_on_a_dra_node_fences_the_node_while_it_runs() {
             .any(|e| matches!(e, Effect::NodeEvent { node, reason, .. } if node == "gpu-1" && reason == "ExclusivityLost")),
         "{effects:?}"
     );
+}
+
+impl World {
+    /// `switchyard handover --node <node> --to <pool>`, then until settled.
+    fn hand_over(&mut self, node: &str, pool: &str) -> Vec<DomainEvent> {
+        let cmd = StartHandover {
+            handover_id: format!("h-{node}-{pool}"),
+            node: node.into(),
+            target_group: pool.into(),
+            force: false,
+        };
+        let decided = self.core.handle(Input::StartHandover(&cmd), self.sim.now());
+        self.log.extend(decided.clone());
+        self.settle();
+        decided
+    }
+
+    /// `switchyard rollback node <node>`: planned from the log, then until settled.
+    fn roll_back(&mut self, node: &str) {
+        let log: Vec<(u64, DomainEvent)> = (1..).zip(self.log.iter().cloned()).collect();
+        let planned = plan_node_rollback(&log, node, "rb-1").expect("a rollback planned");
+        self.log.push(planned.clone());
+        let decided = self.core.handle(Input::Rollback(&planned), self.sim.now());
+        self.log.extend(decided);
+        self.settle();
+    }
+
+    /// Where in the log the first record that `pred` holds for is.
+    fn first(&self, what: &str, pred: impl Fn(&Kind) -> bool) -> usize {
+        self.log
+            .iter()
+            .position(|e| e.kind.as_ref().is_some_and(&pred))
+            .unwrap_or_else(|| panic!("{what}: not in the log"))
+    }
+
+    /// The node as observed, from `from` in the log on: the first record
+    /// where `pred` holds.
+    fn observed(&self, from: usize, node: &str, pred: impl Fn(&NodeObserved) -> bool) -> usize {
+        from + self.log[from..]
+            .iter()
+            .position(
+                |e| matches!(&e.kind, Some(Kind::NodeObserved(n)) if n.node == node && pred(n)),
+            )
+            .unwrap_or_else(|| panic!("{node}: no such observation after {from}"))
+    }
+}
+
+fn label<'a>(n: &'a NodeObserved, key: &str) -> Option<&'a str> {
+    n.labels.get(key).map(String::as_str)
+}
+
+#[test]
+fn a_handover_to_the_dra_pool_moves_the_pool_label_after_the_drain_and_waits_for_the_guides_gates()
+{
+    let mut world = World::new(21);
+    world.settle();
+    let decided = world.hand_over("gpu-1", "dra-pilot");
+    assert!(
+        matches!(&decided[0].kind, Some(Kind::HandoverStarted(h)) if h.source_group == "legacy" && h.cards_before == 8),
+        "{decided:?}"
+    );
+    let steps: Vec<&str> = world
+        .log
+        .iter()
+        .filter_map(|e| e.kind.as_ref())
+        .filter(|k| {
+            matches!(
+                k,
+                Kind::HandoverStarted(_)
+                    | Kind::NodeCordoned(_)
+                    | Kind::NodeDrained(_)
+                    | Kind::NodeGroupChanged(_)
+                    | Kind::NodeReadinessObserved(_)
+                    | Kind::NodeUncordoned(_)
+                    | Kind::HandoverCompleted(_)
+                    | Kind::HandoverStalled(_)
+            )
+        })
+        .map(|k| k.type_name())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "HandoverStarted",
+            "NodeCordoned",
+            "NodeDrained",
+            "NodeGroupChanged",
+            "NodeReadinessObserved",
+            "NodeUncordoned",
+            "HandoverCompleted"
+        ]
+    );
+    // The pool label moved only once the node was drained; the DRA stack
+    // was decided only after it moved.
+    let drained = world.first("drained", |k| matches!(k, Kind::NodeDrained(_)));
+    let moved = world.observed(0, "gpu-1", |n| label(n, POOL) == Some("dra-pilot"));
+    assert!(drained < moved, "{drained} < {moved}");
+    let assigned = world.first(
+        "DRA assigned",
+        |k| matches!(k, Kind::StackAssigned(s) if s.node == "gpu-1" && s.stack() == Stack::Dra),
+    );
+    assert!(moved < assigned);
+    // Ready on what the cluster showed: the kubelet plugin running, the
+    // eight cards published, no device-plugin GPU left — and only after
+    // the plugin's slice was observed.
+    let ready = world.first("ready", |k| matches!(k, Kind::NodeReadinessObserved(_)));
+    let Some(Kind::NodeReadinessObserved(r)) = &world.log[ready].kind else {
+        unreachable!()
+    };
+    assert!(r.gpu_stack_dra && r.kubelet_plugin_running && !r.device_plugin_running);
+    assert_eq!(
+        (
+            r.ready_physical_gpus,
+            r.expected_physical_gpus,
+            r.device_plugin_allocatable
+        ),
+        (8, 8, 0)
+    );
+    let published = world.first(
+        "slice",
+        |k| matches!(k, Kind::ResourceSliceObserved(s) if s.node == "gpu-1"),
+    );
+    assert!(published < ready);
+    // After: served by DRA, uncordoned, the pilot taint on.
+    let node = &world.core.cluster.nodes["gpu-1"];
+    assert!(!node.unschedulable);
+    assert_eq!(world.sim.operands_on("gpu-1"), (false, true, 0));
+    assert!(node.taints.iter().any(|t| t.key == MODE));
+    assert!(world.core.handovers.active.is_empty());
+}
+
+#[test]
+fn a_handover_to_a_pool_not_configured_is_refused_naming_the_pools() {
+    let mut world = World::new(1);
+    world.settle();
+    let decided = world.hand_over("gpu-0", "dra-prod");
+    let Some(Kind::HandoverRefused(r)) = &decided[0].kind else {
+        panic!("{decided:?}")
+    };
+    assert_eq!(
+        r.reason,
+        "pool dra-prod is not configured (pools: dra-pilot, legacy)"
+    );
+}
+
+#[test]
+fn a_rollback_runs_in_the_guides_order_and_the_device_plugin_only_once_dra_is_gone() {
+    let mut world = World::new(4);
+    world.settle();
+    world.hand_over("gpu-2", "dra-pilot");
+    let from = world.log.len();
+    world.roll_back("gpu-2");
+    let at = |pred: &dyn Fn(&NodeObserved) -> bool| world.observed(from, "gpu-2", pred);
+    // The guide's rollback: freeze (cordon), DRA workloads removed while
+    // the plugin runs, the plugin's label removed, its slices gone, the
+    // device plugin and the validator back, nvidia.com/gpu allocatable,
+    // the pilot taint removed, uncordon.
+    let frozen = at(&|n| n.unschedulable);
+    let plugin_off = at(&|n| label(n, PLUGIN).is_none());
+    let slice_gone = from + world.log[from..]
+        .iter()
+        .position(
+            |e| matches!(&e.kind, Some(Kind::ResourceSliceRemoved(s)) if s.name.contains("gpu-2")),
+        )
+        .expect("the slice withdrawn");
+    let device_plugin_on = at(&|n| label(n, DP) == Some("true"));
+    let allocatable = at(&|n| n.gpu_allocatable.get("nvidia.com/gpu") == Some(&8));
+    let untainted = at(&|n| n.taints.is_empty() && label(n, DP) == Some("true"));
+    let uncordoned = at(&|n| !n.unschedulable && n.taints.is_empty());
+    assert!(
+        frozen < plugin_off
+            && plugin_off < slice_gone
+            && slice_gone < device_plugin_on
+            && device_plugin_on < allocatable
+            && allocatable < untainted
+            && untainted < uncordoned,
+        "{frozen} {plugin_off} {slice_gone} {device_plugin_on} {allocatable} {untainted} {uncordoned}"
+    );
+    // Recorded as the rollback's compensations, and completed.
+    let completed = world.first(
+        "rollback completed",
+        |k| matches!(k, Kind::RollbackCompleted(r) if r.rollback_id == "rb-1"),
+    );
+    assert!(completed > uncordoned);
+    assert_eq!(world.sim.operands_on("gpu-2"), (true, false, 8));
+    let labels = world.labels("gpu-2");
+    assert_eq!(labels.get(POOL).map(String::as_str), Some("legacy"));
+    assert_eq!(labels.get(MODE).map(String::as_str), Some("legacy"));
 }

@@ -505,5 +505,134 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         slice_gone < device_plugin_on,
         "{slice_gone} < {device_plugin_on}"
     );
+
+    // The pilot pool by Switchyard's handover: gpu-1 cordoned, drained,
+    // its pool label moved, ready on the guide's gates, uncordoned.
+    let cli = |args: &[&str]| {
+        switchyard_testkit::reference::cli_at(
+            std::path::Path::new(env!("CARGO_BIN_EXE_switchyard")),
+            &world.nats.url(),
+            &world.plane.kubeconfig(),
+            args,
+        )
+    };
+    let (code, out, err) = cli(&[
+        "handover",
+        "--node",
+        "gpu-1",
+        "--to",
+        "dra-pilot",
+        "--id",
+        "h-pilot",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains("handover h-pilot of node gpu-1 started: legacy -> dra-pilot"),
+        "{out}"
+    );
+    world
+        .until("the handover of gpu-1 completed", || async {
+            let events = world.events().await;
+            first(
+                &events,
+                |k| matches!(k, Kind::HandoverCompleted(h) if h.handover_id == "h-pilot"),
+            )
+            .is_some()
+        })
+        .await;
+    assert_eq!(serving(&c, "gpu-1").await, (false, true, false, true));
+    let events = world.events().await;
+    let ready = first(
+        &events,
+        |k| matches!(k, Kind::NodeReadinessObserved(r) if r.node == "gpu-1"),
+    )
+    .expect("readiness recorded");
+    let Some(Kind::NodeReadinessObserved(r)) = &events[ready].1.kind else {
+        unreachable!()
+    };
+    assert!(r.gpu_stack_dra && r.kubelet_plugin_running && !r.device_plugin_running);
+    assert_eq!(
+        (
+            r.ready_physical_gpus,
+            r.expected_physical_gpus,
+            r.device_plugin_allocatable
+        ),
+        (8, 8, 0)
+    );
+    let moved = first(
+        &events,
+        |k| matches!(k, Kind::NodeGroupChanged(g) if g.handover_id == "h-pilot"),
+    )
+    .expect("the pool move recorded");
+    let drained = first(
+        &events,
+        |k| matches!(k, Kind::NodeDrained(g) if g.handover_id == "h-pilot"),
+    )
+    .expect("the drain recorded");
+    assert!(drained < moved && moved < ready);
+
+    // And rolled back in the guide's order (asserted from the log): frozen,
+    // the plugin's label removed, its slice gone, the device plugin back,
+    // nvidia.com/gpu allocatable again, the pilot taint removed, uncordoned.
+    let (code, out, err) = cli(&["rollback", "node", "--node", "gpu-1", "--id", "rb-pilot"]);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    world
+        .until("the rollback of gpu-1 completed", || async {
+            let events = world.events().await;
+            first(
+                &events,
+                |k| matches!(k, Kind::RollbackCompleted(r) if r.rollback_id == "rb-pilot"),
+            )
+            .is_some()
+        })
+        .await;
+    let events = world.events().await;
+    let started = first(
+        &events,
+        |k| matches!(k, Kind::RollbackStarted(r) if r.rollback_id == "rb-pilot"),
+    )
+    .expect("the rollback recorded");
+    let after = |from: usize, pred: &dyn Fn(&Kind) -> bool| {
+        events[from..]
+            .iter()
+            .position(|(_, e)| e.kind.as_ref().is_some_and(pred))
+            .map(|i| from + i)
+    };
+    let seen = |pred: &dyn Fn(&switchyard_proto::v1::NodeObserved) -> bool| {
+        after(
+            started,
+            &|k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-1" && pred(n)),
+        )
+    };
+    let lab = |n: &switchyard_proto::v1::NodeObserved, key: &str| n.labels.get(key).cloned();
+    let frozen = seen(&|n| n.unschedulable).expect("frozen");
+    let plugin_off = seen(&|n| lab(n, PLUGIN).is_none()).expect("the plugin label removed");
+    let slice_gone = after(
+        started,
+        &|k| matches!(k, Kind::ResourceSliceRemoved(s) if s.node == "gpu-1"),
+    )
+    .expect("the slice gone");
+    let device_plugin_on =
+        seen(&|n| lab(n, DP).as_deref() == Some("true")).expect("the device plugin on");
+    let allocatable = seen(&|n| n.gpu_allocatable.get("nvidia.com/gpu") == Some(&8))
+        .expect("nvidia.com/gpu allocatable");
+    let untainted =
+        seen(&|n| lab(n, DP).as_deref() == Some("true") && !n.taints.iter().any(|t| t.key == MODE))
+            .expect("the pilot taint removed");
+    let uncordoned = after(
+        frozen,
+        &|k| matches!(k, Kind::NodeObserved(n) if n.node == "gpu-1" && !n.unschedulable),
+    )
+    .expect("uncordoned");
+    assert!(
+        frozen < plugin_off
+            && plugin_off < slice_gone
+            && slice_gone < device_plugin_on
+            && device_plugin_on < allocatable
+            && allocatable < untainted
+            && untainted < uncordoned,
+        "{frozen} {plugin_off} {slice_gone} {device_plugin_on} {allocatable} {untainted} {uncordoned}"
+    );
+    assert_eq!(serving(&c, "gpu-1").await, (true, false, true, false));
     platform.abort();
 }

@@ -24,7 +24,7 @@ use switchyard_proto::v1::{
     domain_event::Kind, event,
 };
 
-use crate::backend::{Backend, NvidiaOperator, nvidia};
+use crate::backend::{Backend, NvidiaOperator};
 use crate::class_compiler::GPU_DRIVER;
 use crate::cluster::{Cluster, Slice, workload_key};
 use crate::names::{GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA};
@@ -239,84 +239,9 @@ fn nvidia_node_evidence(
     items.push(item(PLUGIN_HEALTHY, healthy));
     items.push(item(
         SLICES_MATCH_GFD,
-        slices_match_gfd(cluster, node, facts),
+        operands::slices_match_gfd(cluster, node, facts, 0),
     ));
     items
-}
-
-/// The node's `gpu.nvidia.com` whole-GPU devices against GPU Feature
-/// Discovery's labels: as many as `nvidia.com/gpu.count`, each product (the
-/// NVML name, spaces for GFD's dashes) a prefix of `nvidia.com/gpu.product`,
-/// each memory `nvidia.com/gpu.memory` MiB (within 1 MiB; the driver leaves
-/// it out when NVML reports none), each UUID once.
-fn slices_match_gfd(
-    cluster: &Cluster,
-    node: &str,
-    facts: &crate::cluster::Node,
-) -> Result<String, String> {
-    let label = |key: &str| facts.labels.get(key).map(String::as_str);
-    let (Some(count), Some(product)) = (label(nvidia::GFD_COUNT), label(nvidia::GFD_PRODUCT))
-    else {
-        return Err(format!(
-            "the node has no {} or {} label to compare the slices with (GPU Feature Discovery)",
-            nvidia::GFD_COUNT,
-            nvidia::GFD_PRODUCT
-        ));
-    };
-    let count: usize = count
-        .parse()
-        .map_err(|_| format!("{}={count:?} is not a count", nvidia::GFD_COUNT))?;
-    let memory: Option<u64> = label(nvidia::GFD_MEMORY_MIB).and_then(|m| m.parse().ok());
-    let devices: Vec<&switchyard_proto::v1::SliceDevice> = operands::driver_slices(node, cluster)
-        .flat_map(|s| &s.devices)
-        .filter(|d| d.r#type.is_empty() || d.r#type == "gpu")
-        .collect();
-    let mut wrong = Vec::new();
-    if devices.len() != count {
-        wrong.push(format!(
-            "{} GPUs published by {}, {} labelled {}",
-            devices.len(),
-            nvidia::DRIVER,
-            count,
-            nvidia::GFD_COUNT
-        ));
-    }
-    let mut uuids: BTreeMap<&str, usize> = BTreeMap::new();
-    for d in &devices {
-        *uuids.entry(d.uuid.as_str()).or_default() += 1;
-        if !product.starts_with(&d.product.replace(' ', "-")) {
-            wrong.push(format!(
-                "{}: product {:?} in the slice, {product:?} labelled by GPU Feature Discovery",
-                d.name, d.product
-            ));
-        }
-        if let Some(memory) = memory
-            && d.memory_mib != 0
-            && d.memory_mib.abs_diff(memory) > 1
-        {
-            wrong.push(format!(
-                "{}: memory {} MiB in the slice, {memory} MiB labelled {}",
-                d.name,
-                d.memory_mib,
-                nvidia::GFD_MEMORY_MIB
-            ));
-        }
-    }
-    for (uuid, n) in uuids {
-        if uuid.is_empty() {
-            wrong.push(format!("{n} device(s) published without a UUID"));
-        } else if n > 1 {
-            wrong.push(format!("{uuid} is published {n} times"));
-        }
-    }
-    if wrong.is_empty() {
-        Ok(format!(
-            "{count} GPUs published as GPU Feature Discovery labelled them ({product}{})",
-            memory.map_or(String::new(), |m| format!(", {m} MiB"))
-        ))
-    } else {
-        Err(wrong.join("; "))
-    }
 }
 
 /// Every PhysicalGPU of `node` published once as a whole device, with its

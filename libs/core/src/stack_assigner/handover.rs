@@ -30,6 +30,7 @@ use switchyard_proto::v1::{
     Taint, domain_event::Kind, event,
 };
 
+use crate::backend::Backend;
 use crate::cluster::{Cluster, Node};
 use crate::command::StartHandover;
 use crate::effects::Effect;
@@ -37,6 +38,7 @@ use crate::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU,
     PREPARATION_LABELS, STACK_DEVICE_PLUGIN,
 };
+use crate::stack_assigner::operands;
 use crate::stack_rules;
 
 const SECOND: i64 = 1_000_000_000;
@@ -189,7 +191,7 @@ pub(crate) fn stack_in_group(
     held: bool,
 ) -> (Stack, switchyard_proto::v1::StackReason) {
     let mut moved = node.clone();
-    moved.labels.insert(GROUP_LABEL.into(), group.into());
+    moved.move_to(cluster.backend.group_label(), group);
     stack_rules::rule(&moved, cluster, held)
 }
 
@@ -385,8 +387,15 @@ impl Handovers {
                 h.step.as_str_name()
             ));
         }
-        if !cluster.groups.contains_key(&cmd.target_group) {
-            return refuse(format!("node group {} does not exist", cmd.target_group));
+        if !cluster.group_known(&cmd.target_group) {
+            return refuse(match &cluster.backend {
+                Backend::Deckhouse => format!("node group {} does not exist", cmd.target_group),
+                Backend::NvidiaOperator(b) => format!(
+                    "pool {} is not configured (pools: {})",
+                    cmd.target_group,
+                    b.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            });
         }
         let source = node.group().unwrap_or_default().to_string();
         if source == cmd.target_group {
@@ -466,10 +475,18 @@ impl Handovers {
         now: i64,
     ) -> Vec<DomainEvent> {
         let (id, name, node) = (h.id.clone(), h.node.clone(), h.node.as_str());
+        let nvidia = match &cluster.backend {
+            Backend::NvidiaOperator(b) => Some(b.as_ref()),
+            Backend::Deckhouse => None,
+        };
         // A forward handover is done moving when the node carries the target
         // group and not the source group's role label; a rollback when the node's
         // labels and taints are its before-image again.
         let moved = match &h.rollback {
+            // nvidia-operator: the pool label is the move; the operand
+            // labels follow it, in the guide's order, once the node's stack
+            // is decided again (`operands::effects`).
+            _ if nvidia.is_some() => facts.group().unwrap_or_default() == h.target_group,
             None => {
                 facts.group() == Some(h.target_group.as_str())
                     && !facts
@@ -530,6 +547,23 @@ impl Handovers {
                     taints_after: facts.taints.clone(),
                 }))]
             }
+            HandoverStep::WaitReady if nvidia.is_some() => {
+                let backend = nvidia.expect("matched");
+                let (stack, _) = stack_in_group(cluster, facts, &h.target_group, false);
+                match operands::handover_ready(node, stack, facts, cluster, backend, h.cards_before)
+                {
+                    Ok(seen) => vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
+                        handover_id: id,
+                        node: name,
+                        ..seen
+                    }))],
+                    Err(missing) => self.stall(
+                        h,
+                        now,
+                        format!("node {node} is not ready: {}", missing.join("; ")),
+                    ),
+                }
+            }
             HandoverStep::WaitReady => {
                 let (stack, _) = stack_in_group(
                     cluster,
@@ -565,6 +599,7 @@ impl Handovers {
                         node_agent_running: readiness.node_agent_running,
                         vendor_adapter_running: readiness.vendor_adapter_running,
                         device_plugin_allocatable: allocatable,
+                        ..NodeReadinessObserved::default()
                     }))]
                 } else {
                     let mut missing = match stack {
@@ -645,7 +680,8 @@ impl Handovers {
                 h,
                 now,
                 format!(
-                    "node {node} is still labelled {GROUP_LABEL}={}",
+                    "node {node} is still labelled {}={}",
+                    cluster.backend.group_label(),
                     facts.group().unwrap_or_default()
                 ),
             ),
@@ -671,13 +707,30 @@ impl Handovers {
     }
 
     /// What the edge should be doing for the handovers in progress.
-    pub fn effects(&self) -> Vec<Effect> {
+    pub fn effects(&self, backend: &Backend) -> Vec<Effect> {
         let node = |h: &Handover| h.node.clone();
         self.active
             .values()
             .filter_map(|h| match (h.step, &h.rollback) {
                 (HandoverStep::Cordon, _) => Some(Effect::Cordon { node: node(h) }),
                 (HandoverStep::Drain, _) => Some(Effect::Drain { node: node(h) }),
+                // nvidia-operator, forward and back alike: the pool label
+                // only. The operand labels and the pilot taint are the stack's
+                // (`operands::effects`), written in the guide's order; a
+                // before-image written at once would start the device plugin
+                // beside the DRA plugin.
+                (HandoverStep::MoveGroup, _) if matches!(backend, Backend::NvidiaOperator(_)) => {
+                    Some(Effect::SetOperandLabels {
+                        node: node(h),
+                        labels: [(
+                            backend.group_label().to_string(),
+                            // Back to a node that had no pool: none.
+                            Some(h.target_group.clone()).filter(|g| !g.is_empty()),
+                        )]
+                        .into(),
+                        unless_paused: false,
+                    })
+                }
                 (HandoverStep::MoveGroup, None) => Some(Effect::MoveToGroup {
                     node: node(h),
                     group: h.target_group.clone(),

@@ -742,7 +742,17 @@ impl StackAssigner {
                     .into_iter()
                     .collect();
             }
-            Some(Kind::NodeGroupObserved(_) | Kind::ModuleSettingsObserved(_)) => {
+            // nvidia-operator: the DRA driver's slices are a readiness gate.
+            Some(Kind::ResourceSliceObserved(f)) => f.node.clone(),
+            Some(Kind::ResourceSliceRemoved(f)) => f.node.clone(),
+            // A claim released lets the device plugin back (a removed
+            // claim names no node: every handover looks again).
+            Some(
+                Kind::NodeGroupObserved(_)
+                | Kind::ModuleSettingsObserved(_)
+                | Kind::ResourceClaimObserved(_)
+                | Kind::ResourceClaimRemoved(_),
+            ) => {
                 return self.handovers.active.keys().cloned().collect();
             }
             _ => return Vec::new(),
@@ -785,7 +795,7 @@ impl StackAssigner {
         if matches!(self.cluster.backend, Backend::NvidiaOperator(_)) {
             effects.extend(self.exclusivity_effects());
         }
-        effects.extend(self.handovers.effects());
+        effects.extend(self.handovers.effects(&self.cluster.backend));
         effects
     }
 
@@ -811,12 +821,14 @@ impl StackAssigner {
                 ),
             });
         }
+        // A node in a handover is the handover's to uncordon.
         for name in &self.uncordon_due {
-            if self
-                .cluster
-                .nodes
-                .get(name)
-                .is_some_and(|n| n.unschedulable)
+            if !self.handovers.active.contains_key(name)
+                && self
+                    .cluster
+                    .nodes
+                    .get(name)
+                    .is_some_and(|n| n.unschedulable)
             {
                 effects.push(Effect::Uncordon { node: name.clone() });
             }

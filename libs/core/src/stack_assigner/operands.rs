@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_proto::v1::{PodPhase, Stack, Taint};
+use switchyard_proto::v1::{NodeReadinessObserved, PodPhase, Stack, Taint};
 
 use crate::backend::{DeployLabel, NvidiaOperator, nvidia};
 use crate::cluster::{Cluster, Node, PodSelector, Slice};
@@ -87,9 +87,14 @@ pub fn effects(
                     (nvidia::DEPLOY_DEVICE_PLUGIN, Some("true")),
                     (nvidia::DEPLOY_OPERATOR_VALIDATOR, Some("true")),
                 ];
+                // The pilot taint goes last, once the device plugin serves
+                // the node again ("wait until nvidia.com/gpu is allocatable
+                // again ... remove the pilot taint").
                 match labels(&on) {
                     Some(write) => out.extend(unless_paused(node, write)),
-                    None if tainted => out.push(taint(false)),
+                    None if tainted && device_plugin_serves(name, node, cluster, backend) => {
+                        out.push(taint(false))
+                    }
                     None => {}
                 }
             }
@@ -121,14 +126,20 @@ pub fn waiting_for(
             pods_selected(name, cluster, &backend.device_plugin_pods, false).len(),
             node.device_plugin_allocatable
         )),
-        Stack::DevicePlugin if !dra_gone(name, cluster, backend) => Some(format!(
-            "node {name}: DRA still serves it ({} kubelet-plugin pod(s), {} gpu.nvidia.com slice(s), claims {:?})",
-            pods_selected(name, cluster, &backend.kubelet_plugin_pods, false).len(),
-            driver_slices(name, cluster).count(),
-            cluster.claims_on(name)
-        )),
+        Stack::DevicePlugin if !dra_gone(name, cluster, backend) => {
+            waiting_for_dra(name, cluster, backend)
+        }
         _ => None,
     }
+}
+
+fn waiting_for_dra(name: &str, cluster: &Cluster, backend: &NvidiaOperator) -> Option<String> {
+    Some(format!(
+        "node {name}: DRA still serves it ({} kubelet-plugin pod(s), {} gpu.nvidia.com slice(s), claims {:?})",
+        pods_selected(name, cluster, &backend.kubelet_plugin_pods, false).len(),
+        driver_slices(name, cluster).count(),
+        cluster.claims_on(name)
+    ))
 }
 
 /// The labels of `wanted` that `node` does not read as wanted, as one
@@ -199,6 +210,129 @@ fn device_plugin_gone(
 ) -> bool {
     node.device_plugin_allocatable == 0
         && pods_selected(name, cluster, &backend.device_plugin_pods, false).is_empty()
+}
+
+/// The device plugin serves the node: its pod Running there and its GPUs
+/// allocatable.
+fn device_plugin_serves(
+    name: &str,
+    node: &Node,
+    cluster: &Cluster,
+    backend: &NvidiaOperator,
+) -> bool {
+    node.device_plugin_allocatable > 0
+        && !pods_selected(name, cluster, &backend.device_plugin_pods, true).is_empty()
+}
+
+/// The readiness gates of a handover of `name` to `stack` on this backend,
+/// observed now (the NVIDIA guide's "Validation Checklist"): the writes for
+/// the stack all read back as written, and then
+/// - DRA: the device plugin gone (no pod, no GPU resource allocatable), the
+///   kubelet plugin's pod Running, the `gpu.nvidia.com` devices matching GPU
+///   Feature Discovery's labels and at least the `cards_before`;
+/// - device plugin: DRA gone (no kubelet-plugin pod, no slice, no claim),
+///   the device-plugin pod Running and its GPUs allocatable, one per card.
+///
+/// The gates as seen (without the handover's id and node), or what is still
+/// missing, in the guide's words.
+pub fn handover_ready(
+    name: &str,
+    stack: Stack,
+    node: &Node,
+    cluster: &Cluster,
+    backend: &NvidiaOperator,
+    cards_before: u32,
+) -> Result<NodeReadinessObserved, Vec<String>> {
+    let mut missing = Vec::new();
+    if let Some(why) = waiting_for(name, stack, node, cluster, backend) {
+        missing.push(why);
+    }
+    let pending: Vec<String> = effects(name, stack, node, cluster, backend)
+        .iter()
+        .map(|e| match e {
+            Effect::SetOperandLabels { labels, .. } => labels
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("label {k}={v} is not written yet"),
+                    None => format!("label {k} is not removed yet"),
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            Effect::SetNodeTaint { taint, present, .. } => format!(
+                "taint {}={}:{} is {}",
+                taint.key,
+                taint.value,
+                taint.effect,
+                if *present {
+                    "not added yet"
+                } else {
+                    "still present"
+                }
+            ),
+            other => format!("{} is due", other.kind()),
+        })
+        .collect();
+    missing.extend(pending);
+    let kubelet_plugin_running =
+        !pods_selected(name, cluster, &backend.kubelet_plugin_pods, true).is_empty();
+    let device_plugin_running =
+        !pods_selected(name, cluster, &backend.device_plugin_pods, true).is_empty();
+    let allocatable = node.device_plugin_allocatable;
+    let published = driver_slices(name, cluster)
+        .flat_map(|s| &s.devices)
+        .filter(|d| d.r#type.is_empty() || d.r#type == "gpu")
+        .count() as u32;
+    let labelled: u32 = node
+        .labels
+        .get(nvidia::GFD_COUNT)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let expected = cards_before.max(labelled).max(1);
+    match stack {
+        Stack::Dra => {
+            missing.extend(
+                dra_missing(name, node, cluster, backend)
+                    .into_iter()
+                    .map(|(_, seen)| seen),
+            );
+            if let Err(wrong) = slices_match_gfd(cluster, name, node, cards_before) {
+                missing.push(wrong);
+            }
+        }
+        Stack::DevicePlugin => {
+            if !dra_gone(name, cluster, backend) {
+                missing.extend(waiting_for_dra(name, cluster, backend));
+            }
+            if !device_plugin_running {
+                missing.push(format!(
+                    "no running device-plugin pod ({}) on the node",
+                    backend.device_plugin_pods.text
+                ));
+            }
+            if allocatable < expected {
+                missing.push(format!(
+                    "{allocatable} of {expected} {} (or MIG, time-slicing) resources are allocatable on the node",
+                    crate::names::NVIDIA_GPU
+                ));
+            }
+        }
+        Stack::None | Stack::Unspecified => {
+            missing.push(format!("no stack would serve node {name}"))
+        }
+    }
+    missing.dedup();
+    if !missing.is_empty() {
+        return Err(missing);
+    }
+    Ok(NodeReadinessObserved {
+        gpu_stack_dra: stack == Stack::Dra,
+        ready_physical_gpus: published,
+        expected_physical_gpus: expected,
+        device_plugin_allocatable: allocatable,
+        kubelet_plugin_running,
+        device_plugin_running,
+        ..NodeReadinessObserved::default()
+    })
 }
 
 /// DRA is gone from the node: no kubelet-plugin pod, no `gpu.nvidia.com`
@@ -298,4 +432,86 @@ pub fn dra_missing(
         ));
     }
     missing
+}
+
+/// The node's `gpu.nvidia.com` whole-GPU devices against GPU Feature
+/// Discovery's labels: as many as `nvidia.com/gpu.count` (and `at_least`:
+/// the cards the node had before its handover), each product (the
+/// NVML name, spaces for GFD's dashes) a prefix of `nvidia.com/gpu.product`,
+/// each memory `nvidia.com/gpu.memory` MiB (within 1 MiB; the driver leaves
+/// it out when NVML reports none), each UUID once.
+pub fn slices_match_gfd(
+    cluster: &Cluster,
+    node: &str,
+    facts: &Node,
+    at_least: u32,
+) -> Result<String, String> {
+    let label = |key: &str| facts.labels.get(key).map(String::as_str);
+    let (Some(count), Some(product)) = (label(nvidia::GFD_COUNT), label(nvidia::GFD_PRODUCT))
+    else {
+        return Err(format!(
+            "the node has no {} or {} label to compare the slices with (GPU Feature Discovery)",
+            nvidia::GFD_COUNT,
+            nvidia::GFD_PRODUCT
+        ));
+    };
+    let labelled: u32 = count
+        .parse()
+        .map_err(|_| format!("{}={count:?} is not a count", nvidia::GFD_COUNT))?;
+    let count = labelled.max(at_least) as usize;
+    let memory: Option<u64> = label(nvidia::GFD_MEMORY_MIB).and_then(|m| m.parse().ok());
+    let devices: Vec<&switchyard_proto::v1::SliceDevice> = driver_slices(node, cluster)
+        .flat_map(|s| &s.devices)
+        .filter(|d| d.r#type.is_empty() || d.r#type == "gpu")
+        .collect();
+    let mut wrong = Vec::new();
+    if devices.len() != count {
+        wrong.push(format!(
+            "{} GPUs published by {}, {labelled} labelled {}{}",
+            devices.len(),
+            nvidia::DRIVER,
+            nvidia::GFD_COUNT,
+            if count > labelled as usize {
+                format!(", {count} before the handover")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let mut uuids: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in &devices {
+        *uuids.entry(d.uuid.as_str()).or_default() += 1;
+        if !product.starts_with(&d.product.replace(' ', "-")) {
+            wrong.push(format!(
+                "{}: product {:?} in the slice, {product:?} labelled by GPU Feature Discovery",
+                d.name, d.product
+            ));
+        }
+        if let Some(memory) = memory
+            && d.memory_mib != 0
+            && d.memory_mib.abs_diff(memory) > 1
+        {
+            wrong.push(format!(
+                "{}: memory {} MiB in the slice, {memory} MiB labelled {}",
+                d.name,
+                d.memory_mib,
+                nvidia::GFD_MEMORY_MIB
+            ));
+        }
+    }
+    for (uuid, n) in uuids {
+        if uuid.is_empty() {
+            wrong.push(format!("{n} device(s) published without a UUID"));
+        } else if n > 1 {
+            wrong.push(format!("{uuid} is published {n} times"));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(format!(
+            "{count} GPUs published as GPU Feature Discovery labelled them ({product}{})",
+            memory.map_or(String::new(), |m| format!(", {m} MiB"))
+        ))
+    } else {
+        Err(wrong.join("; "))
+    }
 }
