@@ -256,16 +256,20 @@ fn first(
         .position(|(_, e)| e.kind.as_ref().is_some_and(&pred))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels() {
-    let mut world = World::start(Components {
+/// The cluster the GPU Operator serves, before Switchyard: the control
+/// plane with its scheduler and DaemonSet controller, kwok running the two
+/// GPU nodes (pool `legacy`), the operator's and the DRA driver's
+/// DaemonSets, and the platform stand-ins playing on every change; the
+/// device plugin serving both nodes.
+async fn platform() -> (World, Kwok, tokio::task::JoinHandle<()>) {
+    let world = World::start(Components {
         scheduler: true,
         controller_manager: true,
         ..Components::default()
     })
     .await;
     let c = world.client.clone();
-    let _kwok = Kwok::start(&world.plane);
+    let kwok = Kwok::start(&world.plane);
     create_namespace(&c, OPERATOR).await;
     create_namespace(&c, DRA).await;
     create_gfd_nodes(&c).await;
@@ -341,6 +345,13 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         })
         .await;
 
+    (world, kwok, platform)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels() {
+    let (mut world, _kwok, platform) = platform().await;
+    let c = world.client.clone();
     world.serve_with_env("inventory", &BACKEND_ENV);
     world.serve_with_env("stack-assigner", &BACKEND_ENV);
     world.serve("claim-allocator");
@@ -634,5 +645,226 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         "{frozen} {plugin_off} {slice_gone} {device_plugin_on} {allocatable} {untainted} {uncordoned}"
     );
     assert_eq!(serving(&c, "gpu-1").await, (true, false, true, false));
+    platform.abort();
+}
+
+/// `switchyard <args>` against the world: (exit code, stdout, stderr).
+fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
+    switchyard_testkit::reference::cli_at(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchyard")),
+        &world.nats.url(),
+        &world.plane.kubeconfig(),
+        args,
+    )
+}
+
+/// The pods of the Deployment `app` that run, by node.
+async fn placed(c: &Client, app: &str) -> BTreeMap<String, Pod> {
+    Api::<Pod>::namespaced(c.clone(), "apps")
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The guide's application side on the pilot pool Switchyard handed over:
+/// a native claim pilot on a GPUClass compiled for the NVIDIA driver, and
+/// the compatibility bridge — one unchanged `nvidia.com/gpu` manifest whose
+/// pods run on both pools, from the device plugin on the legacy node and
+/// through the driver's own class (its `extendedResourceName`) on the DRA
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_pilot_pool_a_native_claim_and_an_unchanged_manifest_through_the_bridge_run() {
+    let (mut world, _kwok, platform) = platform().await;
+    let c = world.client.clone();
+    create_namespace(&c, "apps").await;
+    world.serve_with_env("inventory", &BACKEND_ENV);
+    world.serve_with_env("stack-assigner", &BACKEND_ENV);
+    world.serve("class-compiler");
+    world.serve("claim-allocator");
+    let nodes: Api<Node> = Api::all(c.clone());
+    world
+        .until("both nodes owned as legacy", || async {
+            let mut all = true;
+            for name in NODES {
+                let node = nodes.get(name).await.expect("node");
+                all &= label(&node, MODE) == Some("legacy");
+            }
+            all
+        })
+        .await;
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "handover",
+            "--node",
+            "gpu-2",
+            "--to",
+            "dra-pilot",
+            "--id",
+            "h-pilot",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    world
+        .until("the pilot pool handed over", || async {
+            let events = world.events().await;
+            first(
+                &events,
+                |k| matches!(k, Kind::HandoverCompleted(h) if h.handover_id == "h-pilot"),
+            )
+            .is_some()
+        })
+        .await;
+
+    // A platform class over the NVIDIA driver's attributes.
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+        "spec": {"selector": {"matchLabels": {"gpu.nvidia.com/productName": "NVIDIA H100 80GB HBM3"}}},
+    }))
+    .expect("GPUClass");
+    Api::<switchyard_api::GPUClass>::all(c.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the GPUClass");
+    let device_classes = Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(c.clone());
+    world
+        .until("h100's DeviceClass over gpu.nvidia.com", || async {
+            device_classes
+                .get_opt("h100.gpu.deckhouse.io")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|d| {
+                    serde_json::to_string(&d.spec.selectors)
+                        .unwrap()
+                        .contains(r#"device.driver == \"gpu.nvidia.com\""#)
+                })
+        })
+        .await;
+
+    // The native claim pilot: a ResourceClaimTemplate on the class, a pod
+    // tolerating the pilot taint; the real scheduler allocates one of the
+    // driver's devices on the DRA node.
+    let template: k8s_openapi::api::resource::v1::ResourceClaimTemplate =
+        serde_json::from_value(json!({
+            "metadata": {"name": "one-h100", "namespace": "apps"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "h100.gpu.deckhouse.io"}}
+            ]}}},
+        }))
+        .expect("template");
+    Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::namespaced(c.clone(), "apps")
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    let toleration =
+        json!({"key": MODE, "operator": "Equal", "value": "dra", "effect": "NoSchedule"});
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "claim-pilot", "namespace": "apps", "labels": {"app": "claim-pilot"}},
+        "spec": {
+            "tolerations": [toleration],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-h100"}],
+            "containers": [{"name": "main", "image": "registry.example.com/cuda:1",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(c.clone(), "apps")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create the pilot pod");
+    world
+        .until("the claim pilot running on gpu-2", || async {
+            placed(&c, "claim-pilot").await.contains_key("gpu-2")
+        })
+        .await;
+    let claims =
+        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), "apps")
+            .list(&ListParams::default())
+            .await
+            .expect("claims");
+    let allocated: Vec<(String, String)> = claims
+        .items
+        .iter()
+        .flat_map(|claim| {
+            claim
+                .status
+                .iter()
+                .flat_map(|s| s.allocation.iter())
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .map(|r| (r.driver.clone(), r.pool.clone()))
+        })
+        .collect();
+    assert_eq!(
+        allocated,
+        [("gpu.nvidia.com".to_string(), "gpu-2".to_string())]
+    );
+
+    // The bridge: the driver's class as its chart renders it on
+    // resource.k8s.io/v1, then one unchanged nvidia.com/gpu manifest
+    // spread over both pools.
+    let bridge: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}],
+            "extendedResourceName": "nvidia.com/gpu",
+        },
+    }))
+    .expect("DeviceClass");
+    device_classes
+        .create(&PostParams::default(), &bridge)
+        .await
+        .expect("create the driver's class");
+    let app: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "legacy-app", "namespace": "apps"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "legacy-app"}},
+            "template": {
+                "metadata": {"labels": {"app": "legacy-app"}},
+                "spec": {
+                    "tolerations": [toleration],
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"app": "legacy-app"}}, "topologyKey": "kubernetes.io/hostname"}
+                    ]}},
+                    "containers": [{"name": "main", "image": "registry.example.com/app:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                },
+            },
+        },
+    }))
+    .expect("deployment");
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.clone(), "apps")
+        .create(&PostParams::default(), &app)
+        .await
+        .expect("create the deployment");
+    world
+        .until("legacy-app running on both pools", || async {
+            placed(&c, "legacy-app").await.len() == 2
+        })
+        .await;
+    let pods = placed(&c, "legacy-app").await;
+    let bridged = |node: &str| {
+        pods[node]
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .is_some()
+    };
+    assert!(
+        bridged("gpu-2"),
+        "the DRA pool's pod is served through the bridge"
+    );
+    assert!(
+        !bridged("gpu-1"),
+        "the legacy pool's pod by the device plugin"
+    );
     platform.abort();
 }
