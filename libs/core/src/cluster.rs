@@ -198,8 +198,11 @@ pub struct Pod {
     pub labels: Box<[(Box<str>, Box<str>)]>,
     pub claims_allocated: u32,
     pub claims_needed: u32,
-    /// Device-plugin GPU resources it asks for.
+    /// Device-plugin GPU resources it asks for that the device plugin serves.
     pub device_plugin_gpus: u32,
+    /// Device-plugin GPU resources it asks for that DRA serves through the
+    /// extended-resource bridge.
+    pub bridged_gpus: u32,
     /// The restart of its workload that made it (the template's
     /// `kubectl.kubernetes.io/restartedAt` it was created from); empty if none.
     pub restarted_at: Box<str>,
@@ -630,6 +633,7 @@ impl Cluster {
             claims_allocated: fact.claims_allocated,
             claims_needed: fact.claims_needed,
             device_plugin_gpus: fact.device_plugin_gpus,
+            bridged_gpus: fact.bridged_gpus,
             restarted_at: fact.restarted_at.into(),
         };
         self.pods_by_owner

@@ -62,6 +62,8 @@ pub struct CheckEvidence {
     pub migration_id: String,
     /// One wave (0-based) of the migration; `None`: its waves started so far.
     pub wave: Option<u32>,
+    /// One stage of the NVIDIA guide's table, checked on the cluster as it is.
+    pub stage: Option<crate::claim_allocator::stages::Stage>,
 }
 
 /// The id of a wave's own evidence check.
@@ -226,6 +228,7 @@ mod tests {
                 check_id: "c1".into(),
                 migration_id: migration.into(),
                 wave: None,
+                stage: None,
             })
         };
         assert_eq!(own_check("").process(), Some("c1"));

@@ -480,6 +480,7 @@ fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
         check_id: "ev-1".into(),
         migration_id: migration.into(),
         wave,
+        stage: None,
     };
     let decided = core.handle_at(Input::CheckEvidence(&check("mig", Some(0))), 40 * SECOND);
     assert_eq!(

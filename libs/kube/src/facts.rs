@@ -43,23 +43,33 @@ pub fn is_device_plugin_gpu_resource(name: &str) -> bool {
 
 /// The device-plugin GPU resources a pod asks for, over its containers (an
 /// extended resource's request equals its limit when both are given; a count
-/// that does not parse counts as one).
-fn device_plugin_gpus(spec: &PodSpec) -> u32 {
-    spec.containers
-        .iter()
-        .filter_map(|c| c.resources.as_ref())
-        .flat_map(|r| {
-            let limits = r.limits.iter().flatten();
-            limits.chain(
-                r.requests
-                    .iter()
-                    .flatten()
-                    .filter(|(k, _)| !r.limits.as_ref().is_some_and(|l| l.contains_key(*k))),
-            )
-        })
-        .filter(|(name, _)| is_device_plugin_gpu_resource(name))
-        .map(|(_, q)| q.0.parse::<u32>().unwrap_or(1))
-        .fold(0, u32::saturating_add)
+/// that does not parse counts as one): (those the device plugin serves,
+/// those DRA serves through the bridge — the scheduler's claim maps them,
+/// `bridged` as (container, resource)).
+fn device_plugin_gpus(spec: &PodSpec, bridged: &[(String, String)]) -> (u32, u32) {
+    let mut sums = (0u32, 0u32);
+    for c in &spec.containers {
+        let Some(r) = c.resources.as_ref() else {
+            continue;
+        };
+        let limits = r.limits.iter().flatten();
+        let asked = limits.chain(
+            r.requests
+                .iter()
+                .flatten()
+                .filter(|(k, _)| !r.limits.as_ref().is_some_and(|l| l.contains_key(*k))),
+        );
+        for (name, q) in asked.filter(|(name, _)| is_device_plugin_gpu_resource(name)) {
+            let n = q.0.parse::<u32>().unwrap_or(1);
+            let sum = if bridged.iter().any(|(cn, rn)| *cn == c.name && rn == name) {
+                &mut sums.1
+            } else {
+                &mut sums.0
+            };
+            *sum = sum.saturating_add(n);
+        }
+    }
+    sums
 }
 
 /// A Node: labels, taints, `spec.unschedulable`, how it was provisioned,
@@ -458,11 +468,18 @@ pub fn pod(pod: &Pod) -> DomainEvent {
     // The pod's own claims, and the one the scheduler makes for its extended
     // resources backed by a DeviceClass (`gpu.deckhouse.io/<class>: N`),
     // named in the pod's status once made.
-    let extended = pod
+    let extended_status = pod
         .status
         .as_ref()
         .and_then(|s| s.extended_resource_claim_status.as_ref())
-        .is_some_and(|s| !s.resource_claim_name.is_empty());
+        .filter(|s| !s.resource_claim_name.is_empty());
+    let extended = extended_status.is_some();
+    let bridged: Vec<(String, String)> = extended_status
+        .iter()
+        .flat_map(|s| &s.request_mappings)
+        .map(|m| (m.container_name.clone(), m.resource_name.clone()))
+        .collect();
+    let (device_plugin_gpus, bridged_gpus) = device_plugin_gpus(&spec, &bridged);
     let claims_needed =
         spec.resource_claims.as_ref().map_or(0, Vec::len) as u32 + u32::from(extended);
     // The scheduler binds a pod only once all its claims are allocated and
@@ -486,7 +503,8 @@ pub fn pod(pod: &Pod) -> DomainEvent {
         app: pod.labels().get("app").cloned().unwrap_or_default(),
         claims_allocated,
         claims_needed,
-        device_plugin_gpus: device_plugin_gpus(&spec),
+        device_plugin_gpus,
+        bridged_gpus,
         restarted_at: pod
             .annotations()
             .get(RESTARTED_AT_ANNOTATION)

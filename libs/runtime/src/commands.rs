@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use prost::Message;
+use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::command::{
     CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
 };
@@ -106,6 +107,12 @@ pub enum CommandRefused {
     IncompleteEvidenceCheck,
     #[error("check_evidence: wave is set without migration_id; expected both or neither")]
     WaveWithoutMigration,
+    #[error("check_evidence.stage: {0}")]
+    UnknownStage(String),
+    #[error(
+        "check_evidence: stage is set with migration_id; a stage is checked on the cluster as it is, a migration's waves by migration and wave"
+    )]
+    StageInMigration,
     #[error("rollback: expected a RollbackStarted event")]
     NotARollback,
     #[error("{service} does not take this command; {owner} does")]
@@ -356,10 +363,18 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
             if c.wave.is_some() && c.migration_id.is_empty() {
                 return Err(CommandRefused::WaveWithoutMigration);
             }
+            let stage = match c.stage.as_str() {
+                "" => None,
+                name => Some(Stage::parse(name).map_err(CommandRefused::UnknownStage)?),
+            };
+            if stage.is_some() && !c.migration_id.is_empty() {
+                return Err(CommandRefused::StageInMigration);
+            }
             Ok(Command::CheckEvidence(CheckEvidence {
                 check_id: c.check_id,
                 migration_id: c.migration_id,
                 wave: c.wave,
+                stage,
             }))
         }
     }

@@ -38,6 +38,7 @@ impl Simulator {
             claims_needed: p.claims_needed,
             device_plugin_gpus,
             restarted_at: p.restarted_at.clone(),
+            bridged_gpus: 0,
             labels: if p.owner.kind == "DaemonSet" {
                 p.labels.clone()
             } else {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use switchyard_core::ServiceName;
+use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_proto::v1::{CheckEvidenceCommand, domain_event::Kind, service_command};
 
 use crate::operator::OperatorArgs;
@@ -21,6 +22,17 @@ pub struct EvidenceArgs {
     /// One wave (1-based) of the migration; default: every wave started.
     #[arg(long, requires = "migration", value_parser = clap::value_parser!(u32).range(1..))]
     pub wave: Option<u32>,
+    /// One stage of the NVIDIA guide's table ("Migrate Workloads in
+    /// Stages"), its exit evidence on the cluster as it is: baseline (node
+    /// capacity, where nvidia.com/gpu workloads run), pilot-pool (no dual
+    /// advertisement, DRA plug-in healthy), driver-validation (the slices
+    /// against the cards), native-claim-pilot (bound claim, correct node),
+    /// compatibility-bridge (an unchanged nvidia.com/gpu manifest on both
+    /// pools, DRA's implicit claim on the DRA one), application-wave (the
+    /// verified moves), final-cutover (no device-plugin pods or resources,
+    /// no legacy workload).
+    #[arg(long, conflicts_with = "migration", value_parser = Stage::ALL.map(Stage::name))]
+    pub stage: Option<String>,
     /// The check's id in the log; default: evidence-<random>.
     #[arg(long)]
     pub id: Option<String>,
@@ -39,6 +51,7 @@ pub async fn evidence(args: EvidenceArgs) -> anyhow::Result<ExitCode> {
         check_id,
         migration_id: args.migration.unwrap_or_default(),
         wave: args.wave.map(|w| w - 1),
+        stage: args.stage.unwrap_or_default(),
     });
     let reply = args
         .operator

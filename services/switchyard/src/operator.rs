@@ -496,7 +496,9 @@ pub fn describe(event: &DomainEvent) -> String {
                 Some(_) => workload(&e.workload),
                 None => format!("node {}", e.node),
             };
-            let wave = if e.migration_id.is_empty() {
+            let wave = if !e.stage.is_empty() {
+                format!(" (stage {})", e.stage)
+            } else if e.migration_id.is_empty() {
                 String::new()
             } else {
                 format!(" (migration {}, wave {})", e.migration_id, e.wave + 1)
@@ -518,7 +520,9 @@ pub fn describe(event: &DomainEvent) -> String {
         Kind::EvidenceChecked(e) => format!(
             "evidence {}{}: {} node(s), {} workload(s), {} failed",
             e.check_id,
-            if e.migration_id.is_empty() {
+            if !e.stage.is_empty() {
+                format!(" (stage {})", e.stage)
+            } else if e.migration_id.is_empty() {
                 String::new()
             } else {
                 format!(" (migration {}, wave {})", e.migration_id, e.wave + 1)

@@ -193,6 +193,7 @@ async fn create_gfd_nodes(c: &Client) {
                 ("nvidia.com/gpu.count", "8"),
                 ("nvidia.com/gpu.memory", "81559"),
                 ("nvidia.com/gpu.family", "hopper"),
+                ("kubernetes.io/hostname", name),
                 (POOL, "legacy"),
             ],
             &[("cpu", "64"), ("memory", "512Gi"), ("pods", "110")],
@@ -865,6 +866,67 @@ async fn on_the_pilot_pool_a_native_claim_and_an_unchanged_manifest_through_the_
     assert!(
         !bridged("gpu-1"),
         "the legacy pool's pod by the device plugin"
+    );
+
+    // The guide's stage table as evidence, recorded in the log.
+    let stage = |name: &str| {
+        let (code, out, err) = cli(
+            &world,
+            &["evidence", "--stage", name, "--id", &format!("ev-{name}")],
+        );
+        (code, format!("{out}{err}"))
+    };
+    for (name, lines) in [
+        (
+            "pilot-pool",
+            vec![
+                "evidence of node gpu-2 (stage pilot-pool): passed",
+                "ok     no dual advertisement: 8 devices in 1 ResourceSlices, no device-plugin resource allocatable",
+                "ok     DRA plug-in healthy: the DRA kubelet plugin runs",
+                "evidence ev-pilot-pool (stage pilot-pool): 1 node(s), 0 workload(s), 0 failed",
+            ],
+        ),
+        (
+            "driver-validation",
+            vec![
+                "ok     slices match GPU Feature Discovery's labels: 8 GPUs published as GPU Feature Discovery labelled them (NVIDIA-H100-80GB-HBM3, 81559 MiB)",
+            ],
+        ),
+        (
+            "native-claim-pilot",
+            vec![
+                "evidence of Pod apps/claim-pilot (stage native-claim-pilot): passed",
+                "ok     bound claim, correct node: apps/claim-pilot on gpu-2: apps/claim-pilot-gpu-",
+            ],
+        ),
+        (
+            "compatibility-bridge",
+            vec![
+                "evidence of Deployment apps/legacy-app (stage compatibility-bridge): passed",
+                "on gpu-1; DRA through nvidia.com/gpu's class: apps/legacy-app-",
+            ],
+        ),
+    ] {
+        let (code, out) = stage(name);
+        assert_eq!(code, 0, "{name}: {out}\n{}", world.output());
+        for line in lines {
+            assert!(out.contains(line), "{name}: {line:?} missing from\n{out}");
+        }
+    }
+    // Not yet at the final cutover: gpu-1 still runs the device plugin and
+    // the manifest still asks for nvidia.com/gpu.
+    let (code, out) = stage("final-cutover");
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "evidence of node gpu-1 (stage final-cutover): FAILED",
+        "FAILED no device-plugin pods or resources: device-plugin pods: gpu-operator/nvidia-device-plugin-daemonset-",
+        "FAILED no legacy workload: it still asks for nvidia.com/gpu (served through the bridge): move it to a GPU class",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+    let events = world.events().await;
+    assert!(
+        first(&events, |k| matches!(k, Kind::EvidenceChecked(c) if c.stage == "compatibility-bridge" && c.failed == 0)).is_some()
     );
     platform.abort();
 }

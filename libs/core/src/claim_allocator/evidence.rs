@@ -62,7 +62,24 @@ pub struct Scope {
     pub workloads: Vec<Moved>,
 }
 
-fn item(check: &str, result: Result<String, String>) -> EvidenceItem {
+/// The nodes with GPUs: cards reported, device-plugin GPU resources
+/// allocatable, or GPU devices published to DRA.
+pub fn gpu_nodes(cluster: &Cluster) -> Vec<String> {
+    let publishing: std::collections::BTreeSet<&str> =
+        gpu_slices(cluster).map(|(_, s)| s.node.as_str()).collect();
+    cluster
+        .nodes
+        .iter()
+        .filter(|(name, n)| {
+            cluster.cards(name) > 0
+                || n.device_plugin_allocatable > 0
+                || publishing.contains(name.as_str())
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+pub(crate) fn item(check: &str, result: Result<String, String>) -> EvidenceItem {
     let (passed, detail) = match result {
         Ok(detail) => (true, detail),
         Err(detail) => (false, detail),
@@ -522,6 +539,7 @@ pub fn check(cluster: &Cluster, scope: &Scope) -> Vec<DomainEvent> {
             workload,
             passed: items.iter().all(|i| i.passed),
             items,
+            stage: String::new(),
         }))
     };
     let mut out: Vec<DomainEvent> = scope
@@ -547,6 +565,7 @@ pub fn check(cluster: &Cluster, scope: &Scope) -> Vec<DomainEvent> {
         nodes: scope.nodes.len() as u32,
         workloads: scope.workloads.len() as u32,
         failed,
+        stage: String::new(),
     })));
     out
 }

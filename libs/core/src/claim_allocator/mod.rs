@@ -5,6 +5,7 @@ pub mod completion;
 pub mod evidence;
 pub mod migration;
 pub mod moves;
+pub mod stages;
 
 use std::collections::BTreeSet;
 
@@ -244,37 +245,30 @@ impl ClaimAllocator {
             }))]
         };
         if cmd.migration_id.is_empty() {
-            let cluster = &self.cluster;
-            let publishing: std::collections::BTreeSet<&str> = cluster
-                .slices
-                .values()
-                .filter(|s| evidence::GPU_DRIVERS.contains(&s.driver.as_str()))
-                .map(|s| s.node.as_str())
+            let moved: Vec<evidence::Moved> = self
+                .moves
+                .verified
+                .iter()
+                .map(|((namespace, kind, name), v)| evidence::Moved {
+                    workload: WorkloadRef {
+                        namespace: namespace.clone(),
+                        kind: kind.clone(),
+                        name: name.clone(),
+                    },
+                    target_group: v.target_group.clone(),
+                    gpu_class: v.gpu_class.clone(),
+                })
                 .collect();
-            let gpu_nodes = cluster.nodes.iter().filter(|(name, n)| {
-                cluster.cards(name) > 0
-                    || n.device_plugin_allocatable > 0
-                    || publishing.contains(name.as_str())
-            });
+            if let Some(stage) = cmd.stage {
+                return stages::check(&self.cluster, stage, &cmd.check_id, &moved)
+                    .unwrap_or_else(refuse);
+            }
             let scope = evidence::Scope {
                 check_id: cmd.check_id.clone(),
                 migration_id: String::new(),
                 wave: 0,
-                nodes: gpu_nodes.map(|(name, _)| name.clone()).collect(),
-                workloads: self
-                    .moves
-                    .verified
-                    .iter()
-                    .map(|((namespace, kind, name), v)| evidence::Moved {
-                        workload: WorkloadRef {
-                            namespace: namespace.clone(),
-                            kind: kind.clone(),
-                            name: name.clone(),
-                        },
-                        target_group: v.target_group.clone(),
-                        gpu_class: v.gpu_class.clone(),
-                    })
-                    .collect(),
+                nodes: evidence::gpu_nodes(&self.cluster),
+                workloads: moved,
             };
             if scope.nodes.is_empty() && scope.workloads.is_empty() {
                 return refuse("no GPU node and no verified move: no evidence to check".into());

@@ -1,0 +1,312 @@
+//! The NVIDIA guide's stage table as evidence: given a cluster the GPU
+//! Operator and the DRA driver serve, mid-migration, when the operator asks
+//! for one stage, then what is recorded and whether it passed.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::*;
+use switchyard_core::backend::{Backend, NvidiaOperator};
+use switchyard_core::claim_allocator::stages::Stage;
+use switchyard_core::claim_allocator::{ClaimAllocator, Input};
+use switchyard_core::command::CheckEvidence;
+use switchyard_proto::v1::{
+    AllocatedDevice, DomainEvent, EvidenceRecorded, NodeObserved, PodPhase, ResourceClaimObserved,
+    ResourceSliceObserved, SliceDevice, Stack, domain_event::Kind,
+};
+
+const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
+const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+fn backend() -> Backend {
+    Backend::NvidiaOperator(Box::new(NvidiaOperator {
+        pools: BTreeMap::from([
+            ("legacy".to_string(), Stack::DevicePlugin),
+            ("dra-pilot".to_string(), Stack::Dra),
+        ]),
+        ..NvidiaOperator::default()
+    }))
+}
+
+/// A GPU node as GPU Feature Discovery labels it, with these labels too.
+fn gfd_node(name: &str, labels: &[(&str, &str)], allocatable: u32) -> DomainEvent {
+    let all: BTreeMap<String, String> = [
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "2"),
+        ("nvidia.com/gpu.memory", "81559"),
+    ]
+    .iter()
+    .chain(labels)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    ev(Kind::NodeObserved(NodeObserved {
+        node: name.into(),
+        labels: all,
+        gpu_allocatable: if allocatable > 0 {
+            BTreeMap::from([("nvidia.com/gpu".to_string(), allocatable)])
+        } else {
+            BTreeMap::new()
+        },
+        ..Default::default()
+    }))
+}
+
+fn h100_slice(node: &str) -> DomainEvent {
+    ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
+        name: format!("{node}-gpu.nvidia.com"),
+        driver: "gpu.nvidia.com".into(),
+        node: node.into(),
+        pool: node.into(),
+        devices: 2,
+        device_list: (0..2)
+            .map(|minor| SliceDevice {
+                name: format!("gpu-{minor}"),
+                r#type: "gpu".into(),
+                uuid: format!("GPU-{node}-{minor}"),
+                product: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib: 81559,
+            })
+            .collect(),
+    }))
+}
+
+/// A pod of Deployment `app` asking for `gpus` nvidia.com/gpu; `bridged`:
+/// served through DRA's implicit claim.
+fn legacy_pod(name: &str, app: &str, node: &str, gpus: u32, bridged: bool) -> DomainEvent {
+    let mut pod = mk_app_pod(
+        "apps",
+        name,
+        app,
+        node,
+        PodPhase::Running,
+        if bridged { (1, 1) } else { (0, 0) },
+    );
+    if let Some(Kind::PodObserved(p)) = &mut pod.kind {
+        if bridged {
+            p.bridged_gpus = gpus;
+        } else {
+            p.device_plugin_gpus = gpus;
+        }
+    }
+    pod
+}
+
+/// gpu-1 on the device plugin, gpu-2 handed over to DRA.
+fn migrating() -> ClaimAllocator {
+    let mut core = ClaimAllocator::default();
+    let facts = [
+        ev(Kind::BackendConfigured(backend().to_event())),
+        gfd_node("gpu-1", &[(DP, "true")], 2),
+        mk_daemon_pod(
+            "gpu-operator",
+            "nvidia-device-plugin-daemonset-a",
+            "gpu-1",
+            &[("app", "nvidia-device-plugin-daemonset")],
+        ),
+        gfd_node("gpu-2", &[(DP, "false"), (PLUGIN, "true")], 0),
+        mk_daemon_pod(
+            "nvidia-dra-driver-gpu",
+            "dra-driver-nvidia-gpu-kubelet-plugin-b",
+            "gpu-2",
+            &[("dra-driver-nvidia-gpu-component", "kubelet-plugin")],
+        ),
+        h100_slice("gpu-2"),
+    ];
+    for fact in facts {
+        core.handle(Input::Fact(&fact));
+    }
+    core
+}
+
+fn check(core: &mut ClaimAllocator, stage: Stage) -> Vec<DomainEvent> {
+    core.handle(Input::CheckEvidence(&CheckEvidence {
+        check_id: format!("ev-{}", stage.name()),
+        migration_id: String::new(),
+        wave: None,
+        stage: Some(stage),
+    }))
+}
+
+fn records(decided: &[DomainEvent]) -> Vec<&EvidenceRecorded> {
+    decided
+        .iter()
+        .filter_map(|d| match &d.kind {
+            Some(Kind::EvidenceRecorded(r)) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (subject, check, passed) of each item.
+fn items(decided: &[DomainEvent]) -> Vec<(String, String, bool)> {
+    records(decided)
+        .iter()
+        .flat_map(|r| {
+            let subject = match &r.workload {
+                Some(w) => format!("{}/{}", w.kind, w.name),
+                None => r.node.clone(),
+            };
+            r.items
+                .iter()
+                .map(move |i| (subject.clone(), i.check.clone(), i.passed))
+        })
+        .collect()
+}
+
+fn s(subject: &str, check: &str, passed: bool) -> (String, String, bool) {
+    (subject.into(), check.into(), passed)
+}
+
+#[test]
+fn the_pilot_pool_and_the_driver_are_shown_on_the_dra_nodes_only() {
+    let mut core = migrating();
+    let decided = check(&mut core, Stage::PilotPool);
+    assert_eq!(
+        items(&decided),
+        [
+            s("gpu-2", "no dual advertisement", true),
+            s("gpu-2", "DRA plug-in healthy", true)
+        ]
+    );
+    assert!(records(&decided).iter().all(|r| r.stage == "pilot-pool"));
+    let Some(Kind::EvidenceChecked(c)) = &decided.last().unwrap().kind else {
+        panic!("{decided:?}")
+    };
+    assert_eq!((c.stage.as_str(), c.nodes, c.failed), ("pilot-pool", 1, 0));
+
+    let decided = check(&mut core, Stage::DriverValidation);
+    assert_eq!(
+        items(&decided),
+        [s(
+            "gpu-2",
+            "slices match GPU Feature Discovery's labels",
+            true
+        )]
+    );
+}
+
+#[test]
+fn a_stage_with_nothing_to_show_is_refused_not_passed() {
+    let mut core = ClaimAllocator::default();
+    core.handle(Input::Fact(&ev(Kind::BackendConfigured(
+        backend().to_event(),
+    ))));
+    core.handle(Input::Fact(&gfd_node("gpu-1", &[(DP, "true")], 2)));
+    let decided = check(&mut core, Stage::PilotPool);
+    let Some(Kind::MigrationRefused(r)) = &decided[0].kind else {
+        panic!("{decided:?}")
+    };
+    assert_eq!(
+        r.reason,
+        "stage pilot-pool: no node is served by DRA: no evidence to check"
+    );
+    let decided = check(&mut core, Stage::CompatibilityBridge);
+    assert!(
+        matches!(&decided[0].kind, Some(Kind::MigrationRefused(r)) if r.reason == "stage compatibility-bridge: no workload asks for nvidia.com/gpu: no evidence to check")
+    );
+}
+
+#[test]
+fn the_native_claim_pilot_needs_its_claim_bound_on_the_pods_node() {
+    let mut core = migrating();
+    let pod = mk_app_pod(
+        "apps",
+        "cuda-check",
+        "cuda-check",
+        "gpu-2",
+        PodPhase::Running,
+        (1, 1),
+    );
+    core.handle(Input::Fact(&pod));
+    // No claim reserved for it yet: not bound.
+    assert_eq!(
+        items(&check(&mut core, Stage::NativeClaimPilot)),
+        [s(
+            "Deployment/cuda-check",
+            "bound claim, correct node",
+            false
+        )]
+    );
+    let claim = ev(Kind::ResourceClaimObserved(ResourceClaimObserved {
+        namespace: "apps".into(),
+        name: "cuda-check-gpu".into(),
+        device_classes: vec!["h100.gpu.deckhouse.io".into()],
+        node: "gpu-2".into(),
+        allocated: vec![AllocatedDevice {
+            request: "gpu".into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "gpu-2".into(),
+            device: "gpu-0".into(),
+        }],
+        reserved_for: vec!["cuda-check".into()],
+        owner_pod: "cuda-check".into(),
+    }));
+    core.handle(Input::Fact(&claim));
+    let decided = check(&mut core, Stage::NativeClaimPilot);
+    assert_eq!(
+        items(&decided),
+        [s(
+            "Deployment/cuda-check",
+            "bound claim, correct node",
+            true
+        )]
+    );
+    assert_eq!(
+        records(&decided)[0].items[0].detail,
+        "apps/cuda-check on gpu-2: apps/cuda-check-gpu (gpu.nvidia.com/gpu-2/gpu-0)"
+    );
+}
+
+#[test]
+fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra_one() {
+    let mut core = migrating();
+    core.handle(Input::Fact(&legacy_pod("web-a", "web", "gpu-1", 1, false)));
+    // Only on the legacy pool so far.
+    let decided = check(&mut core, Stage::CompatibilityBridge);
+    assert_eq!(
+        items(&decided),
+        [s(
+            "Deployment/web",
+            "expected placement and implicit DRA allocation",
+            false
+        )]
+    );
+    assert_eq!(
+        records(&decided)[0].items[0].detail,
+        "no pod runs on the DRA pool"
+    );
+    // A pod on the DRA node served by the bridge: shown.
+    core.handle(Input::Fact(&legacy_pod("web-b", "web", "gpu-2", 1, true)));
+    let decided = check(&mut core, Stage::CompatibilityBridge);
+    assert_eq!(
+        records(&decided)[0].items[0].detail,
+        "device plugin: apps/web-a on gpu-1; DRA through nvidia.com/gpu's class: apps/web-b on gpu-2"
+    );
+    assert!(records(&decided)[0].passed);
+    // The bridged pod is no dual advertisement on the DRA node.
+    assert_eq!(
+        items(&check(&mut core, Stage::PilotPool))[0],
+        s("gpu-2", "no dual advertisement", true)
+    );
+    // Final cutover: the device plugin is still on gpu-1, and the manifest
+    // still asks for nvidia.com/gpu.
+    assert_eq!(
+        items(&check(&mut core, Stage::FinalCutover)),
+        [
+            s("gpu-1", "no device-plugin pods or resources", false),
+            s("gpu-2", "no device-plugin pods or resources", true),
+            s("Deployment/web", "no legacy workload", false),
+        ]
+    );
+    // The baseline register: what each node offers, where the manifest runs.
+    assert_eq!(
+        items(&check(&mut core, Stage::Baseline)),
+        [
+            s("gpu-1", "node capacity", true),
+            s("gpu-2", "node capacity", true),
+            s("Deployment/web", "device-plugin scheduling", true),
+        ]
+    );
+}
