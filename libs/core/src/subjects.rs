@@ -84,6 +84,8 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::StepCompensated(e) => format!("rollback.{}", token(&e.rollback_id)),
         Kind::RollbackCompleted(e) => format!("rollback.{}", token(&e.rollback_id)),
         Kind::MigrationStarted(e) => format!("migration.{}", token(&e.migration_id)),
+        // An evidence check outside a migration refused.
+        Kind::MigrationRefused(e) if e.migration_id.is_empty() => "cluster.evidence".into(),
         Kind::MigrationRefused(e) => format!("migration.{}", token(&e.migration_id)),
         Kind::WaveStarted(e) => format!("migration.{}", token(&e.migration_id)),
         Kind::WaveCompleted(e) => format!("migration.{}", token(&e.migration_id)),

@@ -120,6 +120,18 @@ impl Simulator {
         sim
     }
 
+    /// The nodes labelled with `pool`, by name.
+    pub fn nodes_in_pool(&self, pool: &str) -> Vec<String> {
+        let Some(label) = self.nvidia.as_ref().map(|b| b.pool_label.as_str()) else {
+            return Vec::new();
+        };
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.labels.get(label).map(String::as_str) == Some(pool))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// An operator's `kubectl label node <node> <pool label>=<pool>`.
     pub fn set_pool(&mut self, node: &str, pool: &str) {
         let Some(label) = self.nvidia.as_ref().map(|b| b.pool_label.clone()) else {
@@ -302,6 +314,13 @@ impl Simulator {
 
     /// The operands running on `node` now, for checks: (device-plugin pod,
     /// kubelet-plugin pod, `nvidia.com/gpu` allocatable).
+    /// NVIDIA's two allocators on one node: the DRA kubelet plugin (and its
+    /// slice) beside the device plugin's pod or its GPUs still allocatable.
+    pub(crate) fn nvidia_both(&self, node: &str) -> bool {
+        let (device_plugin, kubelet_plugin, allocatable) = self.operands_on(node);
+        kubelet_plugin && (device_plugin || allocatable > 0)
+    }
+
     pub fn operands_on(&self, node: &str) -> (bool, bool, u32) {
         (
             self.pods.contains_key(&Operand::DevicePlugin.pod(node)),

@@ -22,8 +22,9 @@ impl Simulator {
         self.nodes
             .keys()
             .filter(|node| {
-                self.daemon_running(node, DEVICE_PLUGIN_APP)
-                    && self.daemon_running(node, VENDOR_ADAPTER_APP)
+                (self.daemon_running(node, DEVICE_PLUGIN_APP)
+                    && self.daemon_running(node, VENDOR_ADAPTER_APP))
+                    || self.nvidia_both(node)
             })
             .cloned()
             .collect()

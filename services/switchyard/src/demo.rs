@@ -12,7 +12,10 @@ use serde_json::json;
 use switchyard_eventlog::embedded::{EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::{EventLog, LogError, NewEvent, Payload, Subject, append_in_order};
 use switchyard_runtime::Actors;
-use switchyard_scenario::{Check, LogSink, Logged, StepReport, run_reference};
+use switchyard_scenario::{
+    Check, LogSink, Logged, StepReport, nvidia_backend, nvidia_cores, run_nvidia_guide,
+    run_reference,
+};
 use switchyard_sim::{SECOND, SimConfig};
 
 use std::fmt::Write;
@@ -22,6 +25,12 @@ use crate::state::Folded;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
+    /// `deckhouse`: the reference migration, Switchyard's node agent serving
+    /// both stacks. `nvidia-operator`: the NVIDIA guide's migration on a
+    /// simulated GPU Operator and DRA driver (pools `legacy` and
+    /// `dra-pilot`; no workloads, so --workloads is not used).
+    #[arg(long, env = "SWITCHYARD_DEMO_BACKEND", default_value = "deckhouse", value_parser = ["deckhouse", "nvidia-operator"])]
+    pub backend: String,
     /// GPU nodes of the source group (spec.gpu, device plugin).
     #[arg(long, env = "SWITCHYARD_DEMO_NODES", default_value_t = 4)]
     pub nodes: usize,
@@ -128,19 +137,31 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     // The six services, each a ractor actor around its core; the log is
     // appended to the embedded log as the migration goes.
-    let services = Actors::spawn().await.context("start the services")?;
     let sink = EmbeddedSink {
         log: EmbeddedLog::open(&dir, EmbeddedOptions::default())?,
         seed: args.seed,
     };
-    let outcome = run_reference(config.clone(), services, sink, |step: &StepReport| {
+    let on_step = |step: &StepReport| {
         progress.inc(1);
         progress.set_message(step.step.clone());
         if !step.ok {
             progress.println(format!("FAILED {}: {}", step.step, step.detail));
         }
-    })
-    .await;
+    };
+    let outcome = if args.backend == "nvidia-operator" {
+        let backend = nvidia_backend();
+        let config = SimConfig {
+            card: switchyard_sim::Card::h100(),
+            ..config.clone()
+        };
+        let services = Actors::spawn_cores(nvidia_cores(&backend))
+            .await
+            .context("start the services")?;
+        run_nvidia_guide(config, backend, services, sink, on_step).await
+    } else {
+        let services = Actors::spawn().await.context("start the services")?;
+        run_reference(config.clone(), services, sink, on_step).await
+    };
     progress.set_message("checking the migration log");
     let log = &outcome.migration.sink.log;
     let report = log.verify().await?;
@@ -156,7 +177,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     });
     // Replay from disk: the log on disk folds into the same state as the live run.
     let folded = Folded::read(log, None).await?;
-    let same = folded.states == outcome.states;
+    let same = folded.states == outcome.states.clone().decided();
     checks.push(Check {
         name: "replay-from-disk",
         ok: same,
@@ -175,6 +196,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             let summary = json!({
                 "ok": ok,
                 "seed": args.seed,
+                "backend": args.backend,
                 "nodes": args.nodes,
                 "gpus_per_node": args.gpus_per_node,
                 "workloads": args.workloads,

@@ -150,3 +150,79 @@ fn demo_flags_are_checked() {
         assert!(String::from_utf8_lossy(&out.stderr).contains(expected));
     }
 }
+
+#[test]
+fn demo_runs_the_nvidia_guides_migration_on_the_simulated_gpu_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str| {
+        let data = dir.path().join(name);
+        let out = switchyard(&[
+            "demo",
+            "--backend",
+            "nvidia-operator",
+            "--nodes",
+            "3",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            stdout(&out),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = stdout(&switchyard(&[
+            "log",
+            "show",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "-o",
+            "json",
+        ]));
+        (json(&out), log)
+    };
+    let (summary, log) = run("a");
+    assert_eq!(summary["ok"], true);
+    assert_eq!(summary["backend"], "nvidia-operator");
+    let steps: Vec<(String, bool)> = summary["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["step"].as_str().unwrap().to_string(), s["ok"] == true))
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "baseline: register and node capacity",
+            "pilot pool: hand over gpu-0",
+            "pilot pool: hand over gpu-1",
+            "pilot pool: no dual advertisement, plug-in healthy",
+            "driver validation: slices as GFD labelled",
+            "exclusivity gate: device plugin put back on gpu-0",
+            "rollback: gpu-1 in the guide's order",
+            "final cutover: refused while legacy nodes remain",
+        ]
+    );
+    assert!(steps.iter().all(|(_, ok)| *ok), "{steps:?}");
+    let rollback = &summary["steps"][6]["detail"];
+    assert_eq!(
+        rollback,
+        "frozen → plugin label removed → slice withdrawn → device plugin on → nvidia.com/gpu allocatable → pilot taint removed → uncordoned"
+    );
+    let invariants = summary["invariants"].as_array().unwrap();
+    assert!(invariants.iter().all(|i| i["ok"] == true), "{invariants:?}");
+    assert_eq!(
+        summary["final_state"]["nodes_by_group"]["dra-pilot"]["dra"],
+        serde_json::json!(["gpu-0"])
+    );
+    // The log records the backend, and the same seed writes the same log.
+    assert!(
+        log.contains("backend_configured"),
+        "{}",
+        &log[..500.min(log.len())]
+    );
+    assert_eq!(log, run("b").1);
+}

@@ -526,6 +526,9 @@ impl StackAssigner {
     /// decisions, to be appended after the input (all recorded at `now`).
     pub fn handle(&mut self, input: Input<'_>, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
+        // A core that was not caught up (one started on an empty log, in
+        // process) records its configuration before its first decision.
+        self.record_configuration(now, &mut out);
         let nodes: Vec<String> = match input {
             Input::Fact(fact) => {
                 // A pod's fact moves on only the handover of the node it was
@@ -613,20 +616,26 @@ impl StackAssigner {
     /// crash kept from being recorded: the upgrade holds due, a node whose
     /// decided stack is not what the rules give for the facts in the log, and
     /// the handovers' next steps. Empty when the log was complete.
-    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
-        let mut out = Vec::new();
+    /// The readiness selectors and the backend this process was started
+    /// with, recorded (and folded) where the log says otherwise.
+    fn record_configuration(&mut self, now: i64, out: &mut Vec<DomainEvent>) {
         if let Some(wanted) = &self.configured
             && *wanted != self.cluster.selectors
         {
             let recorded = event(Kind::ReadinessSelectorsConfigured(wanted.to_event()));
-            self.fold(vec![recorded], now, &mut out);
+            self.fold(vec![recorded], now, out);
         }
         if let Some(wanted) = &self.configured_backend
             && *wanted != self.cluster.backend
         {
             let recorded = event(Kind::BackendConfigured(wanted.to_event()));
-            self.fold(vec![recorded], now, &mut out);
+            self.fold(vec![recorded], now, out);
         }
+    }
+
+    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
+        let mut out = Vec::new();
+        self.record_configuration(now, &mut out);
         let mut held = self.held.clone();
         let mut holds = self.due_holds(&mut held);
         holds.extend(self.due_releases(&mut held));

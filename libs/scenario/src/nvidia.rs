@@ -1,0 +1,298 @@
+//! The NVIDIA guide's migration (`../shared/reference/nvidia-dra-migration-guide.txt`)
+//! on the simulated GPU Operator and DRA driver, with the services on the
+//! `nvidia-operator` backend: the baseline, the pilot pool handed over node by
+//! node, the driver validated, the guide's failed exclusivity gate (a device
+//! plugin put back on a DRA node) caught, a pilot node rolled back in the
+//! guide's order — each stage's exit evidence checked and recorded as the
+//! guide's table asks, the invariants checked as it goes.
+//!
+//! What the simulator does not play yet (workloads, claims, the bridge's
+//! implicit claims) is left out here; the kwok tests run those on a real
+//! control plane (`services/switchyard/tests/nvidia_operator_cluster.rs`).
+
+use std::collections::BTreeMap;
+
+use switchyard_core::backend::{Backend, NvidiaOperator, nvidia};
+use switchyard_core::claim_allocator::stages::Stage;
+use switchyard_core::command::CheckEvidence;
+use switchyard_core::service::{Core, ServiceName};
+use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_proto::v1::{NodeObserved, Stack, domain_event::Kind};
+use switchyard_runtime::{Command, Services};
+use switchyard_sim::{SimConfig, Simulator};
+
+use crate::{LogSink, Migration, Outcome, StepFailed, StepReport};
+
+/// The pools of the guide: `legacy` on the device plugin, `dra-pilot` on DRA.
+pub fn nvidia_backend() -> NvidiaOperator {
+    NvidiaOperator {
+        pools: BTreeMap::from([
+            (LEGACY.to_string(), Stack::DevicePlugin),
+            (PILOT.to_string(), Stack::Dra),
+        ]),
+        ..NvidiaOperator::default()
+    }
+}
+
+/// One fresh core per service, the stack-assigner configured for `backend`
+/// (it records the backend in the log; the others read it from there).
+pub fn nvidia_cores(backend: &NvidiaOperator) -> Vec<Box<dyn Core>> {
+    ServiceName::ALL
+        .into_iter()
+        .map(|service| match service {
+            ServiceName::StackAssigner => Box::new(
+                StackAssigner::default()
+                    .on_backend(Backend::NvidiaOperator(Box::new(backend.clone()))),
+            ) as Box<dyn Core>,
+            other => other.core(),
+        })
+        .collect()
+}
+
+const LEGACY: &str = "legacy";
+const PILOT: &str = "dra-pilot";
+
+impl<S: Services, L: LogSink> Migration<S, L> {
+    /// `switchyard evidence --stage <stage>`: Ok with the summary when every
+    /// subject showed its evidence.
+    pub async fn stage_evidence(&mut self, stage: Stage) -> Result<String, StepFailed> {
+        let id = self.next_id(&format!("evidence-{}", stage.name()));
+        let start = self.log.len();
+        self.run_command(Command::CheckEvidence(CheckEvidence {
+            check_id: id.clone(),
+            migration_id: String::new(),
+            wave: None,
+            stage: Some(stage),
+        }))
+        .await?;
+        let mut failures = Vec::new();
+        for event in self.logged_since(start) {
+            match &event.kind {
+                Some(Kind::MigrationRefused(r)) => {
+                    return Err(StepFailed::Refused(r.reason.clone()));
+                }
+                Some(Kind::EvidenceRecorded(r)) if r.check_id == id && !r.passed => {
+                    let subject = r.workload.as_ref().map_or_else(
+                        || format!("node {}", r.node),
+                        |w| format!("{} {}/{}", w.kind, w.namespace, w.name),
+                    );
+                    for item in r.items.iter().filter(|i| !i.passed) {
+                        failures.push(format!("{subject}: {}: {}", item.check, item.detail));
+                    }
+                }
+                Some(Kind::EvidenceChecked(c)) if c.check_id == id && failures.is_empty() => {
+                    return Ok(format!(
+                        "{} node(s), {} workload(s) shown",
+                        c.nodes, c.workloads
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Err(StepFailed::NotReached(if failures.is_empty() {
+            format!("evidence {id} was not recorded")
+        } else {
+            failures.join("; ")
+        }))
+    }
+
+    /// The node as observed, from `from` in the log on: the first record
+    /// where `pred` holds.
+    fn observed(
+        &self,
+        from: usize,
+        node: &str,
+        pred: impl Fn(&NodeObserved) -> bool,
+    ) -> Option<usize> {
+        self.log[from..]
+            .iter()
+            .position(|l| matches!(&l.event.kind, Some(Kind::NodeObserved(n)) if n.node == node && pred(n)))
+            .map(|i| from + i)
+    }
+
+    /// The rollback of `node` from `from` on, in the guide's order: frozen,
+    /// the kubelet plugin's label removed, its slice withdrawn, the device
+    /// plugin back, its GPUs allocatable, the pilot taint removed, uncordoned.
+    fn rollback_order(
+        &self,
+        from: usize,
+        node: &str,
+        backend: &NvidiaOperator,
+    ) -> Result<String, StepFailed> {
+        let label = |n: &NodeObserved, key: &str| n.labels.get(key).cloned();
+        let mode = backend.mode_label();
+        let slice_gone = self.log[from..]
+            .iter()
+            .position(
+                |l| matches!(&l.event.kind, Some(Kind::ResourceSliceRemoved(s)) if s.node == node),
+            )
+            .map(|i| from + i);
+        let steps = [
+            ("frozen", self.observed(from, node, |n| n.unschedulable)),
+            (
+                "plugin label removed",
+                self.observed(from, node, |n| label(n, &backend.plugin_label).is_none()),
+            ),
+            ("slice withdrawn", slice_gone),
+            (
+                "device plugin on",
+                self.observed(from, node, |n| {
+                    label(n, nvidia::DEPLOY_DEVICE_PLUGIN).as_deref() == Some("true")
+                }),
+            ),
+            (
+                "nvidia.com/gpu allocatable",
+                self.observed(from, node, |n| n.gpu_allocatable.values().sum::<u32>() > 0),
+            ),
+            (
+                "pilot taint removed",
+                self.observed(from, node, |n| {
+                    label(n, nvidia::DEPLOY_DEVICE_PLUGIN).as_deref() == Some("true")
+                        && !n.taints.iter().any(|t| t.key == mode)
+                }),
+            ),
+        ];
+        let mut last = 0;
+        let mut order = Vec::new();
+        for (name, at) in steps {
+            let Some(at) = at else {
+                return Err(StepFailed::NotReached(format!("{name}: not in the log")));
+            };
+            if at <= last {
+                return Err(StepFailed::NotReached(format!(
+                    "{name} (record {at}) came before the step ahead of it (record {last})"
+                )));
+            }
+            last = at;
+            order.push(name);
+        }
+        match self.observed(last, node, |n| !n.unschedulable) {
+            Some(_) => order.push("uncordoned"),
+            None => {
+                return Err(StepFailed::NotReached(
+                    "uncordoned: not in the log after the taint".into(),
+                ));
+            }
+        }
+        Ok(order.join(" → "))
+    }
+}
+
+/// Runs the guide's migration on the simulator; `progress` hears about
+/// every step as it ends.
+pub async fn run_nvidia_guide<S: Services, L: LogSink>(
+    config: SimConfig,
+    backend: NvidiaOperator,
+    services: S,
+    sink: L,
+    mut progress: impl FnMut(&StepReport),
+) -> Outcome<S, L> {
+    let sim = Simulator::nvidia_operator(config, backend.clone());
+    let mut m = Migration::on(sim, services, sink).await;
+    let mut steps = Vec::new();
+    let mut report = |sim: &Simulator, step: &str, result: Result<String, StepFailed>| {
+        let (ok, detail) = match result {
+            Ok(detail) => (true, detail),
+            Err(failed) => (false, failed.to_string()),
+        };
+        let report = StepReport {
+            step: step.to_string(),
+            ok,
+            detail,
+            at: sim.now(),
+        };
+        progress(&report);
+        steps.push(report);
+    };
+    let nodes: Vec<String> = m.sim.nodes_in_pool(LEGACY);
+
+    // Baseline: what each node offers, before anything changes.
+    let result = m.stage_evidence(Stage::Baseline).await;
+    report(&m.sim, "baseline: register and node capacity", result);
+
+    // Pilot pool: half the nodes (one at least), handed over one by one.
+    let pilot: Vec<String> = nodes[..nodes.len().div_ceil(2).min(nodes.len() - 1).max(1)].to_vec();
+    for node in &pilot {
+        let result = m.hand_over(node, PILOT).await;
+        report(&m.sim, &format!("pilot pool: hand over {node}"), result);
+    }
+    let result = m.stage_evidence(Stage::PilotPool).await;
+    report(
+        &m.sim,
+        "pilot pool: no dual advertisement, plug-in healthy",
+        result,
+    );
+    let result = m.stage_evidence(Stage::DriverValidation).await;
+    report(&m.sim, "driver validation: slices as GFD labelled", result);
+
+    // The guide's failed exclusivity gate: the device plugin's label put
+    // back on a DRA node. Switchyard records it, fences the node, writes the
+    // label back before the pod starts, and lifts the fence.
+    let node = pilot[0].clone();
+    let start = m.log.len();
+    m.sim
+        .set_node_label(&node, nvidia::DEPLOY_DEVICE_PLUGIN, Some("true"));
+    m.pump().await;
+    let lost = m
+        .logged_since(start)
+        .any(|e| matches!(&e.kind, Some(Kind::ExclusivityLost(l)) if l.node == node));
+    let restored = m
+        .logged_since(start)
+        .any(|e| matches!(&e.kind, Some(Kind::ExclusivityRestored(r)) if r.node == node));
+    let cordoned = m.observed(start, &node, |n| n.unschedulable).is_some();
+    let serving = m.sim.operands_on(&node);
+    report(
+        &m.sim,
+        &format!("exclusivity gate: device plugin put back on {node}"),
+        if lost
+            && restored
+            && cordoned
+            && !serving.0
+            && serving.1
+            && m.sim.node_unschedulable(&node) == Some(false)
+        {
+            Ok("ExclusivityLost recorded, node cordoned, label written back, ExclusivityRestored, uncordoned".into())
+        } else {
+            Err(StepFailed::NotReached(format!(
+                "lost: {lost}, cordoned: {cordoned}, restored: {restored}, device plugin / kubelet plugin / allocatable now: {serving:?}"
+            )))
+        },
+    );
+
+    // A pilot node back to the device plugin, in the guide's order.
+    let node = pilot.last().cloned().unwrap_or_default();
+    let start = m.log.len();
+    let result = m.roll_back_node(&node).await;
+    let result = result.and_then(|_| m.rollback_order(start, &node, &backend));
+    report(
+        &m.sim,
+        &format!("rollback: {node} in the guide's order"),
+        result,
+    );
+
+    // The final cutover is not reached: the rest still runs the device plugin.
+    let result = match m.stage_evidence(Stage::FinalCutover).await {
+        Err(StepFailed::NotReached(why)) if why.contains("device-plugin pods") => Ok(format!(
+            "not reached, as expected: {}",
+            why.split("; ").next().unwrap_or_default()
+        )),
+        Ok(shown) => Err(StepFailed::NotReached(format!(
+            "shown while the legacy pool still runs the device plugin: {shown}"
+        ))),
+        Err(other) => Err(other),
+    };
+    report(
+        &m.sim,
+        "final cutover: refused while legacy nodes remain",
+        result,
+    );
+
+    let checks = m.final_checks().await;
+    let states = m.states().await;
+    Outcome {
+        migration: m,
+        steps,
+        checks,
+        states,
+    }
+}
