@@ -46,6 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[derive(Eq, PartialOrd, Ord)]",
         )
         .type_attribute(
+            ".switchyard.v1.Tolerations",
+            "#[derive(Eq, PartialOrd, Ord)]",
+        )
+        .type_attribute(".switchyard.v1.Toleration", "#[derive(PartialOrd, Ord)]")
+        .type_attribute(
             ".switchyard.v1.CompiledVariant",
             "#[derive(PartialOrd, Ord)]",
         )

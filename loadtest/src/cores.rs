@@ -138,6 +138,7 @@ fn cluster_facts(args: &Args) -> Vec<DomainEvent> {
             .into(),
             container_requests: BTreeMap::new(),
             node_selector: [(GROUP_LABEL.to_string(), group_of(w))].into(),
+            tolerations: None,
         };
         facts.push(ev(Kind::WorkloadObserved(WorkloadObserved {
             workload: Some(workload.clone()),

@@ -179,6 +179,7 @@ async fn the_simulator_and_the_edge_write_the_same_objects() {
             .collect(),
         container_requests: BTreeMap::new(),
         node_selector: [("node.deckhouse.io/group".to_string(), "gpu-dra".to_string())].into(),
+        tolerations: None,
     };
     let nvidia_labels: Vec<String> = node
         .labels

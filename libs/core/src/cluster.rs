@@ -322,7 +322,14 @@ impl Placement {
         self.requests_nvidia_gpu
     }
 
+    /// Whether the workload's placement is `placement`; tolerations count
+    /// only where `placement` records them.
     pub fn is(&self, placement: &WorkloadPlacement) -> bool {
+        if placement.tolerations.is_none() {
+            let mut have = self.get();
+            have.tolerations = None;
+            return have == *placement;
+        }
         *self.encoded == *prost::Message::encode_to_vec(placement)
     }
 }

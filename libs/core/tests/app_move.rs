@@ -64,7 +64,7 @@ fn move_web(core: &mut ClaimAllocator, class: &str) -> Vec<DomainEvent> {
 
 #[test]
 fn the_rewrite_changes_the_gpu_request_and_the_group_binding_only() {
-    let after = rewrite(&before(), "gpu", "a100");
+    let after = rewrite(&before(), "node.deckhouse.io/group", "gpu", "a100", None);
     assert_eq!(
         after,
         mk_placement(
@@ -78,7 +78,7 @@ fn the_rewrite_changes_the_gpu_request_and_the_group_binding_only() {
         &[("node.deckhouse.io/group", "elsewhere")],
     );
     assert_eq!(
-        rewrite(&other, "gpu", "a100").node_selector["node.deckhouse.io/group"],
+        rewrite(&other, "node.deckhouse.io/group", "gpu", "a100", None).node_selector["node.deckhouse.io/group"],
         "elsewhere"
     );
 }

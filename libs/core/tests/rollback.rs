@@ -394,7 +394,13 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     };
     let d = core.handle(claim_allocator::Input::MoveApplication(&cmd));
     log.push(d);
-    let moved = switchyard_core::placement::rewrite(&original, "gpu", "a100");
+    let moved = switchyard_core::placement::rewrite(
+        &original,
+        "node.deckhouse.io/group",
+        "gpu",
+        "a100",
+        None,
+    );
     feed(
         &mut core,
         &mut log,

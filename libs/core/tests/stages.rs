@@ -310,3 +310,125 @@ fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra
         ]
     );
 }
+
+// ---------------------------------------------------------------- application waves
+
+/// gpu-3 handed over to the pilot pool as the guide leaves it: the device
+/// plugin and the validator off, the kubelet plugin's label and pod, the
+/// ownership label, the pilot taint, its slice.
+fn ready_pilot_node(core: &mut ClaimAllocator) {
+    let mut node = gfd_node(
+        "gpu-3",
+        &[
+            (DP, "false"),
+            ("nvidia.com/gpu.deploy.operator-validator", "false"),
+            (PLUGIN, "true"),
+            ("gpu-scheduling.platform.example.com/mode", "dra"),
+            ("gpu-scheduling.platform.example.com/pool", "dra-pilot"),
+        ],
+        0,
+    );
+    if let Some(Kind::NodeObserved(n)) = &mut node.kind {
+        n.taints = vec![pilot_taint()];
+    }
+    for fact in [
+        node,
+        mk_daemon_pod(
+            "nvidia-dra-driver-gpu",
+            "dra-driver-nvidia-gpu-kubelet-plugin-c",
+            "gpu-3",
+            &[("dra-driver-nvidia-gpu-component", "kubelet-plugin")],
+        ),
+        h100_slice("gpu-3"),
+        mk_class("h100"),
+    ] {
+        core.handle(Input::Fact(&fact));
+    }
+}
+
+fn pilot_taint() -> switchyard_proto::v1::Taint {
+    switchyard_proto::v1::Taint {
+        key: "gpu-scheduling.platform.example.com/mode".into(),
+        value: "dra".into(),
+        effect: "NoSchedule".into(),
+    }
+}
+
+#[test]
+fn a_move_to_the_dra_pool_tolerates_the_pilot_taint_and_keeps_the_tolerations_before_it_for_the_rollback()
+ {
+    use switchyard_core::command::MoveApplication;
+    use switchyard_proto::v1::{Toleration, Tolerations, WorkloadRef};
+    let mut core = migrating();
+    let mut placement = mk_placement(
+        &[("nvidia.com/gpu", "1")],
+        &[("gpu-scheduling.platform.example.com/pool", "legacy")],
+    );
+    // As inventory records it: every toleration, here one of its own.
+    let own = Toleration {
+        key: "dedicated".into(),
+        operator: "Exists".into(),
+        ..Toleration::default()
+    };
+    placement.tolerations = Some(Tolerations {
+        items: vec![own.clone()],
+    });
+    core.handle(Input::Fact(&mk_workload(
+        "apps",
+        "web",
+        1,
+        placement.clone(),
+    )));
+    let web = WorkloadRef {
+        namespace: "apps".into(),
+        kind: "Deployment".into(),
+        name: "web".into(),
+    };
+    let cmd = MoveApplication {
+        move_id: "m1".into(),
+        workload: web,
+        target_group: String::new(),
+        gpu_class: "h100".into(),
+        allow_managed: false,
+    };
+    // No node of the DRA pool ready yet (gpu-2 is in no pool).
+    core.handle(Input::Fact(&mk_class("h100")));
+    let decided = core.handle(Input::MoveApplication(&cmd));
+    assert!(
+        matches!(&decided[0].kind, Some(Kind::ApplicationMoveRefused(r)) if r.reason.starts_with("no node of a pool configured dra is ready")),
+        "{decided:?}"
+    );
+    ready_pilot_node(&mut core);
+    let decided = core.handle(Input::MoveApplication(&cmd));
+    let Some(Kind::ApplicationMoveStarted(started)) = &decided[0].kind else {
+        panic!("{decided:?}")
+    };
+    assert_eq!(
+        (started.source_group.as_str(), started.target_group.as_str()),
+        ("legacy", "dra-pilot")
+    );
+    let Some(Kind::WorkloadRewritten(rewritten)) = &decided[1].kind else {
+        panic!("{decided:?}")
+    };
+    let after = rewritten.after.as_ref().unwrap();
+    assert!(after.node_selector.is_empty(), "the pool binding goes");
+    assert_eq!(
+        after.container_limits["main"].quantities,
+        BTreeMap::from([("gpu.deckhouse.io/h100".to_string(), "1".to_string())])
+    );
+    assert_eq!(
+        after.tolerations.as_ref().unwrap().items,
+        [
+            own,
+            Toleration {
+                key: "gpu-scheduling.platform.example.com/mode".into(),
+                operator: "Equal".into(),
+                value: "dra".into(),
+                effect: "NoSchedule".into(),
+                toleration_seconds: None,
+            }
+        ]
+    );
+    // The before-image is what the rollback writes back: tolerations as they were.
+    assert_eq!(rewritten.before.as_ref(), Some(&placement));
+}

@@ -537,6 +537,20 @@ pub fn placement(spec: Option<&PodSpec>) -> WorkloadPlacement {
         node_selector: spec
             .and_then(|s| s.node_selector.clone())
             .unwrap_or_default(),
+        tolerations: Some(switchyard_proto::v1::Tolerations {
+            items: spec
+                .and_then(|s| s.tolerations.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|t| switchyard_proto::v1::Toleration {
+                    key: t.key.clone().unwrap_or_default(),
+                    operator: t.operator.clone().unwrap_or_default(),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect: t.effect.clone().unwrap_or_default(),
+                    toleration_seconds: t.toleration_seconds,
+                })
+                .collect(),
+        }),
         ..WorkloadPlacement::default()
     };
     // A container without limits (requests) has no entry: one form per template.

@@ -40,6 +40,7 @@ fn mk_placement(gpu: &str) -> v1::WorkloadPlacement {
         container_limits: [("trainer".to_string(), limits.clone())].into(),
         container_requests: [("trainer".to_string(), limits)].into(),
         node_selector: labels(&[("node.deckhouse.io/group", "gpu-a")]),
+        tolerations: None,
     }
 }
 

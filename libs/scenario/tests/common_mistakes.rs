@@ -41,6 +41,7 @@ fn limits(resource: &str, count: &str, selector: Option<&str>) -> WorkloadPlacem
         node_selector: selector
             .map(|g| [("node.deckhouse.io/group".to_string(), g.to_string())].into())
             .unwrap_or_default(),
+        tolerations: None,
     }
 }
 

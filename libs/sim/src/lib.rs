@@ -394,6 +394,7 @@ impl Simulator {
                 .into(),
                 container_requests: BTreeMap::new(),
                 node_selector: [(GROUP_LABEL.to_string(), "gpu".to_string())].into(),
+                tolerations: Some(Default::default()),
             };
             let workload = WorkloadRef {
                 namespace: "ml".into(),

@@ -291,9 +291,14 @@ pub fn spec_patch(before: &PodSpec, edit: impl Fn(&mut PodSpec)) -> Option<serde
     }
     let selector = label_diff(
         &before.node_selector.clone().unwrap_or_default(),
-        &after.node_selector.unwrap_or_default(),
+        &after.node_selector.clone().unwrap_or_default(),
     );
-    Some(json!({"containers": after.containers, "nodeSelector": selector}))
+    let mut patch = json!({"containers": after.containers, "nodeSelector": selector});
+    // A list: replaced whole, and only when the edit changed it.
+    if after.tolerations != before.tolerations {
+        patch["tolerations"] = json!(after.tolerations);
+    }
+    Some(patch)
 }
 
 /// Writes `placement` into a pod spec: each container's limits and requests,
@@ -314,4 +319,23 @@ pub fn set_placement(spec: &mut PodSpec, placement: &WorkloadPlacement) {
     }
     spec.node_selector =
         (!placement.node_selector.is_empty()).then(|| placement.node_selector.clone());
+    // Tolerations not recorded (an old record): left as they are.
+    if let Some(tolerations) = &placement.tolerations {
+        spec.tolerations = (!tolerations.items.is_empty()).then(|| {
+            tolerations
+                .items
+                .iter()
+                .map(|t| {
+                    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
+                    k8s_openapi::api::core::v1::Toleration {
+                        key: text(&t.key),
+                        operator: text(&t.operator),
+                        value: text(&t.value),
+                        effect: text(&t.effect),
+                        toleration_seconds: t.toleration_seconds,
+                    }
+                })
+                .collect()
+        });
+    }
 }

@@ -176,7 +176,7 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
         .get(GROUP_LABEL)
         .cloned()
         .unwrap_or_default();
-    let mut after = rewrite(&placement, &source, &args.class);
+    let mut after = rewrite(&placement, GROUP_LABEL, &source, &args.class, None);
     if w.kind == "DaemonSet" {
         // Its pods run wherever its selector matches: bound to the target group.
         let Some(to) = &args.to else {

@@ -27,7 +27,7 @@ use switchyard_proto::v1::{
 use crate::backend::{Backend, NvidiaOperator};
 use crate::class_compiler::GPU_DRIVER;
 use crate::cluster::{Cluster, Slice, workload_key};
-use crate::names::{GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA};
+use crate::names::{GPU_STACK_LABEL, STACK_DRA};
 use crate::stack_assigner::operands;
 
 /// The DRA drivers whose slices publish GPUs: Switchyard's node agent's and
@@ -368,9 +368,9 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
         cluster
             .nodes
             .get(node)
-            .and_then(|n| n.labels.get(GROUP_LABEL))
-            .cloned()
+            .and_then(|n| n.group())
             .unwrap_or_default()
+            .to_string()
     };
     let placed = if pods.is_empty() {
         Err(format!(

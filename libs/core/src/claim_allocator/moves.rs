@@ -16,6 +16,12 @@
 //! the change takes effect at its next run — no restart — so the move is
 //! verified on the pods of a run made from the new template; a Job's template is
 //! immutable, so a Job is refused.
+//!
+//! On the `nvidia-operator` backend the group is the node's pool (its pool
+//! label is the binding dropped), a node is ready when the guide's gates hold
+//! on it (`operands::handover_ready`), and a move adds a toleration of the
+//! pilot taint DRA nodes carry — the rollback restores the tolerations as
+//! they were.
 
 use std::collections::BTreeMap;
 
@@ -25,11 +31,13 @@ use switchyard_proto::v1::{
     WorkloadRewritten, domain_event::Kind, event,
 };
 
+use crate::backend::Backend;
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
 use crate::command::MoveApplication;
 use crate::effects::Effect;
-use crate::names::{GROUP_LABEL, NVIDIA_GPU};
+use crate::names::NVIDIA_GPU;
 use crate::placement::rewrite;
+use crate::stack_assigner::operands;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoveStep {
@@ -62,6 +70,9 @@ pub struct AppMoves {
     pub active: BTreeMap<WorkloadKey, AppMove>,
     /// Verified moves, by workload.
     pub verified: BTreeMap<WorkloadKey, VerifiedMove>,
+    /// The label that names a node's group, as the backend recorded in the
+    /// log says (`Backend::group_label`).
+    pub group_label: Option<String>,
 }
 
 /// A verified move: where the workload went, requesting which class.
@@ -86,22 +97,45 @@ fn verified_on(m: &AppMove, pods: &[&crate::cluster::Pod]) -> Vec<DomainEvent> {
     ))]
 }
 
-/// Nodes of `group` ready for workloads: all four readiness conditions, not cordoned.
+/// Nodes of `group` ready for workloads, not cordoned: all four readiness
+/// conditions, or on the `nvidia-operator` backend the guide's gates of a
+/// node DRA serves.
 pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item = &'a String> + 'a {
     let members = cluster.members.get(group).into_iter().flatten();
     members.filter(move |node| {
-        !cluster.nodes[node.as_str()].unschedulable
-            && cluster.readiness(node, cluster.cards(node)).is_ready()
+        let facts = &cluster.nodes[node.as_str()];
+        !facts.unschedulable
+            && match &cluster.backend {
+                Backend::Deckhouse => cluster.readiness(node, cluster.cards(node)).is_ready(),
+                Backend::NvidiaOperator(b) => operands::handover_ready(
+                    node,
+                    switchyard_proto::v1::Stack::Dra,
+                    facts,
+                    cluster,
+                    b,
+                    cluster.cards(node),
+                )
+                .is_ok(),
+            }
     })
 }
 
-/// Groups a move may go to when none is named: groups without `spec.gpu`
-/// (not the device plugin's) with a ready node, sorted.
+/// Whether `group` is a DRA group a move may go to: a group without
+/// `spec.gpu` (not the device plugin's), or a pool configured `dra`.
+fn dra_group(cluster: &Cluster, group: &str) -> bool {
+    match &cluster.backend {
+        Backend::Deckhouse => !cluster.has_spec_gpu(group),
+        Backend::NvidiaOperator(b) => b.pools.get(group) == Some(&switchyard_proto::v1::Stack::Dra),
+    }
+}
+
+/// Groups a move may go to when none is named: DRA groups with a ready
+/// node, sorted.
 pub fn target_groups(cluster: &Cluster) -> Vec<&str> {
     cluster
         .members
         .keys()
-        .filter(|group| !cluster.has_spec_gpu(group))
+        .filter(|group| dra_group(cluster, group))
         .filter(|group| ready_nodes(cluster, group).next().is_some())
         .map(String::as_str)
         .collect()
@@ -112,6 +146,9 @@ impl AppMoves {
     pub fn apply(&mut self, event: &DomainEvent) {
         let Some(kind) = &event.kind else { return };
         match kind {
+            Kind::BackendConfigured(b) => {
+                self.group_label = Some(Backend::from_event(b).group_label().to_string());
+            }
             Kind::ApplicationMoveStarted(e) => {
                 let Some(workload) = &e.workload else { return };
                 // Before- and after-image arrive with the WorkloadRewritten that
@@ -148,7 +185,11 @@ impl AppMoves {
                         source_group: String::new(),
                         target_group: after
                             .node_selector
-                            .get(GROUP_LABEL)
+                            .get(
+                                self.group_label
+                                    .as_deref()
+                                    .unwrap_or(crate::names::GROUP_LABEL),
+                            )
                             .cloned()
                             .unwrap_or_default(),
                         gpu_class: String::new(),
@@ -297,12 +338,15 @@ impl AppMoves {
             "" => match target_groups(cluster).as_slice() {
                 [one] => one.to_string(),
                 [] => {
-                    return refuse(
-                        "no node of a group without spec.gpu is ready: hand over a node before \
+                    let groups = match cluster.backend {
+                        Backend::Deckhouse => "a group without spec.gpu",
+                        Backend::NvidiaOperator(_) => "a pool configured dra",
+                    };
+                    return refuse(format!(
+                        "no node of {groups} is ready: hand over a node before \
                          moving the application, otherwise its Pods wait for devices that do not \
                          exist in the cluster yet"
-                            .to_string(),
-                    );
+                    ));
                 }
                 several => {
                     return refuse(format!(
@@ -320,16 +364,27 @@ impl AppMoves {
             ));
         }
         let placement = workload.placement.get();
+        let group_label = cluster.backend.group_label();
         let source_group = placement
             .node_selector
-            .get(GROUP_LABEL)
+            .get(group_label)
             .cloned()
             .unwrap_or_default();
-        let mut after = rewrite(&placement, &source_group, &cmd.gpu_class);
+        let pilot_taint = match &cluster.backend {
+            Backend::NvidiaOperator(b) if b.pilot_taint => Some(operands::pilot_taint(b)),
+            _ => None,
+        };
+        let mut after = rewrite(
+            &placement,
+            group_label,
+            &source_group,
+            &cmd.gpu_class,
+            pilot_taint.as_ref(),
+        );
         if w.kind == "DaemonSet" {
             after
                 .node_selector
-                .insert(GROUP_LABEL.to_string(), target_group.clone());
+                .insert(group_label.to_string(), target_group.clone());
         }
         vec![
             event(Kind::ApplicationMoveStarted(ApplicationMoveStarted {

@@ -288,6 +288,7 @@ pub fn mk_placement(limits: &[(&str, &str)], selector: &[(&str, &str)]) -> Workl
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        tolerations: None,
     }
 }
 
