@@ -34,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .boxed(".switchyard.v1.RollbackStarted.undone_group_change")
         .boxed(".switchyard.v1.WorkloadObserved.owner")
         .boxed(".switchyard.v1.BackendConfigured.nvidia_operator")
+        // Two placements, with their tolerations.
+        .boxed(".switchyard.v1.DomainEvent.kind.workload_rewritten")
         // Effects carry these and are keyed by value where they are executed.
         .type_attribute(".switchyard.v1.Taint", "#[derive(PartialOrd, Ord)]")
         .type_attribute(".switchyard.v1.WorkloadRef", "#[derive(PartialOrd, Ord)]")

@@ -157,6 +157,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         max_unavailable: args.max_unavailable,
         layout: Layout::Static,
         namespace: None,
+        backend: Default::default(),
     };
     let reading = if args.every_node {
         Reading::EveryNode

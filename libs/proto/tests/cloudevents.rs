@@ -433,6 +433,8 @@ fn nested_messages_are_defined_once_under_their_full_names() {
         "switchyard.v1.NodeGroupChanged",
         "switchyard.v1.ResourceList",
         "switchyard.v1.Taint",
+        "switchyard.v1.Toleration",
+        "switchyard.v1.Tolerations",
         "switchyard.v1.WorkloadPlacement",
         "switchyard.v1.WorkloadRef",
         "switchyard.v1.WorkloadRewritten",

@@ -140,7 +140,20 @@ fn waves(plan: &plan::Plan) -> (Vec<PlannedWave>, Vec<String>) {
 
 async fn begin(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
-    let snapshot = crate::plan::snapshot(&client).await?;
+    // The backend the services run on, as the stack-assigner recorded it
+    // in the log (none recorded: deckhouse).
+    let backend = crate::rollback::log_prefix(&args.operator)
+        .await?
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match &e.kind {
+            Some(Kind::BackendConfigured(b)) => {
+                Some(switchyard_core::backend::Backend::from_event(b))
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    let snapshot = crate::plan::snapshot(&client, &backend).await?;
     let (Some(from), Some(to)) = (args.from.clone(), args.to.clone()) else {
         anyhow::bail!("--from and --to: both groups must be given");
     };
@@ -151,6 +164,7 @@ async fn begin(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         max_unavailable: args.max_unavailable as usize,
         layout: args.layout,
         namespace: args.namespaces.only().map(str::to_string),
+        backend,
     };
     let plan = plan::plan(&snapshot, &request)?;
     let (waves, left) = waves(&plan);

@@ -16,6 +16,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
 use switchyard_claim_allocator::plan::{self, Plan, PlanRequest, Snapshot};
+use switchyard_core::backend::Backend;
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::run::parse_layout;
 
@@ -45,6 +46,10 @@ pub struct PlanArgs {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub namespaces: NamespaceArgs,
+    /// Which backend serves the GPUs: the stack-assigner's flags (and the
+    /// chart's environment); on `nvidia-operator` the groups are its pools.
+    #[command(flatten)]
+    pub backend: switchyard_stack_assigner::BackendArgs,
     #[arg(short = 'o', long, env = "SWITCHYARD_OUTPUT", value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
@@ -70,13 +75,28 @@ where
     }
 }
 
-/// The snapshot the plan is computed from, every kind listed at once.
-pub async fn snapshot(client: &kube::Client) -> anyhow::Result<Snapshot> {
+/// The snapshot the plan is computed from, every kind listed at once; on
+/// the `nvidia-operator` backend no NodeGroups (there may be no such kind)
+/// and no PhysicalGPUs (no node agent makes them).
+pub async fn snapshot(client: &kube::Client, backend: &Backend) -> anyhow::Result<Snapshot> {
     let c = client;
+    let deckhouse = matches!(backend, Backend::Deckhouse);
+    let node_groups = async {
+        match deckhouse {
+            true => list::<NodeGroup>(c, "NodeGroups").await,
+            false => Ok(Vec::new()),
+        }
+    };
+    let physical_gpus = async {
+        match deckhouse {
+            true => list::<PhysicalGPU>(c, "PhysicalGPUs").await,
+            false => Ok(Vec::new()),
+        }
+    };
     let (nodes, node_groups, physical_gpus, gpu_classes, device_classes, resource_slices) = tokio::try_join!(
         list::<Node>(c, "Nodes"),
-        list::<NodeGroup>(c, "NodeGroups"),
-        list::<PhysicalGPU>(c, "PhysicalGPUs"),
+        node_groups,
+        physical_gpus,
         list::<GPUClass>(c, "GPUClasses"),
         list::<DeviceClass>(c, "DeviceClasses"),
         list::<ResourceSlice>(c, "ResourceSlices"),
@@ -117,7 +137,8 @@ pub async fn snapshot(client: &kube::Client) -> anyhow::Result<Snapshot> {
 /// workload, 1 when something stays (blocked nodes, workloads not moved).
 pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
-    let snapshot = snapshot(&client).await?;
+    let backend = args.backend.backend();
+    let snapshot = snapshot(&client, &backend).await?;
     let request = PlanRequest {
         from: args.from,
         to: args.to,
@@ -125,6 +146,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         max_unavailable: args.max_unavailable as usize,
         layout: args.layout,
         namespace: args.namespaces.only().map(str::to_string),
+        backend,
     };
     let plan = plan::plan(&snapshot, &request)?;
     if !write_structured(args.output, &plan)? {

@@ -93,12 +93,12 @@ async fn running(c: &Client, namespace: &str, label: &str) -> BTreeMap<String, S
 /// The platform around Switchyard that kwok does not play, once: the
 /// operator's labeller, kubelet's device manager, the DRA kubelet plugin's
 /// ResourceSlice.
-async fn play_platform(c: &Client) {
+async fn play_platform(c: &Client, names: &[&str]) {
     let nodes: Api<Node> = Api::all(c.clone());
     let slices: Api<ResourceSlice> = Api::all(c.clone());
     let device_plugins = running(c, OPERATOR, "app=nvidia-device-plugin-daemonset").await;
     let kubelet_plugins = running(c, DRA, "dra-driver-nvidia-gpu-component=kubelet-plugin").await;
-    for name in NODES {
+    for &name in names {
         let Ok(node) = nodes.get(name).await else {
             continue;
         };
@@ -182,9 +182,9 @@ async fn play_platform(c: &Client) {
 }
 
 /// GPU nodes as GPU Feature Discovery labels them, in the pool `legacy`.
-async fn create_gfd_nodes(c: &Client) {
+async fn create_gfd_nodes(c: &Client, names: &[&str]) {
     let api: Api<Node> = Api::all(c.clone());
-    for name in NODES {
+    for &name in names {
         let node = kwok_node(
             name,
             &[
@@ -258,11 +258,11 @@ fn first(
 }
 
 /// The cluster the GPU Operator serves, before Switchyard: the control
-/// plane with its scheduler and DaemonSet controller, kwok running the two
-/// GPU nodes (pool `legacy`), the operator's and the DRA driver's
+/// plane with its scheduler and DaemonSet controller, kwok running the GPU
+/// nodes `names` (pool `legacy`), the operator's and the DRA driver's
 /// DaemonSets, and the platform stand-ins playing on every change; the
-/// device plugin serving both nodes.
-async fn platform() -> (World, Kwok, tokio::task::JoinHandle<()>) {
+/// device plugin serving every node.
+async fn platform(names: &'static [&'static str]) -> (World, Kwok, tokio::task::JoinHandle<()>) {
     let world = World::start(Components {
         scheduler: true,
         controller_manager: true,
@@ -273,13 +273,13 @@ async fn platform() -> (World, Kwok, tokio::task::JoinHandle<()>) {
     let kwok = Kwok::start(&world.plane);
     create_namespace(&c, OPERATOR).await;
     create_namespace(&c, DRA).await;
-    create_gfd_nodes(&c).await;
+    create_gfd_nodes(&c, names).await;
     world
         .until("the GPU nodes Ready", || async {
             let nodes = Api::<Node>::all(c.clone())
                 .list(&ListParams::default())
                 .await;
-            nodes.is_ok_and(|l| l.items.iter().filter(|n| node_is_ready(n)).count() == NODES.len())
+            nodes.is_ok_and(|l| l.items.iter().filter(|n| node_is_ready(n)).count() == names.len())
         })
         .await;
     // The operator's DaemonSets as the GPU Operator renders them, and the
@@ -331,15 +331,15 @@ async fn platform() -> (World, Kwok, tokio::task::JoinHandle<()>) {
                     .boxed(),
             ]);
             while changes.next().await.is_some() {
-                play_platform(&c).await;
+                play_platform(&c, names).await;
             }
         })
     };
-    // Before Switchyard: the operator's device plugin on both nodes.
+    // Before Switchyard: the operator's device plugin on every node.
     world
-        .until("the device plugin serving both nodes", || async {
+        .until("the device plugin serving every node", || async {
             let mut all = true;
-            for name in NODES {
+            for &name in names {
                 all &= serving(&c, name).await == (true, false, true, false);
             }
             all
@@ -351,7 +351,7 @@ async fn platform() -> (World, Kwok, tokio::task::JoinHandle<()>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels() {
-    let (mut world, _kwok, platform) = platform().await;
+    let (mut world, _kwok, platform) = platform(&NODES).await;
     let c = world.client.clone();
     world.serve_with_env("inventory", &BACKEND_ENV);
     world.serve_with_env("stack-assigner", &BACKEND_ENV);
@@ -682,7 +682,7 @@ async fn placed(c: &Client, app: &str) -> BTreeMap<String, Pod> {
 /// node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_pilot_pool_a_native_claim_and_an_unchanged_manifest_through_the_bridge_run() {
-    let (mut world, _kwok, platform) = platform().await;
+    let (mut world, _kwok, platform) = platform(&NODES).await;
     let c = world.client.clone();
     create_namespace(&c, "apps").await;
     world.serve_with_env("inventory", &BACKEND_ENV);
@@ -928,5 +928,214 @@ async fn on_the_pilot_pool_a_native_claim_and_an_unchanged_manifest_through_the_
     assert!(
         first(&events, |k| matches!(k, Kind::EvidenceChecked(c) if c.stage == "compatibility-bridge" && c.failed == 0)).is_some()
     );
+    platform.abort();
+}
+
+/// A Deployment of `replicas` pods asking for `gpus` nvidia.com/gpu each,
+/// bound to the legacy pool as platform teams pin their GPU workloads.
+async fn legacy_deployment(c: &Client, name: &str, replicas: i32, gpus: u32) {
+    let app: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "apps"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {POOL: "legacy"},
+                    "containers": [{"name": "main", "image": "registry.example.com/app:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}],
+                },
+            },
+        },
+    }))
+    .expect("deployment");
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.clone(), "apps")
+        .create(&PostParams::default(), &app)
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+const WAVE_NODES: [&str; 3] = ["gpu-1", "gpu-2", "gpu-3"];
+
+/// The guide's application waves with `switchyard plan` and `migrate` on the
+/// backend: after the pilot node, the plan predicts each legacy node's
+/// devices from the pilot's slice (same GPU Feature Discovery labels), and
+/// the migration hands the legacy nodes over and moves the workloads in
+/// waves — each moved manifest asking for the class, without its pool
+/// binding, tolerating the pilot taint — until the legacy pool is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_legacy_pool_moves_to_dra_in_application_waves() {
+    let (mut world, _kwok, platform) = platform(&WAVE_NODES).await;
+    let c = world.client.clone();
+    create_namespace(&c, "apps").await;
+    world.serve_with_env("inventory", &BACKEND_ENV);
+    world.serve_with_env("stack-assigner", &BACKEND_ENV);
+    world.serve("class-compiler");
+    world.serve("claim-allocator");
+    let class: switchyard_api::GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+        "spec": {"selector": {"matchLabels": {"gpu.nvidia.com/productName": "NVIDIA H100 80GB HBM3"}}},
+    }))
+    .expect("GPUClass");
+    Api::<switchyard_api::GPUClass>::all(c.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the GPUClass");
+    legacy_deployment(&c, "train", 2, 4).await;
+    legacy_deployment(&c, "serve", 1, 2).await;
+    world
+        .until("the workloads running on the legacy pool", || async {
+            !placed(&c, "train").await.is_empty() && !placed(&c, "serve").await.is_empty()
+        })
+        .await;
+    // The pilot node first: its slice is what the plan predicts the others by.
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "handover",
+            "--node",
+            "gpu-3",
+            "--to",
+            "dra-pilot",
+            "--id",
+            "h-pilot",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    world
+        .until("the pilot node handed over", || async {
+            let events = world.events().await;
+            first(
+                &events,
+                |k| matches!(k, Kind::HandoverCompleted(h) if h.handover_id == "h-pilot"),
+            )
+            .is_some()
+        })
+        .await;
+
+    // The plan, with the chart's backend flags.
+    let plan = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "plan",
+            "--from",
+            "legacy",
+            "--to",
+            "dra-pilot",
+            "--class",
+            "h100",
+            "-o",
+            "json",
+        ])
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .envs(BACKEND_ENV)
+        .output()
+        .expect("run switchyard plan");
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let planned: serde_json::Value = serde_json::from_str(&text).expect("the plan as JSON");
+    assert_eq!(planned["complete"], true, "{text}");
+    let waves = planned["waves"].as_array().expect("waves");
+    assert!(waves.len() >= 2, "{text}");
+    let moved: Vec<&str> = waves
+        .iter()
+        .flat_map(|w| w["moves"].as_array().into_iter().flatten())
+        .filter_map(|m| m["workload"]["name"].as_str())
+        .collect();
+    assert_eq!(moved.len(), 2, "{text}");
+
+    // The migration: the claim-allocator drives it from the log.
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "migrate",
+            "--from",
+            "legacy",
+            "--to",
+            "dra-pilot",
+            "--class",
+            "h100",
+            "--id",
+            "mig-1",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    world
+        .until("the migration completed", || async {
+            let events = world.events().await;
+            first(
+                &events,
+                |k| matches!(k, Kind::MigrationCompleted(m) if m.migration_id == "mig-1"),
+            )
+            .is_some()
+        })
+        .await;
+    let events = world.events().await;
+    let waves_done = events
+        .iter()
+        .filter(|(_, e)| matches!(&e.kind, Some(Kind::EvidenceChecked(c)) if c.migration_id == "mig-1" && c.failed == 0))
+        .count();
+    assert!(waves_done >= 2, "{waves_done} waves' evidence passed");
+    // Every node on DRA alone; the workloads on the class, tolerating the
+    // pilot taint, no longer bound to the legacy pool.
+    for name in WAVE_NODES {
+        assert_eq!(
+            serving(&c, name).await,
+            (false, true, false, true),
+            "{name}"
+        );
+    }
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.clone(), "apps");
+    for name in ["train", "serve"] {
+        let d = deployments.get(name).await.expect("deployment");
+        let spec = d.spec.unwrap().template.spec.unwrap();
+        let limits = spec.containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .clone()
+            .unwrap();
+        assert!(
+            limits.contains_key("gpu.deckhouse.io/h100"),
+            "{name}: {limits:?}"
+        );
+        assert!(!limits.contains_key("nvidia.com/gpu"), "{name}: {limits:?}");
+        assert!(
+            !spec.node_selector.unwrap_or_default().contains_key(POOL),
+            "{name}"
+        );
+        assert!(
+            spec.tolerations
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key.as_deref() == Some(MODE)),
+            "{name}"
+        );
+    }
+    world
+        .until("the moved workloads running on DRA", || async {
+            let pods = Api::<Pod>::namespaced(c.clone(), "apps")
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            let running = |app: &str| {
+                pods.iter()
+                    .filter(|p| p.labels().get("app").map(String::as_str) == Some(app))
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .count()
+            };
+            running("train") == 2 && running("serve") == 1
+        })
+        .await;
     platform.abort();
 }

@@ -394,12 +394,12 @@ impl AppMoves {
                 target_group,
                 gpu_class: cmd.gpu_class.clone(),
             })),
-            event(Kind::WorkloadRewritten(WorkloadRewritten {
+            event(Kind::WorkloadRewritten(Box::new(WorkloadRewritten {
                 move_id: cmd.move_id.clone(),
                 workload: Some(w.clone()),
                 before: Some(placement),
                 after: Some(after),
-            })),
+            }))),
         ]
     }
 
@@ -444,14 +444,14 @@ impl AppMoves {
                 event(Kind::StepCompensated(Box::new(StepCompensated {
                     rollback_id: m.id.clone(),
                     compensated_sequence: compensated,
-                    compensation: Some(Box::new(event(Kind::WorkloadRewritten(
+                    compensation: Some(Box::new(event(Kind::WorkloadRewritten(Box::new(
                         WorkloadRewritten {
                             move_id: m.id.clone(),
                             workload: Some(m.workload.clone()),
                             before: Some(m.before.clone()),
                             after: Some(m.after.clone()),
                         },
-                    )))),
+                    ))))),
                 }))),
                 if scheduled { restored() } else { restarted },
             ],

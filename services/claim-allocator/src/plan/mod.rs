@@ -81,6 +81,27 @@ pub struct PlanRequest {
     /// Only move (and list) the workloads of this namespace; the others still
     /// need room in the source group.
     pub namespace: Option<String>,
+    /// Which backend serves the GPUs: `deckhouse` (groups are NodeGroups, a
+    /// handed-over node publishes its PhysicalGPUs) or `nvidia-operator`
+    /// (groups are pools by label, a handed-over node publishes what a node
+    /// of the same GPU Feature Discovery labels publishes already, gets the
+    /// DRA operand labels and the pilot taint, which moved workloads tolerate).
+    pub backend: switchyard_core::backend::Backend,
+}
+
+impl PlanRequest {
+    /// The label that names a node's group.
+    pub fn group_label(&self) -> &str {
+        self.backend.group_label()
+    }
+
+    /// nvidia-operator: the backend's settings.
+    pub fn nvidia(&self) -> Option<&switchyard_core::backend::NvidiaOperator> {
+        match &self.backend {
+            switchyard_core::backend::Backend::NvidiaOperator(b) => Some(b),
+            switchyard_core::backend::Backend::Deckhouse => None,
+        }
+    }
 }
 
 /// An input the plan cannot use, named by object and field.
@@ -94,6 +115,10 @@ pub enum PlanError {
     },
     #[error("node group {0:?} does not exist (node groups: {1})")]
     UnknownGroup(String, String),
+    #[error("pool {0:?} is not configured (pools: {1})")]
+    UnknownPool(String, String),
+    #[error("pool {0:?} is configured {1}; expected a pool the {2} serves")]
+    PoolStack(String, String, &'static str),
     #[error("the source and target group are the same ({0})")]
     SameGroup(String),
     #[error("GPU class {0:?} does not exist (GPU classes: {1})")]
@@ -310,16 +335,40 @@ pub fn plan_reading<'a>(
     request: &PlanRequest,
     reading: Reading,
 ) -> Result<Plan<'a>, PlanError> {
-    let groups: Vec<&str> = snapshot
-        .node_groups
-        .iter()
-        .filter_map(|g| g.metadata.name.as_deref())
-        .collect();
-    for group in [&request.from, &request.to] {
-        if !groups.contains(&group.as_str()) {
-            let mut known = groups.clone();
-            known.sort_unstable();
-            return Err(PlanError::UnknownGroup(group.clone(), known.join(", ")));
+    if let Some(nvidia) = request.nvidia() {
+        use switchyard_proto::v1::Stack;
+        let pools = || nvidia.pools.keys().cloned().collect::<Vec<_>>().join(", ");
+        for (pool, wanted, serves) in [
+            (&request.from, Stack::DevicePlugin, "device plugin"),
+            (&request.to, Stack::Dra, "DRA driver"),
+        ] {
+            match nvidia.pools.get(pool) {
+                None => return Err(PlanError::UnknownPool(pool.clone(), pools())),
+                Some(stack) if *stack != wanted => {
+                    return Err(PlanError::PoolStack(
+                        pool.clone(),
+                        stack
+                            .as_str_name()
+                            .trim_start_matches("STACK_")
+                            .to_lowercase(),
+                        serves,
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    } else {
+        let groups: Vec<&str> = snapshot
+            .node_groups
+            .iter()
+            .filter_map(|g| g.metadata.name.as_deref())
+            .collect();
+        for group in [&request.from, &request.to] {
+            if !groups.contains(&group.as_str()) {
+                let mut known = groups.clone();
+                known.sort_unstable();
+                return Err(PlanError::UnknownGroup(group.clone(), known.join(", ")));
+            }
         }
     }
     if request.from == request.to {

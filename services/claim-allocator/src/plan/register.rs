@@ -11,7 +11,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use switchyard_api::{GpuSharing, NodeGroup, PhysicalGPU};
-use switchyard_core::names::{GROUP_LABEL, NVIDIA_GPU};
+use switchyard_core::names::NVIDIA_GPU;
 
 use super::{
     Budget, GpuModel, HashMap, Manager, Mode, OwnerRef, PlanError, PlanRequest, RegisterEntry,
@@ -359,7 +359,8 @@ pub(crate) fn build<'a>(
     // Two threads: the nodes and the budgets are indexed while the workloads
     // are found; then both read the workloads.
     std::thread::scope(|scope| {
-        let indexed = scope.spawn(|| (node_info(snapshot), budget_index(snapshot)));
+        let group_label = request.group_label();
+        let indexed = scope.spawn(|| (node_info(snapshot, group_label), budget_index(snapshot)));
         let found = found(snapshot);
         let ((cards, nodes), budgets) = join(indexed);
         let groups: HashMap<&str, &NodeGroup> = snapshot
@@ -708,7 +709,7 @@ impl<'a> Reader<'_, 'a> {
             groups_of.extend(
                 f.spec
                     .and_then(|s| s.node_selector.as_ref())
-                    .and_then(|s| s.get(GROUP_LABEL))
+                    .and_then(|s| s.get(self.request.group_label()))
                     .map(String::as_str),
             );
             groups_of.sort_unstable();
@@ -912,7 +913,10 @@ fn assemble<'a>(
 
 /// The PhysicalGPUs of each node, and each node's group and cards' models,
 /// read once (a node runs many workloads).
-fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
+fn node_info<'a>(
+    snapshot: &'a Snapshot,
+    group_label: &str,
+) -> (Cards<'a>, HashMap<&'a str, NodeInfo<'a>>) {
     let mut gpus_by_node: Cards<'_> = HashMap::default();
     for g in &snapshot.physical_gpus {
         gpus_by_node
@@ -958,7 +962,7 @@ fn node_info(snapshot: &Snapshot) -> (Cards<'_>, HashMap<&str, NodeInfo<'_>>) {
                 .into_iter()
                 .collect(),
         };
-        let group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str);
+        let group = labels.and_then(|l| l.get(group_label)).map(String::as_str);
         nodes.insert(name, NodeInfo { group, models });
     }
     (gpus_by_node, nodes)

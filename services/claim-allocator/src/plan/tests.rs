@@ -137,6 +137,7 @@ fn request(max_unavailable: usize) -> PlanRequest {
         max_unavailable,
         layout: Layout::Static,
         namespace: None,
+        backend: Default::default(),
     }
 }
 

@@ -28,7 +28,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use switchyard_api::GPUClass;
 use switchyard_core::names::{
-    CLASS_RESOURCE_PREFIX, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU, STACK_DRA,
+    CLASS_RESOURCE_PREFIX, GPU_STACK_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU, STACK_DRA,
 };
 use switchyard_dra::Quantity;
 use switchyard_dra::alloc::{
@@ -130,16 +130,18 @@ impl Variants {
 #[derive(Clone, Copy)]
 struct SelectorKey<'a> {
     labels: Option<&'a BTreeMap<String, String>>,
+    /// The group label and the source group.
+    group_label: &'a str,
     from: &'a str,
 }
 
 impl<'a> SelectorKey<'a> {
     fn pairs(self) -> impl Iterator<Item = (&'a String, &'a String)> {
-        let from = self.from;
+        let (label, from) = (self.group_label, self.from);
         self.labels
             .into_iter()
             .flatten()
-            .filter(move |(k, v)| !(k.as_str() == GROUP_LABEL && v.as_str() == from))
+            .filter(move |(k, v)| !(k.as_str() == label && v.as_str() == from))
     }
 }
 
@@ -174,10 +176,15 @@ struct Target<'a> {
     names: Vec<&'a str>,
     /// The class of each, for a handed-over node in one.
     members: Vec<Option<Member>>,
-    /// The groups, and the source group's role label (a handover removes it).
-    from: String,
+    /// The target group, and the label naming groups.
     to: String,
-    role: String,
+    group_label: String,
+    /// The other labels a handover writes (`None`: removes): the source
+    /// group's role label and the gpu-stack label, or on nvidia-operator the
+    /// DRA operand labels.
+    handed_labels: BTreeMap<String, Option<String>>,
+    /// A taint the handover adds (nvidia-operator's pilot taint).
+    handed_taint: Option<Taint>,
 }
 
 /// A node of the target group: one of its own, or a source node handed over
@@ -196,14 +203,11 @@ impl Target<'_> {
         let node = match &self.nodes[at] {
             TargetNode::Own(node) => node,
             TargetNode::HandedOver { node, .. } => {
-                if key == GROUP_LABEL {
+                if key == self.group_label {
                     return Some(&self.to);
                 }
-                if key == GPU_STACK_LABEL {
-                    return Some(STACK_DRA);
-                }
-                if key == self.role {
-                    return None;
+                if let Some(written) = self.handed_labels.get(key) {
+                    return written.as_deref();
                 }
                 node
             }
@@ -214,14 +218,22 @@ impl Target<'_> {
 
     fn taints(&self, at: usize) -> impl Iterator<Item = &Taint> {
         let (TargetNode::Own(node) | TargetNode::HandedOver { node, .. }) = &self.nodes[at];
-        node.spec.iter().flat_map(|s| s.taints.iter().flatten())
+        let added = match &self.nodes[at] {
+            TargetNode::HandedOver { .. } => self.handed_taint.as_ref(),
+            TargetNode::Own(_) => None,
+        };
+        node.spec
+            .iter()
+            .flat_map(|s| s.taints.iter().flatten())
+            .filter(move |t| added.is_none_or(|a| a.key != t.key || a.effect != t.effect))
+            .chain(added)
     }
 
     fn node(&self, at: usize) -> &Node {
         match &self.nodes[at] {
             TargetNode::Own(node) => node,
             TargetNode::HandedOver { node, made } => {
-                made.get_or_init(|| Box::new(handed_over(node, &self.from, &self.to)))
+                made.get_or_init(|| Box::new(self.handed_over(node)))
             }
         }
     }
@@ -778,32 +790,48 @@ fn node_name(n: &Node) -> &str {
     n.metadata.name.as_deref().unwrap_or_default()
 }
 
-fn group_of(n: &Node) -> Option<&str> {
+fn group_of<'n>(n: &'n Node, label: &str) -> Option<&'n str> {
     n.metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(GROUP_LABEL))
+        .and_then(|l| l.get(label))
         .map(String::as_str)
 }
 
-/// A node as it is after its handover: in the target group, on DRA. Only
-/// what placement reads of it is kept: its name, labels and taints.
-fn handed_over(node: &Node, from: &str, to: &str) -> Node {
-    let mut labels = node.metadata.labels.clone().unwrap_or_default();
-    labels.insert(GROUP_LABEL.into(), to.into());
-    labels.insert(GPU_STACK_LABEL.into(), STACK_DRA.into());
-    labels.remove(&format!("{NODE_ROLE_PREFIX}{from}"));
-    Node {
-        metadata: ObjectMeta {
-            name: node.metadata.name.clone(),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: node.spec.as_ref().map(|s| NodeSpec {
-            taints: s.taints.clone(),
-            ..Default::default()
-        }),
-        status: None,
+impl Target<'_> {
+    /// A node as it is after its handover: in the target group, on DRA.
+    /// Only what placement reads of it is kept: its name, labels and taints.
+    fn handed_over(&self, node: &Node) -> Node {
+        let mut labels = node.metadata.labels.clone().unwrap_or_default();
+        labels.insert(self.group_label.clone(), self.to.clone());
+        for (key, value) in &self.handed_labels {
+            match value {
+                Some(v) => labels.insert(key.clone(), v.clone()),
+                None => labels.remove(key),
+            };
+        }
+        let mut taints: Vec<Taint> = node
+            .spec
+            .iter()
+            .flat_map(|s| s.taints.iter().flatten())
+            .cloned()
+            .collect();
+        if let Some(added) = &self.handed_taint {
+            taints.retain(|t| t.key != added.key || t.effect != added.effect);
+            taints.push(added.clone());
+        }
+        Node {
+            metadata: ObjectMeta {
+                name: node.metadata.name.clone(),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: (!taints.is_empty()).then_some(taints),
+                ..Default::default()
+            }),
+            status: None,
+        }
     }
 }
 
@@ -855,16 +883,27 @@ pub(crate) fn plan<'a>(
     let max_unavailable = request.max_unavailable.max(1);
     let variants = Variants::new(class);
 
+    let group_label = request.group_label();
+    // nvidia-operator: the pilot taint a handover puts on the node.
+    let pilot: Option<Taint> = request.nvidia().filter(|b| b.pilot_taint).map(|b| {
+        let taint = switchyard_core::stack_assigner::operands::pilot_taint(b);
+        Taint {
+            key: taint.key,
+            value: Some(taint.value),
+            effect: taint.effect,
+            time_added: None,
+        }
+    });
     let mut source: Vec<&Node> = snapshot
         .nodes
         .iter()
-        .filter(|n| group_of(n) == Some(from))
+        .filter(|n| group_of(n, group_label) == Some(from))
         .collect();
     source.sort_by(|a, b| node_name(a).cmp(node_name(b)));
     let mut target_nodes: Vec<&Node> = snapshot
         .nodes
         .iter()
-        .filter(|n| group_of(n) == Some(to))
+        .filter(|n| group_of(n, group_label) == Some(to))
         .collect();
     target_nodes.sort_by(|a, b| node_name(a).cmp(node_name(b)));
     let source_index: HashMap<&str, usize> = source
@@ -896,9 +935,23 @@ pub(crate) fn plan<'a>(
             .collect();
         let node_selector = SelectorKey {
             labels: t.node_selector,
+            group_label,
             from,
         };
-        let key = serde_json::to_string(&(&requests, &node_selector, &t.affinity, &t.tolerations))
+        // The move adds a toleration of the pilot taint (nvidia-operator).
+        let mut tolerations = t.tolerations.to_vec();
+        if let Some(taint) = &pilot
+            && !tolerations.iter().any(|t| tolerates(t, taint))
+        {
+            tolerations.push(Toleration {
+                key: Some(taint.key.clone()),
+                operator: Some("Equal".into()),
+                value: taint.value.clone(),
+                effect: Some(taint.effect.clone()),
+                toleration_seconds: None,
+            });
+        }
+        let key = serde_json::to_string(&(&requests, &node_selector, &t.affinity, &tolerations))
             .unwrap_or_default();
         let next = shapes.len();
         let s = *shape_keys.entry(key).or_insert(next);
@@ -910,7 +963,7 @@ pub(crate) fn plan<'a>(
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 affinity: t.affinity.cloned(),
-                tolerations: t.tolerations.to_vec(),
+                tolerations,
             });
         }
         shape_of_template[w.template] = Some(s);
@@ -939,6 +992,8 @@ pub(crate) fn plan<'a>(
         Some(classes::machine(node, cards))
     };
     let classes = match reading {
+        // nvidia-operator: no PhysicalGPUs to class the nodes by.
+        _ if request.nvidia().is_some() => Classes::none(source.len()),
         Reading::EveryNode => Classes::none(source.len()),
         Reading::ByClass => {
             let names: Vec<&str> = source.iter().map(|n| node_name(n)).collect();
@@ -961,6 +1016,9 @@ pub(crate) fn plan<'a>(
         .filter(|&n| classes.of_source[n].is_none())
         .flat_map(|n| {
             let name = node_name(source[n]);
+            if request.nvidia().is_some() {
+                return nvidia_slices(source[n], &snapshot.nodes, &snapshot.resource_slices);
+            }
             machine(n).map_or_else(Vec::new, |m| classes::slices(name, &m, request.layout))
         });
     let slices = cluster
@@ -979,9 +1037,20 @@ pub(crate) fn plan<'a>(
             names: target_nodes.iter().map(|n| node_name(n)).collect(),
             members: target_nodes.iter().map(|_| None).collect(),
             nodes: target_nodes.into_iter().map(TargetNode::Own).collect(),
-            from: from.to_string(),
             to: to.to_string(),
-            role: format!("{NODE_ROLE_PREFIX}{from}"),
+            group_label: group_label.to_string(),
+            handed_labels: match request.nvidia() {
+                Some(b) => b
+                    .operand_labels(switchyard_proto::v1::Stack::Dra)
+                    .into_iter()
+                    .map(|(k, v)| (k, v.map(str::to_string)))
+                    .collect(),
+                None => BTreeMap::from([
+                    (GPU_STACK_LABEL.to_string(), Some(STACK_DRA.to_string())),
+                    (format!("{NODE_ROLE_PREFIX}{from}"), None),
+                ]),
+            },
+            handed_taint: pilot.clone(),
         },
         classes,
         publication: Publication {
@@ -1314,4 +1383,62 @@ pub(crate) fn plan<'a>(
         waves,
         follow_nodes,
     })
+}
+
+/// nvidia-operator: the `gpu.nvidia.com` slices `node` would publish once
+/// handed over — those of a node that publishes already (the pilot pool)
+/// with the same GPU Feature Discovery product, count and memory, renamed
+/// to `node`, its cards' UUIDs unknown until then. None without such a node:
+/// what the driver would publish for a product no node publishes yet is not
+/// known, and the moves that need it stay pending.
+fn nvidia_slices(node: &Node, nodes: &[Node], slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
+    use switchyard_core::backend::nvidia;
+    let gfd = |n: &Node| {
+        let labels = n.metadata.labels.as_ref();
+        [
+            nvidia::GFD_PRODUCT,
+            nvidia::GFD_COUNT,
+            nvidia::GFD_MEMORY_MIB,
+        ]
+        .map(|k| labels.and_then(|l| l.get(k)).cloned())
+    };
+    let wanted = gfd(node);
+    if wanted[0].is_none() {
+        return Vec::new();
+    }
+    let name = node_name(node);
+    let publishing = |n: &&Node| {
+        node_name(n) != name
+            && gfd(n) == wanted
+            && slices.iter().any(|s| {
+                s.spec.driver == nvidia::DRIVER && s.spec.node_name.as_deref() == Some(node_name(n))
+            })
+    };
+    let Some(sibling) = nodes.iter().filter(publishing).min_by_key(|n| node_name(n)) else {
+        return Vec::new();
+    };
+    let sibling = node_name(sibling);
+    slices
+        .iter()
+        .filter(|s| s.spec.driver == nvidia::DRIVER && s.spec.node_name.as_deref() == Some(sibling))
+        .map(|s| {
+            let mut s = s.clone();
+            s.metadata = ObjectMeta {
+                name: s
+                    .metadata
+                    .name
+                    .as_ref()
+                    .map(|n| n.replacen(sibling, name, 1)),
+                ..Default::default()
+            };
+            s.spec.node_name = Some(name.to_string());
+            s.spec.pool.name = name.to_string();
+            for device in s.spec.devices.iter_mut().flatten() {
+                if let Some(uuid) = device.attributes.as_mut().and_then(|a| a.get_mut("uuid")) {
+                    uuid.string = Some(format!("unknown-until-{name}-publishes"));
+                }
+            }
+            s
+        })
+        .collect()
 }
