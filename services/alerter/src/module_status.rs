@@ -446,6 +446,16 @@ fn alerts(
                     "the device plugin advertises {device_plugin} GPU resources on DRA node {name}"
                 ),
             );
+        } else if let Some((_, evidence)) = state.stack.exclusivity_lost.get(name) {
+            // nvidia-operator: the guide's failed exclusivity gate, as the
+            // stack-assigner recorded it (its pod or its label back before
+            // any GPU is advertised).
+            fire(
+                "D8GpuDevicePluginOnDraNode",
+                name,
+                Some(Regarding::node(name)),
+                format!("{evidence}: the exclusivity gate failed"),
+            );
         }
     }
     for h in handovers.values().filter(|h| h.stalled) {
@@ -886,6 +896,59 @@ mod tests {
     }
 
     const MINUTE: i64 = 60_000_000_000;
+
+    #[test]
+    fn a_device_plugin_back_on_a_dra_node_of_the_nvidia_backend_fires_before_it_advertises() {
+        use switchyard_core::backend::{Backend, NvidiaOperator};
+        use switchyard_proto::v1::{ExclusivityLost, Stack};
+        let backend = NvidiaOperator {
+            pools: [("dra-pilot".to_string(), Stack::Dra)].into(),
+            ..NvidiaOperator::default()
+        };
+        let mut state = MigrationState::default();
+        let labels = [
+            ("nvidia.com/gpu.present", "true"),
+            ("gpu-scheduling.platform.example.com/pool", "dra-pilot"),
+            ("nvidia.com/dra-kubelet-plugin", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let evidence =
+            "Device Plugin reappears on DRA node gpu-1: nvidia.com/gpu.deploy.device-plugin=true";
+        for fact in [
+            event(Kind::BackendConfigured(
+                Backend::NvidiaOperator(Box::new(backend)).to_event(),
+            )),
+            event(Kind::NodeObserved(NodeObserved {
+                node: "gpu-1".into(),
+                labels,
+                ..Default::default()
+            })),
+            event(Kind::ExclusivityLost(ExclusivityLost {
+                node: "gpu-1".into(),
+                evidence: evidence.into(),
+                cordoned_by_switchyard: true,
+            })),
+        ] {
+            state.fold(&fact, 0);
+        }
+        let state = state.whole();
+        let args = args(&["--alerts-for", "D8GpuDevicePluginOnDraNode=0s"]).expect("valid flags");
+        let (_, firing) = compute(&state, MINUTE, &args, &mut Holding::default());
+        let fired: Vec<(&str, &str, &str)> = firing
+            .iter()
+            .map(|f| (f.alert, f.object.as_str(), f.message.as_str()))
+            .collect();
+        assert!(
+            fired.contains(&(
+                "D8GpuDevicePluginOnDraNode",
+                "gpu-1",
+                &format!("{evidence}: the exclusivity gate failed")
+            )),
+            "{fired:?}"
+        );
+    }
 
     #[test]
     fn an_alert_with_a_delay_is_pending_until_its_condition_held_that_long() {

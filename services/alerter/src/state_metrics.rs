@@ -304,6 +304,13 @@ pub(crate) fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
         || node.device_plugin_allocatable > 0
         || cluster.gpus.get(name).is_some_and(|g| !g.is_empty())
         || node.group().is_some_and(|g| cluster.has_spec_gpu(g))
+        // nvidia-operator: a DRA node has no nvidia.com/gpu capacity and no
+        // PhysicalGPU; GPU Feature Discovery's label says it has GPUs.
+        || (matches!(cluster.backend, Backend::NvidiaOperator(_))
+            && node
+                .labels
+                .get(switchyard_core::backend::nvidia::GPU_PRESENT)
+                .is_some_and(|v| v == "true"))
 }
 
 /// One GPU node as the alerter shows it, in `/metrics` and in the module

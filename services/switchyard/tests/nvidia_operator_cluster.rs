@@ -989,6 +989,18 @@ async fn the_legacy_pool_moves_to_dra_in_application_waves() {
             !placed(&c, "train").await.is_empty() && !placed(&c, "serve").await.is_empty()
         })
         .await;
+    // Switchyard owns the nodes as legacy: it has read the platform.
+    let nodes: Api<Node> = Api::all(c.clone());
+    world
+        .until("every node owned as legacy", || async {
+            let mut all = true;
+            for name in WAVE_NODES {
+                let node = nodes.get(name).await.expect("node");
+                all &= label(&node, MODE) == Some("legacy");
+            }
+            all
+        })
+        .await;
     // The pilot node first: its slice is what the plan predicts the others by.
     let (code, out, err) = cli(
         &world,
