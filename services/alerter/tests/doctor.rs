@@ -700,14 +700,15 @@ fn the_gpu_operators_driver_manager_must_evict_the_dra_pool_by_its_label() {
         unscoped.fix
     );
 
-    // As the guide sets them: nothing to say.
+    // As the guide sets them: nothing to fix, only what was detected.
     s.cluster_policies = vec![mk_cluster_policy(json!([
         {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"}
     ]))];
     s.daemon_sets = vec![mk_kubelet_plugin(
         json!({"nvidia.com/dra-kubelet-plugin": "true"}),
     )];
-    assert_eq!(diagnose(&s), Vec::new());
+    let rows: Vec<Row> = diagnose(&s).iter().map(|f| f.row).collect();
+    assert_eq!(rows, [Row::NvidiaBackendDetected]);
     // A pool label of the platform's own: the plugin must select that one.
     s.cluster_policies = vec![mk_cluster_policy(json!([
         {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "example.com/dra"}
@@ -721,4 +722,173 @@ fn the_gpu_operators_driver_manager_must_evict_the_dra_pool_by_its_label() {
         "{}",
         unscoped.cause
     );
+}
+
+/// A `gpu.nvidia.com` slice of `node`, as the NVIDIA DRA driver publishes it.
+fn mk_nvidia_slice(node: &str) -> ResourceSlice {
+    from(json!({
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]},
+    }))
+}
+
+#[test]
+fn the_gpu_operator_is_detected_with_its_operands_classes_and_dra_nodes() {
+    let mut s = healthy();
+    s.cluster_policies = vec![mk_cluster_policy(json!([
+        {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"}
+    ]))];
+    s.daemon_sets = vec![mk_kubelet_plugin(
+        json!({"nvidia.com/dra-kubelet-plugin": "true"}),
+    )];
+    s.device_classes.push(mk_device_class(
+        "gpu.nvidia.com",
+        "nvidia.com/gpu",
+        "device.driver == 'gpu.nvidia.com'",
+    ));
+    s.slices.push(mk_nvidia_slice("gpu-2"));
+    let f = diagnose(&s);
+    let [detected] = only(&f, Row::NvidiaBackendDetected)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(
+        detected.severity,
+        switchyard_alerter::doctor::Severity::Info
+    );
+    assert_eq!(
+        detected.cause,
+        "the NVIDIA GPU Operator serves the GPUs: its operands dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true); the DRA driver's classes gpu.nvidia.com; nodes publishing gpu.nvidia.com devices: gpu-2"
+    );
+}
+
+#[test]
+fn the_operators_dra_mode_is_reported_beside_a_cluster_policy() {
+    let mut s = healthy();
+    s.cluster_policies = vec![mk_cluster_policy(json!([
+        {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"}
+    ]))];
+    s.gpu_clusters = vec![json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"}, "spec": {"draDriver": {}},
+    })];
+    let f = diagnose(&s);
+    let [found] = only(&f, Row::GpuClusterPresent)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(found.objects, ["GPUCluster/gpu-cluster"]);
+    assert!(
+        found
+            .cause
+            .contains("cannot coexist with the ClusterPolicy"),
+        "{}",
+        found.cause
+    );
+    assert_eq!(
+        found.fix,
+        "kubectl delete gpucluster gpu-cluster  # keep ClusterPolicy; install the DRA driver chart and let Switchyard move the pools"
+    );
+}
+
+#[test]
+fn two_classes_mapping_nvidia_com_gpu_name_the_one_the_scheduler_takes() {
+    let mut s = healthy();
+    let at = |name: &str, resource: &str, created: &str| {
+        let mut dc = mk_device_class(name, resource, "true");
+        dc.metadata.creation_timestamp = Some(from(json!(created)));
+        dc
+    };
+    s.device_classes = vec![
+        at("gpu.nvidia.com", "nvidia.com/gpu", "2026-11-02T00:00:00Z"),
+        at(
+            "a100-legacy.gpu.deckhouse.io",
+            "nvidia.com/gpu",
+            "2026-11-01T00:00:00Z",
+        ),
+        at(
+            "a100.gpu.deckhouse.io",
+            "gpu.deckhouse.io/a100",
+            "2026-11-03T00:00:00Z",
+        ),
+    ];
+    let f = diagnose(&s);
+    let [found] = only(&f, Row::BridgeClasses)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(
+        found.objects,
+        [
+            "DeviceClass/a100-legacy.gpu.deckhouse.io",
+            "DeviceClass/gpu.nvidia.com"
+        ]
+    );
+    assert!(
+        found.cause.starts_with("2 DeviceClasses map nvidia.com/gpu (a100-legacy.gpu.deckhouse.io, gpu.nvidia.com): the scheduler serves unchanged manifests through gpu.nvidia.com"),
+        "{}",
+        found.cause
+    );
+    // Created at the same moment: the first by name.
+    for dc in &mut s.device_classes {
+        dc.metadata.creation_timestamp = Some(from(json!("2026-11-01T00:00:00Z")));
+    }
+    let f = diagnose(&s);
+    assert!(
+        only(&f, Row::BridgeClasses)[0]
+            .cause
+            .contains("through a100-legacy.gpu.deckhouse.io (created last")
+    );
+    // One bridge: nothing to say.
+    s.device_classes.remove(0);
+    assert!(only(&diagnose(&s), Row::BridgeClasses).is_empty());
+}
+
+#[test]
+fn the_validator_must_go_where_the_device_plugin_went() {
+    let mut s = healthy();
+    s.cluster_policies = vec![mk_cluster_policy(json!([
+        {"name": "NODE_LABEL_FOR_GPU_POD_EVICTION", "value": "nvidia.com/dra-kubelet-plugin"}
+    ]))];
+    // The device plugin off, the validator left as the operator set it.
+    s.nodes = vec![with_label(
+        mk_node("gpu-1", "gpu-dra", Some("dra")),
+        "nvidia.com/gpu.deploy.device-plugin",
+        "false",
+    )];
+    let f = diagnose(&s);
+    let [found] = only(&f, Row::ValidatorOffNeeded)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(found.objects, ["Node/gpu-1"]);
+    assert!(found.cause.contains("gpu-operator#2550"), "{}", found.cause);
+    s.nodes = vec![with_label(
+        s.nodes[0].clone(),
+        "nvidia.com/gpu.deploy.operator-validator",
+        "false",
+    )];
+    assert!(only(&diagnose(&s), Row::ValidatorOffNeeded).is_empty());
+}
+
+#[test]
+fn uninstalling_dra_before_the_last_dra_node_is_clear_is_reported() {
+    let mut s = healthy();
+    s.slices.push(mk_nvidia_slice("gpu-2"));
+    let mut claim = mk_claim("ml", "train-gpu", "gpu.nvidia.com", None);
+    claim.status = Some(from(json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-2", "device": "gpu-0"}
+    ]}}})));
+    s.claims.push(claim);
+    // The plugin still runs: clearing the nodes is under way.
+    s.daemon_sets = vec![mk_kubelet_plugin(
+        json!({"nvidia.com/dra-kubelet-plugin": "true"}),
+    )];
+    assert!(only(&diagnose(&s), Row::DraUninstallUnsafe).is_empty());
+    // Uninstalled while a node publishes and a claim holds its device.
+    s.daemon_sets.clear();
+    let f = diagnose(&s);
+    let [found] = only(&f, Row::DraUninstallUnsafe)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(found.objects, ["Node/gpu-2", "ResourceClaim/ml/train-gpu"]);
+    assert!(found.cause.starts_with("the DRA driver's kubelet plugin is uninstalled while nodes still publish gpu.nvidia.com devices (gpu-2) and claims hold them (ml/train-gpu)"), "{}", found.cause);
 }

@@ -107,7 +107,9 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         list::<StatefulSet>(client),
         list::<DaemonSet>(client),
     )?;
-    let cluster_policies = cluster_policies(client).await?;
+    let cluster_policies =
+        operator_objects(client, "v1", "ClusterPolicy", "clusterpolicies").await?;
+    let gpu_clusters = operator_objects(client, "v1alpha1", "GPUCluster", "gpuclusters").await?;
     // Who may do what with devices: RBAC as stored, the admission policies.
     let (namespaces, service_accounts, cluster_roles, cluster_role_bindings) = tokio::try_join!(
         list::<Namespace>(client),
@@ -150,26 +152,32 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         admission_policies,
         admission_policy_bindings,
         cluster_policies,
+        gpu_clusters,
         daemon_sets,
     })
 }
 
-/// The GPU Operator's ClusterPolicies (`nvidia.com/v1`), as JSON; none where
-/// the operator's CRD is not installed.
-async fn cluster_policies(client: &Client) -> anyhow::Result<Vec<serde_json::Value>> {
+/// The GPU Operator's cluster-scoped objects of `kind` (`nvidia.com/<version>`:
+/// ClusterPolicy, GPUCluster), as JSON; none where its CRD is not installed.
+async fn operator_objects(
+    client: &Client,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
-        "clusterpolicies",
+        &GroupVersionKind::gvk("nvidia.com", version, kind),
+        plural,
     );
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     match api.list(&ListParams::default()).await {
         Ok(list) => list
             .items
             .into_iter()
-            .map(|p| serde_json::to_value(p).context("a ClusterPolicy as JSON"))
+            .map(|p| serde_json::to_value(p).with_context(|| format!("a {kind} as JSON")))
             .collect(),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(e).context("list clusterpolicies.nvidia.com"),
+        Err(e) => Err(e).with_context(|| format!("list {plural}.nvidia.com")),
     }
 }
 

@@ -66,6 +66,9 @@ pub struct Snapshot {
     /// The GPU Operator's ClusterPolicies (`nvidia.com/v1`), as JSON; none
     /// where the operator is not installed.
     pub cluster_policies: Vec<serde_json::Value>,
+    /// The GPU Operator's GPUClusters (`nvidia.com/v1alpha1`, its DRA
+    /// mode), as JSON.
+    pub gpu_clusters: Vec<serde_json::Value>,
     pub daemon_sets: Vec<DaemonSet>,
 }
 
@@ -99,10 +102,15 @@ pub enum Row {
     NodeAgentSlicesUnconfined,
     EvictionLabelMissing,
     KubeletPluginUnscoped,
+    NvidiaBackendDetected,
+    GpuClusterPresent,
+    BridgeClasses,
+    ValidatorOffNeeded,
+    DraUninstallUnsafe,
 }
 
 impl Row {
-    pub const ALL: [Row; 17] = [
+    pub const ALL: [Row; 22] = [
         Row::NoStackManagesNode,
         Row::DraNotDeployed,
         Row::HeldOnDra,
@@ -120,6 +128,11 @@ impl Row {
         Row::NodeAgentSlicesUnconfined,
         Row::EvictionLabelMissing,
         Row::KubeletPluginUnscoped,
+        Row::NvidiaBackendDetected,
+        Row::GpuClusterPresent,
+        Row::BridgeClasses,
+        Row::ValidatorOffNeeded,
+        Row::DraUninstallUnsafe,
     ];
 
     /// The stable id, as in JSON.
@@ -142,6 +155,11 @@ impl Row {
             Row::NodeAgentSlicesUnconfined => "node-agent-slices-unconfined",
             Row::EvictionLabelMissing => "eviction-label-missing",
             Row::KubeletPluginUnscoped => "kubelet-plugin-unscoped",
+            Row::NvidiaBackendDetected => "nvidia-backend-detected",
+            Row::GpuClusterPresent => "gpucluster-present",
+            Row::BridgeClasses => "bridge-classes",
+            Row::ValidatorOffNeeded => "validator-off-needed",
+            Row::DraUninstallUnsafe => "dra-uninstall-unsafe",
         }
     }
 
@@ -173,12 +191,19 @@ impl Row {
                 "The GPU Operator's driver manager does not evict the DRA kubelet plugin"
             }
             Row::KubeletPluginUnscoped => "The DRA kubelet plugin runs outside the DRA pool",
+            Row::NvidiaBackendDetected => "The NVIDIA GPU Operator serves the GPUs",
+            Row::GpuClusterPresent => "The GPU Operator's DRA mode (GPUCluster) is configured",
+            Row::BridgeClasses => "More than one DeviceClass maps nvidia.com/gpu",
+            Row::ValidatorOffNeeded => {
+                "The operator validator is on where the device plugin is off"
+            }
+            Row::DraUninstallUnsafe => "DRA was uninstalled before the last DRA node was clear",
         }
     }
 
     pub fn severity(self) -> Severity {
         match self {
-            Row::AdminAccessNamespace => Severity::Info,
+            Row::AdminAccessNamespace | Row::NvidiaBackendDetected => Severity::Info,
             _ => Severity::Warning,
         }
     }
@@ -231,6 +256,11 @@ pub fn diagnose(s: &Snapshot) -> Vec<Finding> {
     out.extend(access::node_agent_slices_unconfined(&view));
     out.extend(nvidia::eviction_label_missing(&view));
     out.extend(nvidia::kubelet_plugin_unscoped(&view));
+    out.extend(nvidia::nvidia_backend_detected(&view));
+    out.extend(nvidia::gpucluster_present(&view));
+    out.extend(nvidia::bridge_classes(&view));
+    out.extend(nvidia::validator_off_needed(&view));
+    out.extend(nvidia::dra_uninstall_unsafe(&view));
     out.sort_by(|a, b| (a.row, &a.objects).cmp(&(b.row, &b.objects)));
     out
 }
