@@ -186,3 +186,227 @@ fn after_the_trial_period_the_source_group_loses_spec_gpu() {
             })
     );
 }
+
+mod nvidia_operator {
+    //! On the nvidia-operator backend: from the legacy pool, the quotas and
+    //! the guide's final cutover; from a DRA pool, an abandoned migration
+    //! checked clear before the DRA driver is uninstalled.
+
+    use super::*;
+    use switchyard_core::backend::{Backend, NvidiaOperator};
+    use switchyard_proto::v1::{
+        AllocatedDevice, NodeObserved, ResourceClaimObserved, ResourceSliceObserved, Stack,
+    };
+
+    const POOL: &str = "gpu-scheduling.platform.example.com/pool";
+
+    fn backend() -> DomainEvent {
+        ev(Kind::BackendConfigured(
+            Backend::NvidiaOperator(Box::new(NvidiaOperator {
+                pools: BTreeMap::from([
+                    ("legacy".to_string(), Stack::DevicePlugin),
+                    ("dra-pilot".to_string(), Stack::Dra),
+                ]),
+                ..NvidiaOperator::default()
+            }))
+            .to_event(),
+        ))
+    }
+
+    /// A GPU node of `pool` as GPU Feature Discovery and the guide label it,
+    /// `allocatable` nvidia.com/gpu from the device plugin.
+    fn gfd_node(name: &str, pool: &str, dra: bool, allocatable: u32) -> DomainEvent {
+        let mut labels: BTreeMap<String, String> = [
+            ("nvidia.com/gpu.present", "true"),
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "2"),
+            (
+                "nvidia.com/gpu.deploy.device-plugin",
+                if dra { "false" } else { "true" },
+            ),
+            (POOL, pool),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        if dra {
+            labels.insert("nvidia.com/dra-kubelet-plugin".into(), "true".into());
+        }
+        ev(Kind::NodeObserved(NodeObserved {
+            node: name.into(),
+            labels,
+            gpu_allocatable: if allocatable > 0 {
+                BTreeMap::from([("nvidia.com/gpu".to_string(), allocatable)])
+            } else {
+                BTreeMap::new()
+            },
+            ..Default::default()
+        }))
+    }
+
+    fn slice(node: &str) -> DomainEvent {
+        ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
+            name: format!("{node}-gpu.nvidia.com"),
+            driver: "gpu.nvidia.com".into(),
+            node: node.into(),
+            pool: node.into(),
+            devices: 2,
+            ..Default::default()
+        }))
+    }
+
+    fn claim(name: &str, node: &str) -> DomainEvent {
+        ev(Kind::ResourceClaimObserved(ResourceClaimObserved {
+            namespace: "apps".into(),
+            name: name.into(),
+            device_classes: vec!["gpu.nvidia.com".into()],
+            node: node.into(),
+            allocated: vec![AllocatedDevice {
+                request: "gpu".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: node.into(),
+                device: "gpu-0".into(),
+            }],
+            ..Default::default()
+        }))
+    }
+
+    fn on_nvidia(facts: Vec<DomainEvent>) -> Cluster {
+        let mut cluster = Cluster::default();
+        let base = vec![
+            backend(),
+            mk_class("h100"),
+            mk_quota("team-a", "gpus", &[("requests.nvidia.com/gpu", "4")]),
+        ];
+        for fact in base.into_iter().chain(facts) {
+            cluster.apply(&fact);
+        }
+        cluster
+    }
+
+    fn from(pool: &str, class: &str, trial_period_over: bool) -> Complete {
+        Complete {
+            source_group: pool.into(),
+            gpu_class: class.into(),
+            trial_period_over,
+        }
+    }
+
+    #[test]
+    fn the_legacy_pool_completes_without_touching_the_operators_labels() {
+        let cluster = on_nvidia(vec![
+            gfd_node("gpu-1", "dra-pilot", true, 0),
+            slice("gpu-1"),
+        ]);
+        let decisions = Completion::default().complete(&cluster, &from("legacy", "h100", false));
+        assert_eq!(
+            names(&decisions),
+            ["ResourceQuotaTranslated", "CompletionRefused"],
+            "no LeftoverLabelsCleared: GFD's and the operator's nvidia.com/* labels stay"
+        );
+        let r = reason(&decisions[1..]);
+        assert!(
+            r.contains("devicePlugin.enabled") && r.contains("trial period"),
+            "{r}"
+        );
+
+        let decisions = Completion::default().complete(&cluster, &from("legacy", "h100", true));
+        let Some(Kind::SourceGroupRetired(retired)) = &decisions.last().unwrap().kind else {
+            panic!("{decisions:?}")
+        };
+        assert_eq!(retired.group, "legacy");
+        assert!(retired.gpu_before.is_none());
+        assert!(
+            retired.next_step.contains("devicePlugin.enabled=false"),
+            "{}",
+            retired.next_step
+        );
+    }
+
+    #[test]
+    fn the_final_cutover_waits_for_the_legacy_pool_and_every_device_plugin() {
+        let with_legacy = on_nvidia(vec![gfd_node("gpu-1", "legacy", false, 2)]);
+        let r =
+            reason(&Completion::default().complete(&with_legacy, &from("legacy", "h100", true)));
+        assert!(
+            r.contains("hand over the remaining nodes") && r.contains("gpu-1"),
+            "{r}"
+        );
+        // A GPU node in no pool is the operator's default: the device plugin.
+        let outside = on_nvidia(vec![
+            gfd_node("gpu-1", "dra-pilot", true, 0),
+            gfd_node("gpu-9", "", false, 2),
+        ]);
+        let decisions = Completion::default().complete(&outside, &from("legacy", "h100", true));
+        let r = reason(&decisions[1..]);
+        assert!(
+            r.contains("final cutover") && r.contains("node gpu-9") && !r.contains("gpu-1"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn an_abandoned_migration_completes_only_once_the_last_dra_node_is_clear() {
+        let abandon = from("dra-pilot", "", false);
+        let r = reason(&Completion::default().complete(
+            &on_nvidia(vec![gfd_node("gpu-1", "dra-pilot", true, 0)]),
+            &abandon,
+        ));
+        assert!(
+            r.contains("roll back the remaining nodes") && r.contains("gpu-1"),
+            "{r}"
+        );
+
+        // gpu-1 rolled back, but the driver's devices are still published
+        // and a claim still holds one: the driver must stay.
+        let rolled_back = gfd_node("gpu-1", "legacy", false, 2);
+        let r = reason(&Completion::default().complete(
+            &on_nvidia(vec![
+                rolled_back.clone(),
+                slice("gpu-1"),
+                claim("pilot", "gpu-1"),
+            ]),
+            &abandon,
+        ));
+        assert!(
+            r.contains("uninstall DRA only after the last DRA node is clear")
+                && r.contains("devices still published for: gpu-1")
+                && r.contains("apps/pilot on gpu-1"),
+            "{r}"
+        );
+        // Another DRA pool's node still serving DRA keeps the driver too.
+        let r = reason(&Completion::default().complete(
+            &on_nvidia(vec![rolled_back.clone(), gfd_node("gpu-7", "", true, 0)]),
+            &abandon,
+        ));
+        assert!(r.contains("nodes still serving DRA: gpu-7"), "{r}");
+
+        let decisions = Completion::default().complete(&on_nvidia(vec![rolled_back]), &abandon);
+        assert_eq!(
+            names(&decisions),
+            ["SourceGroupRetired"],
+            "no quota moves back"
+        );
+        let Some(Kind::SourceGroupRetired(retired)) = &decisions[0].kind else {
+            unreachable!()
+        };
+        assert!(
+            retired.next_step.contains("helm uninstall"),
+            "{}",
+            retired.next_step
+        );
+    }
+
+    #[test]
+    fn a_pool_the_backend_does_not_know_and_a_missing_class_are_refused() {
+        let cluster = on_nvidia(vec![]);
+        let r = reason(&Completion::default().complete(&cluster, &from("gpu", "h100", true)));
+        assert!(
+            r.contains("pool gpu") && r.contains("expected one of dra-pilot, legacy"),
+            "{r}"
+        );
+        let r = reason(&Completion::default().complete(&cluster, &from("legacy", "", true)));
+        assert!(r.contains("no GPU class named"), "{r}");
+    }
+}

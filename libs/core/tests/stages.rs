@@ -13,7 +13,7 @@ use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::command::CheckEvidence;
 use switchyard_proto::v1::{
     AllocatedDevice, DomainEvent, EvidenceRecorded, NodeObserved, PodPhase, ResourceClaimObserved,
-    ResourceSliceObserved, SliceDevice, Stack, domain_event::Kind,
+    ResourceSliceObserved, SliceDevice, Stack, Toleration, Tolerations, domain_event::Kind,
 };
 
 const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
@@ -204,7 +204,8 @@ fn a_stage_with_nothing_to_show_is_refused_not_passed() {
     );
     let decided = check(&mut core, Stage::CompatibilityBridge);
     assert!(
-        matches!(&decided[0].kind, Some(Kind::MigrationRefused(r)) if r.reason == "stage compatibility-bridge: no workload asks for nvidia.com/gpu: no evidence to check")
+        matches!(&decided[0].kind, Some(Kind::MigrationRefused(r)) if r.reason.starts_with("stage compatibility-bridge: no workload asking for nvidia.com/gpu may run on a DRA node")),
+        "{decided:?}"
     );
 }
 
@@ -262,6 +263,36 @@ fn the_native_claim_pilot_needs_its_claim_bound_on_the_pods_node() {
 #[test]
 fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra_one() {
     let mut core = migrating();
+    // The bridge test: unchanged resources, tolerating the pilot taint, in
+    // no pool. Beside it a legacy workload pinned to its pool: not a test.
+    let mut bridge_test = mk_placement(&[("nvidia.com/gpu", "1")], &[]);
+    bridge_test.tolerations = Some(Tolerations {
+        items: vec![Toleration {
+            key: "gpu-scheduling.platform.example.com/mode".into(),
+            operator: "Equal".into(),
+            value: "dra".into(),
+            effect: "NoSchedule".into(),
+            toleration_seconds: None,
+        }],
+    });
+    core.handle(Input::Fact(&mk_workload(
+        "apps",
+        "web",
+        2,
+        bridge_test.clone(),
+    )));
+    let mut pinned = bridge_test;
+    pinned.node_selector.insert(
+        "gpu-scheduling.platform.example.com/pool".into(),
+        "legacy".into(),
+    );
+    core.handle(Input::Fact(&mk_workload("apps", "db", 1, pinned)));
+    core.handle(Input::Fact(&legacy_pod("db-a", "db", "gpu-1", 1, false)));
+    let decided = check(&mut core, Stage::CompatibilityBridge);
+    assert!(
+        matches!(&decided[0].kind, Some(Kind::MigrationRefused(_))),
+        "a pinned workload is no bridge test: {decided:?}"
+    );
     core.handle(Input::Fact(&legacy_pod("web-a", "web", "gpu-1", 1, false)));
     // Only on the legacy pool so far.
     let decided = check(&mut core, Stage::CompatibilityBridge);
@@ -297,15 +328,17 @@ fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra
         [
             s("gpu-1", "no device-plugin pods or resources", false),
             s("gpu-2", "no device-plugin pods or resources", true),
+            s("Deployment/db", "no legacy workload", false),
             s("Deployment/web", "no legacy workload", false),
         ]
     );
-    // The baseline register: what each node offers, where the manifest runs.
+    // The baseline register: what each node offers, where the manifests run.
     assert_eq!(
         items(&check(&mut core, Stage::Baseline)),
         [
             s("gpu-1", "node capacity", true),
             s("gpu-2", "node capacity", true),
+            s("Deployment/db", "device-plugin scheduling", true),
             s("Deployment/web", "device-plugin scheduling", true),
         ]
     );

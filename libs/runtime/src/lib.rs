@@ -108,6 +108,12 @@ impl Default for Local {
 }
 
 impl Local {
+    /// The services of `cores` (one per service), e.g. a stack-assigner
+    /// configured for another backend.
+    pub fn with_cores(cores: Vec<Box<dyn Core>>) -> Self {
+        Local { cores }
+    }
+
     fn core(&mut self, service: ServiceName) -> &mut dyn Core {
         self.cores
             .iter_mut()

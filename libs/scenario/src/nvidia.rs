@@ -1,23 +1,29 @@
 //! The NVIDIA guide's migration (`../shared/reference/nvidia-dra-migration-guide.txt`)
 //! on the simulated GPU Operator and DRA driver, with the services on the
-//! `nvidia-operator` backend: the baseline, the pilot pool handed over node by
-//! node, the driver validated, the guide's failed exclusivity gate (a device
-//! plugin put back on a DRA node) caught, a pilot node rolled back in the
-//! guide's order — each stage's exit evidence checked and recorded as the
-//! guide's table asks, the invariants checked as it goes.
-//!
-//! What the simulator does not play yet (workloads, claims, the bridge's
-//! implicit claims) is left out here; the kwok tests run those on a real
-//! control plane (`services/switchyard/tests/nvidia_operator_cluster.rs`).
+//! `nvidia-operator` backend, stage by stage as the guide's table orders
+//! them: the baseline register, a GPU class over the driver's attributes,
+//! the pilot pool handed over node by node, the driver validated, the
+//! guide's failed exclusivity gate (a device plugin put back on a DRA node)
+//! caught, a pilot node rolled back in the guide's order, a native claim
+//! pilot, the compatibility bridge (one unchanged `nvidia.com/gpu` manifest
+//! on both pools), the application waves until the legacy pool is empty, the
+//! final cutover and completion — each stage's exit evidence checked and
+//! recorded as the guide's table asks, the invariants checked as it goes.
 
 use std::collections::BTreeMap;
 
 use switchyard_core::backend::{Backend, NvidiaOperator, nvidia};
 use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::command::CheckEvidence;
+use switchyard_core::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
+use switchyard_core::placement;
 use switchyard_core::service::{Core, ServiceName};
 use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_proto::v1::{NodeObserved, Stack, domain_event::Kind};
+use switchyard_core::stack_assigner::operands;
+use switchyard_proto::v1::{
+    NodeObserved, ResourceList, Stack, Toleration, Tolerations, WorkloadPlacement, WorkloadRef,
+    domain_event::Kind,
+};
 use switchyard_runtime::{Command, Services};
 use switchyard_sim::{SimConfig, Simulator};
 
@@ -205,10 +211,40 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         steps.push(report);
     };
     let nodes: Vec<String> = m.sim.nodes_in_pool(LEGACY);
+    let class = m.sim.config().card.class.clone();
 
-    // Baseline: what each node offers, before anything changes.
+    // Baseline: what each node offers and where the workloads run, before
+    // anything changes.
     let result = m.stage_evidence(Stage::Baseline).await;
     report(&m.sim, "baseline: register and node capacity", result);
+
+    // A GPU class over the driver's attributes; the class-compiler
+    // publishes its DeviceClass.
+    m.sim.create_gpu_class(&class);
+    m.pump().await;
+    let compiled = m
+        .states()
+        .await
+        .claims
+        .cluster
+        .gpu_classes
+        .get(&class)
+        .cloned()
+        .unwrap_or_default();
+    report(
+        &m.sim,
+        &format!("classes: GPU class {class} over {}", nvidia::DRIVER),
+        if compiled.is_empty() {
+            Err(StepFailed::NotReached(
+                "the class has no DeviceClass".into(),
+            ))
+        } else {
+            Ok(format!(
+                "DeviceClass {}, requested as {CLASS_RESOURCE_PREFIX}{class}",
+                compiled.join(", ")
+            ))
+        },
+    );
 
     // Pilot pool: half the nodes (one at least), handed over one by one.
     let pilot: Vec<String> = nodes[..nodes.len().div_ceil(2).min(nodes.len() - 1).max(1)].to_vec();
@@ -269,22 +305,149 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         &format!("rollback: {node} in the guide's order"),
         result,
     );
+    if pilot.len() == 1 {
+        // The pilot pool's only node: handed over again for what follows.
+        let result = m.hand_over(&node, PILOT).await;
+        report(
+            &m.sim,
+            &format!("pilot pool: hand over {node} again"),
+            result,
+        );
+    }
 
-    // The final cutover is not reached: the rest still runs the device plugin.
-    let result = match m.stage_evidence(Stage::FinalCutover).await {
-        Err(StepFailed::NotReached(why)) if why.contains("device-plugin pods") => Ok(format!(
-            "not reached, as expected: {}",
-            why.split("; ").next().unwrap_or_default()
-        )),
-        Ok(shown) => Err(StepFailed::NotReached(format!(
-            "shown while the legacy pool still runs the device plugin: {shown}"
-        ))),
-        Err(other) => Err(other),
+    // Native claim pilot: one pod with its own claim of the class, on the
+    // pilot pool (it tolerates the pilot taint).
+    let toleration = placement::toleration_for(&operands::pilot_taint(&backend));
+    let validation = WorkloadRef {
+        namespace: "gpu-dra-pilot".into(),
+        kind: "Deployment".into(),
+        name: "cuda-validation".into(),
     };
+    m.sim.add_workload(
+        &validation,
+        1,
+        asking(&format!("{CLASS_RESOURCE_PREFIX}{class}"), &toleration),
+    );
+    m.pump().await;
+    let result = m.stage_evidence(Stage::NativeClaimPilot).await;
     report(
         &m.sim,
-        "final cutover: refused while legacy nodes remain",
+        "native claim pilot: a claim of the class bound on a DRA node",
         result,
+    );
+    // The validation done, its pod and claim go.
+    m.sim.delete_workload(&validation);
+    m.pump().await;
+
+    // Compatibility bridge: one unchanged nvidia.com/gpu manifest, a pod per
+    // node — one more than the pilot pool has nodes — tolerating the pilot
+    // taint: served by the device plugin on the legacy pool, through the
+    // driver's class on the DRA pool. Then deleted.
+    let bridge = WorkloadRef {
+        namespace: "ml".into(),
+        kind: "Deployment".into(),
+        name: "bridge-check".into(),
+    };
+    let replicas = m.sim.nodes_in_pool(PILOT).len() as u32 + 1;
+    m.sim
+        .add_workload_one_per_node(&bridge, replicas, asking(NVIDIA_GPU, &toleration));
+    m.pump().await;
+    let result = m.stage_evidence(Stage::CompatibilityBridge).await;
+    report(
+        &m.sim,
+        "compatibility bridge: one unchanged nvidia.com/gpu manifest on both pools",
+        result,
+    );
+    m.sim.delete_workload(&bridge);
+    m.pump().await;
+
+    // Application waves: move what fits on the DRA pool, hand the next
+    // legacy node over, until the legacy pool is empty.
+    let mut waiting: Vec<WorkloadRef> = m
+        .sim
+        .workloads()
+        .into_iter()
+        .filter(|w| {
+            m.sim
+                .workload_placement(w)
+                .is_some_and(switchyard_core::placement::requests_nvidia_gpu)
+        })
+        .collect();
+    loop {
+        while let Some(i) = waiting
+            .iter()
+            .position(|w| m.sim.fits_on_class(w, PILOT, &class))
+        {
+            let workload = waiting.remove(i);
+            let result = m.move_application(&workload, PILOT, &class).await;
+            report(
+                &m.sim,
+                &format!("application wave: move {}", workload.name),
+                result,
+            );
+        }
+        let Some(node) = m.sim.nodes_in_pool(LEGACY).first().cloned() else {
+            break;
+        };
+        let result = m.hand_over(&node, PILOT).await;
+        let failed = result.is_err();
+        report(
+            &m.sim,
+            &format!("application wave: hand over {node}"),
+            result,
+        );
+        if failed {
+            break;
+        }
+    }
+    for workload in &waiting {
+        report(
+            &m.sim,
+            &format!("application wave: move {}", workload.name),
+            Err(StepFailed::NotReached("no room on the DRA pool".into())),
+        );
+    }
+    let result = m.stage_evidence(Stage::ApplicationWave).await;
+    report(&m.sim, "application waves: each move verified", result);
+
+    // The final cutover: no legacy workload, no device-plugin pod anywhere.
+    let result = m.stage_evidence(Stage::FinalCutover).await;
+    report(
+        &m.sim,
+        "final cutover: no legacy workloads or device-plugin pods",
+        result,
+    );
+
+    // Completion: the quotas, the chart-wide device plugin kept for the
+    // trial period, then retired.
+    let refusals = m.complete(LEGACY, &class, false).await;
+    let quota = m.sim.quota("ml", "gpu-quota").cloned().unwrap_or_default();
+    let translated = !quota.contains_key("requests.nvidia.com/gpu")
+        && quota.contains_key(&format!("requests.{CLASS_RESOURCE_PREFIX}{class}"));
+    report(
+        &m.sim,
+        "completion: quotas translated, the device plugin kept for the trial period",
+        if translated && refusals.iter().any(|r| r.contains("trial period")) {
+            Ok(refusals.join("; "))
+        } else {
+            Err(StepFailed::NotReached(format!(
+                "quota: {quota:?}; refusals: {refusals:?}"
+            )))
+        },
+    );
+    let start = m.log.len();
+    let refusals = m.complete(LEGACY, &class, true).await;
+    let next = m.logged_since(start).find_map(|e| match &e.kind {
+        Some(Kind::SourceGroupRetired(r)) if r.group == LEGACY => Some(r.next_step.clone()),
+        _ => None,
+    });
+    report(
+        &m.sim,
+        "completion: after the trial period, the legacy pool retired",
+        match next {
+            Some(next) if refusals.is_empty() => Ok(next),
+            _ => Err(StepFailed::NotReached(refusals.join("; "))),
+        },
     );
 
     let checks = m.final_checks().await;
@@ -294,5 +457,24 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         steps,
         checks,
         states,
+    }
+}
+
+/// A Deployment's placement asking for one `resource` in its container,
+/// tolerating `toleration`, bound to no pool.
+fn asking(resource: &str, toleration: &Toleration) -> WorkloadPlacement {
+    WorkloadPlacement {
+        container_limits: [(
+            "main".to_string(),
+            ResourceList {
+                quantities: [(resource.to_string(), "1".to_string())].into(),
+            },
+        )]
+        .into(),
+        container_requests: BTreeMap::new(),
+        node_selector: BTreeMap::new(),
+        tolerations: Some(Tolerations {
+            items: vec![toleration.clone()],
+        }),
     }
 }

@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_core::cluster::workload_key;
+use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_core::names::GPU_DEVICE_LABEL;
 use switchyard_proto::v1::{
     GpuClassObserved, GpuSpec, LabelSelector, NodeGroupObserved, ResourceQuotaObserved,
-    WorkloadPlacement, WorkloadRef, domain_event::Kind,
+    WorkloadPlacement, WorkloadRef, WorkloadRemoved, domain_event::Kind,
 };
 
 use crate::{LEGACY_GPU_DEVICE, SimWorkload, Simulator, class_selects, ev};
@@ -39,10 +39,19 @@ impl Simulator {
             .into_iter()
             .find(|d| class_selects(name, d))
             .unwrap_or(name);
+        // On the nvidia-operator backend a class selects the NVIDIA driver's
+        // attributes: the product name its slices publish.
+        let (key, value) = match &self.nvidia {
+            Some(_) => (
+                "gpu.nvidia.com/productName".to_string(),
+                self.config.card.product.replace('-', " "),
+            ),
+            None => (GPU_DEVICE_LABEL.to_string(), device.to_string()),
+        };
         let class = GpuClassObserved {
             name: name.into(),
             selector: Some(LabelSelector {
-                match_labels: [(GPU_DEVICE_LABEL.to_string(), device.to_string())].into(),
+                match_labels: [(key, value)].into(),
                 match_expressions: Vec::new(),
             }),
             generation: 1,
@@ -59,18 +68,61 @@ impl Simulator {
         replicas: u32,
         placement: WorkloadPlacement,
     ) {
+        self.apply_workload(workload, replicas, placement, false);
+    }
+
+    /// `kubectl apply` of a Deployment whose pods repel each other by
+    /// hostname (a required pod anti-affinity): one pod per node.
+    pub fn add_workload_one_per_node(
+        &mut self,
+        workload: &WorkloadRef,
+        replicas: u32,
+        placement: WorkloadPlacement,
+    ) {
+        self.apply_workload(workload, replicas, placement, true);
+    }
+
+    fn apply_workload(
+        &mut self,
+        workload: &WorkloadRef,
+        replicas: u32,
+        placement: WorkloadPlacement,
+        one_per_node: bool,
+    ) {
         self.workloads.insert(
             workload_key(workload),
             SimWorkload {
                 replicas,
                 placement,
                 restarted_at: String::new(),
+                one_per_node,
             },
         );
         self.report_workload(workload);
         for _ in 0..replicas {
             self.create_pod(workload);
         }
+        self.schedule();
+    }
+
+    /// `kubectl delete` of a Deployment: its pods (and their claims) go.
+    pub fn delete_workload(&mut self, workload: &WorkloadRef) {
+        let key = workload_key(workload);
+        if self.workloads.remove(&key).is_none() {
+            return;
+        }
+        let pods: Vec<ObjectKey> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| workload_key(&p.owner) == key)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for pod in pods {
+            self.remove_pod(&pod);
+        }
+        self.out.push(ev(Kind::WorkloadRemoved(WorkloadRemoved {
+            workload: Some(workload.clone()),
+        })));
         self.schedule();
     }
 

@@ -377,7 +377,10 @@ impl Simulator {
                 }
                 self.schedule();
             }
-            Timer::StartOperand { node, operand } => self.operand_due(&node, operand),
+            Timer::StartOperand { node, operand } => {
+                self.operand_due(&node, operand);
+                self.schedule();
+            }
             Timer::DevicePluginGone { node } => self.device_plugin_gone(&node),
         }
     }

@@ -159,6 +159,9 @@ struct SimPod {
     /// The restart of its workload it was made by (its template's
     /// `restartedAt` when it was created).
     restarted_at: String,
+    /// nvidia-operator: its `nvidia.com/gpu` is served on a DRA node through
+    /// the driver's class (KEP-5004's implicit claim), not by a device plugin.
+    bridged: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -166,6 +169,9 @@ struct SimWorkload {
     replicas: u32,
     placement: WorkloadPlacement,
     restarted_at: String,
+    /// Its pods repel each other by hostname (a required pod anti-affinity):
+    /// one per node.
+    one_per_node: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -371,12 +377,31 @@ impl Simulator {
         }
         // Workloads fill at most all but one node, so one node can always be drained.
         let capacity = config.gpus_per_node * config.gpu_nodes.saturating_sub(1) as u32;
+        sim.add_legacy_workloads(capacity, (GROUP_LABEL, "gpu"), false);
+        sim.set_quota(
+            "ml",
+            "gpu-quota",
+            [("requests.nvidia.com/gpu", "64"), ("pods", "100")],
+        );
+        sim.schedule();
+    }
+
+    /// Deployments `ml/train-<i>` asking for `nvidia.com/gpu` (one or two
+    /// replicas of one or two GPUs, seeded), bound by `selector`, up to
+    /// `capacity` GPUs in all: the first that does not fit ends the list,
+    /// or with `shrink` is made smaller to fit.
+    fn add_legacy_workloads(&mut self, capacity: u32, selector: (&str, &str), shrink: bool) {
         let mut demand = 0;
-        for i in 0..config.workloads {
-            let replicas = 1 + (sim.random() % 2) as u32;
+        for i in 0..self.config.workloads {
+            let mut replicas = 1 + (self.random() % 2) as u32;
             // A pod must fit on one node.
-            let per_pod = (1 + (sim.random() % 2) as u32).min(config.gpus_per_node);
-            if demand + replicas * per_pod > capacity {
+            let mut per_pod = (1 + (self.random() % 2) as u32).min(self.config.gpus_per_node);
+            let left = capacity - demand;
+            if shrink && left > 0 {
+                per_pod = per_pod.min(left);
+                replicas = replicas.min(left / per_pod);
+            }
+            if demand + replicas * per_pod > capacity || replicas == 0 {
                 break;
             }
             demand += replicas * per_pod;
@@ -393,7 +418,7 @@ impl Simulator {
                 )]
                 .into(),
                 container_requests: BTreeMap::new(),
-                node_selector: [(GROUP_LABEL.to_string(), "gpu".to_string())].into(),
+                node_selector: [(selector.0.to_string(), selector.1.to_string())].into(),
                 tolerations: Some(Default::default()),
             };
             let workload = WorkloadRef {
@@ -401,25 +426,20 @@ impl Simulator {
                 kind: "Deployment".into(),
                 name: format!("train-{i}"),
             };
-            sim.workloads.insert(
+            self.workloads.insert(
                 workload_key(&workload),
                 SimWorkload {
                     replicas,
                     placement,
                     restarted_at: String::new(),
+                    one_per_node: false,
                 },
             );
-            sim.report_workload(&workload);
+            self.report_workload(&workload);
             for _ in 0..replicas {
-                sim.create_pod(&workload);
+                self.create_pod(&workload);
             }
         }
-        sim.set_quota(
-            "ml",
-            "gpu-quota",
-            [("requests.nvidia.com/gpu", "64"), ("pods", "100")],
-        );
-        sim.schedule();
     }
 
     /// The control-plane node `master-0`, tainted as kubeadm taints it, with

@@ -21,9 +21,10 @@ use std::collections::BTreeMap;
 
 use switchyard_core::backend::{DeployLabel, NvidiaOperator, nvidia};
 use switchyard_core::cluster::ObjectKey;
+use switchyard_core::names::NVIDIA_GPU;
 use switchyard_proto::v1::{
-    PodPhase, ResourceSliceObserved, ResourceSliceRemoved, SliceDevice, WorkloadRef,
-    domain_event::Kind,
+    DeviceClassObserved, PodPhase, ResourceSliceObserved, ResourceSliceRemoved, SliceDevice,
+    WorkloadRef, domain_event::Kind,
 };
 
 use crate::{SECOND, SimConfig, SimNode, SimPod, Simulator, Timer, ev};
@@ -67,8 +68,10 @@ impl Simulator {
     /// A cluster the NVIDIA GPU Operator serves, before the migration: a
     /// control plane and `config.gpu_nodes` GPU nodes as GPU Feature
     /// Discovery labels them (`config.card`), in the pool `legacy`, the
-    /// device plugin running on each. No workloads. Its initial facts wait
-    /// in [`Simulator::take_facts`].
+    /// device plugin running on each; the DRA driver's class; `config.workloads`
+    /// Deployments asking for `nvidia.com/gpu`, bound to the legacy pool (as
+    /// many as fit on half the nodes). Its initial facts wait in
+    /// [`Simulator::take_facts`].
     pub fn nvidia_operator(config: SimConfig, backend: NvidiaOperator) -> Simulator {
         let mut sim = Simulator::empty(config.clone());
         sim.nvidia = Some(backend.clone());
@@ -117,6 +120,35 @@ impl Simulator {
             sim.start_operand(&name, Operand::DevicePlugin);
             sim.report_node(&name);
         }
+        // The DRA driver is installed (its kubelet plugin runs nowhere yet):
+        // its full-GPU class maps nvidia.com/gpu on resource.k8s.io/v1 (F14).
+        sim.out
+            .push(ev(Kind::DeviceClassObserved(DeviceClassObserved {
+                name: nvidia::DRIVER.into(),
+                selectors: vec![format!(
+                    "device.driver == '{0}' && device.attributes['{0}'].type == 'gpu'",
+                    nvidia::DRIVER
+                )],
+                extended_resource_name: NVIDIA_GPU.into(),
+            })));
+        // Workloads bound to the legacy pool fill at most the nodes the pilot
+        // pool leaves it (half, rounded down), so the pilot's nodes can always
+        // be drained; a GPU short of full on each, so that pods of two fit
+        // whatever the order and the bridge test finds a GPU on that pool
+        // (with one GPU per node: one node's short).
+        let legacy_nodes = (config.gpu_nodes / 2) as u32;
+        let capacity = match config.gpus_per_node {
+            1 => legacy_nodes.saturating_sub(1),
+            g => (g - 1) * legacy_nodes,
+        };
+        let pool_label = backend.pool_label.clone();
+        sim.add_legacy_workloads(capacity, (pool_label.as_str(), "legacy"), true);
+        sim.set_quota(
+            "ml",
+            "gpu-quota",
+            [("requests.nvidia.com/gpu", "64"), ("pods", "100")],
+        );
+        sim.schedule();
         sim
     }
 
@@ -240,6 +272,7 @@ impl Simulator {
             labels: BTreeMap::from([(label.to_string(), value.to_string())]),
             claim: None,
             restarted_at: String::new(),
+            bridged: false,
         };
         self.pods.insert(key.clone(), pod);
         self.report_pod(&key);

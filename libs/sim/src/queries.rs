@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use switchyard_core::cluster::workload_key;
 use switchyard_core::names::{
-    GPU_DEVICE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, STACK_DRA,
-    VENDOR_ADAPTER_APP,
+    GPU_DEVICE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, VENDOR_ADAPTER_APP,
 };
 use switchyard_proto::v1::{PodPhase, Taint, WorkloadPlacement, WorkloadRef};
 
@@ -122,21 +121,24 @@ impl Simulator {
     }
 
     /// Whether the pods of `workload`, as they would request `class`, fit on
-    /// the free GPUs of prepared DRA nodes of `group` (first fit, pod by pod).
+    /// the free GPUs of the DRA nodes of `group` (a pool on the
+    /// nvidia-operator backend) that serve classes now (first fit, pod by pod).
     pub fn fits_on_class(&self, workload: &WorkloadRef, group: &str, class: &str) -> bool {
         let Some(w) = self.workloads.get(&workload_key(workload)) else {
             return false;
         };
         let per_pod = gpu_request(&w.placement).0;
+        let group_label = self
+            .nvidia
+            .as_ref()
+            .map_or(GROUP_LABEL, |b| b.pool_label.as_str());
         let mut free: Vec<u32> = self
             .nodes
             .iter()
             .filter(|(name, n)| {
                 !n.unschedulable
-                    && n.labels.get(GROUP_LABEL).map(String::as_str) == Some(group)
-                    && n.labels.get(GPU_STACK_LABEL).map(String::as_str) == Some(STACK_DRA)
-                    && n.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
-                    && self.daemon_running(name, VENDOR_ADAPTER_APP)
+                    && n.labels.get(group_label).map(String::as_str) == Some(group)
+                    && self.serves_classes(name)
                     && class_selects(class, &n.device)
             })
             .map(|(name, _)| self.free_gpus(name))

@@ -18,8 +18,9 @@ impl Simulator {
 
     pub(crate) fn report_pod(&mut self, key: &ObjectKey) {
         let p = &self.pods[key];
-        // What its template asks of the device plugin, as the API server shows it.
-        let device_plugin_gpus = self.workloads.get(&workload_key(&p.owner)).map_or(0, |w| {
+        // What its template asks of the device plugin, as the API server shows
+        // it; on a DRA node through the bridge, the scheduler's claim serves it.
+        let asked = self.workloads.get(&workload_key(&p.owner)).map_or(0, |w| {
             w.placement
                 .container_limits
                 .values()
@@ -36,9 +37,9 @@ impl Simulator {
             app: p.app.clone(),
             claims_allocated: p.claims_allocated,
             claims_needed: p.claims_needed,
-            device_plugin_gpus,
+            device_plugin_gpus: if p.bridged { 0 } else { asked },
             restarted_at: p.restarted_at.clone(),
-            bridged_gpus: 0,
+            bridged_gpus: if p.bridged { asked } else { 0 },
             labels: if p.owner.kind == "DaemonSet" {
                 p.labels.clone()
             } else {

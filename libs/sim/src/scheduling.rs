@@ -2,12 +2,14 @@
 
 use std::collections::BTreeMap;
 
+use switchyard_core::backend::nvidia;
 use switchyard_core::class_compiler::GPU_DRIVER;
 use switchyard_core::cluster::{ObjectKey, workload_key};
 use switchyard_core::names::{
     CONTROL_PLANE_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, MODULE_NAMESPACE,
     NODE_AGENT_APP, NODE_AGENT_POD_LABELS, STACK_DEVICE_PLUGIN, STACK_DRA, VENDOR_ADAPTER_APP,
 };
+use switchyard_core::placement::tolerates;
 use switchyard_proto::v1::{
     AllocatedDevice, PodPhase, PodRemoved, ResourceClaimObserved, ResourceClaimRemoved,
     WorkloadRef, domain_event::Kind,
@@ -47,6 +49,7 @@ impl Simulator {
             labels,
             claim: None,
             restarted_at: String::new(),
+            bridged: false,
         };
         if self.pods.get(&key) != Some(&pod) {
             self.pods.insert(key.clone(), pod);
@@ -78,6 +81,7 @@ impl Simulator {
                 .get(&workload_key(owner))
                 .map(|w| w.restarted_at.clone())
                 .unwrap_or_default(),
+            bridged: false,
         };
         self.pods.insert(key.clone(), pod);
         self.report_pod(&key);
@@ -121,7 +125,47 @@ impl Simulator {
             .is_some_and(|p| p.phase == PodPhase::Running)
     }
 
+    /// Whether `node` serves GPU classes now: on Deckhouse a prepared DRA
+    /// node with its vendor adapter running; on the nvidia-operator backend a
+    /// node whose DRA kubelet plugin's label is on and whose plugin runs.
+    pub(crate) fn serves_classes(&self, name: &str) -> bool {
+        let Some(node) = self.nodes.get(name) else {
+            return false;
+        };
+        match &self.nvidia {
+            Some(b) => {
+                node.labels.get(&b.plugin_label).map(String::as_str) == Some("true")
+                    && self.operands_on(name).1
+            }
+            None => {
+                node.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                    && node.labels.get(GPU_STACK_LABEL).map(String::as_str) == Some(STACK_DRA)
+                    && self.daemon_running(name, VENDOR_ADAPTER_APP)
+            }
+        }
+    }
+
+    /// Whether a device plugin serves `nvidia.com/gpu` on `node` now.
+    fn serves_device_plugin(&self, name: &str) -> bool {
+        let Some(node) = self.nodes.get(name) else {
+            return false;
+        };
+        match &self.nvidia {
+            Some(_) => self.operands_on(name).0 && node.allocatable > 0,
+            None => {
+                node.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
+                    && node.labels.get(GPU_STACK_LABEL).map(String::as_str)
+                        == Some(STACK_DEVICE_PLUGIN)
+                    && self.daemon_running(name, DEVICE_PLUGIN_APP)
+            }
+        }
+    }
+
     /// Binds Pending pods where their stack allows, first fit in name order.
+    /// On the nvidia-operator backend a pod must tolerate the node's
+    /// NoSchedule taints (the pilot taint), and a pod asking for
+    /// `nvidia.com/gpu` lands on a DRA node through the driver's class, which
+    /// maps that resource (KEP-5004), when it tolerates its way there.
     pub(crate) fn schedule(&mut self) {
         let pending: Vec<ObjectKey> = self
             .pods
@@ -129,6 +173,7 @@ impl Simulator {
             .filter(|(_, p)| p.phase == PodPhase::Pending)
             .map(|(k, _)| k.clone())
             .collect();
+        let nvidia = self.nvidia.is_some();
         for key in pending {
             let owner = self.pods[&key].owner.clone();
             let Some(workload) = self.workloads.get(&workload_key(&owner)) else {
@@ -136,49 +181,73 @@ impl Simulator {
             };
             let (need, class) = gpu_request(&workload.placement);
             let selector = workload.placement.node_selector.clone();
-            let fits = |sim: &Simulator, name: &str, node: &SimNode| {
+            let tolerations = workload
+                .placement
+                .tolerations
+                .clone()
+                .unwrap_or_default()
+                .items;
+            let one_per_node = workload.one_per_node;
+            // Some(bridged) where the pod fits.
+            let fits = |sim: &Simulator, name: &str, node: &SimNode| -> Option<bool> {
                 if node.unschedulable
                     || !selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
                 {
-                    return false;
+                    return None;
                 }
-                if node.taints.iter().any(|t| t.effect == "NoSchedule")
-                    && node.labels.contains_key(CONTROL_PLANE_LABEL)
+                let repelled = if nvidia {
+                    node.taints.iter().any(|t| {
+                        t.effect == "NoSchedule" && !tolerations.iter().any(|tol| tolerates(tol, t))
+                    })
+                } else {
+                    node.taints.iter().any(|t| t.effect == "NoSchedule")
+                        && node.labels.contains_key(CONTROL_PLANE_LABEL)
+                };
+                if repelled {
+                    return None;
+                }
+                if one_per_node
+                    && sim
+                        .pods
+                        .values()
+                        .any(|p| p.owner == owner && p.node == name)
                 {
-                    return false;
+                    return None;
                 }
                 if need == 0 {
-                    return true;
+                    return Some(false);
                 }
-                let prepared = node.labels.contains_key(GPU_SETUP_COMPLETE_LABEL);
-                let stack = node.labels.get(GPU_STACK_LABEL).map(String::as_str);
-                let served = match &class {
-                    Some(class) => {
-                        stack == Some(STACK_DRA)
-                            && sim.daemon_running(name, VENDOR_ADAPTER_APP)
-                            && class_selects(class, &node.device)
-                    }
-                    None => {
-                        stack == Some(STACK_DEVICE_PLUGIN)
-                            && sim.daemon_running(name, DEVICE_PLUGIN_APP)
-                    }
-                };
-                prepared && served && sim.free_gpus(name) >= need
+                if sim.free_gpus(name) < need {
+                    return None;
+                }
+                match &class {
+                    Some(class) => (sim.serves_classes(name) && class_selects(class, &node.device))
+                        .then_some(false),
+                    None if sim.serves_device_plugin(name) => Some(false),
+                    None => (nvidia && sim.serves_classes(name)).then_some(true),
+                }
             };
             let target = self
                 .nodes
                 .iter()
-                .find(|(name, node)| fits(self, name, node))
-                .map(|(n, _)| n.clone());
-            if let Some(node) = target {
+                .find_map(|(name, node)| fits(self, name, node).map(|b| (name.clone(), b)));
+            if let Some((node, bridged)) = target {
+                let driver = if nvidia { nvidia::DRIVER } else { GPU_DRIVER };
                 let pod = self.pods.get_mut(&key).expect("present");
                 pod.node = node;
                 pod.phase = PodPhase::Running;
                 pod.gpus = need;
-                pod.claims_needed = u32::from(class.is_some());
-                pod.claims_allocated = u32::from(class.is_some());
-                // The claim is allocated on the node the pod is bound to.
-                pod.claim = class.as_ref().map(|c| format!("{c}.gpu.deckhouse.io"));
+                pod.bridged = bridged;
+                let claimed = class.is_some() || bridged;
+                pod.claims_needed = u32::from(claimed);
+                pod.claims_allocated = u32::from(claimed);
+                // The claim is allocated on the node the pod is bound to: the
+                // class's DeviceClass, or the driver's own for the bridge.
+                pod.claim = match &class {
+                    Some(c) => Some(format!("{c}.gpu.deckhouse.io")),
+                    None if bridged => Some(nvidia::DRIVER.to_string()),
+                    None => None,
+                };
                 let claim = pod.claim.clone().map(|device_class| ResourceClaimObserved {
                     namespace: key.0.clone(),
                     name: claim_name(&key.1),
@@ -186,7 +255,7 @@ impl Simulator {
                     node: pod.node.clone(),
                     allocated: vec![AllocatedDevice {
                         request: "gpu".into(),
-                        driver: GPU_DRIVER.into(),
+                        driver: driver.into(),
                         pool: pod.node.clone(),
                         device: "gpu-0".into(),
                     }],

@@ -44,7 +44,7 @@ enum Command {
     /// Move a workload to a GPU class: its nvidia.com/gpu request becomes the
     /// class's, the binding to the source group goes, it restarts (a command
     /// to the running claim-allocator); --dry-run prints the change.
-    Move(crate::move_cmd::MoveArgs),
+    Move(Box<crate::move_cmd::MoveArgs>),
     /// Complete the migration from a group: quotas, leftover labels, and after
     /// the trial period the group's spec.gpu (a command to the claim-allocator).
     Complete(crate::complete::CompleteArgs),
@@ -97,7 +97,7 @@ impl Cli {
             Command::Crdgen(args) => crate::crdgen::crdgen(args),
             Command::Serve(service) => crate::serve::serve(service).await,
             Command::Handover(args) => crate::handover::handover(args).await,
-            Command::Move(args) => crate::move_cmd::move_workload(args).await,
+            Command::Move(args) => crate::move_cmd::move_workload(*args).await,
             Command::Complete(args) => crate::complete::complete(args).await,
             Command::Dra(command) => crate::dra_cmd::run(command),
             Command::Doctor(args) => crate::doctor::doctor(args).await,

@@ -1,7 +1,10 @@
 //! `switchyard complete`: the reference's completion — quotas translated with
 //! the same values, leftover device-plugin labels cleared, and once the trial
 //! period is over the source group's `spec.gpu` removed — as a command to the
-//! running claim-allocator.
+//! running claim-allocator. On the nvidia-operator backend, from the legacy
+//! pool: the quotas, then the final cutover (the device plugin may go
+//! chart-wide); from a DRA pool: an abandoned migration, checked clear
+//! before the DRA driver is uninstalled.
 
 use std::process::ExitCode;
 
@@ -16,8 +19,10 @@ pub struct CompleteArgs {
     /// The source group: the device plugin's, e.g. gpu.
     #[arg(long)]
     pub from: String,
-    /// The GPU class whose devices the quotas are translated to.
-    #[arg(long)]
+    /// The GPU class whose devices the quotas are translated to (not needed
+    /// to complete an abandoned migration: `--from` a DRA pool of the
+    /// nvidia-operator backend, every node of it rolled back).
+    #[arg(long, default_value = "")]
     pub class: String,
     /// The trial period on DRA is over: remove the source group's spec.gpu
     /// (rollbacks need device-plugin nodes, so this comes last).

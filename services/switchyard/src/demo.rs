@@ -28,7 +28,8 @@ pub struct DemoArgs {
     /// `deckhouse`: the reference migration, Switchyard's node agent serving
     /// both stacks. `nvidia-operator`: the NVIDIA guide's migration on a
     /// simulated GPU Operator and DRA driver (pools `legacy` and
-    /// `dra-pilot`; no workloads, so --workloads is not used).
+    /// `dra-pilot`; the workloads bound to the legacy pool fit on half the
+    /// nodes, the pilot pool taking the other half).
     #[arg(long, env = "SWITCHYARD_DEMO_BACKEND", default_value = "deckhouse", value_parser = ["deckhouse", "nvidia-operator"])]
     pub backend: String,
     /// GPU nodes of the source group (spec.gpu, device plugin).
@@ -61,6 +62,12 @@ fn check_args(args: &DemoArgs) -> anyhow::Result<()> {
     }
     if !(1..=5000).contains(&args.workloads) {
         bail!("--workloads {}: expected 1 to 5000", args.workloads);
+    }
+    if args.backend == "nvidia-operator" && args.gpus_per_node == 1 && args.nodes < 4 {
+        bail!(
+            "--nodes {} --gpus-per-node 1: the nvidia-operator demo needs 4 nodes or more with one GPU each (the pilot pool takes half, and the bridge test needs a free GPU on each pool beside the legacy workloads), or 2 GPUs per node",
+            args.nodes
+        );
     }
     Ok(())
 }

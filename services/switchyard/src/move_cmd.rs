@@ -13,8 +13,9 @@ use k8s_openapi::api::core::v1::PodSpec;
 use kube::Api;
 use switchyard_claim_allocator::edge::{set_placement, spec_patch, template_patch, template_path};
 use switchyard_core::ServiceName;
-use switchyard_core::names::GROUP_LABEL;
+use switchyard_core::backend::Backend;
 use switchyard_core::placement::rewrite;
+use switchyard_core::stack_assigner::operands;
 use switchyard_proto::v1::{MoveApplicationCommand, WorkloadRef, service_command};
 
 use crate::kube_args::KubeArgs;
@@ -47,6 +48,12 @@ pub struct MoveArgs {
     /// whole manifest as it would be, `-o table` what changes.
     #[arg(long)]
     pub dry_run: bool,
+    /// Which backend serves the GPUs, for `--dry-run` (the running
+    /// claim-allocator reads it from the log): the stack-assigner's flags
+    /// and the chart's environment. On `nvidia-operator` the binding dropped
+    /// is the pool label and the pilot taint is tolerated.
+    #[command(flatten)]
+    pub backend: switchyard_stack_assigner::BackendArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
@@ -171,12 +178,24 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
+    let backend = args.backend.backend();
+    let group_label = backend.group_label();
+    let pilot_taint = match &backend {
+        Backend::NvidiaOperator(b) if b.pilot_taint => Some(operands::pilot_taint(b)),
+        _ => None,
+    };
     let source = placement
         .node_selector
-        .get(GROUP_LABEL)
+        .get(group_label)
         .cloned()
         .unwrap_or_default();
-    let mut after = rewrite(&placement, GROUP_LABEL, &source, &args.class, None);
+    let mut after = rewrite(
+        &placement,
+        group_label,
+        &source,
+        &args.class,
+        pilot_taint.as_ref(),
+    );
     if w.kind == "DaemonSet" {
         // Its pods run wherever its selector matches: bound to the target group.
         let Some(to) = &args.to else {
@@ -184,7 +203,7 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
         };
         after
             .node_selector
-            .insert(GROUP_LABEL.to_string(), to.clone());
+            .insert(group_label.to_string(), to.clone());
     }
     let Some(pod_spec) = spec_patch(&spec, |s| set_placement(s, &after)) else {
         write_stdout(&format!("{what}: nothing to change\n"))?;
@@ -215,6 +234,21 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
                     "  nodeSelector: {:?} -> {:?}\n",
                     placement.node_selector, after.node_selector
                 ));
+            }
+            if placement.tolerations != after.tolerations {
+                let added = after.tolerations.iter().flat_map(|t| &t.items).filter(|t| {
+                    !placement
+                        .tolerations
+                        .iter()
+                        .flat_map(|l| &l.items)
+                        .any(|b| b == *t)
+                });
+                for t in added {
+                    text.push_str(&format!(
+                        "  toleration added: {}={}:{}\n",
+                        t.key, t.value, t.effect
+                    ));
+                }
             }
             text.push_str(&format!(
                 "apply with: kubectl -n {} patch {} {} --type merge -p '{}'\n",

@@ -422,7 +422,10 @@ pub fn describe(event: &DomainEvent) -> String {
             e.node,
             e.removed.keys().cloned().collect::<Vec<_>>().join(", ")
         ),
-        Kind::SourceGroupRetired(e) => format!("group {} retired (spec.gpu removed)", e.group),
+        Kind::SourceGroupRetired(e) if e.next_step.is_empty() => {
+            format!("group {} retired (spec.gpu removed)", e.group)
+        }
+        Kind::SourceGroupRetired(e) => format!("pool {} retired; next: {}", e.group, e.next_step),
         Kind::CompletionRefused(e) => format!(
             "completion of group {} refused: {}",
             e.source_group, e.reason

@@ -197,26 +197,55 @@ fn demo_runs_the_nvidia_guides_migration_on_the_simulated_gpu_operator() {
         names,
         [
             "baseline: register and node capacity",
+            "classes: GPU class h100 over gpu.nvidia.com",
             "pilot pool: hand over gpu-0",
             "pilot pool: hand over gpu-1",
             "pilot pool: no dual advertisement, plug-in healthy",
             "driver validation: slices as GFD labelled",
             "exclusivity gate: device plugin put back on gpu-0",
             "rollback: gpu-1 in the guide's order",
-            "final cutover: refused while legacy nodes remain",
+            "native claim pilot: a claim of the class bound on a DRA node",
+            "compatibility bridge: one unchanged nvidia.com/gpu manifest on both pools",
+            "application wave: move train-0",
+            "application wave: move train-1",
+            "application wave: move train-2",
+            "application wave: move train-3",
+            "application wave: hand over gpu-1",
+            "application wave: hand over gpu-2",
+            "application waves: each move verified",
+            "final cutover: no legacy workloads or device-plugin pods",
+            "completion: quotas translated, the device plugin kept for the trial period",
+            "completion: after the trial period, the legacy pool retired",
         ]
     );
     assert!(steps.iter().all(|(_, ok)| *ok), "{steps:?}");
-    let rollback = &summary["steps"][6]["detail"];
+    let detail = |step: &str| {
+        summary["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step"] == step)
+            .and_then(|s| s["detail"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
     assert_eq!(
-        rollback,
+        detail("rollback: gpu-1 in the guide's order"),
         "frozen → plugin label removed → slice withdrawn → device plugin on → nvidia.com/gpu allocatable → pilot taint removed → uncordoned"
+    );
+    assert_eq!(
+        detail("baseline: register and node capacity"),
+        "3 node(s), 4 workload(s) shown"
+    );
+    assert!(
+        detail("completion: after the trial period, the legacy pool retired")
+            .contains("devicePlugin.enabled=false")
     );
     let invariants = summary["invariants"].as_array().unwrap();
     assert!(invariants.iter().all(|i| i["ok"] == true), "{invariants:?}");
     assert_eq!(
         summary["final_state"]["nodes_by_group"]["dra-pilot"]["dra"],
-        serde_json::json!(["gpu-0"])
+        serde_json::json!(["gpu-0", "gpu-1", "gpu-2"])
     );
     // The log records the backend, and the same seed writes the same log.
     assert!(

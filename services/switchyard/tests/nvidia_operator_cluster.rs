@@ -1061,6 +1061,47 @@ async fn the_legacy_pool_moves_to_dra_in_application_waves() {
         .collect();
     assert_eq!(moved.len(), 2, "{text}");
 
+    // A move as a dry run, for a manifest kept in Git: on this backend the
+    // binding dropped is the pool label and the pilot taint is tolerated.
+    let dry = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "move",
+            "--workload",
+            "apps/Deployment/train",
+            "--class",
+            "h100",
+            "--dry-run",
+            "-o",
+            "patch",
+        ])
+        .env("KUBECONFIG", world.plane.kubeconfig())
+        .envs(BACKEND_ENV)
+        .output()
+        .expect("run switchyard move --dry-run");
+    let text = String::from_utf8_lossy(&dry.stdout);
+    assert_eq!(
+        dry.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let patch: serde_json::Value = serde_json::from_str(&text).expect("the patch as JSON");
+    let pod = &patch["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"][POOL], serde_json::Value::Null, "{text}");
+    assert!(
+        pod["nodeSelector"]
+            .as_object()
+            .is_some_and(|s| s.contains_key(POOL)),
+        "the pool binding removed: {text}"
+    );
+    assert!(
+        pod["tolerations"].as_array().is_some_and(|t| t
+            .iter()
+            .any(|t| t["key"] == MODE && t["effect"] == "NoSchedule")),
+        "{text}"
+    );
+    assert!(text.contains("gpu.deckhouse.io/h100"), "{text}");
+
     // The migration: the claim-allocator drives it from the log.
     let (code, out, err) = cli(
         &world,
@@ -1149,5 +1190,39 @@ async fn the_legacy_pool_moves_to_dra_in_application_waves() {
             running("train") == 2 && running("serve") == 1
         })
         .await;
+
+    // Completion: the legacy pool is empty and nothing asks for
+    // nvidia.com/gpu, but the chart-wide device plugin stays for the trial
+    // period; after it, the final cutover is checked on what runs now.
+    let (code, out, err) = cli(&world, &["complete", "--from", "legacy", "--class", "h100"]);
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("devicePlugin.enabled") && out.contains("trial period"),
+        "{out}\n{err}"
+    );
+    let (code, out, err) = cli(
+        &world,
+        &[
+            "complete",
+            "--from",
+            "legacy",
+            "--class",
+            "h100",
+            "--trial-over",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
+    assert!(
+        out.contains("pool legacy retired") && out.contains("devicePlugin.enabled=false"),
+        "{out}\n{err}"
+    );
+    for name in WAVE_NODES {
+        let node = nodes.get(name).await.expect("node");
+        assert_eq!(
+            label(&node, "nvidia.com/gpu.product"),
+            Some("NVIDIA-H100-80GB-HBM3"),
+            "{name}: GPU Feature Discovery's labels stay"
+        );
+    }
     platform.abort();
 }

@@ -5,13 +5,15 @@
 //! period on DRA, since a rollback needs Device Plugin nodes — the source group
 //! loses its spec.gpu section.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
     CompletionRefused, DomainEvent, LeftoverLabelsCleared, ResourceQuotaTranslated,
-    SourceGroupRetired, domain_event::Kind, event,
+    SourceGroupRetired, Stack, domain_event::Kind, event,
 };
 
+use super::{evidence, stages};
+use crate::backend::{Backend, nvidia};
 use crate::cluster::{Cluster, ObjectKey};
 use crate::command::Complete;
 use crate::effects::Effect;
@@ -81,18 +83,27 @@ impl Completion {
 
     /// The completion steps, or why they cannot be taken yet.
     pub fn complete(&self, cluster: &Cluster, cmd: &Complete) -> Vec<DomainEvent> {
-        let refuse = |reason: String| {
-            vec![event(Kind::CompletionRefused(CompletionRefused {
-                source_group: cmd.source_group.clone(),
-                reason,
-            }))]
+        let refuse = |reason: String| refusal(cmd, reason);
+        let on_nvidia = match &cluster.backend {
+            Backend::NvidiaOperator(b) => match b.pools.get(&cmd.source_group) {
+                Some(Stack::DevicePlugin) => true,
+                Some(Stack::Dra) => return abandon(cluster, cmd),
+                _ => {
+                    return refuse(format!(
+                        "pool {}: not a device-plugin or DRA pool of the nvidia-operator backend; expected one of {}",
+                        cmd.source_group,
+                        b.pools
+                            .iter()
+                            .filter(|(_, s)| matches!(s, Stack::DevicePlugin | Stack::Dra))
+                            .map(|(p, _)| p.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            },
+            Backend::Deckhouse => false,
         };
-        if let Some(nodes) = cluster
-            .members
-            .get(&cmd.source_group)
-            .filter(|m| !m.is_empty())
-        {
-            let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        if let Some(nodes) = remaining(cluster, &cmd.source_group) {
             return refuse(format!(
                 "hand over the remaining nodes first: {} still in group {}: {}",
                 nodes.len(),
@@ -114,6 +125,11 @@ impl Completion {
                 "move the remaining applications first: {} still request {NVIDIA_GPU}: {}",
                 waiting.len(),
                 waiting.join(", ")
+            ));
+        }
+        if cmd.gpu_class.is_empty() {
+            return refuse(format!(
+                "no GPU class named: the quotas on {NVIDIA_GPU_QUOTA} become the devices of a GPU class; name the one the applications moved to"
             ));
         }
         let Some(device_class) = cluster
@@ -139,6 +155,12 @@ impl Completion {
                 )));
             }
         }
+        if on_nvidia {
+            // The operator's nvidia.com/* labels are its operands' switches
+            // and GPU Feature Discovery's facts: none is a leftover here.
+            decisions.extend(final_cutover(cluster, cmd));
+            return decisions;
+        }
         for (node, facts) in &cluster.nodes {
             let removed = leftover_labels(facts.labels.iter());
             if !removed.is_empty() {
@@ -155,15 +177,16 @@ impl Completion {
                     group: cmd.source_group.clone(),
                     gpu_before: Some(gpu),
                     deleted: false,
+                    next_step: String::new(),
                 })));
             }
-            Some(_) => decisions.push(event(Kind::CompletionRefused(CompletionRefused {
-                source_group: cmd.source_group.clone(),
-                reason: format!(
+            Some(_) => decisions.extend(refusal(
+                cmd,
+                format!(
                     "group {} keeps its spec.gpu: a rollback needs Device Plugin nodes; retire it once the trial period on DRA is over",
                     cmd.source_group
                 ),
-            }))),
+            )),
             None => {}
         }
         decisions
@@ -217,4 +240,139 @@ impl Completion {
         }
         effects
     }
+}
+
+fn refusal(cmd: &Complete, reason: String) -> Vec<DomainEvent> {
+    vec![event(Kind::CompletionRefused(CompletionRefused {
+        source_group: cmd.source_group.clone(),
+        reason,
+    }))]
+}
+
+/// The nodes still in `group`, if any.
+fn remaining<'a>(cluster: &'a Cluster, group: &str) -> Option<Vec<&'a str>> {
+    cluster
+        .members
+        .get(group)
+        .filter(|m| !m.is_empty())
+        .map(|m| m.iter().map(String::as_str).collect())
+}
+
+/// The guide's final cutover on the `nvidia-operator` backend, once the
+/// legacy pool is empty and no application asks for `nvidia.com/gpu`: the
+/// chart-wide device plugin may go (`devicePlugin.enabled=false`) only after
+/// the trial period, and only while no GPU node is left to it — a GPU node
+/// in no DRA pool would lose its GPUs.
+fn final_cutover(cluster: &Cluster, cmd: &Complete) -> Vec<DomainEvent> {
+    if !cmd.trial_period_over {
+        return refusal(
+            cmd,
+            format!(
+                "pool {} is empty, but keep the GPU Operator's device plugin enabled chart-wide (devicePlugin.enabled) for the trial period on DRA: a rollback needs it; run again with the trial period over for the final cutover",
+                cmd.source_group
+            ),
+        );
+    }
+    let serving: Vec<String> = evidence::gpu_nodes(cluster)
+        .iter()
+        .filter_map(|n| {
+            let item = stages::no_device_plugin(cluster, n);
+            (!item.passed).then(|| format!("node {n}: {}", item.detail))
+        })
+        .collect();
+    if !serving.is_empty() {
+        return refusal(
+            cmd,
+            format!(
+                "final cutover: the device plugin still serves {} node(s) — hand them to a DRA pool first: {}",
+                serving.len(),
+                serving.join("; ")
+            ),
+        );
+    }
+    vec![event(Kind::SourceGroupRetired(SourceGroupRetired {
+        group: cmd.source_group.clone(),
+        gpu_before: None,
+        deleted: false,
+        next_step: "no device-plugin pod or resource is left: switch the device plugin off chart-wide (helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator --reuse-values --set devicePlugin.enabled=false); a rollback after this re-enables it first".into(),
+    }))]
+}
+
+/// An abandoned migration, completed: every node of DRA pool
+/// `cmd.source_group` rolled back. "Uninstall DRA only after the last DRA
+/// node is clear": no node anywhere still serving DRA, publishing the
+/// driver's devices or holding a claim on them.
+fn abandon(cluster: &Cluster, cmd: &Complete) -> Vec<DomainEvent> {
+    if let Some(nodes) = remaining(cluster, &cmd.source_group) {
+        return refusal(
+            cmd,
+            format!(
+                "roll back the remaining nodes first (switchyard rollback node): {} still in DRA pool {}: {}",
+                nodes.len(),
+                cmd.source_group,
+                nodes.join(", ")
+            ),
+        );
+    }
+    let mut in_use = Vec::new();
+    let serving: Vec<&str> = cluster
+        .nodes
+        .keys()
+        .filter(|n| stages::serves_dra(cluster, n))
+        .map(String::as_str)
+        .collect();
+    if !serving.is_empty() {
+        in_use.push(format!("nodes still serving DRA: {}", serving.join(", ")));
+    }
+    let publishing: BTreeSet<&str> = cluster
+        .slices
+        .values()
+        .filter(|s| s.driver == nvidia::DRIVER)
+        .map(|s| {
+            if s.node.is_empty() {
+                "(no node)"
+            } else {
+                s.node.as_str()
+            }
+        })
+        .collect();
+    if !publishing.is_empty() {
+        in_use.push(format!(
+            "{} devices still published for: {}",
+            nvidia::DRIVER,
+            publishing.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let prefix = format!("{}/", nvidia::DRIVER);
+    let claims: Vec<String> = cluster
+        .claims
+        .iter()
+        .filter(|(_, c)| c.devices.iter().any(|d| d.starts_with(&prefix)))
+        .map(|((ns, name), c)| format!("{ns}/{name} on {}", c.node))
+        .collect();
+    if !claims.is_empty() {
+        in_use.push(format!(
+            "claims still allocated {} devices: {}",
+            nvidia::DRIVER,
+            claims.join(", ")
+        ));
+    }
+    if !in_use.is_empty() {
+        return refusal(
+            cmd,
+            format!(
+                "uninstall DRA only after the last DRA node is clear: {}",
+                in_use.join("; ")
+            ),
+        );
+    }
+    vec![event(Kind::SourceGroupRetired(SourceGroupRetired {
+        group: cmd.source_group.clone(),
+        gpu_before: None,
+        deleted: false,
+        next_step: format!(
+            "the last DRA node is clear: uninstall the DRA driver (helm uninstall nvidia-dra-driver-gpu -n nvidia-dra-driver-gpu, as installed) and delete the GPUClasses and bridge DeviceClasses no longer needed (kubectl get gpuclass,deviceclass); pool {} can leave SWITCHYARD_NVIDIA_POOLS",
+            cmd.source_group
+        ),
+    }))]
 }

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
-    DomainEvent, EvidenceChecked, EvidenceItem, EvidenceRecorded, PodPhase, WorkloadRef,
+    DomainEvent, EvidenceChecked, EvidenceItem, EvidenceRecorded, PodPhase, Stack, WorkloadRef,
     domain_event::Kind, event,
 };
 
@@ -243,6 +243,39 @@ fn bound_claim(cluster: &Cluster, key: &ObjectKey, pod: &Pod) -> EvidenceItem {
     item(BOUND_CLAIM, result)
 }
 
+/// Whether the bridge test is meant for `w`: its pods may run on a DRA node.
+/// Some run there already; or on the nvidia-operator backend its template is
+/// not bound to a pool other than a DRA one and tolerates the pilot taint
+/// where DRA nodes carry it. A legacy workload pinned to its pool, as most
+/// are during the migration, is not a bridge test.
+fn may_reach_dra(cluster: &Cluster, w: &WorkloadRef, pods: &[(&ObjectKey, &Pod)]) -> bool {
+    if pods.iter().any(|(_, p)| serves_dra(cluster, &p.node)) {
+        return true;
+    }
+    let Backend::NvidiaOperator(b) = &cluster.backend else {
+        return true;
+    };
+    let key = (w.namespace.clone(), w.kind.clone(), w.name.clone());
+    let Some(placement) = cluster.workloads.get(&key).map(|w| w.placement.get()) else {
+        // A pod no known workload owns: judged by where it runs alone.
+        return false;
+    };
+    if placement
+        .node_selector
+        .get(&b.pool_label)
+        .is_some_and(|pool| b.pools.get(pool) != Some(&Stack::Dra))
+    {
+        return false;
+    }
+    !b.pilot_taint
+        || placement.tolerations.as_ref().is_some_and(|t| {
+            let taint = operands::pilot_taint(b);
+            t.items
+                .iter()
+                .any(|t| crate::placement::tolerates(t, &taint))
+        })
+}
+
 /// Compatibility bridge: one unchanged manifest placed on both pools —
 /// served by the device plugin on a device-plugin node, through the
 /// scheduler's extended-resource claim on a DRA node.
@@ -295,7 +328,7 @@ fn bridge(cluster: &Cluster, pods: &[(&ObjectKey, &Pod)]) -> EvidenceItem {
 
 /// Final cutover, per node: no device-plugin pod, no device-plugin GPU
 /// resource allocatable.
-fn no_device_plugin(cluster: &Cluster, node: &str) -> EvidenceItem {
+pub(crate) fn no_device_plugin(cluster: &Cluster, node: &str) -> EvidenceItem {
     let facts = &cluster.nodes[node];
     let pods = match &cluster.backend {
         Backend::NvidiaOperator(b) => {
@@ -384,6 +417,7 @@ fn subjects(cluster: &Cluster, stage: Stage, moved: &[Moved]) -> Vec<Subject> {
             .collect(),
         Stage::CompatibilityBridge => legacy_pods(cluster)
             .iter()
+            .filter(|(w, pods)| may_reach_dra(cluster, w, pods))
             .map(|(w, pods)| workload(w, vec![bridge(cluster, pods)]))
             .collect(),
         Stage::ApplicationWave => moved
@@ -420,7 +454,9 @@ fn nothing(stage: Stage) -> &'static str {
         Stage::Baseline | Stage::FinalCutover => "no GPU node",
         Stage::PilotPool | Stage::DriverValidation => "no node is served by DRA",
         Stage::NativeClaimPilot => "no pod with its own ResourceClaims runs on a DRA node",
-        Stage::CompatibilityBridge => "no workload asks for nvidia.com/gpu",
+        Stage::CompatibilityBridge => {
+            "no workload asking for nvidia.com/gpu may run on a DRA node (none runs there, none tolerates the pilot taint unbound to a legacy pool)"
+        }
         Stage::ApplicationWave => "no verified move",
     }
 }
