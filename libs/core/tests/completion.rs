@@ -195,7 +195,7 @@ mod nvidia_operator {
     use super::*;
     use switchyard_core::backend::{Backend, NvidiaOperator};
     use switchyard_proto::v1::{
-        AllocatedDevice, NodeObserved, ResourceClaimObserved, ResourceSliceObserved, Stack,
+        AllocatedDevice, ResourceClaimObserved, ResourceSliceObserved, Stack,
     };
 
     const POOL: &str = "gpu-scheduling.platform.example.com/pool";
@@ -213,36 +213,20 @@ mod nvidia_operator {
         ))
     }
 
-    /// A GPU node of `pool` as GPU Feature Discovery and the guide label it,
-    /// `allocatable` nvidia.com/gpu from the device plugin.
+    /// A GPU node of `pool` (none: "") as GPU Feature Discovery and the
+    /// guide label it, `allocatable` nvidia.com/gpu from the device plugin.
     fn gfd_node(name: &str, pool: &str, dra: bool, allocatable: u32) -> DomainEvent {
-        let mut labels: BTreeMap<String, String> = [
-            ("nvidia.com/gpu.present", "true"),
-            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
-            ("nvidia.com/gpu.count", "2"),
-            (
-                "nvidia.com/gpu.deploy.device-plugin",
-                if dra { "false" } else { "true" },
-            ),
-            (POOL, pool),
-        ]
-        .iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+        let mut labels = vec![(
+            "nvidia.com/gpu.deploy.device-plugin",
+            if dra { "false" } else { "true" },
+        )];
         if dra {
-            labels.insert("nvidia.com/dra-kubelet-plugin".into(), "true".into());
+            labels.push(("nvidia.com/dra-kubelet-plugin", "true"));
         }
-        ev(Kind::NodeObserved(NodeObserved {
-            node: name.into(),
-            labels,
-            gpu_allocatable: if allocatable > 0 {
-                BTreeMap::from([("nvidia.com/gpu".to_string(), allocatable)])
-            } else {
-                BTreeMap::new()
-            },
-            ..Default::default()
-        }))
+        if !pool.is_empty() {
+            labels.push((POOL, pool));
+        }
+        mk_gfd_node(name, &labels, allocatable)
     }
 
     fn slice(node: &str) -> DomainEvent {

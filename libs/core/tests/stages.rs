@@ -12,7 +12,7 @@ use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::command::CheckEvidence;
 use switchyard_proto::v1::{
-    AllocatedDevice, DomainEvent, EvidenceRecorded, NodeObserved, PodPhase, ResourceClaimObserved,
+    AllocatedDevice, DomainEvent, EvidenceRecorded, PodPhase, ResourceClaimObserved,
     ResourceSliceObserved, SliceDevice, Stack, Toleration, Tolerations, domain_event::Kind,
 };
 
@@ -26,30 +26,6 @@ fn backend() -> Backend {
             ("dra-pilot".to_string(), Stack::Dra),
         ]),
         ..NvidiaOperator::default()
-    }))
-}
-
-/// A GPU node as GPU Feature Discovery labels it, with these labels too.
-fn gfd_node(name: &str, labels: &[(&str, &str)], allocatable: u32) -> DomainEvent {
-    let all: BTreeMap<String, String> = [
-        ("nvidia.com/gpu.present", "true"),
-        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
-        ("nvidia.com/gpu.count", "2"),
-        ("nvidia.com/gpu.memory", "81559"),
-    ]
-    .iter()
-    .chain(labels)
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    ev(Kind::NodeObserved(NodeObserved {
-        node: name.into(),
-        labels: all,
-        gpu_allocatable: if allocatable > 0 {
-            BTreeMap::from([("nvidia.com/gpu".to_string(), allocatable)])
-        } else {
-            BTreeMap::new()
-        },
-        ..Default::default()
     }))
 }
 
@@ -98,14 +74,14 @@ fn migrating() -> ClaimAllocator {
     let mut core = ClaimAllocator::default();
     let facts = [
         ev(Kind::BackendConfigured(backend().to_event())),
-        gfd_node("gpu-1", &[(DP, "true")], 2),
+        mk_gfd_node("gpu-1", &[(DP, "true")], 2),
         mk_daemon_pod(
             "gpu-operator",
             "nvidia-device-plugin-daemonset-a",
             "gpu-1",
             &[("app", "nvidia-device-plugin-daemonset")],
         ),
-        gfd_node("gpu-2", &[(DP, "false"), (PLUGIN, "true")], 0),
+        mk_gfd_node("gpu-2", &[(DP, "false"), (PLUGIN, "true")], 0),
         mk_daemon_pod(
             "nvidia-dra-driver-gpu",
             "dra-driver-nvidia-gpu-kubelet-plugin-b",
@@ -193,7 +169,7 @@ fn a_stage_with_nothing_to_show_is_refused_not_passed() {
     core.handle(Input::Fact(&ev(Kind::BackendConfigured(
         backend().to_event(),
     ))));
-    core.handle(Input::Fact(&gfd_node("gpu-1", &[(DP, "true")], 2)));
+    core.handle(Input::Fact(&mk_gfd_node("gpu-1", &[(DP, "true")], 2)));
     let decided = check(&mut core, Stage::PilotPool);
     let Some(Kind::MigrationRefused(r)) = &decided[0].kind else {
         panic!("{decided:?}")
@@ -350,7 +326,7 @@ fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra
 /// plugin and the validator off, the kubelet plugin's label and pod, the
 /// ownership label, the pilot taint, its slice.
 fn ready_pilot_node(core: &mut ClaimAllocator) {
-    let mut node = gfd_node(
+    let mut node = mk_gfd_node(
         "gpu-3",
         &[
             (DP, "false"),

@@ -306,6 +306,33 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         self.log[start..].iter().map(|l| &l.event)
     }
 
+    /// `kubectl apply` of GPU class `class`; Ok once the class-compiler
+    /// published its DeviceClasses.
+    pub async fn create_class(&mut self, class: &str) -> Result<String, StepFailed> {
+        self.sim.create_gpu_class(class);
+        self.pump().await;
+        let compiled = self
+            .states()
+            .await
+            .claims
+            .cluster
+            .gpu_classes
+            .get(class)
+            .cloned()
+            .unwrap_or_default();
+        if compiled.is_empty() {
+            Err(StepFailed::NotReached(
+                "the class has no DeviceClass".into(),
+            ))
+        } else {
+            Ok(format!(
+                "DeviceClass {}, requested as {}{class}",
+                compiled.join(", "),
+                switchyard_core::names::CLASS_RESOURCE_PREFIX
+            ))
+        }
+    }
+
     /// Hands `node` over to `group`; Ok once the handover completed.
     pub async fn hand_over(&mut self, node: &str, group: &str) -> Result<String, StepFailed> {
         let id = self.next_id(&format!("handover-{node}"));
@@ -688,31 +715,8 @@ pub async fn run_reference<S: Services, L: LogSink>(
         }),
     );
     // Step 2: a GPU class; the class-compiler publishes its DeviceClass.
-    m.sim.create_gpu_class(class);
-    m.pump().await;
-    let compiled = m
-        .states()
-        .await
-        .claims
-        .cluster
-        .gpu_classes
-        .get(class)
-        .cloned()
-        .unwrap_or_default();
-    report(
-        &m.sim,
-        format!("step 2: create GPU class {class}"),
-        if compiled.is_empty() {
-            Err(StepFailed::NotReached(
-                "the class has no DeviceClass".into(),
-            ))
-        } else {
-            Ok(format!(
-                "DeviceClass {}, requested as gpu.deckhouse.io/{class}",
-                compiled.join(", ")
-            ))
-        },
-    );
+    let result = m.create_class(class).await;
+    report(&m.sim, format!("step 2: create GPU class {class}"), result);
 
     // Steps 3 and 4, repeated: hand over a node, then move what fits on DRA.
     let mut waiting: Vec<WorkloadRef> = m.sim.workloads();

@@ -220,30 +220,11 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
 
     // A GPU class over the driver's attributes; the class-compiler
     // publishes its DeviceClass.
-    m.sim.create_gpu_class(&class);
-    m.pump().await;
-    let compiled = m
-        .states()
-        .await
-        .claims
-        .cluster
-        .gpu_classes
-        .get(&class)
-        .cloned()
-        .unwrap_or_default();
+    let result = m.create_class(&class).await;
     report(
         &m.sim,
         &format!("classes: GPU class {class} over {}", nvidia::DRIVER),
-        if compiled.is_empty() {
-            Err(StepFailed::NotReached(
-                "the class has no DeviceClass".into(),
-            ))
-        } else {
-            Ok(format!(
-                "DeviceClass {}, requested as {CLASS_RESOURCE_PREFIX}{class}",
-                compiled.join(", ")
-            ))
-        },
+        result,
     );
 
     // Pilot pool: half the nodes (one at least), handed over one by one.

@@ -892,3 +892,14 @@ fn uninstalling_dra_before_the_last_dra_node_is_clear_is_reported() {
     assert_eq!(found.objects, ["Node/gpu-2", "ResourceClaim/ml/train-gpu"]);
     assert!(found.cause.starts_with("the DRA driver's kubelet plugin is uninstalled while nodes still publish gpu.nvidia.com devices (gpu-2) and claims hold them (ml/train-gpu)"), "{}", found.cause);
 }
+
+#[test]
+fn every_row_is_named_alike_in_json_and_in_the_table() {
+    for row in Row::ALL {
+        assert_eq!(
+            serde_json::to_value(row).expect("a row as JSON"),
+            Value::String(row.id().into()),
+            "{row:?}"
+        );
+    }
+}

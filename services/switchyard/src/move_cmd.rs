@@ -23,6 +23,8 @@ use crate::operator::OperatorArgs;
 use crate::output::{Format, write_stdout};
 
 #[derive(Args, Debug)]
+// A dry run reads the cluster only: no NATS server is needed for it.
+#[command(mut_arg("nats_url", |a| a.required(false).default_value("")))]
 pub struct MoveArgs {
     /// The workload to move: NAMESPACE/KIND/NAME — a Deployment, StatefulSet
     /// or DaemonSet (restarted), a CronJob (its next run takes the change); a
@@ -96,6 +98,11 @@ pub fn parse_workload(text: &str) -> Result<WorkloadRef, String> {
 pub async fn move_workload(args: MoveArgs) -> anyhow::Result<ExitCode> {
     if args.dry_run {
         return dry_run(&args).await;
+    }
+    if args.operator.nats.nats_url.is_empty() {
+        bail!(
+            "--nats-url (or SWITCHYARD_NATS_URL): the NATS server of the running claim-allocator is needed to move; only --dry-run goes without"
+        );
     }
     let command = service_command::Command::MoveApplication(MoveApplicationCommand {
         move_id: args

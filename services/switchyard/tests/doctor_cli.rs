@@ -959,8 +959,42 @@ async fn admin_access_is_listed_in_admin_namespaces_and_a_finding_outside_them()
         .delete("monitor", &Default::default())
         .await
         .expect("delete the template");
+    // Nothing left to warn of; the backend reported as found, with the
+    // kubelet plugin's selector.
     let (code, findings) = doctor(&plane);
-    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+    assert_eq!((code, findings.len()), (0, 1), "{findings:#?}");
+    let detected = rows(&findings, "nvidia-backend-detected");
+    assert_eq!(detected.len(), 1, "{findings:#?}");
+    assert_eq!(objects(detected[0]), ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        detected[0]["cause"].as_str().is_some_and(|c| c
+            .contains("dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true)")),
+        "{findings:#?}"
+    );
+
+    // The operator's own DRA mode configured beside the ClusterPolicy.
+    let gpu_clusters: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster"),
+            "gpuclusters",
+        ),
+    );
+    let gpu_cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": {},
+    }))
+    .unwrap();
+    gpu_clusters
+        .create(&PostParams::default(), &gpu_cluster)
+        .await
+        .expect("create the GPUCluster");
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1, "{findings:#?}");
+    let present = rows(&findings, "gpucluster-present");
+    assert_eq!(present.len(), 1, "{findings:#?}");
+    assert_eq!(objects(present[0]), ["GPUCluster/gpu-cluster"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1083,8 +1117,42 @@ async fn tenants_who_may_write_device_classes_or_resource_slices() {
         .delete("gpu-tenants", &Default::default())
         .await
         .expect("delete the binding");
+    // Nothing left to warn of; the backend reported as found, with the
+    // kubelet plugin's selector.
     let (code, findings) = doctor(&plane);
-    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+    assert_eq!((code, findings.len()), (0, 1), "{findings:#?}");
+    let detected = rows(&findings, "nvidia-backend-detected");
+    assert_eq!(detected.len(), 1, "{findings:#?}");
+    assert_eq!(objects(detected[0]), ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        detected[0]["cause"].as_str().is_some_and(|c| c
+            .contains("dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true)")),
+        "{findings:#?}"
+    );
+
+    // The operator's own DRA mode configured beside the ClusterPolicy.
+    let gpu_clusters: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster"),
+            "gpuclusters",
+        ),
+    );
+    let gpu_cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": {},
+    }))
+    .unwrap();
+    gpu_clusters
+        .create(&PostParams::default(), &gpu_cluster)
+        .await
+        .expect("create the GPUCluster");
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1, "{findings:#?}");
+    let present = rows(&findings, "gpucluster-present");
+    assert_eq!(present.len(), 1, "{findings:#?}");
+    assert_eq!(objects(present[0]), ["GPUCluster/gpu-cluster"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1153,21 +1221,60 @@ async fn the_node_agent_may_write_every_nodes_slices_without_its_policy() {
     for doc in docs.iter().filter(|d| d["metadata"]["name"] == POLICY) {
         apply_doc(&client, doc).await;
     }
+    // Nothing left to warn of; the backend reported as found, with the
+    // kubelet plugin's selector.
     let (code, findings) = doctor(&plane);
-    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+    assert_eq!((code, findings.len()), (0, 1), "{findings:#?}");
+    let detected = rows(&findings, "nvidia-backend-detected");
+    assert_eq!(detected.len(), 1, "{findings:#?}");
+    assert_eq!(objects(detected[0]), ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        detected[0]["cause"].as_str().is_some_and(|c| c
+            .contains("dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true)")),
+        "{findings:#?}"
+    );
+
+    // The operator's own DRA mode configured beside the ClusterPolicy.
+    let gpu_clusters: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster"),
+            "gpuclusters",
+        ),
+    );
+    let gpu_cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": {},
+    }))
+    .unwrap();
+    gpu_clusters
+        .create(&PostParams::default(), &gpu_cluster)
+        .await
+        .expect("create the GPUCluster");
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1, "{findings:#?}");
+    let present = rows(&findings, "gpucluster-present");
+    assert_eq!(present.len(), 1, "{findings:#?}");
+    assert_eq!(objects(present[0]), ["GPUCluster/gpu-cluster"]);
 }
 
 /// The GPU Operator's ClusterPolicy CRD, enough to store its objects.
-fn cluster_policy_crd()
--> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+/// The GPU Operator's cluster-scoped CRD of `kind` (`nvidia.com/<version>`),
+/// its schema open.
+fn operator_crd(
+    kind: &str,
+    plural: &str,
+    version: &str,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     serde_json::from_value(json!({
-        "metadata": {"name": "clusterpolicies.nvidia.com"},
+        "metadata": {"name": format!("{plural}.nvidia.com")},
         "spec": {
             "group": "nvidia.com",
             "scope": "Cluster",
-            "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy", "listKind": "ClusterPolicyList"},
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind, "listKind": format!("{kind}List")},
             "versions": [{
-                "name": "v1", "served": true, "storage": true,
+                "name": version, "served": true, "storage": true,
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
             }],
         },
@@ -1179,7 +1286,14 @@ fn cluster_policy_crd()
 async fn on_a_gpu_operator_cluster_the_dra_drivers_prerequisites_are_checked() {
     let (plane, client) = start().await;
     healthy(&client).await;
-    install_crds(&client, vec![cluster_policy_crd()]).await;
+    install_crds(
+        &client,
+        vec![
+            operator_crd("ClusterPolicy", "clusterpolicies", "v1"),
+            operator_crd("GPUCluster", "gpuclusters", "v1alpha1"),
+        ],
+    )
+    .await;
     let policies: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(
@@ -1246,6 +1360,40 @@ async fn on_a_gpu_operator_cluster_the_dra_drivers_prerequisites_are_checked() {
         )
         .await
         .expect("patch the DaemonSet");
+    // Nothing left to warn of; the backend reported as found, with the
+    // kubelet plugin's selector.
     let (code, findings) = doctor(&plane);
-    assert_eq!((code, findings.len()), (0, 0), "{findings:#?}");
+    assert_eq!((code, findings.len()), (0, 1), "{findings:#?}");
+    let detected = rows(&findings, "nvidia-backend-detected");
+    assert_eq!(detected.len(), 1, "{findings:#?}");
+    assert_eq!(objects(detected[0]), ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        detected[0]["cause"].as_str().is_some_and(|c| c
+            .contains("dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true)")),
+        "{findings:#?}"
+    );
+
+    // The operator's own DRA mode configured beside the ClusterPolicy.
+    let gpu_clusters: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster"),
+            "gpuclusters",
+        ),
+    );
+    let gpu_cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": {},
+    }))
+    .unwrap();
+    gpu_clusters
+        .create(&PostParams::default(), &gpu_cluster)
+        .await
+        .expect("create the GPUCluster");
+    let (code, findings) = doctor(&plane);
+    assert_eq!(code, 1, "{findings:#?}");
+    let present = rows(&findings, "gpucluster-present");
+    assert_eq!(present.len(), 1, "{findings:#?}");
+    assert_eq!(objects(present[0]), ["GPUCluster/gpu-cluster"]);
 }

@@ -451,6 +451,80 @@ async fn the_guides_pilot_pool_is_switched_over_and_back_by_the_operators_labels
         "the node was cordoned while the gate failed"
     );
 
+    // The device plugin back however the label reads: its DaemonSet's
+    // selector widened by hand to every GPU node. The gate fails and stays
+    // failed while the pod runs there; the alerter announces
+    // D8GpuDevicePluginOnDraNode with an Event on the Node. The selector put
+    // back, the pod goes and the node is uncordoned.
+    world.serve_with_env(
+        "alerter",
+        &[
+            ("SWITCHYARD_STATUS_EVERY", "1s"),
+            ("SWITCHYARD_ALERTS_FOR", "D8GpuDevicePluginOnDraNode=0s"),
+        ],
+    );
+    let device_plugin = Api::<DaemonSet>::namespaced(c.clone(), OPERATOR);
+    let select = |selector: serde_json::Value| {
+        let device_plugin = device_plugin.clone();
+        async move {
+            device_plugin
+                .patch(
+                    "nvidia-device-plugin-daemonset",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"spec": {"template": {"spec": {"nodeSelector": selector}}}}),
+                    ),
+                )
+                .await
+                .expect("patch the device plugin's selector");
+        }
+    };
+    let lost_before = world
+        .events()
+        .await
+        .iter()
+        .filter(|(_, e)| matches!(&e.kind, Some(Kind::ExclusivityLost(l)) if l.node == "gpu-2"))
+        .count();
+    select(json!({DP: null, "nvidia.com/gpu.present": "true"})).await;
+    let events_api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.clone(), "default");
+    world
+        .until("the device plugin on gpu-2 caught and alerted", || async {
+            let lost = world
+                .events()
+                .await
+                .iter()
+                .filter(
+                    |(_, e)| matches!(&e.kind, Some(Kind::ExclusivityLost(l)) if l.node == "gpu-2"),
+                )
+                .count();
+            let alerted = events_api
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| {
+                    l.items.iter().any(|e| {
+                        e.reason.as_deref() == Some("D8GpuDevicePluginOnDraNode")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-2")
+                    })
+                });
+            let node = nodes.get("gpu-2").await.expect("node");
+            lost > lost_before
+                && alerted
+                && node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        })
+        .await;
+    select(json!({"nvidia.com/gpu.present": null, DP: "true"})).await;
+    world
+        .until("gpu-2 on DRA alone again, uncordoned", || async {
+            let node = nodes.get("gpu-2").await.expect("node");
+            !node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+                && serving(&c, "gpu-2").await == (false, true, false, true)
+        })
+        .await;
+
     // The exit evidence on the facts now: gpu-2 on DRA alone, its slice as
     // GPU Feature Discovery labelled the cards; gpu-1 on the device plugin.
     let (code, out, err) = switchyard_testkit::reference::cli_at(

@@ -359,3 +359,27 @@ pub fn mk_quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> DomainEve
         },
     ))
 }
+
+/// A GPU node as GPU Feature Discovery labels it, with these labels too.
+pub fn mk_gfd_node(name: &str, labels: &[(&str, &str)], allocatable: u32) -> DomainEvent {
+    let all: BTreeMap<String, String> = [
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "2"),
+        ("nvidia.com/gpu.memory", "81559"),
+    ]
+    .iter()
+    .chain(labels)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    ev(Kind::NodeObserved(NodeObserved {
+        node: name.into(),
+        labels: all,
+        gpu_allocatable: if allocatable > 0 {
+            BTreeMap::from([("nvidia.com/gpu".to_string(), allocatable)])
+        } else {
+            BTreeMap::new()
+        },
+        ..Default::default()
+    }))
+}

@@ -103,6 +103,7 @@ pub enum Row {
     EvictionLabelMissing,
     KubeletPluginUnscoped,
     NvidiaBackendDetected,
+    #[serde(rename = "gpucluster-present")]
     GpuClusterPresent,
     BridgeClasses,
     ValidatorOffNeeded,
