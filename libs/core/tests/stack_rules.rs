@@ -410,3 +410,34 @@ fn on_the_nvidia_backend_an_upgrade_holds_no_group() {
     );
     assert!(core.held.is_empty());
 }
+
+#[test]
+fn on_the_nvidia_backend_nodegroups_are_pools_by_their_label() {
+    // Where NodeGroups exist, their label names the pool: each NodeGroup
+    // given a stack, whatever its spec.gpu says.
+    let backend = Backend::NvidiaOperator(Box::new(NvidiaOperator {
+        pool_label: switchyard_core::names::GROUP_LABEL.into(),
+        pools: BTreeMap::from([
+            ("gpu".to_string(), Stack::DevicePlugin),
+            ("gpu-dra".to_string(), Stack::Dra),
+        ]),
+        ..NvidiaOperator::default()
+    }));
+    let mut core = StackAssigner::default().on_backend(backend);
+    core.catch_up(0);
+    for fact in [
+        mk_group("gpu", true),
+        mk_group("gpu-dra", true),
+        mk_settings(false, true, ""),
+        mk_node_labels("a", Some("gpu"), &[("nvidia.com/gpu.present", "true")]),
+        mk_node_labels("b", Some("gpu-dra"), &[("nvidia.com/gpu.present", "true")]),
+    ] {
+        core.handle_fact(&fact, 0);
+    }
+    assert_eq!(
+        stack(&core, "a"),
+        (Stack::DevicePlugin, StackReason::PoolStack)
+    );
+    assert_eq!(stack(&core, "b"), (Stack::Dra, StackReason::PoolStack));
+    assert_eq!(core.cluster.nodes["b"].group(), Some("gpu-dra"));
+}
