@@ -207,11 +207,17 @@ impl Simulator {
                 placement,
             } => {
                 let key = workload_key(workload);
-                if let Some(w) = self.workloads.get_mut(&key)
-                    && w.placement != *placement
-                {
-                    w.placement = placement.clone();
-                    self.report_workload(workload);
+                if let Some(w) = self.workloads.get_mut(&key) {
+                    // Tolerations not recorded (an old record) are left as
+                    // they are, as the edge's patch leaves them.
+                    let mut wanted = placement.clone();
+                    if wanted.tolerations.is_none() {
+                        wanted.tolerations = w.placement.tolerations.clone();
+                    }
+                    if w.placement != wanted {
+                        w.placement = wanted;
+                        self.report_workload(workload);
+                    }
                 }
             }
             Effect::RestartWorkload {
