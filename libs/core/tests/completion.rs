@@ -193,24 +193,12 @@ mod nvidia_operator {
     //! checked clear before the DRA driver is uninstalled.
 
     use super::*;
-    use switchyard_core::backend::{Backend, NvidiaOperator};
-    use switchyard_proto::v1::{
-        AllocatedDevice, ResourceClaimObserved, ResourceSliceObserved, Stack,
-    };
+    use switchyard_proto::v1::{AllocatedDevice, ResourceClaimObserved};
 
     const POOL: &str = "gpu-scheduling.platform.example.com/pool";
 
     fn backend() -> DomainEvent {
-        ev(Kind::BackendConfigured(
-            Backend::NvidiaOperator(Box::new(NvidiaOperator {
-                pools: BTreeMap::from([
-                    ("legacy".to_string(), Stack::DevicePlugin),
-                    ("dra-pilot".to_string(), Stack::Dra),
-                ]),
-                ..NvidiaOperator::default()
-            }))
-            .to_event(),
-        ))
+        ev(Kind::BackendConfigured(guide_backend().to_event()))
     }
 
     /// A GPU node of `pool` (none: "") as GPU Feature Discovery and the
@@ -227,17 +215,6 @@ mod nvidia_operator {
             labels.push((POOL, pool));
         }
         mk_gfd_node(name, &labels, allocatable)
-    }
-
-    fn slice(node: &str) -> DomainEvent {
-        ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
-            name: format!("{node}-gpu.nvidia.com"),
-            driver: "gpu.nvidia.com".into(),
-            node: node.into(),
-            pool: node.into(),
-            devices: 2,
-            ..Default::default()
-        }))
     }
 
     fn claim(name: &str, node: &str) -> DomainEvent {
@@ -281,7 +258,7 @@ mod nvidia_operator {
     fn the_legacy_pool_completes_without_touching_the_operators_labels() {
         let cluster = on_nvidia(vec![
             gfd_node("gpu-1", "dra-pilot", true, 0),
-            slice("gpu-1"),
+            mk_h100_slice("gpu-1"),
         ]);
         let decisions = Completion::default().complete(&cluster, &from("legacy", "h100", false));
         assert_eq!(
@@ -348,7 +325,7 @@ mod nvidia_operator {
         let r = reason(&Completion::default().complete(
             &on_nvidia(vec![
                 rolled_back.clone(),
-                slice("gpu-1"),
+                mk_h100_slice("gpu-1"),
                 claim("pilot", "gpu-1"),
             ]),
             &abandon,

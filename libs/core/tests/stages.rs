@@ -7,46 +7,16 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::*;
-use switchyard_core::backend::{Backend, NvidiaOperator};
 use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::claim_allocator::{ClaimAllocator, Input};
 use switchyard_core::command::CheckEvidence;
 use switchyard_proto::v1::{
-    AllocatedDevice, DomainEvent, EvidenceRecorded, PodPhase, ResourceClaimObserved,
-    ResourceSliceObserved, SliceDevice, Stack, Toleration, Tolerations, domain_event::Kind,
+    AllocatedDevice, DomainEvent, EvidenceRecorded, PodPhase, ResourceClaimObserved, Toleration,
+    Tolerations, domain_event::Kind,
 };
 
 const PLUGIN: &str = "nvidia.com/dra-kubelet-plugin";
 const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
-
-fn backend() -> Backend {
-    Backend::NvidiaOperator(Box::new(NvidiaOperator {
-        pools: BTreeMap::from([
-            ("legacy".to_string(), Stack::DevicePlugin),
-            ("dra-pilot".to_string(), Stack::Dra),
-        ]),
-        ..NvidiaOperator::default()
-    }))
-}
-
-fn h100_slice(node: &str) -> DomainEvent {
-    ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
-        name: format!("{node}-gpu.nvidia.com"),
-        driver: "gpu.nvidia.com".into(),
-        node: node.into(),
-        pool: node.into(),
-        devices: 2,
-        device_list: (0..2)
-            .map(|minor| SliceDevice {
-                name: format!("gpu-{minor}"),
-                r#type: "gpu".into(),
-                uuid: format!("GPU-{node}-{minor}"),
-                product: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 81559,
-            })
-            .collect(),
-    }))
-}
 
 /// A pod of Deployment `app` asking for `gpus` nvidia.com/gpu; `bridged`:
 /// served through DRA's implicit claim.
@@ -73,7 +43,7 @@ fn legacy_pod(name: &str, app: &str, node: &str, gpus: u32, bridged: bool) -> Do
 fn migrating() -> ClaimAllocator {
     let mut core = ClaimAllocator::default();
     let facts = [
-        ev(Kind::BackendConfigured(backend().to_event())),
+        ev(Kind::BackendConfigured(guide_backend().to_event())),
         mk_gfd_node("gpu-1", &[(DP, "true")], 2),
         mk_daemon_pod(
             "gpu-operator",
@@ -88,7 +58,7 @@ fn migrating() -> ClaimAllocator {
             "gpu-2",
             &[("dra-driver-nvidia-gpu-component", "kubelet-plugin")],
         ),
-        h100_slice("gpu-2"),
+        mk_h100_slice("gpu-2"),
     ];
     for fact in facts {
         core.handle(Input::Fact(&fact));
@@ -167,7 +137,7 @@ fn the_pilot_pool_and_the_driver_are_shown_on_the_dra_nodes_only() {
 fn a_stage_with_nothing_to_show_is_refused_not_passed() {
     let mut core = ClaimAllocator::default();
     core.handle(Input::Fact(&ev(Kind::BackendConfigured(
-        backend().to_event(),
+        guide_backend().to_event(),
     ))));
     core.handle(Input::Fact(&mk_gfd_node("gpu-1", &[(DP, "true")], 2)));
     let decided = check(&mut core, Stage::PilotPool);
@@ -348,7 +318,7 @@ fn ready_pilot_node(core: &mut ClaimAllocator) {
             "gpu-3",
             &[("dra-driver-nvidia-gpu-component", "kubelet-plugin")],
         ),
-        h100_slice("gpu-3"),
+        mk_h100_slice("gpu-3"),
         mk_class("h100"),
     ] {
         core.handle(Input::Fact(&fact));

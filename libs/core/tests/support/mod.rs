@@ -383,3 +383,42 @@ pub fn mk_gfd_node(name: &str, labels: &[(&str, &str)], allocatable: u32) -> Dom
         ..Default::default()
     }))
 }
+
+/// The nvidia-operator backend with the guide's pools: `legacy` on the
+/// device plugin, `dra-pilot` on DRA.
+pub fn guide_backend() -> switchyard_core::backend::Backend {
+    switchyard_core::backend::Backend::NvidiaOperator(Box::new(
+        switchyard_core::backend::NvidiaOperator {
+            pools: BTreeMap::from([
+                (
+                    "legacy".to_string(),
+                    switchyard_proto::v1::Stack::DevicePlugin,
+                ),
+                ("dra-pilot".to_string(), switchyard_proto::v1::Stack::Dra),
+            ]),
+            ..switchyard_core::backend::NvidiaOperator::default()
+        },
+    ))
+}
+
+/// The `gpu.nvidia.com` slice of `node`: two H100s as the driver publishes them.
+pub fn mk_h100_slice(node: &str) -> DomainEvent {
+    ev(Kind::ResourceSliceObserved(
+        switchyard_proto::v1::ResourceSliceObserved {
+            name: format!("{node}-gpu.nvidia.com"),
+            driver: "gpu.nvidia.com".into(),
+            node: node.into(),
+            pool: node.into(),
+            devices: 2,
+            device_list: (0..2)
+                .map(|minor| switchyard_proto::v1::SliceDevice {
+                    name: format!("gpu-{minor}"),
+                    r#type: "gpu".into(),
+                    uuid: format!("GPU-{node}-{minor}"),
+                    product: "NVIDIA H100 80GB HBM3".into(),
+                    memory_mib: 81559,
+                })
+                .collect(),
+        },
+    ))
+}
