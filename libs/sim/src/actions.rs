@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_core::cluster::{ObjectKey, workload_key};
+use switchyard_core::cluster::workload_key;
 use switchyard_core::names::GPU_DEVICE_LABEL;
 use switchyard_proto::v1::{
     GpuClassObserved, GpuSpec, LabelSelector, NodeGroupObserved, ResourceQuotaObserved,
@@ -44,7 +44,7 @@ impl Simulator {
         let (key, value) = match &self.nvidia {
             Some(_) => (
                 "gpu.nvidia.com/productName".to_string(),
-                self.config.card.product.replace('-', " "),
+                self.nvidia_product_name(),
             ),
             None => (GPU_DEVICE_LABEL.to_string(), device.to_string()),
         };
@@ -111,13 +111,7 @@ impl Simulator {
         if self.workloads.remove(&key).is_none() {
             return;
         }
-        let pods: Vec<ObjectKey> = self
-            .pods
-            .iter()
-            .filter(|(_, p)| workload_key(&p.owner) == key)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for pod in pods {
+        for pod in self.pods_of(&key) {
             self.remove_pod(&pod);
         }
         self.out.push(ev(Kind::WorkloadRemoved(WorkloadRemoved {

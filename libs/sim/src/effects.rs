@@ -1,6 +1,6 @@
 //! Effects: Switchyard's effects carried out, and the platform's answer to them (node preparation on the simulated clock).
 
-use switchyard_core::cluster::{ObjectKey, workload_key};
+use switchyard_core::cluster::{ObjectKey, WorkloadKey, workload_key};
 use switchyard_core::effects::Effect;
 use switchyard_core::names::{
     GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, MODULE_NAMESPACE, NODE_ROLE_PREFIX,
@@ -234,13 +234,7 @@ impl Simulator {
                 w.restarted_at = restarted_at.clone();
                 let replicas = w.replicas;
                 self.report_workload(workload);
-                let old: Vec<ObjectKey> = self
-                    .pods
-                    .iter()
-                    .filter(|(_, p)| workload_key(&p.owner) == key)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for pod in old {
+                for pod in self.pods_of(&key) {
                     self.remove_pod(&pod);
                 }
                 for _ in 0..replicas {
@@ -284,6 +278,15 @@ impl Simulator {
             }
             _ => {}
         }
+    }
+
+    /// The pods of the workload `key`, by name.
+    pub(crate) fn pods_of(&self, key: &WorkloadKey) -> Vec<ObjectKey> {
+        self.pods
+            .iter()
+            .filter(|(_, p)| workload_key(&p.owner) == *key)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     pub(crate) fn edit_node(&mut self, node: &str, edit: impl FnOnce(&mut SimNode)) {

@@ -310,6 +310,12 @@ impl Simulator {
         }
     }
 
+    /// The cards' `productName` as the NVIDIA driver publishes it: GPU
+    /// Feature Discovery's product label with spaces.
+    pub(crate) fn nvidia_product_name(&self) -> String {
+        self.config.card.product.replace('-', " ")
+    }
+
     /// The kubelet plugin publishes the node's cards, shaped as the NVIDIA
     /// driver's full-GPU devices (`gpu-<minor>`, type `gpu`, productName with
     /// spaces, memory).
@@ -317,7 +323,7 @@ impl Simulator {
         let Some(n) = self.nodes.get(node) else {
             return;
         };
-        let product = self.config.card.product.replace('-', " ");
+        let product = self.nvidia_product_name();
         let device_list: Vec<SliceDevice> = (0..n.gpus)
             .map(|minor| SliceDevice {
                 name: format!("gpu-{minor}"),
