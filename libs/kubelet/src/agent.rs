@@ -13,7 +13,6 @@
 //! DRA plugin, or devices the device plugins handed to containers — with the
 //! list of what is in use, for a `HandoverBlocked` report.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -130,6 +129,14 @@ pub enum AgentError {
     /// stays served).
     #[error(transparent)]
     Withdraw(SliceError),
+    /// Writing or removing the device plugins' CDI spec.
+    #[error("{action} the device plugins' CDI spec {}: {source}", path.display())]
+    CdiSpec {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Reading the devices containers hold (switching away from the device
     /// plugins; they stay served).
     #[error(transparent)]
@@ -330,11 +337,10 @@ impl Agent {
                 servers,
                 gate,
             }) => {
-                // No Allocate is answered from here on: what kubelet holds,
-                // and what was handed out but may not have reached it yet,
-                // is all.
-                let answered = gate.close();
-                let mut in_use = match timed(&mut self.waits.kubelet, self.usage.in_use()).await {
+                // No Allocate is answered from here on, and those admitted
+                // before are answered: what kubelet holds is all.
+                gate.close().await;
+                let in_use = match timed(&mut self.waits.kubelet, self.usage.in_use()).await {
                     Ok(in_use) => in_use,
                     Err(e) => {
                         gate.reopen();
@@ -346,14 +352,6 @@ impl Agent {
                         return Err(e.into());
                     }
                 };
-                // Kubelet's entries read `<resource> <id> (<pod>...)`.
-                let listed: BTreeSet<String> = in_use
-                    .iter()
-                    .map(|held| held.split(" (").next().unwrap_or(held).to_string())
-                    .collect();
-                in_use.extend(answered.difference(&listed).map(|device| {
-                    format!("{device} (just handed out; kubelet does not list it yet)")
-                }));
                 if !in_use.is_empty() {
                     gate.reopen();
                     self.running = Some(Running::DevicePlugins {
@@ -377,6 +375,13 @@ impl Agent {
                 for server in servers {
                     server.stop().await;
                 }
+                // Nothing holds a device: no container needs its CDI names.
+                let path = self.config.cdi_dir.join(crate::cdi::DEVICE_PLUGIN_SPEC);
+                crate::cdi::remove(&path).map_err(|source| AgentError::CdiSpec {
+                    action: "remove",
+                    path,
+                    source,
+                })?;
             }
         }
         match stack {
@@ -436,6 +441,17 @@ impl Agent {
     }
 
     async fn start_device_plugins(&mut self) -> Result<(), AgentError> {
+        // The names Allocate answers with resolve before kubelet can ask.
+        let path = self.config.cdi_dir.join(crate::cdi::DEVICE_PLUGIN_SPEC);
+        let spec = crate::cdi::device_plugin_spec(&self.machine);
+        serde_json::to_vec_pretty(&spec)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| crate::cdi::write_atomically(&path, &bytes))
+            .map_err(|source| AgentError::CdiSpec {
+                action: "write",
+                path,
+                source,
+            })?;
         let (machine, watch) = watch::channel(self.machine.clone());
         let gate: Arc<Gate> = Arc::default();
         let mut servers = Vec::new();
@@ -483,12 +499,29 @@ impl Agent {
         Ok(())
     }
 
-    /// Called now and then (the agent's retry tick, every 30 s): devices the
-    /// device plugins handed out before the previous tick have long reached
-    /// kubelet, whose pod resources API answers for them from now on.
-    pub fn tick(&mut self) {
-        if let Some(Running::DevicePlugins { gate, .. }) = &self.running {
-            gate.age();
+    /// Stops serving as the process ends (SIGTERM, SIGINT): the device
+    /// plugins tell kubelet they have no devices, end their streams and
+    /// remove their sockets, so the node advertises nothing stale; the DRA
+    /// plugin removes its sockets and leaves the node's slices, which kubelet
+    /// keeps across a quick restart and wipes once no plugin is back. Unlike
+    /// a switch, nothing in use holds this: the containers keep what they
+    /// were given.
+    pub async fn shutdown(&mut self) {
+        match self.running.take() {
+            None => {}
+            Some(Running::Dra { server, .. }) => server.stop().await,
+            Some(Running::DevicePlugins {
+                machine, servers, ..
+            }) => {
+                let mut empty = self.machine.clone();
+                empty.gpus.clear();
+                let _ = machine.send(empty);
+                drop(machine);
+                for server in servers {
+                    server.stop().await;
+                }
+            }
         }
+        crate::metrics::serving(None);
     }
 }

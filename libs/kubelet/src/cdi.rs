@@ -84,3 +84,46 @@ pub fn remove(path: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The device nodes every GPU container needs besides its cards'.
+pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// Where the device-plugin stack's spec goes in the CDI directory.
+pub const DEVICE_PLUGIN_SPEC: &str = "gpu.deckhouse.io-device-plugin.json";
+
+/// The spec behind the CDI names the device plugins' Allocate returns
+/// (`gpu.deckhouse.io/gpu=<card or MIG UUID>`): each card and MIG device by
+/// its UUID with its card's device node, and the control nodes for all.
+/// `NVIDIA_VISIBLE_DEVICES` comes with Allocate's answer, which knows every
+/// device of the container.
+pub fn device_plugin_spec(machine: &switchyard_gpu::Machine) -> Spec {
+    let mut devices = Vec::new();
+    for gpu in &machine.gpus {
+        let node = DeviceNode {
+            path: format!("/dev/nvidia{}", gpu.index),
+        };
+        for uuid in std::iter::once(&gpu.uuid).chain(gpu.mig_devices.iter().map(|m| &m.uuid)) {
+            devices.push(Device {
+                name: uuid.clone(),
+                container_edits: ContainerEdits {
+                    env: Vec::new(),
+                    device_nodes: vec![node.clone()],
+                },
+            });
+        }
+    }
+    Spec {
+        cdi_version: VERSION.into(),
+        kind: KIND.into(),
+        devices,
+        container_edits: ContainerEdits {
+            env: Vec::new(),
+            device_nodes: CONTROL_NODES
+                .iter()
+                .map(|p| DeviceNode {
+                    path: p.to_string(),
+                })
+                .collect(),
+        },
+    }
+}

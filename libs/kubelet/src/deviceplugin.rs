@@ -14,7 +14,7 @@
 //! `NVIDIA_VISIBLE_DEVICES` and the CDI device names
 //! (`gpu.deckhouse.io/gpu=<uuid>`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -112,56 +112,65 @@ pub fn resources(
 }
 
 /// Shared by a node's device plugins while it may switch away from them.
-/// Closed, no Allocate is answered. Open, it remembers the devices answered
-/// since it was last drained: kubelet records an allocation (and its pod
-/// resources API lists it) only once the answer reaches it, so a switch
-/// counts those as in use too.
+/// Closed, no Allocate is answered. [`Gate::close`] returns once every
+/// Allocate admitted before has been answered: from then on, what containers
+/// hold is what kubelet's pod resources API lists (kubelet records an
+/// allocation as the answer reaches it), and nothing else holds the node.
 #[derive(Debug, Default)]
 pub struct Gate {
     state: std::sync::Mutex<GateState>,
+    answered: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
 struct GateState {
     closed: bool,
-    /// `<resource> <device ID>`, answered since the last age step.
-    answered: BTreeSet<String>,
-    /// Answered in the step before.
-    older: BTreeSet<String>,
+    /// Allocate calls admitted and not answered yet.
+    in_flight: usize,
+}
+
+/// An admitted Allocate; dropped once answered.
+struct Admitted<'a>(&'a Gate);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().expect("gate");
+        state.in_flight -= 1;
+        if state.in_flight == 0 {
+            self.0.answered.notify_waiters();
+        }
+    }
 }
 
 impl Gate {
-    /// Closes the gate; returns the devices answered in the last two age
-    /// steps, and forgets them: the next look asks kubelet alone.
-    pub fn close(&self) -> BTreeSet<String> {
-        let mut state = self.state.lock().expect("gate");
-        state.closed = true;
-        let mut answered = std::mem::take(&mut state.older);
-        answered.append(&mut state.answered);
-        answered
+    /// Closes the gate and waits until the Allocate calls admitted before
+    /// are answered.
+    pub async fn close(&self) {
+        loop {
+            let answered = self.answered.notified();
+            {
+                let mut state = self.state.lock().expect("gate");
+                state.closed = true;
+                if state.in_flight == 0 {
+                    return;
+                }
+            }
+            answered.await;
+        }
     }
 
     pub fn reopen(&self) {
         self.state.lock().expect("gate").closed = false;
     }
 
-    /// One age step: what was answered two steps ago has surely reached
-    /// kubelet, and is forgotten.
-    pub fn age(&self) {
-        let mut state = self.state.lock().expect("gate");
-        state.older = std::mem::take(&mut state.answered);
-    }
-
-    /// Admits an Allocate of `ids` unless closed, remembering them.
-    fn admit<'a>(&self, resource: &str, ids: impl Iterator<Item = &'a String>) -> bool {
+    /// Admits an Allocate unless closed.
+    fn admit(&self) -> Option<Admitted<'_>> {
         let mut state = self.state.lock().expect("gate");
         if state.closed {
-            return false;
+            return None;
         }
-        state
-            .answered
-            .extend(ids.map(|id| format!("{resource} {id}")));
-        true
+        state.in_flight += 1;
+        Some(Admitted(self))
     }
 }
 
@@ -277,28 +286,53 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         for c in request.into_inner().container_requests {
             let size = usize::try_from(c.allocation_size).unwrap_or(0);
             let mut chosen: Vec<String> = c.must_include_device_i_ds.clone();
-            // Replicas of as few cards as possible: cards already chosen
-            // first, then the available ones in order.
-            let mut cards: BTreeSet<&str> = chosen
-                .iter()
-                .filter_map(|id| card_of.get(id.as_str()).copied())
-                .collect();
-            let mut available: Vec<&String> = c
+            // The available replicas by card, in order.
+            let mut free: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+            for id in c
                 .available_device_i_ds
                 .iter()
                 .filter(|id| !chosen.contains(id))
-                .collect();
-            available.sort_by_key(|id| {
-                !cards.contains(card_of.get(id.as_str()).copied().unwrap_or_default())
-            });
-            for id in available {
-                if chosen.len() >= size {
-                    break;
-                }
+            {
                 if let Some(card) = card_of.get(id.as_str()) {
-                    cards.insert(card);
+                    free.entry(card).or_default().push(id);
                 }
-                chosen.push(id.clone());
+            }
+            for ids in free.values_mut() {
+                ids.sort();
+            }
+            // As few cards as possible: the cards already chosen first; then
+            // the card with the fewest free replicas that still covers what
+            // is left (best fit), else the one with the most.
+            let mut order: Vec<&str> = chosen
+                .iter()
+                .filter_map(|id| card_of.get(id.as_str()).copied())
+                .collect();
+            order.dedup();
+            let mut need = size.saturating_sub(chosen.len());
+            while need > 0 {
+                let card = match order.iter().find(|card| free.contains_key(**card)) {
+                    Some(card) => *card,
+                    None => {
+                        let fits = free
+                            .iter()
+                            .filter(|(_, ids)| ids.len() >= need)
+                            .min_by_key(|(card, ids)| (ids.len(), **card));
+                        let most = || {
+                            free.iter().max_by(|(a, x), (b, y)| {
+                                x.len().cmp(&y.len()).then_with(|| b.cmp(a))
+                            })
+                        };
+                        match fits.or_else(most) {
+                            Some((card, _)) => *card,
+                            None => break,
+                        }
+                    }
+                };
+                let ids = free.remove(card).unwrap_or_default();
+                for id in ids.into_iter().take(need) {
+                    chosen.push(id.clone());
+                    need -= 1;
+                }
             }
             responses.push(api::ContainerPreferredAllocationResponse {
                 device_i_ds: chosen,
@@ -314,16 +348,12 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
         let request = request.into_inner();
-        let ids = request
-            .container_requests
-            .iter()
-            .flat_map(|c| c.devices_ids.iter());
-        if !self.gate.admit(&self.resource, ids) {
+        let Some(_admitted) = self.gate.admit() else {
             return Err(Status::unavailable(format!(
                 "{}: the node is switching away from the device plugins",
                 self.resource
             )));
-        }
+        };
         let card_of = self.card_of();
         let card_of: BTreeMap<&str, &str> = card_of
             .iter()
@@ -407,10 +437,7 @@ pub async fn serve_notifying(
     let resource = plugin.resource.clone();
     let server = tonic::transport::Server::builder()
         .add_service(api::device_plugin_server::DevicePluginServer::new(plugin))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            shutdown,
-        );
+        .serve_with_incoming_shutdown(crate::authority::incoming(listener), shutdown);
     let served = tokio::spawn(server);
     let registered = register(kubelet_socket, socket, &resource).await;
     if let Err(e) = registered {

@@ -3,6 +3,8 @@
 //! - [`pluginregistration`] and [`dra`]: the kubelet's gRPC APIs, generated
 //!   from `proto/kubelet/` (package names and field numbers as kubelet speaks
 //!   them).
+//! - [`authority`]: the plugin sockets' connections, their `:authority`
+//!   made one h2 accepts (kubelet dials registration sockets by path).
 //! - [`agent`]: serving exactly one stack, switching only when the old one
 //!   is unused and stopped.
 //! - [`cdi`]: Container Device Interface specs, written atomically.
@@ -20,6 +22,7 @@
 //!   are idempotent and survive a crash between steps.
 
 pub mod agent;
+pub mod authority;
 pub mod cdi;
 pub mod deviceplugin;
 pub mod fake;

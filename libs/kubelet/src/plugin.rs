@@ -391,13 +391,12 @@ impl DraPlugin {
                 share_id: r.share_id.clone(),
             });
         }
-        spec.container_edits.device_nodes =
-            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-                .iter()
-                .map(|p| cdi::DeviceNode {
-                    path: p.to_string(),
-                })
-                .collect();
+        spec.container_edits.device_nodes = cdi::CONTROL_NODES
+            .iter()
+            .map(|p| cdi::DeviceNode {
+                path: p.to_string(),
+            })
+            .collect();
         let bytes = serde_json::to_vec_pretty(&spec).map_err(PrepareError::EncodeSpec)?;
         cdi::write_atomically(&self.spec_path(&claim.uid), &bytes)
             .map_err(PrepareError::WriteSpec)?;
@@ -575,23 +574,17 @@ pub async fn serve_notifying(
         .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(
             plugin.clone(),
         )))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(dra_listener),
-            async {
-                let _ = stopped_dra.await;
-            },
-        );
+        .serve_with_incoming_shutdown(crate::authority::incoming(dra_listener), async {
+            let _ = stopped_dra.await;
+        });
     let reg_server = tonic::transport::Server::builder()
         .add_service(reg::registration_server::RegistrationServer::new(
             RegistrationService(plugin),
         ))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(reg_listener),
-            async move {
-                shutdown.await;
-                let _ = stop_dra.send(());
-            },
-        );
+        .serve_with_incoming_shutdown(crate::authority::incoming(reg_listener), async move {
+            shutdown.await;
+            let _ = stop_dra.send(());
+        });
     let (a, b) = tokio::join!(dra_server, reg_server);
     for socket in [registration_socket, dra_socket.as_path()] {
         let _ = std::fs::remove_file(socket);

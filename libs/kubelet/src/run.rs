@@ -39,6 +39,8 @@ pub enum RunError {
     Machine(#[source] switchyard_gpu::SourceError),
     #[error("read the machine: {0}")]
     MachineTask(#[source] tokio::task::JoinError),
+    #[error("listen for SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
 }
 
 /// Why the node's PhysicalGPUs could not be reported (logged; the agent
@@ -311,6 +313,9 @@ pub async fn serve_node(
             prefix: "nvidia.com/".into(),
         }),
     );
+    // SIGTERM (a DaemonSet pod stopped) ends serving as SIGINT does.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RunError::Signal)?;
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let config = switchyard_kube::watch::config().fields(&format!("metadata.name={}", args.node));
     let mut watch = std::pin::pin!(switchyard_kube::watch::resilient(
@@ -346,9 +351,12 @@ pub async fn serve_node(
                         });
                     node_ref = node.object_ref(&());
                 }
-                None => return Ok(()),
+                None => {
+                    agent.shutdown().await;
+                    return Ok(());
+                }
             },
-            _ = retry.tick() => agent.tick(),
+            _ = retry.tick() => {}
             Some(change) = health.recv() => {
                 let before = machine.clone();
                 if change.uuid.is_empty() {
@@ -378,7 +386,14 @@ pub async fn serve_node(
                     }
                 }
             }
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => {
+                agent.shutdown().await;
+                return Ok(());
+            }
+            _ = terminate.recv() => {
+                agent.shutdown().await;
+                return Ok(());
+            }
         }
         if let Some(stack) = wanted
             && agent.serving() != stack

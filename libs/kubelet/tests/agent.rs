@@ -546,10 +546,19 @@ async fn switching_under_load_leaves_nothing_behind() {
         checkpoint.claims.is_empty(),
         "nothing left prepared: {checkpoint:?}"
     );
-    let specs = std::fs::read_dir(dir.path().join("cdi"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(specs, 0, "no CDI spec left");
+    // No claim's spec left; the device plugins' own spec is written.
+    let specs: Vec<String> = std::fs::read_dir(dir.path().join("cdi"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        specs,
+        [switchyard_kubelet::cdi::DEVICE_PLUGIN_SPEC],
+        "no claim's CDI spec left"
+    );
 
     // The device plugin under a stream of Allocate calls; DRA is served next.
     let plugin_socket = registered_device_plugin(&observed, &device_plugins).await;
@@ -601,12 +610,9 @@ async fn switching_under_load_leaves_nothing_behind() {
     )
     .await
     .unwrap();
-    // Devices handed out since the last look block once each.
-    let refusals = serve_when_unused(&mut agent, Stack::Dra).await;
-    assert!(
-        refusals > 0,
-        "the devices just handed out blocked the first try"
-    );
+    // Kubelet lists nothing held: the switch goes through at once, and
+    // Allocate calls in flight are answered before kubelet is asked.
+    assert_eq!(serve_when_unused(&mut agent, Stack::Dra).await, 0);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let allocated = load.await.unwrap();
     assert!(allocated > 0, "the load ran");
@@ -619,16 +625,21 @@ async fn switching_under_load_leaves_nothing_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_device_just_handed_out_blocks_the_switch_until_kubelet_answers_for_it() {
+async fn only_what_kubelet_lists_holds_the_switch() {
     let usage = Arc::new(Usage(Mutex::default()));
     let Setup {
-        dir: _dir,
+        dir,
         device_plugins,
         observed,
         mut agent,
         ..
     } = setup(usage.clone());
     agent.serve(Some(Stack::DevicePlugin)).await.unwrap();
+    let spec = dir
+        .path()
+        .join("cdi")
+        .join(switchyard_kubelet::cdi::DEVICE_PLUGIN_SPEC);
+    assert!(spec.exists(), "the device plugins' CDI spec is written");
     let socket = registered_device_plugin(&observed, &device_plugins).await;
     let channel = switchyard_kubelet::connect(socket).await.unwrap();
     let mut kubelet = DevicePluginClient::new(channel);
@@ -647,32 +658,21 @@ async fn a_device_just_handed_out_blocks_the_switch_until_kubelet_answers_for_it
         e => panic!("HandoverBlocked, got {e}"),
     };
 
-    // Answered, but kubelet's pod resources do not list it yet (its answer
-    // may still be on the way): it holds the node, even a tick later.
-    allocate(&mut kubelet).await.unwrap();
-    agent.tick();
-    assert_eq!(
-        in_use(agent.serve(Some(Stack::Dra)).await),
-        [format!(
-            "nvidia.com/gpu {uuid} (just handed out; kubelet does not list it yet)"
-        )]
-    );
-    assert_eq!(agent.serving(), Some(Stack::DevicePlugin));
-
-    // Once kubelet lists it, kubelet's entry stands alone.
+    // Kubelet lists the device: its entry holds the node, alone.
     let held = format!("nvidia.com/gpu {uuid} (ml/train-0, container main)");
     *usage.0.lock().unwrap() = vec![held.clone()];
     allocate(&mut kubelet).await.unwrap();
     assert_eq!(in_use(agent.serve(Some(Stack::Dra)).await), [held]);
+    assert_eq!(agent.serving(), Some(Stack::DevicePlugin));
+    assert!(spec.exists(), "kept while a container holds a device");
 
-    // Two ticks after its answer, a device kubelet does not list is not held
-    // (the container never started).
+    // Answered but not listed (the pod is gone, or never started): nothing
+    // the agent remembers holds the node.
     usage.0.lock().unwrap().clear();
     allocate(&mut kubelet).await.unwrap();
-    agent.tick();
-    agent.tick();
     agent.serve(Some(Stack::Dra)).await.unwrap();
     assert_eq!(agent.serving(), Some(Stack::Dra));
+    assert!(!spec.exists(), "the device plugins' spec goes with them");
     // Closed: the device plugin hands out nothing more.
     assert!(allocate(&mut kubelet).await.is_err());
     agent.serve(None).await.unwrap();

@@ -220,6 +220,38 @@ async fn time_slicing_offers_replicas_and_packs_them() {
         ],
         "replicas of the card already chosen first"
     );
+    // Nothing pre-chosen and the list unordered, as kubelet sends it: three
+    // containers of two replicas each land on two cards, not six. Card 1
+    // has two replicas left after the first (best fit for the second).
+    let mut free: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+    free.reverse();
+    free.rotate_left(7);
+    let mut cards = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        let chosen = client
+            .get_preferred_allocation(PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_i_ds: free.clone(),
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: 2,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_responses[0]
+            .device_i_ds
+            .clone();
+        assert_eq!(chosen.len(), 2);
+        let of: std::collections::BTreeSet<&str> = chosen
+            .iter()
+            .map(|id| id.split("::").next().unwrap())
+            .collect();
+        assert_eq!(of.len(), 1, "one card's replicas: {chosen:?}");
+        cards.extend(of.into_iter().map(str::to_string));
+        free.retain(|id| !chosen.contains(id));
+    }
+    assert_eq!(cards.len(), 2, "packed onto two cards: {cards:?}");
     let answer = client
         .allocate(AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {
