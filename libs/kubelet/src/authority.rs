@@ -330,8 +330,10 @@ mod tests {
         Ok(out)
     }
 
-    /// The header blocks of the frames after the preface, decoded.
-    fn blocks(mut bytes: &[u8]) -> Vec<(u8, u8, Vec<(Vec<u8>, Vec<u8>)>)> {
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+    /// The frames after the preface (type, flags), header blocks decoded.
+    fn blocks(mut bytes: &[u8]) -> Vec<(u8, u8, Fields)> {
         assert_eq!(&bytes[..PREFACE.len()], PREFACE);
         bytes = &bytes[PREFACE.len()..];
         let mut decoder = loona_hpack::Decoder::new();
@@ -399,7 +401,7 @@ mod tests {
             &encode(&mut encoder, &request(path)),
         ));
         let out = blocks(&through(bytes).await.expect("passes"));
-        let authority = |fields: &Vec<(Vec<u8>, Vec<u8>)>| {
+        let authority = |fields: &Fields| {
             fields
                 .iter()
                 .find(|(n, _)| n == b":authority")

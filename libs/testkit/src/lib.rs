@@ -17,6 +17,8 @@ pub mod kwok;
 #[cfg(feature = "migration")]
 pub mod migration;
 pub mod nats;
+#[cfg(feature = "kube")]
+pub mod node;
 #[cfg(feature = "reference")]
 pub mod reference;
 pub mod toxiproxy;

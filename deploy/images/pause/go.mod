@@ -1,0 +1,3 @@
+module switchyard.local/pause
+
+go 1.26.0
