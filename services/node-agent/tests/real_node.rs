@@ -7,9 +7,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use switchyard_testkit::kube::{Components, ControlPlane};
 use switchyard_testkit::node::{BUSYBOX_IMAGE, NodeOptions, RealNode};
@@ -30,8 +31,14 @@ const DEVICE_NODES: [&str; 11] = [
     "/dev/nvidia7",
 ];
 
-fn agent(plane: &ControlPlane, node: &RealNode, fixture: &str) -> KillOnDrop {
-    let log = std::fs::File::create(node.root().join("agent.log")).expect("agent log");
+/// The agent as a process beside the node (its sockets and CDI specs in the
+/// node's directories), logging to the node's `agent.log`.
+fn agent(plane: &ControlPlane, node: &RealNode, fixture: &str, extra: &[&str]) -> KillOnDrop {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(node.root().join("agent.log"))
+        .expect("agent log");
     KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
             .args([
@@ -41,6 +48,7 @@ fn agent(plane: &ControlPlane, node: &RealNode, fixture: &str) -> KillOnDrop {
                 "--node",
                 node.name(),
             ])
+            .args(extra)
             .arg("--kubelet-dir")
             .arg(node.kubelet_dir())
             .arg("--cdi-dir")
@@ -96,7 +104,7 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
     )
     .await;
     node.make_device_nodes(&DEVICE_NODES);
-    let _agent = agent(&plane, &node, "deploy/fixtures/h100-8x.yaml");
+    let _agent = agent(&plane, &node, "deploy/fixtures/h100-8x.yaml", &[]);
 
     // The slices are published and kubelet has registered the plugin: kubelet
     // says so in its log, and the agent was told (NotifyRegistrationStatus).
@@ -228,4 +236,257 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
         "{}",
         logs(&node)
     );
+}
+
+/// A control plane with the scheduler, the controllers and Switchyard's CRDs.
+async fn plane() -> ControlPlane {
+    let plane = ControlPlane::start_with(Components {
+        scheduler: true,
+        controller_manager: true,
+        ..Components::default()
+    })
+    .await;
+    switchyard_testkit::kube::install_crds(
+        &plane.client(),
+        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
+    )
+    .await;
+    plane
+}
+
+/// The Node's (capacity, allocatable) of `resource`, as numbers.
+async fn advertised(nodes: &Api<Node>, node: &str, resource: &str) -> (Option<i64>, Option<i64>) {
+    let Ok(n) = nodes.get(node).await else {
+        return (None, None);
+    };
+    let status = n.status.unwrap_or_default();
+    let of = |m: Option<std::collections::BTreeMap<String, Quantity>>| {
+        m.and_then(|m| m.get(resource).and_then(|q| q.0.parse().ok()))
+    };
+    (of(status.capacity), of(status.allocatable))
+}
+
+/// A pod asking `gpus` of nvidia.com/gpu that prints what it was given,
+/// then runs until the node's `/var/lib/gate/open` exists.
+fn gpu_pod(name: &str, gpus: u32) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "hostNetwork": true,
+            "restartPolicy": "Never",
+            "volumes": [{"name": "gate", "hostPath": {"path": "/var/lib/gate", "type": "DirectoryOrCreate"}}],
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia; until [ -e /gate/open ]; do sleep 0.1; done"],
+                "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// What the pod's container `main` printed, once it has printed `last`.
+async fn printed(node: &RealNode, pod: &str, last: &str) -> String {
+    let mut out = String::new();
+    let seen = eventually(&format!("{pod}'s output"), Duration::from_secs(20), || {
+        out = node
+            .container_log("default", pod, "main")
+            .unwrap_or_default();
+        let done = out.lines().any(|l| l == last);
+        async move { done }
+    })
+    .await;
+    if let Err(e) = seen {
+        panic!("{e}: {out:?}\n{}", logs(node));
+    }
+    out
+}
+
+/// Waits until the pod is in `phase`; panics with its status and the logs.
+async fn wait_phase(pods: &Api<Pod>, node: &RealNode, name: &str, phase: &str) {
+    let reached = eventually(
+        &format!("pod {name} {phase}"),
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                pods.get(name)
+                    .await
+                    .is_ok_and(|p| p.status.and_then(|s| s.phase).as_deref() == Some(phase))
+            }
+        },
+    )
+    .await;
+    if let Err(e) = reached {
+        let status = pods.get(name).await.map(|p| format!("{:?}", p.status));
+        panic!("{e}: {status:?}\n{}", logs(node));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_plugin_on_a_real_kubelet_packs_replicas_and_a_finished_pod_holds_nothing() {
+    let plane = plane().await;
+    let client = plane.client();
+    let node = RealNode::start_with(
+        &plane,
+        "gpu-dp-1",
+        NodeOptions {
+            labels: vec![("node.deckhouse.io/gpu-stack".into(), "device-plugin".into())],
+            ..NodeOptions::default()
+        },
+    )
+    .await;
+    node.make_device_nodes(&DEVICE_NODES);
+    let _agent = agent(
+        &plane,
+        &node,
+        "deploy/fixtures/h100-8x.yaml",
+        &["--sharing", "time-slicing:4"],
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("nvidia.com/gpu: 32 replicas advertised", Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        async move { advertised(&nodes, "gpu-dp-1", "nvidia.com/gpu").await == (Some(32), Some(32)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+
+    // Three pods of two replicas each at once: Allocate's CDI names resolve
+    // (the containers run), and the replicas land on two cards, not six.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..3 {
+        pods.create(
+            &PostParams::default(),
+            &gpu_pod(&format!("replicas-{i}"), 2),
+        )
+        .await
+        .unwrap();
+        wait_phase(&pods, &node, &format!("replicas-{i}"), "Running").await;
+    }
+    let machine = switchyard_gpu::source("fixture:../../deploy/fixtures/h100-8x.yaml")
+        .unwrap()
+        .machine()
+        .unwrap();
+    let mut cards = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let printed = printed(&node, &format!("replicas-{i}"), "nvidiactl").await;
+        let visible = printed
+            .lines()
+            .find_map(|l| l.strip_prefix("visible="))
+            .unwrap_or_else(|| panic!("no NVIDIA_VISIBLE_DEVICES: {printed:?}"));
+        assert!(
+            !visible.contains(','),
+            "two replicas of one card: {printed}"
+        );
+        let gpu = machine
+            .gpus
+            .iter()
+            .find(|g| g.uuid == visible)
+            .unwrap_or_else(|| panic!("{visible} is no card of the node"));
+        assert!(
+            printed.lines().any(|l| l == format!("nvidia{}", gpu.index)),
+            "the card's device node inside: {printed}"
+        );
+        cards.insert(gpu.index);
+    }
+    assert_eq!(cards.len(), 2, "packed onto two cards: {cards:?}");
+
+    // The pods finish: Succeeded, they hold nothing.
+    std::fs::write(node.path("/var/lib/gate/open"), b"").unwrap();
+    for i in 0..3 {
+        wait_phase(&pods, &node, &format!("replicas-{i}"), "Succeeded").await;
+    }
+
+    // Nothing holds the node: the switch to DRA is not held, and the node
+    // never advertises both stacks.
+    let patch = json!({"metadata": {"labels": {"node.deckhouse.io/gpu-stack": "dra"}}});
+    nodes
+        .patch("gpu-dp-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let both = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    eventually("the switch to DRA", Duration::from_secs(20), || {
+        let (nodes, slices, both) = (nodes.clone(), slices.clone(), both.clone());
+        async move {
+            let published = slices.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|s| s.spec.node_name.as_deref() == Some("gpu-dp-1"))
+            });
+            let (_, allocatable) = advertised(&nodes, "gpu-dp-1", "nvidia.com/gpu").await;
+            let gpus = allocatable.unwrap_or(0);
+            if published && gpus > 0 {
+                both.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            published && gpus == 0
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    assert!(
+        !both.load(std::sync::atomic::Ordering::SeqCst),
+        "the node advertised both stacks at once"
+    );
+    let agent_log = std::fs::read_to_string(node.root().join("agent.log")).unwrap();
+    assert!(
+        !agent_log.contains("HandoverBlocked"),
+        "finished pods held the switch: {agent_log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stopped_with_sigterm_leaves_no_capacity_and_no_socket() {
+    let plane = plane().await;
+    let node = RealNode::start_with(
+        &plane,
+        "gpu-stop-1",
+        NodeOptions {
+            labels: vec![("node.deckhouse.io/gpu-stack".into(), "device-plugin".into())],
+            ..NodeOptions::default()
+        },
+    )
+    .await;
+    let mut agent = agent(&plane, &node, "deploy/fixtures/h100-8x.yaml", &[]);
+    let nodes: Api<Node> = Api::all(plane.client());
+    eventually("nvidia.com/gpu: 8", Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        async move { advertised(&nodes, "gpu-stop-1", "nvidia.com/gpu").await == (Some(8), Some(8)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    let sockets = || -> Vec<String> {
+        std::fs::read_dir(node.kubelet_dir().join("device-plugins"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("switchyard-"))
+            .collect()
+    };
+    assert_eq!(sockets().len(), 1, "{:?}", sockets());
+    let status = Command::new("kill")
+        .args(["-TERM", &agent.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = switchyard_testkit::wait_for("the agent to exit", Duration::from_secs(20), || {
+        agent.0.try_wait().ok().flatten()
+    })
+    .unwrap();
+    assert!(exited.success(), "{exited:?}\n{}", logs(&node));
+    assert_eq!(
+        sockets(),
+        Vec::<String>::new(),
+        "the plugin's socket removed"
+    );
+    eventually("no capacity left", Duration::from_secs(20), || {
+        let nodes = nodes.clone();
+        async move { advertised(&nodes, "gpu-stop-1", "nvidia.com/gpu").await == (Some(0), Some(0)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
 }
