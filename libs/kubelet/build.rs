@@ -6,6 +6,7 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     "pluginregistration/v1/api.proto",
     "dra/v1/api.proto",
+    "dra-health/v1alpha1/api.proto",
     "deviceplugin/v1beta1/api.proto",
     "podresources/v1/api.proto",
 ];

@@ -280,16 +280,14 @@ impl Agent {
             Some(Running::DevicePlugins { machine, .. }) => {
                 let _ = machine.send(self.machine.clone());
             }
-            Some(Running::Dra { .. }) => {
+            Some(Running::Dra { plugin, .. }) => {
                 self.generation += 1;
                 let c = &self.config;
+                let slices =
+                    publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
+                plugin.set_health(&slices);
                 self.slices
-                    .publish(publish::resource_slices(
-                        &c.node,
-                        &self.machine,
-                        c.layout,
-                        self.generation,
-                    ))
+                    .publish(slices)
                     .await
                     .map_err(AgentError::Publish)?;
             }
@@ -407,6 +405,7 @@ impl Agent {
         )?);
         self.generation += 1;
         let slices = publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
+        plugin.set_health(&slices);
         timed(&mut self.waits.api, self.slices.publish(slices))
             .await
             .map_err(AgentError::Publish)?;

@@ -42,6 +42,12 @@ pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
+/// `v1alpha1` (k8s.io/kubelet/pkg/apis/dra-health/v1alpha1): device health
+/// streamed to kubelet, which shows it in the pods' `allocatedResourcesStatus`.
+pub mod dra_health {
+    tonic::include_proto!("v1alpha1");
+}
+
 /// A gRPC channel to a unix socket (kubelet's or a plugin's). The URI is a
 /// placeholder: the connection goes to `socket`.
 pub async fn connect(

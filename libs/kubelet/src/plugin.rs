@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cdi;
 use crate::dra;
+use crate::dra_health;
 use crate::pluginregistration as reg;
 
 /// Where prepare reads a claim from.
@@ -219,6 +220,9 @@ pub struct DraPlugin {
     registered: std::sync::Mutex<Option<reg::RegistrationStatus>>,
     /// Set while the node switches away from DRA: no new claim is prepared.
     closing: std::sync::atomic::AtomicBool,
+    /// The published devices and whether each is healthy, for kubelet's
+    /// health stream.
+    health: tokio::sync::watch::Sender<Vec<(String, bool)>>,
 }
 
 impl DraPlugin {
@@ -246,7 +250,26 @@ impl DraPlugin {
             state: Mutex::new(state),
             registered: std::sync::Mutex::new(None),
             closing: std::sync::atomic::AtomicBool::new(false),
+            health: tokio::sync::watch::Sender::new(Vec::new()),
         })
+    }
+
+    /// The node's devices as published in `slices`: healthy unless they
+    /// carry the unhealthy taint. kubelet hears of a change at once.
+    pub fn set_health(&self, slices: &[k8s_openapi::api::resource::v1::ResourceSlice]) {
+        let devices = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| {
+                let tainted = d
+                    .taints
+                    .iter()
+                    .flatten()
+                    .any(|t| t.key == switchyard_gpu::publish::UNHEALTHY_TAINT);
+                (d.name.clone(), !tainted)
+            })
+            .collect();
+        self.health.send_replace(devices);
     }
 
     /// The claims prepared and not unprepared yet (namespace/name).
@@ -532,6 +555,79 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
     }
 }
 
+/// How often the whole health list goes to kubelet again (it forgets a
+/// device's health after [`HEALTH_TIMEOUT_SECONDS`]).
+const HEALTH_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long kubelet trusts a device's health without news.
+pub const HEALTH_TIMEOUT_SECONDS: i64 = 30;
+
+/// The device health service, on the DRA socket: the node's devices and
+/// their health on connect, on every change and every
+/// [`HEALTH_REFRESH`].
+pub struct HealthService(pub Arc<DraPlugin>);
+
+type HealthStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<dra_health::NodeWatchResourcesResponse, Status>> + Send>,
+>;
+
+#[tonic::async_trait]
+impl dra_health::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<dra_health::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthStream>, Status> {
+        let mut changes = self.0.health.subscribe();
+        let pool = self.0.config.node.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut refresh = tokio::time::interval(HEALTH_REFRESH);
+            loop {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                let devices = changes
+                    .borrow_and_update()
+                    .iter()
+                    .map(|(device, healthy)| dra_health::DeviceHealth {
+                        device: Some(dra_health::DeviceIdentifier {
+                            pool_name: pool.clone(),
+                            device_name: device.clone(),
+                        }),
+                        health: if *healthy {
+                            dra_health::HealthStatus::Healthy
+                        } else {
+                            dra_health::HealthStatus::Unhealthy
+                        } as i32,
+                        last_updated_time: now,
+                        health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
+                        message: if *healthy {
+                            String::new()
+                        } else {
+                            "the card is unhealthy (lost, or a critical XID)".into()
+                        },
+                    })
+                    .collect();
+                let sent = tx
+                    .send(Ok(dra_health::NodeWatchResourcesResponse { devices }))
+                    .await;
+                if sent.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = refresh.tick() => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
 /// Serves both sockets until `shutdown` resolves; removes the sockets after.
 pub async fn serve(
     plugin: Arc<DraPlugin>,
@@ -574,6 +670,11 @@ pub async fn serve_notifying(
         .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(
             plugin.clone(),
         )))
+        .add_service(
+            dra_health::dra_resource_health_server::DraResourceHealthServer::new(HealthService(
+                plugin.clone(),
+            )),
+        )
         .serve_with_incoming_shutdown(crate::authority::incoming(dra_listener), async {
             let _ = stopped_dra.await;
         });

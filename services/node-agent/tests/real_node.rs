@@ -104,7 +104,11 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
     )
     .await;
     node.make_device_nodes(&DEVICE_NODES);
-    let _agent = agent(&plane, &node, "deploy/fixtures/h100-8x.yaml", &[]);
+    // A copy of the fixture, whose cards' health the test edits.
+    let fixture = node.root().join("machine.yaml");
+    let original = std::fs::read_to_string("../../deploy/fixtures/h100-8x.yaml").unwrap();
+    std::fs::write(&fixture, &original).unwrap();
+    let _agent = agent(&plane, &node, fixture.to_str().unwrap(), &[]);
 
     // The slices are published and kubelet has registered the plugin: kubelet
     // says so in its log, and the agent was told (NotifyRegistrationStatus).
@@ -229,8 +233,59 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
             .any(|n| n.starts_with("nvidia") && n[6..].parse::<usize>().is_ok_and(|i| i != index)),
         "only the allocated card's node: {printed}"
     );
-    // Registration went through kubelet's plugin manager, without the h2 refusal.
+    // The card fails: kubelet hears it on the health stream and shows it in
+    // the pod's status.
+    let broken = original.replacen(
+        &format!("uuid: {uuid}\n"),
+        &format!("uuid: {uuid}\n  healthy: false\n"),
+        1,
+    );
+    assert_ne!(broken, original);
+    std::fs::write(&fixture, broken).unwrap();
+    // kubelet names the device by the CDI ID prepare gave it.
+    let resource = format!("-{device}");
+    eventually(
+        "the pod's allocatedResourcesStatus Unhealthy",
+        Duration::from_secs(60),
+        || {
+            let (pods, resource) = (pods.clone(), resource.clone());
+            async move {
+                let Ok(pod) = pods.get("cuda-check").await else {
+                    return false;
+                };
+                let statuses = pod
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .unwrap_or_default();
+                statuses
+                    .iter()
+                    .flat_map(|c| c.allocated_resources_status.iter().flatten())
+                    .any(|a| {
+                        a.name == "claim:gpu"
+                            && a.resources.iter().flatten().any(|r| {
+                                r.resource_id.starts_with("gpu.deckhouse.io/gpu=")
+                                    && r.resource_id.ends_with(&resource)
+                                    && r.health.as_deref() == Some("Unhealthy")
+                            })
+                    })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        let status =
+            futures::executor::block_on(pods.get("cuda-check")).map(|p| format!("{:?}", p.status));
+        panic!("{e}: {status:?}\n{}", logs(&node))
+    });
+
+    // Registration went through kubelet's plugin manager, without the h2
+    // refusal, and the health stream is served.
     let kubelet_log = std::fs::read_to_string(node.root().join("kubelet.log")).unwrap();
+    assert!(
+        !kubelet_log.contains("Unimplemented"),
+        "kubelet found a service missing: {}",
+        logs(&node)
+    );
     assert!(
         !kubelet_log.contains("RegisterPlugin error"),
         "{}",
