@@ -53,6 +53,13 @@ impl Stack {
 pub trait SlicePublisher: Send + Sync {
     async fn publish(&self, slices: Vec<ResourceSlice>) -> Result<(), SliceError>;
     async fn withdraw(&self) -> Result<(), SliceError>;
+    /// Returns once the node advertises none of `resources` (device-plugin
+    /// resource names) as allocatable, as the API server shows it: kubelet
+    /// writes the Node's status a moment after a device plugin stops.
+    async fn wait_unadvertised(&self, resources: &[String]) -> Result<(), SliceError> {
+        let _ = resources;
+        Ok(())
+    }
 }
 
 /// Why the node's ResourceSlices could not be published or withdrawn.
@@ -81,6 +88,13 @@ pub enum SliceError {
         #[source]
         source: kube::Error,
     },
+    #[error("the Node still advertises {} after {waited:?}: the device plugins' devices must be gone before the node's slices are published", resources.join(", "))]
+    StillAdvertised {
+        resources: Vec<String>,
+        waited: std::time::Duration,
+    },
+    #[error("watch the Node: {0}")]
+    WatchNode(String),
 }
 
 /// Which device-plugin devices containers hold (kubelet's pod-resources API
@@ -295,6 +309,22 @@ impl Agent {
         Ok(())
     }
 
+    /// Publishes the node's slices again while DRA is served (one was
+    /// deleted: kubelet wipes a node's slices when it starts).
+    pub async fn republish(&mut self) -> Result<(), AgentError> {
+        if let Some(Running::Dra { plugin, .. }) = &self.running {
+            let c = &self.config;
+            let slices =
+                publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
+            plugin.set_health(&slices);
+            self.slices
+                .publish(slices)
+                .await
+                .map_err(AgentError::Publish)?;
+        }
+        Ok(())
+    }
+
     /// The stack served now.
     pub fn serving(&self) -> Option<Stack> {
         match &self.running {
@@ -406,6 +436,14 @@ impl Agent {
         self.generation += 1;
         let slices = publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
         plugin.set_health(&slices);
+        // Never both stacks at once, as the API server shows the node: the
+        // device plugins' resources are gone from its allocatable first.
+        let served: Vec<String> = deviceplugin::resources(&self.machine, c.sharing)
+            .into_keys()
+            .collect();
+        timed(&mut self.waits.api, self.slices.wait_unadvertised(&served))
+            .await
+            .map_err(AgentError::Publish)?;
         timed(&mut self.waits.api, self.slices.publish(slices))
             .await
             .map_err(AgentError::Publish)?;

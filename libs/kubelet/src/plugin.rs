@@ -223,6 +223,9 @@ pub struct DraPlugin {
     /// The published devices and whether each is healthy, for kubelet's
     /// health stream.
     health: tokio::sync::watch::Sender<Vec<(String, bool)>>,
+    /// Set when the sockets stop being served: the health streams end, so
+    /// the server's graceful stop does not wait on kubelet.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl DraPlugin {
@@ -251,6 +254,7 @@ impl DraPlugin {
             registered: std::sync::Mutex::new(None),
             closing: std::sync::atomic::AtomicBool::new(false),
             health: tokio::sync::watch::Sender::new(Vec::new()),
+            ended: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -472,7 +476,9 @@ impl reg::registration_server::Registration for RegistrationService {
         request: Request<reg::RegistrationStatus>,
     ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
-        if !status.plugin_registered {
+        if status.plugin_registered {
+            tracing::info!(driver = DRIVER, "kubelet registered the DRA plugin");
+        } else {
             tracing::warn!(error = %status.error, "kubelet refused the plugin's registration");
         }
         *self.0.registered.lock().expect("registration") = Some(status);
@@ -579,6 +585,7 @@ impl dra_health::dra_resource_health_server::DraResourceHealth for HealthService
         _: Request<dra_health::NodeWatchResourcesRequest>,
     ) -> Result<Response<HealthStream>, Status> {
         let mut changes = self.0.health.subscribe();
+        let mut ended = self.0.ended.subscribe();
         let pool = self.0.config.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
@@ -619,6 +626,7 @@ impl dra_health::dra_resource_health_server::DraResourceHealth for HealthService
                     changed = changes.changed() => if changed.is_err() { return },
                     _ = refresh.tick() => {}
                     _ = tx.closed() => return,
+                    _ = ended.wait_for(|ended| *ended) => return,
                 }
             }
         });
@@ -680,10 +688,11 @@ pub async fn serve_notifying(
         });
     let reg_server = tonic::transport::Server::builder()
         .add_service(reg::registration_server::RegistrationServer::new(
-            RegistrationService(plugin),
+            RegistrationService(plugin.clone()),
         ))
         .serve_with_incoming_shutdown(crate::authority::incoming(reg_listener), async move {
             shutdown.await;
+            plugin.ended.send_replace(true);
             let _ = stop_dra.send(());
         });
     let (a, b) = tokio::join!(dra_server, reg_server);

@@ -322,6 +322,21 @@ pub async fn serve_node(
         watcher(nodes, config).applied_objects(),
         format!("Node {}", args.node),
     ));
+    // The node's own slices: one deleted while DRA is served (kubelet wipes
+    // a node's slices when it starts) is published again.
+    let slices_api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+        kube::Api::all(client.clone());
+    let mut slice_watch = std::pin::pin!(switchyard_kube::watch::resilient(
+        watcher(
+            slices_api,
+            switchyard_kube::watch::config().fields(&format!(
+                "spec.nodeName={},spec.driver={}",
+                args.node,
+                publish::DRIVER
+            )),
+        ),
+        format!("ResourceSlices of {}", args.node),
+    ));
     let mut node_ref = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -357,6 +372,15 @@ pub async fn serve_node(
                 }
             },
             _ = retry.tick() => {}
+            Some(event) = slice_watch.next() => {
+                if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone)
+                    && agent.serving() == Some(Stack::Dra)
+                    && let Err(e) = agent.republish().await
+                {
+                    tracing::warn!(error = %e, "publishing the node's slices again");
+                }
+                continue;
+            }
             Some(change) = health.recv() => {
                 let before = machine.clone();
                 if change.uuid.is_empty() {

@@ -3,11 +3,16 @@
 //! that the new one no longer has deleted, and all of them withdrawn when
 //! the node stops serving DRA.
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use switchyard_gpu::publish::DRIVER;
 
 use crate::agent::{SliceError, SlicePublisher};
+
+/// How long a switch to DRA waits for kubelet to write the Node's status
+/// without the device plugins' devices.
+const UNADVERTISE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The field manager of the node agent's writes.
 pub const FIELD_MANAGER: &str = "switchyard-node-agent";
@@ -84,6 +89,33 @@ impl SlicePublisher for ApiSlices {
             self.delete(&stale).await?;
         }
         Ok(())
+    }
+
+    async fn wait_unadvertised(&self, resources: &[String]) -> Result<(), SliceError> {
+        let nodes: Api<Node> = Api::all(self.api.clone().into_client());
+        let gone = |node: Option<&Node>| {
+            let allocatable = node
+                .and_then(|n| n.status.as_ref())
+                .and_then(|s| s.allocatable.as_ref());
+            resources.iter().all(|r| {
+                allocatable
+                    .and_then(|a| a.get(r))
+                    .is_none_or(|q| q.0 == "0")
+            })
+        };
+        let waited = tokio::time::timeout(
+            UNADVERTISE_WAIT,
+            kube::runtime::wait::await_condition(nodes, &self.node, gone),
+        )
+        .await;
+        match waited {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(SliceError::WatchNode(e.to_string())),
+            Err(_) => Err(SliceError::StillAdvertised {
+                resources: resources.to_vec(),
+                waited: UNADVERTISE_WAIT,
+            }),
+        }
     }
 
     async fn withdraw(&self) -> Result<(), SliceError> {

@@ -5,80 +5,19 @@
 //! the container itself prints the card it was given.
 
 use std::process::Command;
+
+mod support;
+
 use std::time::Duration;
+use support::*;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{Components, ControlPlane};
 use switchyard_testkit::node::{BUSYBOX_IMAGE, NodeOptions, RealNode};
-use switchyard_testkit::{KillOnDrop, eventually};
-
-/// The device nodes the agent's CDI specs name for an 8-card machine.
-const DEVICE_NODES: [&str; 11] = [
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia0",
-    "/dev/nvidia1",
-    "/dev/nvidia2",
-    "/dev/nvidia3",
-    "/dev/nvidia4",
-    "/dev/nvidia5",
-    "/dev/nvidia6",
-    "/dev/nvidia7",
-];
-
-/// The agent as a process beside the node (its sockets and CDI specs in the
-/// node's directories), logging to the node's `agent.log`.
-fn agent(plane: &ControlPlane, node: &RealNode, fixture: &str, extra: &[&str]) -> KillOnDrop {
-    let log = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .open(node.root().join("agent.log"))
-        .expect("agent log");
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
-            .args([
-                "serve",
-                "--gpu-source",
-                &format!("fixture:{fixture}"),
-                "--node",
-                node.name(),
-            ])
-            .args(extra)
-            .arg("--kubelet-dir")
-            .arg(node.kubelet_dir())
-            .arg("--cdi-dir")
-            .arg(node.cdi_dir())
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-            .env("KUBECONFIG", plane.kubeconfig())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start the agent"),
-    )
-}
-
-fn logs(node: &RealNode) -> String {
-    format!(
-        "--- agent.log\n{}\n--- kubelet.log\n{}",
-        std::fs::read_to_string(node.root().join("agent.log"))
-            .map(|s| s
-                .lines()
-                .rev()
-                .take(30)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n"))
-            .unwrap_or_default(),
-        node.log_tail("kubelet")
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
@@ -293,34 +232,6 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
     );
 }
 
-/// A control plane with the scheduler, the controllers and Switchyard's CRDs.
-async fn plane() -> ControlPlane {
-    let plane = ControlPlane::start_with(Components {
-        scheduler: true,
-        controller_manager: true,
-        ..Components::default()
-    })
-    .await;
-    switchyard_testkit::kube::install_crds(
-        &plane.client(),
-        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
-    )
-    .await;
-    plane
-}
-
-/// The Node's (capacity, allocatable) of `resource`, as numbers.
-async fn advertised(nodes: &Api<Node>, node: &str, resource: &str) -> (Option<i64>, Option<i64>) {
-    let Ok(n) = nodes.get(node).await else {
-        return (None, None);
-    };
-    let status = n.status.unwrap_or_default();
-    let of = |m: Option<std::collections::BTreeMap<String, Quantity>>| {
-        m.and_then(|m| m.get(resource).and_then(|q| q.0.parse().ok()))
-    };
-    (of(status.capacity), of(status.allocatable))
-}
-
 /// A pod asking `gpus` of nvidia.com/gpu that prints what it was given,
 /// then runs until the node's `/var/lib/gate/open` exists.
 fn gpu_pod(name: &str, gpus: u32) -> Pod {
@@ -342,44 +253,6 @@ fn gpu_pod(name: &str, gpus: u32) -> Pod {
         }
     }))
     .unwrap()
-}
-
-/// What the pod's container `main` printed, once it has printed `last`.
-async fn printed(node: &RealNode, pod: &str, last: &str) -> String {
-    let mut out = String::new();
-    let seen = eventually(&format!("{pod}'s output"), Duration::from_secs(20), || {
-        out = node
-            .container_log("default", pod, "main")
-            .unwrap_or_default();
-        let done = out.lines().any(|l| l == last);
-        async move { done }
-    })
-    .await;
-    if let Err(e) = seen {
-        panic!("{e}: {out:?}\n{}", logs(node));
-    }
-    out
-}
-
-/// Waits until the pod is in `phase`; panics with its status and the logs.
-async fn wait_phase(pods: &Api<Pod>, node: &RealNode, name: &str, phase: &str) {
-    let reached = eventually(
-        &format!("pod {name} {phase}"),
-        Duration::from_secs(60),
-        || {
-            let pods = pods.clone();
-            async move {
-                pods.get(name)
-                    .await
-                    .is_ok_and(|p| p.status.and_then(|s| s.phase).as_deref() == Some(phase))
-            }
-        },
-    )
-    .await;
-    if let Err(e) = reached {
-        let status = pods.get(name).await.map(|p| format!("{:?}", p.status));
-        panic!("{e}: {status:?}\n{}", logs(node));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
