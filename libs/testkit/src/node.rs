@@ -190,7 +190,8 @@ pub struct RealNode {
 /// How a [`RealNode`] starts.
 #[derive(Clone, Debug, Default)]
 pub struct NodeOptions {
-    /// Node labels kubelet registers with (`--node-labels`).
+    /// Node labels kubelet registers with (`--node-labels`; kubelet refuses
+    /// most of the `kubernetes.io` namespace, such as `node-role.kubernetes.io`).
     pub labels: Vec<(String, String)>,
     /// Extra images (docker-archives) to import before kubelet starts.
     pub images: Vec<PathBuf>,
@@ -496,28 +497,37 @@ serializeImagePulls: false
         }
     }
 
-    /// Waits until the Node is Ready; panics with kubelet's log if not within 60 s.
-    pub async fn wait_ready(&self, plane: &ControlPlane) {
+    /// Waits until the Node is Ready; panics with kubelet's log if kubelet
+    /// exits first or the Node is not Ready within 60 s.
+    pub async fn wait_ready(&mut self, plane: &ControlPlane) {
         let nodes: kube::Api<Node> = kube::Api::all(plane.client());
-        let ready = crate::eventually(
-            &format!("Node {} Ready", self.name),
-            Duration::from_secs(60),
-            || async {
-                nodes
-                    .get_opt(&self.name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|n| node_is_ready(&n))
-            },
-        )
-        .await;
-        if let Err(e) = ready {
-            panic!(
-                "{e}\n--- kubelet.log\n{}\n--- containerd.log\n{}",
-                self.log_tail("kubelet"),
-                self.log_tail("containerd")
-            );
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let exited = self
+                .kubelet
+                .as_mut()
+                .and_then(|k| k.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!(
+                    "kubelet of {} exited ({status})\n--- kubelet.log\n{}",
+                    self.name,
+                    self.log_tail("kubelet")
+                );
+            }
+            let ready = nodes.get_opt(&self.name).await.ok().flatten();
+            if ready.is_some_and(|n| node_is_ready(&n)) {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                panic!(
+                    "Node {} not Ready within 60 s\n--- kubelet.log\n{}\n--- containerd.log\n{}",
+                    self.name,
+                    self.log_tail("kubelet"),
+                    self.log_tail("containerd")
+                );
+            }
+            // No event to wait on for a process that may exit: a short poll.
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
