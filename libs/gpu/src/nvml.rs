@@ -36,7 +36,7 @@ impl Nvml {
 /// `{slices}g.{memory}gb` as NVIDIA names profiles: the instance's share of
 /// the card's memory rounded up to eighths, times the card's memory in GiB
 /// (rounded up), rounded.
-fn profile(gpu_instance_slices: u32, memory_mib: u64, card_memory_mib: u64) -> String {
+pub fn profile(gpu_instance_slices: u32, memory_mib: u64, card_memory_mib: u64) -> String {
     let eighths = (memory_mib * 8).div_ceil(card_memory_mib.max(1));
     let card_gib = card_memory_mib.div_ceil(1024);
     // round(eighths / 8 * card_gib)
