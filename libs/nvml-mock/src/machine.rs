@@ -331,7 +331,6 @@ fn mig_slot(field: &dyn Fn(&str) -> String, mig: &MigDevice, gpu: &Gpu) -> Resul
     })
 }
 
-
 fn unique(field: &str, uuid: &str, uuids: &mut BTreeSet<String>) -> Result<(), String> {
     if uuids.insert(uuid.to_string()) {
         Ok(())
@@ -443,7 +442,6 @@ mod tests {
         assert_eq!(mixed.cards[1].pci.bus_id_legacy, "0000:0F:00.0");
         assert_eq!(mixed.cards[1].pci.bus, 0x0f);
     }
-
 
     #[test]
     fn what_nvml_could_not_report_is_refused_naming_the_field() {
