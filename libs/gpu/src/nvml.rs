@@ -172,11 +172,14 @@ impl Nvml {
             .nvml
             .device_count()
             .map_err(failed("nvmlDeviceGetCount"))?;
+        // The cards' UUIDs by index, to name a card that is lost later.
+        let mut uuids = Vec::new();
         for i in 0..count {
             let device = self
                 .nvml
                 .device_by_index(i)
                 .map_err(failed("nvmlDeviceGetHandleByIndex"))?;
+            uuids.push(device.uuid().map_err(failed("nvmlDeviceGetUUID"))?);
             set = device
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                 .map_err(|e| SourceError::Nvml {
@@ -211,12 +214,31 @@ impl Nvml {
                     }
                 }
                 Err(NvmlError::GpuLost) => {
-                    if !sink(crate::HealthChange {
-                        uuid: String::new(),
-                        healthy: false,
-                        reason: "GPU lost".into(),
-                    }) {
-                        return Ok(());
+                    // The wait does not say which card: each card is asked
+                    // again, and those that answer GPU lost are the ones.
+                    // If none does, all are suspect (an empty UUID).
+                    let mut lost: Vec<String> = uuids
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| {
+                            let answer =
+                                self.nvml.device_by_index(*i as u32).and_then(|d| d.uuid());
+                            matches!(answer, Err(NvmlError::GpuLost))
+                        })
+                        .map(|(_, uuid)| uuid.clone())
+                        .collect();
+                    if lost.is_empty() {
+                        lost.push(String::new());
+                    }
+                    for uuid in lost {
+                        let change = crate::HealthChange {
+                            uuid,
+                            healthy: false,
+                            reason: "GPU lost (fallen off the bus)".into(),
+                        };
+                        if !sink(change) {
+                            return Ok(());
+                        }
                     }
                 }
                 Err(e) => return Err(failed("nvmlEventSetWait")(e)),

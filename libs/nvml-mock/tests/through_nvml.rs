@@ -134,6 +134,32 @@ fn call_the_c_functions() -> Value {
         let mut pci: nvmlPciInfo_t = std::mem::zeroed();
         lib.nvmlDeviceGetPciInfo_v3.as_ref().unwrap()(card, &mut pci);
 
+        // What NVIDIA's device plugin asks for a preferred allocation.
+        let mut card4: nvmlDevice_t = null_mut();
+        lib.nvmlDeviceGetHandleByIndex_v2.as_ref().unwrap()(4, &mut card4);
+        let mut card7: nvmlDevice_t = null_mut();
+        lib.nvmlDeviceGetHandleByIndex_v2.as_ref().unwrap()(7, &mut card7);
+        let ancestor = lib.nvmlDeviceGetTopologyCommonAncestor.as_ref().unwrap();
+        let mut levels = Vec::new();
+        for (a, b) in [(card, card4), (card4, card7), (card7, card7), (mig, card)] {
+            let mut level: nvmlGpuTopologyLevel_t = 99;
+            let code = ancestor(a, b, &mut level);
+            levels.push([code, level]);
+        }
+        let ancestor_null = ancestor(card, card4, null_mut());
+        let mut state: nvmlEnableState_t = 99;
+        let mut nvlink_states = Vec::new();
+        for link in [0, NVML_NVLINK_MAX_LINKS - 1, NVML_NVLINK_MAX_LINKS] {
+            nvlink_states.push(lib.nvmlDeviceGetNvLinkState.as_ref().unwrap()(
+                card4, link, &mut state,
+            ));
+        }
+        let nvlink_state_null =
+            lib.nvmlDeviceGetNvLinkState.as_ref().unwrap()(card4, 0, null_mut());
+        let mut remote: nvmlPciInfo_t = std::mem::zeroed();
+        let nvlink_remote =
+            lib.nvmlDeviceGetNvLinkRemotePciInfo_v2.as_ref().unwrap()(card4, 0, &mut remote);
+
         let mut set: nvmlEventSet_t = null_mut();
         lib.nvmlEventSetCreate.as_ref().unwrap()(&mut set);
         let mut data: nvmlEventData_t = std::mem::zeroed();
@@ -161,6 +187,12 @@ fn call_the_c_functions() -> Value {
             "memoryUnversioned": memory_unversioned,
             "memoryV2": [memory_v2, memory.total, memory.free],
             "pci": [text(&pci.busId), text(&pci.busIdLegacy), pci.domain, pci.bus, pci.device],
+            "commonAncestor": levels,
+            "commonAncestorNull": ancestor_null,
+            "nvlinkState": nvlink_states,
+            "nvlinkStateUntouched": state,
+            "nvlinkStateNull": nvlink_state_null,
+            "nvlinkRemotePci": nvlink_remote,
             "wait": wait,
             "waitedMs": waited_ms,
             "free": free,
@@ -366,7 +398,11 @@ fn card(index: usize) -> String {
 #[test]
 fn a_lost_card_is_an_unhealthy_change_and_its_calls_fail() {
     let (change, after) = watch(&[Fault::Lost { uuid: card(5) }]);
-    assert_eq!(change, json!(["", false, "GPU lost"]));
+    // The watch asks each card again and names the one that is lost.
+    assert_eq!(
+        change,
+        json!([card(5), false, "GPU lost (fallen off the bus)"])
+    );
     let after = after.as_str().unwrap_or_default();
     assert!(after.contains("fell off the bus"), "{after}");
 }
@@ -467,6 +503,18 @@ fn the_library_exports_what_nvml_wrapper_loads() {
             "nvmlDeviceGetMinorNumber",
             lib.nvmlDeviceGetMinorNumber.is_ok(),
         ),
+        (
+            "nvmlDeviceGetTopologyCommonAncestor",
+            lib.nvmlDeviceGetTopologyCommonAncestor.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetNvLinkState",
+            lib.nvmlDeviceGetNvLinkState.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+            lib.nvmlDeviceGetNvLinkRemotePciInfo_v2.is_ok(),
+        ),
         ("nvmlDeviceGetMigMode", lib.nvmlDeviceGetMigMode.is_ok()),
         (
             "nvmlDeviceGetMaxMigDeviceCount",
@@ -546,6 +594,22 @@ fn the_c_functions_answer_as_nvml_h_says() {
         r["pci"],
         json!(["00000000:07:00.0", "0000:07:00.0", 0, 7, 0])
     );
+    // Cards 0 and 4 (buses 07 and 87) behind two CPUs, 4 and 7 (87, BD)
+    // behind one; a MIG device has no place of its own.
+    assert_eq!(
+        r["commonAncestor"],
+        json!([[0, 50], [0, 40], [0, 0], [3, 99]]),
+        "SYSTEM, NODE, INTERNAL, NVML_ERROR_NOT_SUPPORTED"
+    );
+    assert_eq!(r["commonAncestorNull"], 2, "NVML_ERROR_INVALID_ARGUMENT");
+    assert_eq!(
+        r["nvlinkState"],
+        json!([3, 3, 2]),
+        "no NVLinks; link 18 is past NVML_NVLINK_MAX_LINKS"
+    );
+    assert_eq!(r["nvlinkStateUntouched"], 99);
+    assert_eq!(r["nvlinkStateNull"], 2);
+    assert_eq!(r["nvlinkRemotePci"], 3);
     assert_eq!(r["wait"], 10, "NVML_ERROR_TIMEOUT");
     let waited = r["waitedMs"].as_u64().unwrap();
     assert!((300..5000).contains(&waited), "waited {waited} ms of 300");

@@ -43,6 +43,18 @@ pub fn agent_with(
     extra: &[&str],
     kubeconfig: &std::path::Path,
 ) -> KillOnDrop {
+    agent_on(node, &format!("fixture:{fixture}"), extra, kubeconfig, &[])
+}
+
+/// The agent on the GPU source `source` (`nvml`, `fixture:FILE`), with
+/// extra flags, the credentials of `kubeconfig` and extra environment.
+pub fn agent_on(
+    node: &RealNode,
+    source: &str,
+    extra: &[&str],
+    kubeconfig: &std::path::Path,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> KillOnDrop {
     let log = std::fs::File::options()
         .create(true)
         .append(true)
@@ -50,13 +62,7 @@ pub fn agent_with(
         .expect("agent log");
     KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_switchyard-node-agent"))
-            .args([
-                "serve",
-                "--gpu-source",
-                &format!("fixture:{fixture}"),
-                "--node",
-                node.name(),
-            ])
+            .args(["serve", "--gpu-source", source, "--node", node.name()])
             .args(extra)
             .arg("--kubelet-dir")
             .arg(node.kubelet_dir())
@@ -64,6 +70,7 @@ pub fn agent_with(
             .arg(node.cdi_dir())
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .env("KUBECONFIG", kubeconfig)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
