@@ -22,6 +22,8 @@
 //! CNI removes the pods' interfaces), stops containerd and any shim left, and
 //! removes the bridge, the cgroups and the directory: nothing stays on the
 //! host. A missing binary is a test failure naming the install script.
+//! kubelet serves on loopback only, and answers anonymous requests (its
+//! metrics, for the benchmarks).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -375,7 +377,7 @@ port: {port}
 readOnlyPort: 0
 healthzPort: 0
 authentication:
-  anonymous: {{enabled: false}}
+  anonymous: {{enabled: true}}
   webhook: {{enabled: false}}
 authorization:
   mode: AlwaysAllow
@@ -529,6 +531,24 @@ serializeImagePulls: false
             // No event to wait on for a process that may exit: a short poll.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// kubelet's own metrics (`/metrics` on its loopback port, read
+    /// anonymously: the test node allows it), in Prometheus' text format.
+    pub async fn kubelet_metrics(&self) -> Result<String, String> {
+        let url: http::Uri = format!("https://127.0.0.1:{}", self.kubelet_port)
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let mut config = kube::Config::new(url);
+        config.accept_invalid_certs = true;
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        client
+            .request_text(request)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// The node's name.

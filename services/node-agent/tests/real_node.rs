@@ -418,3 +418,104 @@ async fn an_agent_stopped_with_sigterm_leaves_no_capacity_and_no_socket() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
 }
+
+/// kubelet's device manager keeps a resource it once allocated through a
+/// device plugin (kubernetes#141426, fixed after 1.36): once a node switched
+/// from the device plugin to DRA, a pod asking `nvidia.com/gpu` through a
+/// DeviceClass's `extendedResourceName` must still start — also after
+/// kubelet dropped the stopped plugin's endpoint (5 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_pod_starts_on_a_node_that_served_the_device_plugin() {
+    let plane = plane().await;
+    let client = plane.client();
+    let node = RealNode::start_with(
+        &plane,
+        "gpu-bridge-1",
+        NodeOptions {
+            labels: vec![("node.deckhouse.io/gpu-stack".into(), "device-plugin".into())],
+            ..NodeOptions::default()
+        },
+    )
+    .await;
+    node.make_device_nodes(&DEVICE_NODES);
+    let _agent = agent(&plane, &node, "deploy/fixtures/h100-8x.yaml", &[]);
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("nvidia.com/gpu: 8", Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        async move { advertised(&nodes, "gpu-bridge-1", "nvidia.com/gpu").await == (Some(8), Some(8)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    // A device-plugin pod runs and ends: kubelet's device manager has
+    // allocated nvidia.com/gpu through the plugin.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &gpu_pod("legacy", 1))
+        .await
+        .unwrap();
+    wait_phase(&pods, &node, "legacy", "Running").await;
+    std::fs::write(node.path("/var/lib/gate/open"), b"").unwrap();
+    wait_phase(&pods, &node, "legacy", "Succeeded").await;
+    pods.delete("legacy", &Default::default()).await.unwrap();
+
+    let patch = json!({"metadata": {"labels": {"node.deckhouse.io/gpu-stack": "dra"}}});
+    nodes
+        .patch(
+            "gpu-bridge-1",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    eventually("the switch to DRA", Duration::from_secs(30), || {
+        let (nodes, slices) = (nodes.clone(), slices.clone());
+        async move {
+            let published = slices.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|s| s.spec.node_name.as_deref() == Some("gpu-bridge-1"))
+            });
+            published && advertised(&nodes, "gpu-bridge-1", "nvidia.com/gpu").await.1 == Some(0)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "bridge"},
+                "spec": {
+                    "selectors": [{"cel": {"expression": "device.driver == \"gpu.deckhouse.io\""}}],
+                    "extendedResourceName": "nvidia.com/gpu"
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let since = std::time::Instant::now();
+    for (round, wait) in [
+        ("early", Duration::ZERO),
+        ("late", Duration::from_secs(330)),
+    ] {
+        // kubelet drops a stopped plugin's endpoint 5 minutes after it
+        // stopped: the late round runs past that. No event marks it.
+        let remaining = wait.saturating_sub(since.elapsed());
+        tokio::time::sleep(remaining).await;
+        let name = format!("bridged-{round}");
+        let mut pod = gpu_pod(&name, 1);
+        pod.spec.as_mut().unwrap().containers[0].command = Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia".into(),
+        ]);
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        wait_phase(&pods, &node, &name, "Succeeded").await;
+        let out = printed(&node, &name, "nvidiactl").await;
+        assert!(out.contains("visible=GPU-"), "{round}: {out}");
+    }
+}
