@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::{
     self as sys, nvmlBrandType_t, nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t,
-    nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t, nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlDeviceAttributes_t, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t,
+    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
 
 use crate::machine::{Mig, NVIDIA_PCI_VENDOR};
@@ -551,6 +551,52 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     }
 }
 
+// ---- Topology and NVLink ---------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
+    device1: nvmlDevice_t,
+    device2: nvmlDevice_t,
+    pathInfo: *mut nvmlGpuTopologyLevel_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let level = l.common_ancestor(handle(device1), handle(device2))?;
+        // SAFETY: an enum out-parameter (module contract).
+        unsafe { put(pathInfo, level) }
+    })
+}
+
+/// A question about an NVLink, which is never there: the device and the
+/// link are checked, then the out-parameter (never written).
+fn nvlink(device: nvmlDevice_t, link: c_uint, out_is_null: bool) -> nvmlReturn_t {
+    answer(|l| {
+        let Err(code) = l.nvlink(handle(device), link);
+        Err(if code == NOT_SUPPORTED && out_is_null {
+            INVALID_ARGUMENT
+        } else {
+            code
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    isActive: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    nvlink(device, link, isActive.is_null())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: nvmlDevice_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    nvlink(device, link, pci.is_null())
+}
+
 // ---- MIG -------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
@@ -781,6 +827,15 @@ fn signatures_are_nvml_h(lib: &sys::NvmlLib) {
     same(&lib.nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo);
     same(&lib.nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2);
     same(&lib.nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfo_v3);
+    same(
+        &lib.nvmlDeviceGetTopologyCommonAncestor,
+        nvmlDeviceGetTopologyCommonAncestor,
+    );
+    same(&lib.nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkState);
+    same(
+        &lib.nvmlDeviceGetNvLinkRemotePciInfo_v2,
+        nvmlDeviceGetNvLinkRemotePciInfo_v2,
+    );
     same(&lib.nvmlDeviceGetMigMode, nvmlDeviceGetMigMode);
     same(
         &lib.nvmlDeviceGetMaxMigDeviceCount,

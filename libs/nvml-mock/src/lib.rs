@@ -35,6 +35,16 @@
 //! as a card does asked for attributes or instance ids (NVML answers those
 //! for MIG devices only).
 //!
+//! The topology is made up from the PCI bus ids, as a two-socket server
+//! numbers its buses: in each domain, buses 0x00-0x7F behind the first CPU,
+//! 0x80-0xFF behind the second. `nvmlDeviceGetTopologyCommonAncestor` answers
+//! `NVML_TOPOLOGY_NODE` for two cards behind one CPU,
+//! `NVML_TOPOLOGY_SYSTEM` across CPUs and `NVML_TOPOLOGY_INTERNAL` for a
+//! card and itself ([`machine::common_ancestor`]). No card has NVLinks: each
+//! link's state and remote PCI info answer `NVML_ERROR_NOT_SUPPORTED`, as on
+//! PCIe cards (NVIDIA's device plugin reads that as no link when it picks
+//! the cards of a preferred allocation).
+//!
 //! # Health
 //!
 //! A card the fixture has `healthy: false` is told to each event set that

@@ -106,6 +106,33 @@ pub struct Pci {
     pub bus_id_legacy: String,
 }
 
+impl Pci {
+    /// The host bridges the card hangs off, as a two-socket server numbers
+    /// its buses: in each PCI domain, buses 0x00-0x7F behind the first CPU's
+    /// root ports, 0x80-0xFF behind the second's (the fixtures' HGX machines
+    /// have cards 0-3 on one side and 4-7 on the other). The fixture names no
+    /// CPUs; this is what [`common_ancestor`] answers from.
+    pub fn host_bridges(&self) -> (u32, bool) {
+        (self.domain, self.bus >= 0x80)
+    }
+}
+
+/// `nvmlDeviceGetTopologyCommonAncestor` between two cards:
+/// `NVML_TOPOLOGY_INTERNAL` for a card and itself, `NVML_TOPOLOGY_NODE` for
+/// cards behind the same CPU's host bridges ([`Pci::host_bridges`]),
+/// `NVML_TOPOLOGY_SYSTEM` across CPUs. No PCIe switches are made up, so
+/// nothing is nearer than the CPU (`SINGLE`, `MULTIPLE`, `HOSTBRIDGE` are
+/// never answered).
+pub fn common_ancestor(a: &Card, b: &Card) -> sys::nvmlGpuTopologyLevel_t {
+    if a.uuid == b.uuid {
+        sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL
+    } else if a.pci.host_bridges() == b.pci.host_bridges() {
+        sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE
+    } else {
+        sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mig {
     /// Not MIG capable: MIG calls answer `NVML_ERROR_NOT_SUPPORTED`.
@@ -441,6 +468,36 @@ mod tests {
         assert_eq!(mixed.cards[1].mig, Mig::Disabled);
         assert_eq!(mixed.cards[1].pci.bus_id_legacy, "0000:0F:00.0");
         assert_eq!(mixed.cards[1].pci.bus, 0x0f);
+    }
+
+    #[test]
+    fn cards_behind_one_cpu_share_a_numa_node_and_others_meet_at_the_system() {
+        let h100 = MockMachine::from_fixture(&fixture("h100-8x.yaml")).unwrap();
+        let level = |a: usize, b: usize| common_ancestor(&h100.cards[a], &h100.cards[b]);
+        assert_eq!(level(2, 2), sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL);
+        // Buses 07, 0F, 47, 4E | 87, 90, B7, BD.
+        for (a, b) in [(0, 1), (0, 3), (4, 7), (6, 5)] {
+            assert_eq!(
+                level(a, b),
+                sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE,
+                "{a}-{b}"
+            );
+        }
+        for (a, b) in [(0, 4), (3, 4), (7, 0)] {
+            assert_eq!(
+                level(a, b),
+                sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM,
+                "{a}-{b}"
+            );
+        }
+        // Another PCI domain is another CPU's, whatever the bus.
+        let mut far = h100.cards[1].clone();
+        far.uuid.push('x');
+        far.pci.domain = 1;
+        assert_eq!(
+            common_ancestor(&h100.cards[0], &far),
+            sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM
+        );
     }
 
     #[test]

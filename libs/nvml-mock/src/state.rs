@@ -4,6 +4,7 @@
 //! return codes.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::convert::Infallible;
 
 use nvml_wrapper_sys::bindings as sys;
 
@@ -324,6 +325,35 @@ impl Library {
         }
     }
 
+    /// `nvmlDeviceGetTopologyCommonAncestor`: between two cards, by
+    /// [`crate::machine::common_ancestor`]; `NVML_ERROR_NOT_SUPPORTED` for a
+    /// MIG device (its card answers for it).
+    pub fn common_ancestor(
+        &mut self,
+        a: usize,
+        b: usize,
+    ) -> Result<sys::nvmlGpuTopologyLevel_t, Code> {
+        match (self.device(a)?, self.device(b)?) {
+            (Device::Card { card: a, .. }, Device::Card { card: b, .. }) => {
+                Ok(crate::machine::common_ancestor(a, b))
+            }
+            _ => Err(NOT_SUPPORTED),
+        }
+    }
+
+    /// A device's NVLink `link` (`nvmlDeviceGetNvLinkState`,
+    /// `nvmlDeviceGetNvLinkRemotePciInfo_v2`): the fixture names no NVLinks,
+    /// so there is none to answer for. Each link a device can have (0 to
+    /// `NVML_NVLINK_MAX_LINKS` - 1) is `NVML_ERROR_NOT_SUPPORTED`, as on a PCIe
+    /// card; a link past them is `NVML_ERROR_INVALID_ARGUMENT`.
+    pub fn nvlink(&mut self, device: usize, link: u32) -> Result<Infallible, Code> {
+        self.device(device)?;
+        if link >= sys::NVML_NVLINK_MAX_LINKS {
+            return Err(INVALID_ARGUMENT);
+        }
+        Err(NOT_SUPPORTED)
+    }
+
     pub fn create_set(&mut self) -> Result<usize, Code> {
         self.machine()?;
         let set = Box::<EventSet>::default();
@@ -505,6 +535,43 @@ mod tests {
         assert_eq!(library.mig_by_index(whole, 0), Err(NOT_FOUND), "MIG off");
         assert_eq!(library.device(whole + 1).err(), Some(INVALID_ARGUMENT));
         assert_eq!(library.card_by_pci_bus_id("0000:4e:00.0"), Ok(card));
+    }
+
+    #[test]
+    fn the_topology_is_of_cards_and_no_card_has_nvlinks() {
+        let mut library = library("mixed.yaml");
+        let loaded = library.machine().unwrap();
+        let card1 = library.card_by_index(1).unwrap();
+        let card2 = library.card_by_index(2).unwrap();
+        assert_eq!(
+            library.common_ancestor(card1, card2),
+            Ok(sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE)
+        );
+        assert_eq!(
+            library.common_ancestor(card1, card1),
+            Ok(sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL)
+        );
+        let card0 = library.card_by_index(0).unwrap();
+        let mig = library.mig_by_index(card0, 0).unwrap();
+        assert_eq!(library.common_ancestor(mig, card1), Err(NOT_SUPPORTED));
+        assert_eq!(library.common_ancestor(card1, 7), Err(INVALID_ARGUMENT));
+
+        for link in [0, sys::NVML_NVLINK_MAX_LINKS - 1] {
+            assert_eq!(library.nvlink(card1, link), Err(NOT_SUPPORTED));
+            assert_eq!(library.nvlink(mig, link), Err(NOT_SUPPORTED));
+        }
+        assert_eq!(
+            library.nvlink(card1, sys::NVML_NVLINK_MAX_LINKS),
+            Err(INVALID_ARGUMENT)
+        );
+        assert_eq!(library.nvlink(7, 0), Err(INVALID_ARGUMENT));
+
+        let uuid2 = loaded.machine.cards[2].uuid.clone();
+        library
+            .apply(loaded, &fault(&format!("lost {uuid2}")))
+            .unwrap();
+        assert_eq!(library.common_ancestor(card1, card2), Err(GPU_IS_LOST));
+        assert_eq!(library.nvlink(card2, 0), Err(GPU_IS_LOST));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub mod migration;
 pub mod nats;
 #[cfg(feature = "kube")]
 pub mod node;
+#[cfg(feature = "kube")]
+pub mod nvidia;
 #[cfg(feature = "reference")]
 pub mod reference;
 pub mod toxiproxy;

@@ -630,16 +630,19 @@ fn spawn_node_agent(world: &World, node: &str, dir: &Path) -> std::process::Chil
 
 /// Kubelet's device manager for `node` (kwok has none): the devices the
 /// node agent's device plugin lists healthy are the node's capacity and
-/// allocatable of its resource; none once the plugin has gone.
+/// allocatable of its resource; none once the plugin has gone, and none
+/// before a plugin registered (the kwok node is made with `nvidia.com/gpu`
+/// as a device-plugin node shows it; kubelet shows what a plugin lists).
 async fn advertise(client: Client, node: String, kubelet: switchyard_kubelet::fake::Kubelet) {
     let nodes: Api<Node> = Api::all(client);
-    let mut written = BTreeMap::new();
+    let mut written = None;
     loop {
         let changed = kubelet.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let now = kubelet.advertised.lock().expect("advertised").clone();
-        if now != written {
+        let mut now = kubelet.advertised.lock().expect("advertised").clone();
+        now.entry("nvidia.com/gpu".to_string()).or_insert(0);
+        if written.as_ref() != Some(&now) {
             let counts: serde_json::Map<String, serde_json::Value> = now
                 .iter()
                 .map(|(resource, n)| (resource.clone(), json!(n.to_string())))
@@ -650,7 +653,7 @@ async fn advertise(client: Client, node: String, kubelet: switchyard_kubelet::fa
                 .await
                 .is_ok()
             {
-                written = now;
+                written = Some(now);
             }
         }
         // Woken by the next change; a failed write is tried again.
