@@ -81,6 +81,7 @@ mod kube;
 mod kubelet;
 mod migrate;
 mod node_agent;
+mod nodes;
 mod plan;
 mod quantity;
 mod soak;
@@ -119,6 +120,11 @@ enum Command {
     /// The node agent as a process on a real control plane: memory with 8
     /// GPUs, and the time to switch stacks.
     NodeAgent(node_agent::Args),
+    /// Pod start-up on real nodes (kubelet, containerd, runc): a plain pod,
+    /// a DRA claim served by the node agent, nvidia.com/gpu from the agent's
+    /// device plugin and from NVIDIA's on the same mock NVML; kubelet's DRA
+    /// call times; the agent's memory next to NVIDIA's plugin's.
+    Nodes(nodes::Args),
     /// `switchyard plan` at scale: the register and the waves for N nodes x G
     /// GPUs and W workloads, from the snapshot.
     Plan(plan::Args),
@@ -156,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         Command::Allocate(args) => Box::pin(allocate::run(args)),
         Command::Kubelet(args) => Box::pin(kubelet::run(args)),
         Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
+        Command::Nodes(args) => Box::pin(nodes::run(args)),
         Command::Plan(args) => Box::pin(plan::run(args)),
         Command::Migrate(args) => Box::pin(migrate::run(args)),
         Command::Soak(args) => Box::pin(soak::run(args)),
