@@ -26,20 +26,7 @@ pub struct Args {
     pods: usize,
 }
 
-/// The device nodes an 8-card fixture's CDI specs name.
-const DEVICE_NODES: [&str; 11] = [
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia0",
-    "/dev/nvidia1",
-    "/dev/nvidia2",
-    "/dev/nvidia3",
-    "/dev/nvidia4",
-    "/dev/nvidia5",
-    "/dev/nvidia6",
-    "/dev/nvidia7",
-];
+use switchyard_testkit::node::GPU_DEVICE_NODES as DEVICE_NODES;
 
 const FIXTURE: &str = "deploy/fixtures/h100-8x.yaml";
 

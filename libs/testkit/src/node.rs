@@ -50,6 +50,22 @@ pub const BUSYBOX_IMAGE: &str = "localhost/busybox:switchyard";
 const RUNTIME_HINT: &str = "build them with `scripts/install-node-runtime.sh` (kubelet, containerd, runc, the CNI plugins and crictl into ~/.cache/switchyard/node-runtime) or set SWITCHYARD_NODE_RUNTIME to a directory holding them";
 const IMAGES_HINT: &str = "build them with `scripts/build-node-images.sh`";
 
+/// The device nodes NVIDIA's driver makes for an 8-card machine, which CDI
+/// specs name (make them with [`RealNode::make_device_nodes`]).
+pub const GPU_DEVICE_NODES: [&str; 11] = [
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia0",
+    "/dev/nvidia1",
+    "/dev/nvidia2",
+    "/dev/nvidia3",
+    "/dev/nvidia4",
+    "/dev/nvidia5",
+    "/dev/nvidia6",
+    "/dev/nvidia7",
+];
+
 /// The sysctls kubelet sets at start (kernel defaults it insists on).
 const KUBELET_SYSCTLS: [&str; 3] = [
     "kernel/panic",

@@ -69,57 +69,13 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
 
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": "gpu"},
-                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.deckhouse.io\""}}]}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_class(&client).await;
+    create_claim(&client, "one-gpu").await;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": "one-gpu"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}
-            }))
-            .unwrap(),
-        )
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &claim_pod("cuda-check", "one-gpu"))
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "cuda-check"},
-            "spec": {
-                "hostNetwork": true,
-                "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "one-gpu"}],
-                "containers": [{
-                    "name": "main",
-                    "image": BUSYBOX_IMAGE,
-                    "command": ["sh", "-c", "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia; sleep 3600"],
-                    "resources": {"claims": [{"name": "gpu"}]}
-                }]
-            }
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
     eventually("the claim pod Running", Duration::from_secs(90), || {
         let pods = pods.clone();
         async move {

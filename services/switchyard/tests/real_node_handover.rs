@@ -26,19 +26,7 @@ use switchyard_testkit::reference::cli_at;
 
 const NODE: &str = "gpu-real-0";
 
-const DEVICE_NODES: [&str; 11] = [
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia0",
-    "/dev/nvidia1",
-    "/dev/nvidia2",
-    "/dev/nvidia3",
-    "/dev/nvidia4",
-    "/dev/nvidia5",
-    "/dev/nvidia6",
-    "/dev/nvidia7",
-];
+use switchyard_testkit::node::GPU_DEVICE_NODES as DEVICE_NODES;
 
 fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
     cli_at(

@@ -1,7 +1,7 @@
 //! What the real-node tests share: the agent as a process beside a
 //! `RealNode`, the control plane they run on, and waits on pods and Nodes.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::process::Command;
 use std::time::Duration;
@@ -15,20 +15,7 @@ use switchyard_testkit::kube::{Components, ControlPlane};
 use switchyard_testkit::node::{BUSYBOX_IMAGE, RealNode};
 use switchyard_testkit::{KillOnDrop, eventually};
 
-/// The device nodes the agent's CDI specs name for an 8-card machine.
-pub const DEVICE_NODES: [&str; 11] = [
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia0",
-    "/dev/nvidia1",
-    "/dev/nvidia2",
-    "/dev/nvidia3",
-    "/dev/nvidia4",
-    "/dev/nvidia5",
-    "/dev/nvidia6",
-    "/dev/nvidia7",
-];
+pub use switchyard_testkit::node::GPU_DEVICE_NODES as DEVICE_NODES;
 
 /// The agent as a process beside the node (its sockets and CDI specs in the
 /// node's directories), logging to the node's `agent.log`.
