@@ -362,6 +362,7 @@ impl DraPlugin {
         if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(PrepareError::Closing);
         }
+        tracing::info!(claim = %format_args!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "preparing ResourceClaim");
         let object = self.claims.claim(&claim.namespace, &claim.name).await?;
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
             return Err(PrepareError::Uid {

@@ -287,3 +287,54 @@ async fn kubelet_wipes_the_slices_once_the_agent_is_gone_and_its_sockets_are_rem
     // kubelet wipes a driver's slices 30 s after its last plugin left.
     wait_slices(&client, &node, false, Duration::from_secs(60)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_a_prepare_leaves_the_claim_prepared_once() {
+    let plane = plane().await;
+    let client = plane.client();
+    let node = dra_node(&plane, "e2e-sigkill").await;
+    // The agent reaches the API server through toxiproxy, so that a prepare
+    // can be slowed down and the agent killed in the middle of it.
+    let proxy = switchyard_testkit::toxiproxy::Toxiproxy::start();
+    let listen = proxy.proxy("kube-apiserver", plane.url().trim_start_matches("https://"));
+    let slow = plane.kubeconfig_via("slow.kubeconfig", &format!("https://{listen}"));
+    let agent_1 = agent_with(&node, FIXTURE, &[], &slow);
+    create_class(&client).await;
+    wait_slices(&client, &node, true, Duration::from_secs(30)).await;
+    let agent_log = node.root().join("agent.log");
+    switchyard_testkit::wait_for(
+        "kubelet to register the plugin",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&agent_log)
+                .is_ok_and(|l| l.contains("kubelet registered the DRA plugin"))
+                .then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    // Every answer to the agent now takes 5 s: its read of the claim too.
+    proxy.toxic("kube-apiserver", "latency", &["latency=5000"], 1.0, false);
+    create_claim(&client, "killed").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &claim_pod("killed", "killed"))
+        .await
+        .unwrap();
+    switchyard_testkit::wait_for("the prepare to start", Duration::from_secs(60), || {
+        std::fs::read_to_string(&agent_log)
+            .is_ok_and(|l| l.contains("preparing ResourceClaim"))
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    // SIGKILL while the claim is being read: nothing written yet.
+    drop(agent_1);
+    assert!(
+        checkpointed(&node).is_empty(),
+        "killed before the checkpoint"
+    );
+    let _agent_2 = agent(&plane, &node, FIXTURE, &[]);
+    wait_phase(&pods, &node, "killed", "Running").await;
+    let out = printed(&node, "killed", "nvidiactl").await;
+    assert!(out.contains("visible=GPU-"), "{out}");
+    assert_eq!(checkpointed(&node), ["default/killed"]);
+    assert_eq!(claim_specs(&node).len(), 1, "{:?}", claim_specs(&node));
+}
