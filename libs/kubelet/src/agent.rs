@@ -294,23 +294,18 @@ impl Agent {
             Some(Running::DevicePlugins { machine, .. }) => {
                 let _ = machine.send(self.machine.clone());
             }
-            Some(Running::Dra { plugin, .. }) => {
+            Some(Running::Dra { .. }) => {
                 self.generation += 1;
-                let c = &self.config;
-                let slices =
-                    publish::resource_slices(&c.node, &self.machine, c.layout, self.generation);
-                plugin.set_health(&slices);
-                self.slices
-                    .publish(slices)
-                    .await
-                    .map_err(AgentError::Publish)?;
+                self.republish().await?;
             }
         }
         Ok(())
     }
 
-    /// Publishes the node's slices again while DRA is served (one was
-    /// deleted: kubelet wipes a node's slices when it starts).
+    /// Publishes the node's slices (at the current generation) while DRA is
+    /// served, and tells kubelet's health stream: after a change of the
+    /// machine, or again when one was deleted (kubelet wipes a node's slices
+    /// when it starts).
     pub async fn republish(&mut self) -> Result<(), AgentError> {
         if let Some(Running::Dra { plugin, .. }) = &self.running {
             let c = &self.config;
