@@ -244,7 +244,7 @@ impl RealNode {
             std::fs::create_dir_all(root.join(d)).expect("node directories");
         }
         // A short, unique bridge name (15 bytes at most).
-        let tag = blake_tag(&format!("{}:{name}", root.display()));
+        let tag = short_tag(&format!("{}:{name}", root.display()));
         let bridge = format!("sy{tag}");
         let cgroup_root = format!("switchyard-{name}-{tag}");
         sysctls_hold();
@@ -698,7 +698,7 @@ serializeImagePulls: false
 }
 
 /// A short hex tag of `s` (for names with length limits).
-fn blake_tag(s: &str) -> String {
+fn short_tag(s: &str) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     s.hash(&mut h);

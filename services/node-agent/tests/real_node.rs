@@ -16,23 +16,12 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{Components, ControlPlane};
 use switchyard_testkit::node::{BUSYBOX_IMAGE, NodeOptions, RealNode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
-    let plane = ControlPlane::start_with(Components {
-        scheduler: true,
-        controller_manager: true,
-        ..Components::default()
-    })
-    .await;
+    let plane = plane().await;
     let client = plane.client();
-    switchyard_testkit::kube::install_crds(
-        &client,
-        switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
-    )
-    .await;
     let node = RealNode::start_with(
         &plane,
         "gpu-real-1",
@@ -76,16 +65,7 @@ async fn a_claim_on_a_real_kubelet_gives_the_container_its_card() {
     pods.create(&PostParams::default(), &claim_pod("cuda-check", "one-gpu"))
         .await
         .unwrap();
-    eventually("the claim pod Running", Duration::from_secs(90), || {
-        let pods = pods.clone();
-        async move {
-            pods.get("cuda-check")
-                .await
-                .is_ok_and(|p| p.status.and_then(|s| s.phase).as_deref() == Some("Running"))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    wait_phase(&pods, &node, "cuda-check", "Running").await;
 
     // The allocated card, seen from inside the container.
     let claim = claims.get("one-gpu").await.unwrap();

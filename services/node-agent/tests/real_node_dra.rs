@@ -69,6 +69,18 @@ async fn wait_slices(client: &kube::Client, node: &RealNode, present: bool, with
     });
 }
 
+/// Waits until the agent's log has a line containing `text` (kubelet's
+/// registration acknowledged, a prepare started).
+fn wait_logged(node: &RealNode, text: &str, within: Duration) {
+    let agent_log = node.root().join("agent.log");
+    switchyard_testkit::wait_for(&format!("the agent to log {text:?}"), within, || {
+        std::fs::read_to_string(&agent_log)
+            .is_ok_and(|l| l.contains(text))
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(node)));
+}
+
 /// The claims the agent's checkpoint holds now.
 fn checkpointed(node: &RealNode) -> Vec<String> {
     let path = node
@@ -260,17 +272,11 @@ async fn kubelet_wipes_the_slices_once_the_agent_is_gone_and_its_sockets_are_rem
         .kubelet_dir()
         .join("plugins_registry/gpu.deckhouse.io-reg.sock");
     let endpoint = node.kubelet_dir().join("plugins/gpu.deckhouse.io/dra.sock");
-    let agent_log = node.root().join("agent.log");
-    switchyard_testkit::wait_for(
-        "kubelet to register the plugin",
+    wait_logged(
+        &node,
+        "kubelet registered the DRA plugin",
         Duration::from_secs(30),
-        || {
-            std::fs::read_to_string(&agent_log)
-                .is_ok_and(|l| l.contains("kubelet registered the DRA plugin"))
-                .then_some(())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    );
     assert!(registration.exists() && endpoint.exists());
     let status = std::process::Command::new("kill")
         .args(["-TERM", &agent.0.id().to_string()])
@@ -301,17 +307,11 @@ async fn a_sigkill_during_a_prepare_leaves_the_claim_prepared_once() {
     let agent_1 = agent_with(&node, FIXTURE, &[], &slow);
     create_class(&client).await;
     wait_slices(&client, &node, true, Duration::from_secs(30)).await;
-    let agent_log = node.root().join("agent.log");
-    switchyard_testkit::wait_for(
-        "kubelet to register the plugin",
+    wait_logged(
+        &node,
+        "kubelet registered the DRA plugin",
         Duration::from_secs(30),
-        || {
-            std::fs::read_to_string(&agent_log)
-                .is_ok_and(|l| l.contains("kubelet registered the DRA plugin"))
-                .then_some(())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    );
     // Every answer to the agent now takes 5 s: its read of the claim too.
     proxy.toxic("kube-apiserver", "latency", &["latency=5000"], 1.0, false);
     create_claim(&client, "killed").await;
@@ -319,12 +319,7 @@ async fn a_sigkill_during_a_prepare_leaves_the_claim_prepared_once() {
     pods.create(&PostParams::default(), &claim_pod("killed", "killed"))
         .await
         .unwrap();
-    switchyard_testkit::wait_for("the prepare to start", Duration::from_secs(60), || {
-        std::fs::read_to_string(&agent_log)
-            .is_ok_and(|l| l.contains("preparing ResourceClaim"))
-            .then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    wait_logged(&node, "preparing ResourceClaim", Duration::from_secs(60));
     // SIGKILL while the claim is being read: nothing written yet.
     drop(agent_1);
     assert!(
