@@ -186,6 +186,43 @@ pub struct AgentConfig {
     pub cdi_dir: PathBuf,
     pub layout: Layout,
     pub sharing: Sharing,
+    /// The agent pod's UID, when two agents may serve the node at once (a
+    /// DaemonSet's rolling update with maxSurge): each names its sockets
+    /// after it, so kubelet holds both and prefers the newer.
+    pub instance: Option<String>,
+}
+
+impl AgentConfig {
+    /// `<stem><suffix>`, or `<stem>-<pod UID><suffix>` for one of several
+    /// instances.
+    fn socket_name(&self, stem: &str, suffix: &str) -> String {
+        match &self.instance {
+            Some(uid) => format!("{stem}-{uid}{suffix}"),
+            None => format!("{stem}{suffix}"),
+        }
+    }
+}
+
+/// Removes the sockets in `dir` named `<prefix>…<suffix>` that nothing
+/// listens on: left by an agent that was killed, so kubelet does not keep
+/// dialling them.
+fn remove_dead_sockets(dir: &std::path::Path, prefix: &str, suffix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        let named = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix));
+        if named
+            && std::os::unix::net::UnixStream::connect(&path)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            tracing::info!(socket = %path.display(), "removing a socket nothing serves");
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 struct Server<E> {
@@ -340,13 +377,20 @@ impl Agent {
             None => {}
             Some(Running::Dra { plugin, server }) => {
                 // No prepare can slip in between the check and the stop.
-                if let Err(prepared) = plugin.close().await {
+                let refused: Option<AgentError> = match plugin.close().await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(prepared)) => Some(
+                        HandoverBlocked {
+                            from: Stack::Dra,
+                            in_use: prepared,
+                        }
+                        .into(),
+                    ),
+                    Err(e) => Some(e.into()),
+                };
+                if let Some(e) = refused {
                     self.running = Some(Running::Dra { plugin, server });
-                    return Err(HandoverBlocked {
-                        from: Stack::Dra,
-                        in_use: prepared,
-                    }
-                    .into());
+                    return Err(e);
                 }
                 if let Err(e) = timed(&mut self.waits.api, self.slices.withdraw()).await {
                     plugin.reopen();
@@ -424,7 +468,7 @@ impl Agent {
                 machine: self.machine.clone(),
                 cdi_dir: c.cdi_dir.clone(),
                 checkpoint: c.plugin_dir.join("checkpoint.json"),
-                endpoint: c.plugin_dir.join("dra.sock"),
+                endpoint: c.plugin_dir.join(c.socket_name("dra", ".sock")),
             },
             self.claims.clone(),
         )?);
@@ -443,9 +487,11 @@ impl Agent {
             .await
             .map_err(AgentError::Publish)?;
         let (stop, stopped) = oneshot::channel::<()>();
+        remove_dead_sockets(&c.plugins_registry, publish::DRIVER, "-reg.sock");
+        remove_dead_sockets(&c.plugin_dir, "dra", ".sock");
         let registration = c
             .plugins_registry
-            .join(format!("{}-reg.sock", publish::DRIVER));
+            .join(c.socket_name(publish::DRIVER, "-reg.sock"));
         let p = plugin.clone();
         let (ready_tx, ready) = oneshot::channel();
         let task = tokio::spawn(async move {
@@ -488,10 +534,11 @@ impl Agent {
         let gate: Arc<Gate> = Arc::default();
         let mut servers = Vec::new();
         let kubelet = self.config.device_plugins.join("kubelet.sock");
+        remove_dead_sockets(&self.config.device_plugins, "switchyard-", ".sock");
         for resource in deviceplugin::resources(&self.machine, self.config.sharing).into_keys() {
-            let socket = self.config.device_plugins.join(format!(
-                "switchyard-{}.sock",
-                resource.replace(['/', '.'], "-")
+            let socket = self.config.device_plugins.join(self.config.socket_name(
+                &format!("switchyard-{}", resource.replace(['/', '.'], "-")),
+                ".sock",
             ));
             let plugin = Arc::new(DevicePlugin::closable(
                 &resource,

@@ -13,11 +13,21 @@
 //! changes (a card turning unhealthy); Allocate answers with
 //! `NVIDIA_VISIBLE_DEVICES` and the CDI device names
 //! (`gpu.deckhouse.io/gpu=<uuid>`).
+//!
+//! kubelet forgets a plugin in two ways, and the plugin registers again:
+//! - kubelet restarts: it removes every socket in the directory and makes a
+//!   new `kubelet.sock`; the plugin binds its socket again and registers.
+//! - kubelet drops the plugin's stream: when an older instance of a
+//!   resource ends its stream (a DaemonSet's rolling update with maxSurge),
+//!   kubelet disconnects whichever instance it holds for that resource; an
+//!   instance no longer watched registers again.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use switchyard_gpu::Machine;
 use tokio::sync::watch;
@@ -182,6 +192,25 @@ pub struct DevicePlugin {
     /// Closed while the node switches away from the device plugins: no new
     /// device is handed out.
     gate: Arc<Gate>,
+    /// The ListAndWatch streams open now (kubelet holds one while it uses
+    /// the plugin).
+    watched: Arc<AtomicUsize>,
+}
+
+/// Counts an open ListAndWatch stream while it lives.
+struct Watching(Arc<AtomicUsize>);
+
+impl Watching {
+    fn new(count: &Arc<AtomicUsize>) -> Watching {
+        count.fetch_add(1, Ordering::SeqCst);
+        Watching(count.clone())
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl DevicePlugin {
@@ -205,8 +234,10 @@ impl DevicePlugin {
             sharing,
             machine,
             gate,
+            watched: Arc::default(),
         }
     }
+
     fn devices(&self, machine: &Machine) -> Vec<(String, String, bool)> {
         resources(machine, self.sharing)
             .remove(&self.resource)
@@ -256,6 +287,7 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         let plugin = self.clone();
         let mut machine = self.machine.clone();
         let stream = async_stream(move |tx| async move {
+            let _watching = Watching::new(&plugin.watched);
             let mut last = None;
             loop {
                 let list = plugin.list(&machine.borrow_and_update());
@@ -265,8 +297,12 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
                     }
                     last = Some(list);
                 }
-                if machine.changed().await.is_err() {
-                    return;
+                tokio::select! {
+                    changed = machine.changed() => if changed.is_err() {
+                        return;
+                    },
+                    // kubelet closed the stream.
+                    () = tx.closed() => return,
                 }
             }
         });
@@ -420,8 +456,66 @@ pub async fn serve(
     serve_notifying(plugin, socket, kubelet_socket, ready, shutdown).await
 }
 
+/// How often a served plugin checks that kubelet still knows it.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long a registered plugin may go unwatched before it registers again
+/// (kubelet opens its stream right after a registration).
+const UNWATCHED_FOR: Duration = Duration::from_secs(2);
+
+/// A unix socket's identity (device, inode), if it exists.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The plugin's gRPC server on its socket.
+struct Listening {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The socket file it listens on.
+    socket: Option<(u64, u64)>,
+}
+
+impl Listening {
+    fn start(plugin: &Arc<DevicePlugin>, socket: &Path) -> Result<Listening, ServeError> {
+        let _ = std::fs::remove_file(socket);
+        let listener =
+            tokio::net::UnixListener::bind(socket).map_err(|source| ServeError::Bind {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .add_service(api::device_plugin_server::DevicePluginServer::new(
+                plugin.clone(),
+            ))
+            .serve_with_incoming_shutdown(crate::authority::incoming(listener), async {
+                let _ = stopped.await;
+            });
+        Ok(Listening {
+            stop,
+            task: tokio::spawn(server),
+            socket: identity(socket),
+        })
+    }
+
+    /// Stops serving once the open streams have ended.
+    async fn stop(self, resource: &str) -> Result<(), ServeError> {
+        let _ = self.stop.send(());
+        let served = self.task.await.map_err(|source| ServeError::Ended {
+            resource: resource.to_string(),
+            source,
+        })?;
+        served.map_err(|source| ServeError::Serve {
+            resource: resource.to_string(),
+            source,
+        })
+    }
+}
+
 /// [`serve`], saying on `ready` once kubelet accepted the registration; if
-/// it fails before, `ready` is dropped unsent and the error returned.
+/// it fails before, `ready` is dropped unsent and the error returned. While
+/// it serves, it registers again whenever kubelet has forgotten it.
 pub async fn serve_notifying(
     plugin: Arc<DevicePlugin>,
     socket: &Path,
@@ -429,30 +523,73 @@ pub async fn serve_notifying(
     ready: tokio::sync::oneshot::Sender<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket).map_err(|source| ServeError::Bind {
-        socket: socket.to_path_buf(),
-        source,
-    })?;
     let resource = plugin.resource.clone();
-    let server = tonic::transport::Server::builder()
-        .add_service(api::device_plugin_server::DevicePluginServer::new(plugin))
-        .serve_with_incoming_shutdown(crate::authority::incoming(listener), shutdown);
-    let served = tokio::spawn(server);
-    let registered = register(kubelet_socket, socket, &resource).await;
-    if let Err(e) = registered {
-        served.abort();
+    let mut listening = Listening::start(&plugin, socket)?;
+    if let Err(e) = register(kubelet_socket, socket, &resource).await {
+        listening.task.abort();
         let _ = std::fs::remove_file(socket);
         return Err(e);
     }
     let _ = ready.send(());
-    let result = served.await.map_err(|source| ServeError::Ended {
-        resource: resource.clone(),
-        source,
-    })?;
+    let mut registered_with = identity(kubelet_socket);
+    let mut unwatched_since: Option<tokio::time::Instant> = None;
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            ended = &mut listening.task => {
+                let _ = std::fs::remove_file(socket);
+                return ended
+                    .map_err(|source| ServeError::Ended { resource: resource.clone(), source })?
+                    .map_err(|source| ServeError::Serve { resource: resource.clone(), source });
+            }
+            _ = check.tick() => {}
+        }
+        let kubelet = identity(kubelet_socket);
+        if kubelet.is_none() {
+            // kubelet is down: it registers nothing now.
+            continue;
+        }
+        let moved = identity(socket) != listening.socket;
+        let dropped = if plugin.watched.load(Ordering::SeqCst) == 0 {
+            unwatched_since
+                .get_or_insert_with(tokio::time::Instant::now)
+                .elapsed()
+                >= UNWATCHED_FOR
+        } else {
+            unwatched_since = None;
+            false
+        };
+        if !(moved || dropped || kubelet != registered_with) {
+            continue;
+        }
+        if moved {
+            // kubelet restarted and removed the socket.
+            match Listening::start(&plugin, socket) {
+                Ok(new) => {
+                    if let Err(e) = std::mem::replace(&mut listening, new).stop(&resource).await {
+                        tracing::warn!(error = %e, "stopping the device plugin's old server");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "binding the device plugin's socket again");
+                    continue;
+                }
+            }
+        }
+        match register(kubelet_socket, socket, &resource).await {
+            Ok(()) => {
+                tracing::info!(%resource, "registered again with kubelet");
+                registered_with = kubelet;
+                unwatched_since = None;
+            }
+            Err(e) => tracing::warn!(error = %e, "registering again with kubelet"),
+        }
+    }
+    let stopped = listening.stop(&resource).await;
     let _ = std::fs::remove_file(socket);
-    result.map_err(|source| ServeError::Serve { resource, source })?;
-    Ok(())
+    stopped
 }
 
 async fn register(kubelet_socket: &Path, socket: &Path, resource: &str) -> Result<(), ServeError> {

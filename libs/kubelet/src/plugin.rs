@@ -14,6 +14,12 @@
 //! removes the spec, then the checkpoint entry; an unknown claim is already
 //! unprepared. A crash between two steps leaves a state that the repeated
 //! call — kubelet repeats it — completes.
+//!
+//! The checkpoint is the only state kept across calls, and each call reads
+//! it under an exclusive lock on `serialize.lock` beside it: two agents of
+//! one node (a DaemonSet's rolling update with maxSurge, each on sockets
+//! named after its pod's UID) serve the same claims, and kubelet may prepare
+//! a claim through one and unprepare it through the other.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +81,12 @@ pub enum CheckpointError {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
+    },
+    #[error("lock {}: {source}", path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -197,6 +209,42 @@ pub struct Checkpoint {
     pub claims: BTreeMap<String, PreparedClaim>,
 }
 
+impl Checkpoint {
+    /// The prepared claims, as namespace/name.
+    fn names(&self) -> Vec<String> {
+        self.claims
+            .values()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect()
+    }
+}
+
+/// The lock file beside the checkpoint (the name the Kubernetes DRA helper
+/// gives its own).
+const LOCK_FILE: &str = "serialize.lock";
+
+/// The checkpoint at `path` (an absent one is empty).
+fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Parse {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+        Err(source) => Err(CheckpointError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The checkpoint while one call holds both locks.
+struct Locked<'a> {
+    checkpoint: Checkpoint,
+    _file: std::fs::File,
+    _serial: tokio::sync::MutexGuard<'a, ()>,
+}
+
 /// The plugin's configuration.
 pub struct Config {
     pub node: String,
@@ -214,9 +262,10 @@ pub struct Config {
 pub struct DraPlugin {
     config: Config,
     claims: Arc<dyn ClaimSource>,
-    /// Prepare and unprepare run one at a time: each reads and rewrites the
-    /// checkpoint.
-    state: Mutex<Checkpoint>,
+    /// Prepare and unprepare run one at a time, in this process (this lock)
+    /// and across the node's agents (the lock file): each reads and rewrites
+    /// the checkpoint.
+    serial: Mutex<()>,
     registered: std::sync::Mutex<Option<reg::RegistrationStatus>>,
     /// Set while the node switches away from DRA: no new claim is prepared.
     closing: std::sync::atomic::AtomicBool,
@@ -229,32 +278,46 @@ pub struct DraPlugin {
 }
 
 impl DraPlugin {
-    /// Loads the checkpoint (an absent one is empty).
+    /// Checks that the checkpoint can be read (an absent one is empty).
     pub fn new(config: Config, claims: Arc<dyn ClaimSource>) -> Result<DraPlugin, CheckpointError> {
-        let state = match std::fs::read(&config.checkpoint) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Parse {
-                    path: config.checkpoint.clone(),
-                    source,
-                })?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::default(),
-            Err(source) => {
-                return Err(CheckpointError::Read {
-                    path: config.checkpoint.clone(),
-                    source,
-                });
-            }
-        };
+        let state = load(&config.checkpoint)?;
         crate::metrics::prepared(state.claims.len());
         Ok(DraPlugin {
             config,
             claims,
-            state: Mutex::new(state),
+            serial: Mutex::new(()),
             registered: std::sync::Mutex::new(None),
             closing: std::sync::atomic::AtomicBool::new(false),
             health: tokio::sync::watch::Sender::new(Vec::new()),
             ended: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// The checkpoint, read while this call alone may change it: held until
+    /// the returned guard is dropped.
+    async fn locked(&self) -> Result<Locked<'_>, CheckpointError> {
+        let serial = self.serial.lock().await;
+        let path = self.config.checkpoint.with_file_name(LOCK_FILE);
+        let file = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)?;
+                file.lock()?;
+                Ok(file)
+            }
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|opened| opened)
+        .map_err(|source| CheckpointError::Lock { path, source })?;
+        Ok(Locked {
+            checkpoint: load(&self.config.checkpoint)?,
+            _file: file,
+            _serial: serial,
         })
     }
 
@@ -277,31 +340,21 @@ impl DraPlugin {
     }
 
     /// The claims prepared and not unprepared yet (namespace/name).
-    pub async fn prepared(&self) -> Vec<String> {
-        self.state
-            .lock()
-            .await
-            .claims
-            .values()
-            .map(|c| format!("{}/{}", c.namespace, c.name))
-            .collect()
+    pub async fn prepared(&self) -> Result<Vec<String>, CheckpointError> {
+        Ok(self.locked().await?.checkpoint.names())
     }
 
     /// Stops preparing new claims if none is prepared now (checked and set
     /// under the checkpoint's lock, so no prepare slips in between);
     /// otherwise the prepared claims.
-    pub async fn close(&self) -> Result<(), Vec<String>> {
-        let state = self.state.lock().await;
-        if !state.claims.is_empty() {
-            return Err(state
-                .claims
-                .values()
-                .map(|c| format!("{}/{}", c.namespace, c.name))
-                .collect());
+    pub async fn close(&self) -> Result<Result<(), Vec<String>>, CheckpointError> {
+        let state = self.locked().await?;
+        if !state.checkpoint.claims.is_empty() {
+            return Ok(Err(state.checkpoint.names()));
         }
         self.closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// Prepares again after a [`Self::close`] that did not lead to a switch.
@@ -455,6 +508,12 @@ impl DraPlugin {
     }
 }
 
+/// The whole call failed: the checkpoint could not be read (kubelet tries
+/// again).
+fn internal(e: CheckpointError) -> Status {
+    Status::internal(e.to_string())
+}
+
 /// The registration service, on the registration socket.
 pub struct RegistrationService(pub Arc<DraPlugin>);
 
@@ -496,11 +555,11 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<dra::NodePrepareResourcesRequest>,
     ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
-        let mut state = self.0.state.lock().await;
+        let mut state = self.0.locked().await.map_err(internal)?;
         let mut out = BTreeMap::new();
         for claim in request.into_inner().claims {
             let started = std::time::Instant::now();
-            let prepared = self.0.prepare(&claim, &mut state).await;
+            let prepared = self.0.prepare(&claim, &mut state.checkpoint).await;
             crate::metrics::claim(
                 crate::metrics::Operation::prepare,
                 started.elapsed().as_secs_f64(),
@@ -527,7 +586,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
             };
             out.insert(claim.uid, answer);
         }
-        crate::metrics::prepared(state.claims.len());
+        crate::metrics::prepared(state.checkpoint.claims.len());
         Ok(Response::new(dra::NodePrepareResourcesResponse {
             claims: out.into_iter().collect(),
         }))
@@ -537,13 +596,13 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<dra::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
-        let mut state = self.0.state.lock().await;
+        let mut state = self.0.locked().await.map_err(internal)?;
         let mut out = BTreeMap::new();
         for claim in request.into_inner().claims {
             let started = std::time::Instant::now();
             let error = self
                 .0
-                .unprepare(&claim, &mut state)
+                .unprepare(&claim, &mut state.checkpoint)
                 .await
                 .err()
                 .map(|e| e.to_string())
@@ -555,7 +614,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
             );
             out.insert(claim.uid, dra::NodeUnprepareResourceResponse { error });
         }
-        crate::metrics::prepared(state.claims.len());
+        crate::metrics::prepared(state.checkpoint.claims.len());
         Ok(Response::new(dra::NodeUnprepareResourcesResponse {
             claims: out.into_iter().collect(),
         }))

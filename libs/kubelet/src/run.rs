@@ -77,6 +77,21 @@ pub struct NodeOptions {
     /// Kubelet's root directory (plugins_registry, plugins, device-plugins, pod-resources).
     pub kubelet_dir: PathBuf,
     pub cdi_dir: PathBuf,
+    /// The agent pod's UID, when a DaemonSet's rolling update may run two
+    /// agents on the node at once (see [`AgentConfig::instance`]).
+    pub instance: Option<String>,
+}
+
+/// A pod UID as the downward API gives it (`metadata.uid`): letters, digits
+/// and `-`, which go into socket names.
+pub fn parse_pod_uid(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?}: expected a pod UID (letters, digits and '-'), as the downward API's metadata.uid gives it"
+        ))
+    }
 }
 
 /// `static`, `partitionable` or `shared:N`.
@@ -304,6 +319,7 @@ pub async fn serve_node(
             cdi_dir: args.cdi_dir.clone(),
             layout: args.layout,
             sharing: args.sharing,
+            instance: args.instance.clone(),
         },
         machine.clone(),
         Arc::new(ApiClaims(client.clone())),

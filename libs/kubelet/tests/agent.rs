@@ -211,6 +211,7 @@ fn setup(usage: Arc<Usage>) -> Setup {
             cdi_dir: dir.path().join("cdi"),
             layout: Layout::Static,
             sharing: Sharing::Exclusive,
+            instance: None,
         },
         machine(),
         Arc::new(Claims),

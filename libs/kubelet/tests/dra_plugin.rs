@@ -31,6 +31,16 @@ struct Running {
 }
 
 async fn start(dir: &Path, client: kube::Client) -> (Arc<DraPlugin>, Running) {
+    start_instance(dir, client, "").await
+}
+
+/// The plugin serving on sockets named with `instance` (`dra<instance>.sock`,
+/// `gpu.deckhouse.io<instance>-reg.sock`), on `dir`'s checkpoint.
+async fn start_instance(
+    dir: &Path,
+    client: kube::Client,
+    instance: &str,
+) -> (Arc<DraPlugin>, Running) {
     let machine = Fixture::load(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/a100-8x-mig.yaml"),
     )
@@ -44,14 +54,16 @@ async fn start(dir: &Path, client: kube::Client) -> (Arc<DraPlugin>, Running) {
                 machine,
                 cdi_dir: dir.join("cdi"),
                 checkpoint: dir.join("plugin/checkpoint.json"),
-                endpoint: dir.join("plugin/dra.sock"),
+                endpoint: dir.join(format!("plugin/dra{instance}.sock")),
             },
             Arc::new(ApiClaims(client)),
         )
         .unwrap(),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let registration = dir.join("plugins_registry/gpu.deckhouse.io-reg.sock");
+    let registration = dir.join(format!(
+        "plugins_registry/gpu.deckhouse.io{instance}-reg.sock"
+    ));
     let p = plugin.clone();
     let task = tokio::spawn(async move {
         serve(p, &registration, async {
@@ -61,8 +73,10 @@ async fn start(dir: &Path, client: kube::Client) -> (Arc<DraPlugin>, Running) {
         .expect("serve");
     });
     let sockets = [
-        dir.join("plugin/dra.sock"),
-        dir.join("plugins_registry/gpu.deckhouse.io-reg.sock"),
+        dir.join(format!("plugin/dra{instance}.sock")),
+        dir.join(format!(
+            "plugins_registry/gpu.deckhouse.io{instance}-reg.sock"
+        )),
     ];
     eventually("the sockets bound", Duration::from_secs(10), || {
         let ready = sockets.iter().all(|s| s.exists());
@@ -334,7 +348,7 @@ async fn a_crash_between_steps_is_completed_by_the_repeated_call() {
     // Killed during unprepare after the spec was removed: the entry remains.
     std::fs::remove_file(&spec).unwrap();
     let (plugin, running) = start(dir.path(), client.clone()).await;
-    assert_eq!(plugin.prepared().await, ["ml/train"]);
+    assert_eq!(plugin.prepared().await.unwrap(), ["ml/train"]);
     let mut dra = DraPluginClient::new(channel(dir.path().join("plugin/dra.sock")).await);
     let answer = dra
         .node_unprepare_resources(NodeUnprepareResourcesRequest {
@@ -344,9 +358,113 @@ async fn a_crash_between_steps_is_completed_by_the_repeated_call() {
         .unwrap()
         .into_inner();
     assert_eq!(answer.claims[&uid].error, "");
-    assert!(plugin.prepared().await.is_empty());
+    assert!(plugin.prepared().await.unwrap().is_empty());
     let saved: Checkpoint = serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
     assert!(saved.claims.is_empty());
     running.stop.send(()).unwrap();
     running.task.await.unwrap();
+}
+
+/// Two instances on one node's directory, as during a DaemonSet's rolling
+/// update with maxSurge: kubelet may prepare through one and unprepare
+/// through the other, and calls to both at once lose no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_claims_of_one_checkpoint() {
+    let plane = ControlPlane::start().await;
+    let client = plane.client();
+    create_namespace(&client, "ml").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (old, old_running) = start_instance(dir.path(), client.clone(), "-old").await;
+    let (new, new_running) = start_instance(dir.path(), client.clone(), "-new").await;
+    let mut claims = Vec::new();
+    for i in 0..8 {
+        let name = format!("train-{i}");
+        let uid = allocated_claim(&client, &name, &format!("gpu-{i}")).await;
+        claims.push(Claim {
+            namespace: "ml".into(),
+            uid,
+            name,
+        });
+    }
+    let via_old = DraPluginClient::new(channel(dir.path().join("plugin/dra-old.sock")).await);
+    let mut via_new = DraPluginClient::new(channel(dir.path().join("plugin/dra-new.sock")).await);
+
+    // Each claim prepared through one instance, both at once, one claim per call.
+    let prepare = |client: &DraPluginClient<Channel>, claim: &Claim| {
+        let (mut client, claim) = (client.clone(), claim.clone());
+        async move {
+            let answer = client
+                .node_prepare_resources(NodePrepareResourcesRequest {
+                    claims: vec![claim.clone()],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(answer.claims[&claim.uid].error, "", "{}", claim.name);
+            answer.claims[&claim.uid].devices.clone()
+        }
+    };
+    let calls = claims.iter().enumerate().map(|(i, claim)| {
+        let via = if i % 2 == 0 { &via_old } else { &via_new };
+        prepare(via, claim)
+    });
+    let answers = futures::future::join_all(calls).await;
+    let checkpoint = dir.path().join("plugin/checkpoint.json");
+    let saved: Checkpoint = serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
+    assert_eq!(
+        saved.claims.keys().collect::<Vec<_>>(),
+        {
+            let mut uids: Vec<_> = claims.iter().map(|c| &c.uid).collect();
+            uids.sort();
+            uids
+        },
+        "every claim in the checkpoint"
+    );
+    assert_eq!(old.prepared().await.unwrap().len(), 8);
+
+    // Prepared through the old one, asked again of the new one: the same
+    // answer, from the checkpoint.
+    assert_eq!(prepare(&via_new, &claims[0]).await, answers[0]);
+    // Unprepared through the new one: its spec and entry go, and the old
+    // one sees it.
+    let answer = via_new
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claims[0].clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims[&claims[0].uid].error, "");
+    assert!(
+        !dir.path()
+            .join(format!("cdi/gpu.deckhouse.io-{}.json", claims[0].uid))
+            .exists()
+    );
+    assert!(
+        !old.prepared()
+            .await
+            .unwrap()
+            .contains(&"ml/train-0".to_string())
+    );
+    assert_eq!(new.prepared().await.unwrap().len(), 7);
+
+    // The old one stops (its sockets go); the new one serves on.
+    old_running.stop.send(()).unwrap();
+    old_running.task.await.unwrap();
+    assert!(!dir.path().join("plugin/dra-old.sock").exists());
+    assert!(dir.path().join("plugin/dra-new.sock").exists());
+    let answer = via_new
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: claims[1..].to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims.values().all(|c| c.error.is_empty()),
+        "{answer:?}"
+    );
+    assert!(new.prepared().await.unwrap().is_empty());
+    new_running.stop.send(()).unwrap();
+    new_running.task.await.unwrap();
 }

@@ -16,7 +16,9 @@ use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::deviceplugin::Sharing;
-use switchyard_kubelet::run::{NodeOptions, RunError, parse_layout, parse_sharing, serve_node};
+use switchyard_kubelet::run::{
+    NodeOptions, RunError, parse_layout, parse_pod_uid, parse_sharing, serve_node,
+};
 use switchyard_runtime::host::Progress;
 
 pub const SERVICE: ServiceName = ServiceName::NodeAgent;
@@ -70,6 +72,14 @@ pub struct ServeArgs {
     /// Where CDI specs go.
     #[arg(long, env = "SWITCHYARD_CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
+    /// The agent pod's UID (POD_UID, from the downward API's metadata.uid).
+    /// With it the agent's sockets carry the UID, so that during a
+    /// DaemonSet rolling update with maxSurge the new pod serves beside the
+    /// old one: kubelet holds both and prefers the newer, the node's
+    /// ResourceSlices stay, and the two share the claims' checkpoint under a
+    /// lock file.
+    #[arg(long, env = "POD_UID", value_parser = parse_pod_uid)]
+    pub pod_uid: Option<String>,
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes:
     /// serving once the node's assignment is acted on.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
@@ -106,6 +116,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), NodeAgentError> {
         sharing: args.sharing,
         kubelet_dir: args.kubelet_dir,
         cdi_dir: args.cdi_dir,
+        instance: args.pod_uid,
     };
     serve_node(client, options, move || {
         let _ = progress.send(Progress {
