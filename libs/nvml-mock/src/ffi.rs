@@ -14,12 +14,16 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::{
-    self as sys, nvmlBrandType_t, nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t,
-    nvmlDeviceAttributes_t, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t,
-    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    self as sys, nvmlBrandType_t, nvmlComputeInstance_st, nvmlComputeInstance_t,
+    nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t,
+    nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t, nvmlDeviceAttributes_t,
+    nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t, nvmlGpuInstance_st,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t,
+    nvmlPciInfo_t, nvmlReturn_t,
 };
 
-use crate::machine::{Mig, NVIDIA_PCI_VENDOR};
+use crate::machine::{Mig, NVIDIA_PCI_VENDOR, compute_instance_profile, gpu_instance_profile};
 use crate::state::{Code, Device, INVALID_ARGUMENT, Library, NOT_SUPPORTED, SUPPORTED_EVENTS};
 
 const SUCCESS: nvmlReturn_t = sys::nvmlReturn_enum_NVML_SUCCESS;
@@ -697,6 +701,149 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     }
 }
 
+// ---- GPU and compute instances ---------------------------------------------
+//
+// Each MIG device is one GPU instance holding one compute instance that
+// spans it, with the device's attributes; their profiles are those of a
+// seven-slice card (`machine::gpu_instance_profile`). The fixture places no
+// instances: a GPU instance's placement is zeros, a compute instance's is
+// the whole of its GPU instance.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let (mig, p) = l.gpu_instance_profile(handle(device), profile)?;
+        let a = &mig.attributes;
+        let value = nvmlGpuInstanceProfileInfo_t {
+            id: p.id,
+            isP2pSupported: 0,
+            sliceCount: a.gpu_instance_slices,
+            instanceCount: p.instances,
+            multiprocessorCount: a.multiprocessors,
+            copyEngineCount: a.copy_engines,
+            decoderCount: a.decoders,
+            encoderCount: a.encoders,
+            jpegCount: a.jpeg_engines,
+            ofaCount: a.ofa_engines,
+            memorySizeMB: a.memory_mib,
+        };
+        // SAFETY: an nvmlGpuInstanceProfileInfo_t out-parameter (module
+        // contract).
+        unsafe { put(info, value) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: nvmlDevice_t,
+    id: c_uint,
+    gpuInstance: *mut nvmlGpuInstance_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let h = l.gpu_instance_by_id(handle(device), id)?;
+        // SAFETY: a handle out-parameter (module contract).
+        unsafe { put(gpuInstance, h as *mut nvmlGpuInstance_st) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gpuInstance: nvmlGpuInstance_t,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let instance = l.gpu_instance(gpuInstance as usize)?;
+        let profile = gpu_instance_profile(instance.mig.attributes.gpu_instance_slices)
+            .ok_or(NOT_SUPPORTED)?;
+        let value = nvmlGpuInstanceInfo_t {
+            device: device_t(instance.card),
+            id: instance.mig.gpu_instance_id,
+            profileId: profile.id,
+            placement: nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+        };
+        // SAFETY: an nvmlGpuInstanceInfo_t out-parameter (module contract).
+        unsafe { put(info, value) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    gpuInstance: nvmlGpuInstance_t,
+    profile: c_uint,
+    engProfile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let instance = l.gpu_instance(gpuInstance as usize)?;
+        if profile >= sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+            || engProfile >= sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT
+        {
+            return Err(INVALID_ARGUMENT);
+        }
+        // Only the profile spanning the GPU instance, the fixture's.
+        let a = &instance.mig.attributes;
+        if compute_instance_profile(a.compute_instance_slices) != Some(profile) {
+            return Err(NOT_SUPPORTED);
+        }
+        let value = nvmlComputeInstanceProfileInfo_t {
+            id: profile,
+            sliceCount: a.compute_instance_slices,
+            instanceCount: 1,
+            multiprocessorCount: a.multiprocessors,
+            sharedCopyEngineCount: a.copy_engines,
+            sharedDecoderCount: a.decoders,
+            sharedEncoderCount: a.encoders,
+            sharedJpegCount: a.jpeg_engines,
+            sharedOfaCount: a.ofa_engines,
+        };
+        // SAFETY: an nvmlComputeInstanceProfileInfo_t out-parameter (module
+        // contract).
+        unsafe { put(info, value) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+    gpuInstance: nvmlGpuInstance_t,
+    id: c_uint,
+    computeInstance: *mut nvmlComputeInstance_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let h = l.compute_instance_by_id(gpuInstance as usize, id)?;
+        // SAFETY: a handle out-parameter (module contract).
+        unsafe { put(computeInstance, h as *mut nvmlComputeInstance_st) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    computeInstance: nvmlComputeInstance_t,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> nvmlReturn_t {
+    answer(|l| {
+        let instance = l.compute_instance(computeInstance as usize)?;
+        let a = &instance.mig.attributes;
+        let profile = compute_instance_profile(a.compute_instance_slices).ok_or(NOT_SUPPORTED)?;
+        let value = nvmlComputeInstanceInfo_t {
+            device: device_t(instance.card),
+            gpuInstance: instance.gpu_instance as *mut nvmlGpuInstance_st,
+            id: instance.mig.compute_instance_id,
+            profileId: profile,
+            placement: nvmlComputeInstancePlacement_t {
+                start: 0,
+                size: a.compute_instance_slices,
+            },
+        };
+        // SAFETY: an nvmlComputeInstanceInfo_t out-parameter (module
+        // contract).
+        unsafe { put(info, value) }
+    })
+}
+
 // ---- Events ----------------------------------------------------------------
 
 #[unsafe(no_mangle)]
@@ -847,6 +994,27 @@ fn signatures_are_nvml_h(lib: &sys::NvmlLib) {
         nvmlDeviceGetComputeInstanceId,
     );
     same(&lib.nvmlDeviceGetAttributes_v2, nvmlDeviceGetAttributes_v2);
+    same(
+        &lib.nvmlDeviceGetGpuInstanceProfileInfo,
+        nvmlDeviceGetGpuInstanceProfileInfo,
+    );
+    same(
+        &lib.nvmlDeviceGetGpuInstanceById,
+        nvmlDeviceGetGpuInstanceById,
+    );
+    same(&lib.nvmlGpuInstanceGetInfo, nvmlGpuInstanceGetInfo);
+    same(
+        &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+        nvmlGpuInstanceGetComputeInstanceProfileInfo,
+    );
+    same(
+        &lib.nvmlGpuInstanceGetComputeInstanceById,
+        nvmlGpuInstanceGetComputeInstanceById,
+    );
+    same(
+        &lib.nvmlComputeInstanceGetInfo_v2,
+        nvmlComputeInstanceGetInfo_v2,
+    );
     same(&lib.nvmlEventSetCreate, nvmlEventSetCreate);
     same(&lib.nvmlEventSetFree, nvmlEventSetFree);
     same(

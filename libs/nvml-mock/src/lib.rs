@@ -35,6 +35,20 @@
 //! as a card does asked for attributes or instance ids (NVML answers those
 //! for MIG devices only).
 //!
+//! Each MIG device is a GPU instance (`nvmlDeviceGetGpuInstanceById` on its
+//! card, by its GPU instance id) holding one compute instance that spans it
+//! (`nvmlGpuInstanceGetComputeInstanceById`, id 0), so that go-nvlib names
+//! its profile as GPU Feature Discovery and NVIDIA's device plugin do with
+//! the mixed MIG strategy. Profiles are a seven-slice card's (an A100's or
+//! an H100's): GPU instance profiles 1g, 2g, 3g, 4g and 7g with NVML's ids
+//! 19, 14, 9, 5 and 0, compute instance profiles of as many slices. A card
+//! answers `nvmlDeviceGetGpuInstanceProfileInfo` only for the profiles its
+//! MIG devices have, with the first such device's attributes and memory
+//! (others are `NVML_ERROR_NOT_SUPPORTED`: the fixture does not describe
+//! them), and a GPU instance `nvmlGpuInstanceGetComputeInstanceProfileInfo`
+//! only for the profile spanning it. The fixture places no instances: a GPU
+//! instance's placement is zeros.
+//!
 //! The topology is made up from the PCI bus ids, as a two-socket server
 //! numbers its buses: in each domain, buses 0x00-0x7F behind the first CPU,
 //! 0x80-0xFF behind the second. `nvmlDeviceGetTopologyCommonAncestor` answers

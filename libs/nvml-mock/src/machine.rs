@@ -158,6 +158,53 @@ pub struct MigSlot {
     pub attributes: Attributes,
 }
 
+/// A GPU instance profile of a seven-slice card (an A100 or an H100), as
+/// NVML numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuInstanceProfile {
+    /// What callers ask `nvmlDeviceGetGpuInstanceProfileInfo` for:
+    /// `NVML_GPU_INSTANCE_PROFILE_<n>_SLICE`.
+    pub index: u32,
+    /// The id NVML gives it (`nvidia-smi mig -lgip`'s ID), in its profile
+    /// info and its instances' info.
+    pub id: u32,
+    /// How many instances of it the card holds.
+    pub instances: u32,
+}
+
+/// The GPU instance profile of `slices` slices: 1g, 2g, 3g, 4g or 7g with
+/// the ids an A100 or an H100 gives them (19, 14, 9, 5, 0); none for 5 or 6
+/// slices, which no seven-slice card has.
+pub fn gpu_instance_profile(slices: u32) -> Option<GpuInstanceProfile> {
+    let (index, id, instances) = match slices {
+        1 => (sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 7),
+        2 => (sys::NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 3),
+        3 => (sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 2),
+        4 => (sys::NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 1),
+        7 => (sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 1),
+        _ => return None,
+    };
+    Some(GpuInstanceProfile {
+        index,
+        id,
+        instances,
+    })
+}
+
+/// The compute instance profile of `slices` slices,
+/// `NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE`, which is also its id; none
+/// where no GPU instance profile has that many slices.
+pub fn compute_instance_profile(slices: u32) -> Option<u32> {
+    Some(match slices {
+        1 => sys::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        2 => sys::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+        3 => sys::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        4 => sys::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+        7 => sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+        _ => return None,
+    })
+}
+
 /// `nvmlDeviceAttributes_t` of a MIG device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attributes {

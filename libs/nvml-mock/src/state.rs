@@ -9,7 +9,9 @@ use std::convert::Infallible;
 use nvml_wrapper_sys::bindings as sys;
 
 use crate::faults::{Fault, FaultFile};
-use crate::machine::{Card, Mig, MigSlot, MockMachine, UNHEALTHY_XID};
+use crate::machine::{
+    Card, GpuInstanceProfile, Mig, MigSlot, MockMachine, UNHEALTHY_XID, gpu_instance_profile,
+};
 
 /// An NVML return code other than `NVML_SUCCESS`.
 pub type Code = sys::nvmlReturn_t;
@@ -46,11 +48,15 @@ pub struct Handle {
 
 /// A machine with its handles, loaded once and kept for the process's life,
 /// so that handles stay valid across `nvmlShutdown` and a new `nvmlInit`.
+/// Each MIG slot has three: the MIG device's, its GPU instance's and its
+/// compute instance's, kept apart so that one is never taken for another.
 #[derive(Debug)]
 pub struct Loaded {
     pub machine: MockMachine,
     cards: Vec<Handle>,
     migs: Vec<Vec<Handle>>,
+    gpu_instances: Vec<Vec<Handle>>,
+    compute_instances: Vec<Vec<Handle>>,
 }
 
 impl Loaded {
@@ -58,24 +64,29 @@ impl Loaded {
         let cards = (0..machine.cards.len())
             .map(|card| Handle { card, slot: None })
             .collect();
-        let migs = machine
-            .cards
-            .iter()
-            .enumerate()
-            .map(|(card, c)| match &c.mig {
-                Mig::Enabled(slots) => (0..slots.len())
-                    .map(|slot| Handle {
-                        card,
-                        slot: Some(slot),
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let slots = || -> Vec<Vec<Handle>> {
+            machine
+                .cards
+                .iter()
+                .enumerate()
+                .map(|(card, c)| match &c.mig {
+                    Mig::Enabled(slots) => (0..slots.len())
+                        .map(|slot| Handle {
+                            card,
+                            slot: Some(slot),
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let (migs, gpu_instances, compute_instances) = (slots(), slots(), slots());
         Loaded {
             machine,
             cards,
             migs,
+            gpu_instances,
+            compute_instances,
         }
     }
 
@@ -111,6 +122,11 @@ fn address(handle: &Handle) -> usize {
     handle as *const Handle as usize
 }
 
+/// The handle among `handles` that has this address.
+fn find_handle(handles: &[Vec<Handle>], handle: usize) -> Option<&Handle> {
+    handles.iter().flatten().find(|h| address(h) == handle)
+}
+
 /// A device as a call sees it.
 #[derive(Clone, Copy, Debug)]
 pub enum Device<'a> {
@@ -132,6 +148,18 @@ impl<'a> Device<'a> {
             Device::Card { card, .. } | Device::Mig { card, .. } => card,
         }
     }
+}
+
+/// A MIG device's GPU instance, or its compute instance, as a call sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Instance {
+    /// The card's handle.
+    pub card: usize,
+    /// The GPU instance's handle.
+    pub gpu_instance: usize,
+    /// The compute instance's handle.
+    pub compute_instance: usize,
+    pub mig: &'static MigSlot,
 }
 
 /// An event waiting in a set.
@@ -323,6 +351,95 @@ impl Library {
             Device::Mig { card_index, .. } => Ok(loaded.card_handle(card_index)),
             Device::Card { .. } => Err(INVALID_ARGUMENT),
         }
+    }
+
+    /// `nvmlDeviceGetGpuInstanceProfileInfo`: a GPU instance profile of a
+    /// card in MIG mode that one of its MIG devices has, with that device
+    /// (the first of them), whose attributes are the profile's. A profile
+    /// none of them has is `NVML_ERROR_NOT_SUPPORTED`: the fixture does not
+    /// describe it. Past `NVML_GPU_INSTANCE_PROFILE_COUNT`,
+    /// `NVML_ERROR_INVALID_ARGUMENT`.
+    pub fn gpu_instance_profile(
+        &mut self,
+        card: usize,
+        profile: u32,
+    ) -> Result<(&'static MigSlot, GpuInstanceProfile), Code> {
+        let Device::Card { card, .. } = self.device(card)? else {
+            return Err(NOT_SUPPORTED);
+        };
+        if profile >= sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
+            return Err(INVALID_ARGUMENT);
+        }
+        let Mig::Enabled(slots) = &card.mig else {
+            return Err(NOT_SUPPORTED);
+        };
+        slots
+            .iter()
+            .flatten()
+            .find_map(|mig| {
+                gpu_instance_profile(mig.attributes.gpu_instance_slices)
+                    .filter(|p| p.index == profile)
+                    .map(|p| (mig, p))
+            })
+            .ok_or(NOT_SUPPORTED)
+    }
+
+    /// `nvmlDeviceGetGpuInstanceById`: on a card in MIG mode, the GPU
+    /// instance of the MIG device with that GPU instance id.
+    pub fn gpu_instance_by_id(&mut self, card: usize, id: u32) -> Result<usize, Code> {
+        let loaded = self.machine()?;
+        let Device::Card { index, card } = self.device(card)? else {
+            return Err(NOT_SUPPORTED);
+        };
+        let Mig::Enabled(slots) = &card.mig else {
+            return Err(NOT_SUPPORTED);
+        };
+        let slot = slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|m| m.gpu_instance_id == id))
+            .ok_or(NOT_FOUND)?;
+        Ok(address(&loaded.gpu_instances[index][slot]))
+    }
+
+    /// `nvmlGpuInstanceGetComputeInstanceById`: the one compute instance of a
+    /// GPU instance, by its id.
+    pub fn compute_instance_by_id(&mut self, gpu_instance: usize, id: u32) -> Result<usize, Code> {
+        let instance = self.gpu_instance(gpu_instance)?;
+        if instance.mig.compute_instance_id != id {
+            return Err(NOT_FOUND);
+        }
+        Ok(instance.compute_instance)
+    }
+
+    /// The GPU instance a handle names: `NVML_ERROR_INVALID_ARGUMENT` for
+    /// what is not one, `NVML_ERROR_GPU_IS_LOST` on a lost card.
+    pub fn gpu_instance(&mut self, handle: usize) -> Result<Instance, Code> {
+        let loaded = self.machine()?;
+        let h = find_handle(&loaded.gpu_instances, handle).ok_or(INVALID_ARGUMENT)?;
+        self.instance(loaded, h)
+    }
+
+    /// The compute instance a handle names, as [`Library::gpu_instance`].
+    pub fn compute_instance(&mut self, handle: usize) -> Result<Instance, Code> {
+        let loaded = self.machine()?;
+        let h = find_handle(&loaded.compute_instances, handle).ok_or(INVALID_ARGUMENT)?;
+        self.instance(loaded, h)
+    }
+
+    fn instance(&self, loaded: &'static Loaded, h: &Handle) -> Result<Instance, Code> {
+        let Device::Mig {
+            card_index, mig, ..
+        } = self.present(loaded, h.card, h.slot)?
+        else {
+            return Err(INVALID_ARGUMENT);
+        };
+        let slot = h.slot.ok_or(INVALID_ARGUMENT)?;
+        Ok(Instance {
+            card: loaded.card_handle(card_index),
+            gpu_instance: address(&loaded.gpu_instances[card_index][slot]),
+            compute_instance: address(&loaded.compute_instances[card_index][slot]),
+            mig,
+        })
     }
 
     /// `nvmlDeviceGetTopologyCommonAncestor`: between two cards, by
@@ -535,6 +652,74 @@ mod tests {
         assert_eq!(library.mig_by_index(whole, 0), Err(NOT_FOUND), "MIG off");
         assert_eq!(library.device(whole + 1).err(), Some(INVALID_ARGUMENT));
         assert_eq!(library.card_by_pci_bus_id("0000:4e:00.0"), Ok(card));
+    }
+
+    #[test]
+    fn each_mig_device_is_a_gpu_instance_holding_one_compute_instance() {
+        let mut library = library("a100-8x-mig.yaml");
+        let loaded = library.machine().unwrap();
+        // Card 3: 3g.20gb, 2g.10gb, 1g.5gb, 1g.5gb in slots 0-3.
+        let card = library.card_by_index(3).unwrap();
+        let gi = library.gpu_instance_by_id(card, 1).unwrap();
+        assert_eq!(library.gpu_instance_by_id(card, 1), Ok(gi));
+        let instance = library.gpu_instance(gi).unwrap();
+        assert_eq!(instance.card, card);
+        assert_eq!(
+            instance.mig.uuid,
+            "MIG-65750938-9ff8-5aa2-bf96-38de719fe95f"
+        );
+        assert_eq!(instance.gpu_instance, gi);
+        let ci = library.compute_instance_by_id(gi, 0).unwrap();
+        assert_eq!(ci, instance.compute_instance);
+        assert_eq!(library.compute_instance(ci).unwrap().gpu_instance, gi);
+        assert_eq!(library.compute_instance_by_id(gi, 1), Err(NOT_FOUND));
+        assert_eq!(library.gpu_instance_by_id(card, 4), Err(NOT_FOUND));
+        // Handles of one kind are not taken for another.
+        let mig = library.mig_by_index(card, 1).unwrap();
+        assert_eq!(library.gpu_instance(mig).err(), Some(INVALID_ARGUMENT));
+        assert_eq!(library.gpu_instance(ci).err(), Some(INVALID_ARGUMENT));
+        assert_eq!(library.compute_instance(gi).err(), Some(INVALID_ARGUMENT));
+        assert_eq!(library.device(gi).err(), Some(INVALID_ARGUMENT));
+        assert_eq!(library.gpu_instance_by_id(mig, 1), Err(NOT_SUPPORTED));
+
+        let (with, profile) = library
+            .gpu_instance_profile(card, sys::NVML_GPU_INSTANCE_PROFILE_2_SLICE)
+            .unwrap();
+        assert_eq!((with.attributes.memory_mib, profile.id), (9856, 14));
+        assert_eq!(
+            library
+                .gpu_instance_profile(card, sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+                .map(|(m, p)| (m.uuid.as_str(), p.id, p.instances)),
+            Ok(("MIG-6e82fd14-5f13-5486-92d3-cbfca527523a", 19, 7)),
+            "the first 1g.5gb"
+        );
+        assert_eq!(
+            library
+                .gpu_instance_profile(card, sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+                .err(),
+            Some(NOT_SUPPORTED),
+            "no 7g.40gb on the card: the fixture does not describe it"
+        );
+        assert_eq!(
+            library
+                .gpu_instance_profile(card, sys::NVML_GPU_INSTANCE_PROFILE_COUNT)
+                .err(),
+            Some(INVALID_ARGUMENT)
+        );
+        let whole = library.card_by_index(4).unwrap();
+        assert_eq!(library.gpu_instance_by_id(whole, 0), Err(NOT_SUPPORTED));
+        assert_eq!(
+            library.gpu_instance_profile(whole, 0).err(),
+            Some(NOT_SUPPORTED),
+            "MIG off"
+        );
+
+        let uuid = loaded.machine.cards[3].uuid.clone();
+        library
+            .apply(loaded, &fault(&format!("lost {uuid}")))
+            .unwrap();
+        assert_eq!(library.gpu_instance(gi).err(), Some(GPU_IS_LOST));
+        assert_eq!(library.compute_instance(ci).err(), Some(GPU_IS_LOST));
     }
 
     #[test]

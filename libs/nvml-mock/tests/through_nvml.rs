@@ -126,6 +126,62 @@ fn call_the_c_functions() -> Value {
         lib.nvmlDeviceGetComputeInstanceId.as_ref().unwrap()(mig, &mut ci);
         lib.nvmlDeviceGetAttributes_v2.as_ref().unwrap()(mig, &mut attributes);
 
+        // The way go-nvlib names a MIG device's profile (GPU Feature
+        // Discovery and NVIDIA's device plugin with the mixed strategy):
+        // its GPU and compute instances' info, matched against the
+        // profiles' info.
+        let mut gpu_instance: nvmlGpuInstance_t = null_mut();
+        let gi_by_id =
+            lib.nvmlDeviceGetGpuInstanceById.as_ref().unwrap()(card, gi, &mut gpu_instance);
+        let mut gi_info: nvmlGpuInstanceInfo_t = std::mem::zeroed();
+        let gi_info_code = lib.nvmlGpuInstanceGetInfo.as_ref().unwrap()(gpu_instance, &mut gi_info);
+        let gi_profile = lib.nvmlDeviceGetGpuInstanceProfileInfo.as_ref().unwrap();
+        let mut gi_profiles = Vec::new();
+        for profile in [
+            NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+            NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+            NVML_GPU_INSTANCE_PROFILE_COUNT,
+        ] {
+            let mut info: nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+            let code = gi_profile(card, profile, &mut info);
+            gi_profiles.push(json!([
+                code,
+                info.id,
+                info.sliceCount,
+                info.instanceCount,
+                info.memorySizeMB
+            ]));
+        }
+        let mut compute_instance: nvmlComputeInstance_t = null_mut();
+        let ci_by_id = lib.nvmlGpuInstanceGetComputeInstanceById.as_ref().unwrap()(
+            gpu_instance,
+            ci,
+            &mut compute_instance,
+        );
+        let mut ci_info: nvmlComputeInstanceInfo_t = std::mem::zeroed();
+        let ci_info_code =
+            lib.nvmlComputeInstanceGetInfo_v2.as_ref().unwrap()(compute_instance, &mut ci_info);
+        let ci_profile = lib
+            .nvmlGpuInstanceGetComputeInstanceProfileInfo
+            .as_ref()
+            .unwrap();
+        let mut ci_profiles = Vec::new();
+        for (profile, engines) in [
+            (NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0),
+            (NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, 0),
+            (NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 1),
+        ] {
+            let mut info: nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+            let code = ci_profile(gpu_instance, profile, engines, &mut info);
+            ci_profiles.push(json!([
+                code,
+                info.id,
+                info.sliceCount,
+                info.multiprocessorCount
+            ]));
+        }
+        let gi_of_mig = lib.nvmlGpuInstanceGetInfo.as_ref().unwrap()(mig.cast(), &mut gi_info);
+
         let mut memory: nvmlMemory_v2_t = std::mem::zeroed();
         let memory_unversioned =
             lib.nvmlDeviceGetMemoryInfo_v2.as_ref().unwrap()(card, &mut memory);
@@ -184,6 +240,13 @@ fn call_the_c_functions() -> Value {
             "migName": text(&name),
             "instances": [gi, ci],
             "migAttributes": [attributes.gpuInstanceSliceCount, attributes.multiprocessorCount, attributes.memorySizeMB],
+            "giById": gi_by_id,
+            "giInfo": [gi_info_code, gi_info.device == card, gi_info.id, gi_info.profileId],
+            "giProfiles": gi_profiles,
+            "ciById": ci_by_id,
+            "ciInfo": [ci_info_code, ci_info.device == card, ci_info.gpuInstance == gpu_instance, ci_info.id, ci_info.profileId, ci_info.placement.size],
+            "ciProfiles": ci_profiles,
+            "giOfMig": gi_of_mig,
             "memoryUnversioned": memory_unversioned,
             "memoryV2": [memory_v2, memory.total, memory.free],
             "pci": [text(&pci.busId), text(&pci.busIdLegacy), pci.domain, pci.bus, pci.device],
@@ -544,6 +607,27 @@ fn the_library_exports_what_nvml_wrapper_loads() {
             "nvmlDeviceGetAttributes_v2",
             lib.nvmlDeviceGetAttributes_v2.is_ok(),
         ),
+        (
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            lib.nvmlDeviceGetGpuInstanceProfileInfo.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetGpuInstanceById",
+            lib.nvmlDeviceGetGpuInstanceById.is_ok(),
+        ),
+        ("nvmlGpuInstanceGetInfo", lib.nvmlGpuInstanceGetInfo.is_ok()),
+        (
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.is_ok(),
+        ),
+        (
+            "nvmlGpuInstanceGetComputeInstanceById",
+            lib.nvmlGpuInstanceGetComputeInstanceById.is_ok(),
+        ),
+        (
+            "nvmlComputeInstanceGetInfo_v2",
+            lib.nvmlComputeInstanceGetInfo_v2.is_ok(),
+        ),
         ("nvmlEventSetCreate", lib.nvmlEventSetCreate.is_ok()),
         (
             "nvmlDeviceRegisterEvents",
@@ -584,6 +668,21 @@ fn the_c_functions_answer_as_nvml_h_says() {
     assert_eq!(r["migName"], "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
     assert_eq!(r["instances"], json!([0, 0]));
     assert_eq!(r["migAttributes"], json!([1, 14, 4864]));
+    assert_eq!(r["giById"], 0);
+    assert_eq!(r["giInfo"], json!([0, true, 0, 19]), "1g.5gb's id is 19");
+    assert_eq!(
+        r["giProfiles"],
+        json!([[0, 19, 1, 7, 4864], [3, 0, 0, 0, 0], [2, 0, 0, 0, 0]]),
+        "1g.5gb; no 7g on the card (NOT_SUPPORTED); past the count (INVALID_ARGUMENT)"
+    );
+    assert_eq!(r["ciById"], 0);
+    assert_eq!(r["ciInfo"], json!([0, true, true, 0, 0, 1]));
+    assert_eq!(
+        r["ciProfiles"],
+        json!([[0, 0, 1, 14], [3, 0, 0, 0], [2, 0, 0, 0]]),
+        "the compute instance spans its GPU instance; one engine profile"
+    );
+    assert_eq!(r["giOfMig"], 2, "a MIG device is no GPU instance handle");
     assert_eq!(
         r["memoryUnversioned"], 25,
         "NVML_ERROR_ARGUMENT_VERSION_MISMATCH"
