@@ -5,6 +5,8 @@
 //! while a device-plugin pod runs on it, and `switchyard rollback node`
 //! brings it back; polled from the API server all along, the node never
 //! advertises both stacks, and each stack's pod sees its card from inside.
+//! A rolling update of the agent's DaemonSet (maxSurge) runs the new agent
+//! beside the old one and keeps the node's slices and its running claims.
 
 mod support;
 
@@ -38,9 +40,9 @@ fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
 }
 
 /// (allocatable nvidia.com/gpu, slices published) of the node now.
-async fn advertised(client: &Client) -> (i64, usize) {
+async fn advertised(client: &Client, node: &str) -> (i64, usize) {
     let gpus = Api::<Node>::all(client.clone())
-        .get(NODE)
+        .get(node)
         .await
         .ok()
         .and_then(|n| n.status?.allocatable?.get("nvidia.com/gpu").cloned())
@@ -52,7 +54,7 @@ async fn advertised(client: &Client) -> (i64, usize) {
         .map(|l| {
             l.items
                 .iter()
-                .filter(|s| s.spec.node_name.as_deref() == Some(NODE))
+                .filter(|s| s.spec.node_name.as_deref() == Some(node))
                 .count()
         })
         .unwrap_or(0);
@@ -95,7 +97,7 @@ async fn printed_by(world: &World, node: &RealNode, app: &str) -> String {
         panic!(
             "{e}\n--- kubelet\n{}\n{}",
             node.log_tail("kubelet"),
-            world.output()
+            world.plane.log_tail("kube-controller-manager")
         );
     }
     out.into_inner().unwrap()
@@ -131,7 +133,8 @@ fn project_image() -> tempfile::TempDir {
 }
 
 /// The node agent's DaemonSet, as the chart renders it for a node agent on
-/// a fixture: the image's `switchyard-node-agent serve`, root, the
+/// a fixture: a rolling update surges (the pod's UID names its sockets),
+/// the image's `switchyard-node-agent serve`, root, the
 /// kubelet's directory and `/var/run/cdi` from the host, the chart's pod
 /// labels (what the handover's readiness selects). The test's API server is
 /// on the host's loopback, so the pod is on the host's network and reads a
@@ -154,6 +157,7 @@ async fn node_agent_daemonset(c: &Client, world: &World) {
         "metadata": {"name": "switchyard-node-agent", "namespace": "switchyard"},
         "spec": {
             "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
@@ -169,6 +173,7 @@ async fn node_agent_daemonset(c: &Client, world: &World) {
                         "securityContext": {"runAsUser": 0, "runAsGroup": 0},
                         "env": [
                             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                            {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                             {"name": "SWITCHYARD_GPU_SOURCE", "value": "fixture:/fixtures/h100-8x.yaml"},
                             {"name": "KUBECONFIG", "value": "/kube/config"},
                             {"name": "SWITCHYARD_LOG_FORMAT", "value": "text"}
@@ -302,7 +307,7 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
     // The node serves the device plugin: a pod gets its card.
     world
         .until("the device plugin's 8 cards on the node", || async {
-            advertised(&c).await == (8, 0)
+            advertised(&c, NODE).await == (8, 0)
         })
         .await;
     Api::<Deployment>::namespaced(c.clone(), "ml")
@@ -327,7 +332,7 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
         tokio::spawn(async move {
             let mut samples = 0u64;
             while watching.load(Ordering::SeqCst) {
-                let (gpus, slices) = advertised(&c).await;
+                let (gpus, slices) = advertised(&c, NODE).await;
                 if gpus > 0 && slices > 0 {
                     both.store(true, Ordering::SeqCst);
                 }
@@ -349,7 +354,7 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     world
         .until("DRA served: slices, no nvidia.com/gpu", || async {
-            let (gpus, slices) = advertised(&c).await;
+            let (gpus, slices) = advertised(&c, NODE).await;
             gpus == 0 && slices > 0
         })
         .await;
@@ -390,7 +395,7 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
     assert_eq!(code, 0, "{out}\n{err}\n{}", world.output());
     world
         .until("the device plugin served again", || async {
-            advertised(&c).await == (8, 0)
+            advertised(&c, NODE).await == (8, 0)
         })
         .await;
     watching.store(false, Ordering::SeqCst);
@@ -401,4 +406,266 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
         "the node advertised both stacks at once"
     );
     bashible.abort();
+}
+
+/// The node agent's running pods, those being deleted too if `terminating`:
+/// (name, UID).
+async fn agent_pods_with(c: &Client, terminating: bool) -> Vec<(String, String)> {
+    let selector = switchyard_core::names::NODE_AGENT_POD_LABELS
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Api::<Pod>::namespaced(c.clone(), "switchyard")
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| terminating || p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| (p.name_any(), p.metadata.uid.unwrap_or_default()))
+        .collect()
+}
+
+/// The DRA registration sockets in the node's plugins_registry.
+fn registration_sockets(node: &RealNode) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(node.kubelet_dir().join("plugins_registry"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("gpu.deckhouse.io-") && n.ends_with("-reg.sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_of_the_agent_keeps_the_slices_and_the_running_claims() {
+    const NODE: &str = "gpu-real-1";
+    let world = World::start_with(
+        Components {
+            scheduler: true,
+            controller_manager: true,
+            ..Components::default()
+        },
+        switchyard_testkit::bins::binary,
+    )
+    .await;
+    let c = world.client.clone();
+    let node = RealNode::start_with(
+        &world.plane,
+        NODE,
+        NodeOptions {
+            labels: vec![(STACK.into(), "dra".into())],
+            ..NodeOptions::default()
+        },
+    )
+    .await;
+    node.make_device_nodes(&DEVICE_NODES);
+    let image = project_image();
+    node.import(&image.path().join("switchyard-test.tar"));
+    node_agent_daemonset(&c, &world).await;
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "gpu.deckhouse.io"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.deckhouse.io'"}}]},
+    }))
+    .unwrap();
+    Api::<DeviceClass>::all(c.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    switchyard_testkit::kube::create_namespace(&c, "ml").await;
+    let template = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.deckhouse.io"}}]}}}
+    });
+    Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::namespaced(c.clone(), "ml")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(template).unwrap(),
+        )
+        .await
+        .unwrap();
+    let claim_pod = |app: &str| {
+        printing_pod_template(
+            app,
+            json!({"claims": [{"name": "gpu"}]}),
+            json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
+        )
+    };
+    let deployments = Api::<Deployment>::namespaced(c.clone(), "ml");
+    world
+        .until("the node's slices published", || async {
+            advertised(&c, NODE).await.1 > 0
+        })
+        .await;
+    let old = agent_pods_with(&c, false).await;
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!(
+        registration_sockets(&node),
+        [format!("gpu.deckhouse.io-{}-reg.sock", old[0].1)],
+        "the registration socket carries the pod UID"
+    );
+
+    // A claim pod runs through the old agent.
+    deployments
+        .create(&PostParams::default(), &claim_pod("steady"))
+        .await
+        .unwrap();
+    let printed = printed_by(&world, &node, "steady").await;
+    assert!(printed.contains("visible=GPU-"), "{printed}");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "ml");
+    let steady = pods
+        .list(&ListParams::default().labels("app=steady"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    let node_slices = |list: Vec<ResourceSlice>| -> Vec<(String, String)> {
+        let mut named: Vec<_> = list
+            .into_iter()
+            .filter(|s| s.spec.node_name.as_deref() == Some(NODE))
+            .map(|s| (s.name_any(), s.metadata.uid.unwrap_or_default()))
+            .collect();
+        named.sort();
+        named
+    };
+    let before = node_slices(slices.list(&ListParams::default()).await.unwrap().items);
+
+    // Watched from here on: a slice deleted.
+    let deleted = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let watch = {
+        let (slices, deleted) = (slices.clone(), deleted.clone());
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::watcher;
+            let mut events = std::pin::pin!(watcher(slices, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Delete(s)) = event {
+                    deleted.lock().unwrap().push(s.name_any());
+                }
+            }
+        })
+    };
+
+    // The rollout: a changed pod template.
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.clone(), "switchyard")
+        .patch(
+            "switchyard-node-agent",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"template": {"metadata": {
+                "annotations": {"switchyard.test/rollout": "1"}}}}})),
+        )
+        .await
+        .unwrap();
+    let replaced = switchyard_testkit::eventually(
+        "the new agent alone, registered",
+        Duration::from_secs(90),
+        || async {
+            let now = agent_pods_with(&c, false).await;
+            now.len() == 1
+                && now[0].1 != old[0].1
+                && registration_sockets(&node)
+                    == [format!("gpu.deckhouse.io-{}-reg.sock", now[0].1)]
+        },
+    )
+    .await;
+    if let Err(e) = replaced {
+        let pods = agent_pods_with(&c, true).await;
+        let logs: Vec<String> = pods
+            .iter()
+            .map(|(name, _)| {
+                format!(
+                    "--- {name}\n{}",
+                    node.container_log("switchyard", name, "node-agent")
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        panic!(
+            "{e}: pods {pods:?}, sockets {:?}\n{}\n--- kubelet\n{}\n{}",
+            registration_sockets(&node),
+            logs.join("\n"),
+            node.log_tail("kubelet"),
+            world.output()
+        );
+    }
+    let new = agent_pods_with(&c, false).await;
+
+    // kubelet wipes a driver's slices 30 s after its last plugin is gone:
+    // with the new one registered first, none is ever deleted.
+    let wiped = switchyard_testkit::eventually(
+        "a slice deleted",
+        Duration::from_secs(40),
+        || {
+            let deleted = deleted.clone();
+            async move { !deleted.lock().unwrap().is_empty() }
+        },
+    )
+    .await;
+    assert!(
+        wiped.is_err(),
+        "slices deleted during the rollout: {:?}",
+        deleted.lock().unwrap()
+    );
+    watch.abort();
+    let after = node_slices(slices.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(after, before, "the same slice objects");
+    let steady_now = pods.get(&steady.name_any()).await.unwrap();
+    assert_eq!(steady_now.metadata.uid, steady.metadata.uid);
+    let status = steady_now.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(
+        status.container_statuses.unwrap()[0].restart_count,
+        0,
+        "the claim pod's container kept running"
+    );
+
+    // The claim the old agent prepared is unprepared through the new one,
+    // and a new claim is prepared by it.
+    let checkpoint = node
+        .kubelet_dir()
+        .join("plugins/gpu.deckhouse.io/checkpoint.json");
+    let claims_in = |path: &std::path::Path| -> usize {
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["claims"].as_object().map(|c| c.len()))
+            .unwrap_or(0)
+    };
+    assert_eq!(claims_in(&checkpoint), 1);
+    deployments
+        .delete("steady", &Default::default())
+        .await
+        .unwrap();
+    world
+        .until("the old agent's claim unprepared by the new one", || async {
+            let specs = std::fs::read_dir(node.cdi_dir())
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| {
+                            e.file_name()
+                                .to_string_lossy()
+                                .starts_with("gpu.deckhouse.io-")
+                                && !e.file_name().to_string_lossy().contains("device-plugin")
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            claims_in(&checkpoint) == 0 && specs == 0
+        })
+        .await;
+    deployments
+        .create(&PostParams::default(), &claim_pod("after"))
+        .await
+        .unwrap();
+    let printed = printed_by(&world, &node, "after").await;
+    assert!(printed.contains("visible=GPU-"), "{printed}");
+    assert_eq!(agent_pods_with(&c, false).await, new, "the same agent throughout");
 }

@@ -281,6 +281,18 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         [0]["matchExpressions"][0];
     assert_eq!(term["key"], "node.deckhouse.io/gpu-stack");
     assert_eq!(term["operator"], "Exists");
+    // Upgrades surge: the new agent serves beside the old one, on sockets
+    // named after its pod UID.
+    assert_eq!(
+        node_agent["spec"]["updateStrategy"]["rollingUpdate"],
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0})
+    );
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "POD_UID"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"),
+        "{env:?}"
+    );
 
     // The API server validates every object: schemas, pod specs, RBAC rules,
     // the admission policy's CEL.
