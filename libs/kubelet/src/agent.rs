@@ -192,12 +192,21 @@ pub struct AgentConfig {
     pub instance: Option<String>,
 }
 
+/// How much of the pod UID a socket name carries: its first group (32
+/// random bits), so that the longest names (a MIG profile's device plugin
+/// under `/var/lib/kubelet/device-plugins/`) stay within the 107 bytes a
+/// unix socket path may have.
+const INSTANCE_TAG: usize = 8;
+
 impl AgentConfig {
-    /// `<stem><suffix>`, or `<stem>-<pod UID><suffix>` for one of several
-    /// instances.
+    /// `<stem><suffix>`, or `<stem>-<tag><suffix>` for one of several
+    /// instances (the tag: the pod UID's first [`INSTANCE_TAG`] characters).
     fn socket_name(&self, stem: &str, suffix: &str) -> String {
         match &self.instance {
-            Some(uid) => format!("{stem}-{uid}{suffix}"),
+            Some(uid) => {
+                let tag: String = uid.chars().take(INSTANCE_TAG).collect();
+                format!("{stem}-{tag}{suffix}")
+            }
             None => format!("{stem}{suffix}"),
         }
     }

@@ -455,3 +455,133 @@ async fn a_bridged_pod_starts_on_a_node_that_served_the_device_plugin() {
         assert!(out.contains("visible=GPU-"), "{round}: {out}");
     }
 }
+
+/// Waits until `node` advertises 8 `nvidia.com/gpu`, as capacity and allocatable.
+async fn eight(nodes: &Api<Node>, node: &RealNode, what: &str) {
+    eventually(what, Duration::from_secs(60), || {
+        let nodes = nodes.clone();
+        let name = node.name().to_string();
+        async move { advertised(&nodes, &name, "nvidia.com/gpu").await == (Some(8), Some(8)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(node)));
+}
+
+/// kubelet forgets a device plugin when it restarts (it removes every
+/// socket in device-plugins/) and when the instance it held is replaced
+/// and the older one's stream ends (a rolling update with maxSurge): the
+/// agent registers again each time, and a pod asking for a card runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_plugin_registers_again_after_kubelet_restarts_and_an_overlapping_agent_stops() {
+    const NODE: &str = "gpu-dp-again";
+    let plane = plane().await;
+    let client = plane.client();
+    let mut node = RealNode::start_with(
+        &plane,
+        NODE,
+        NodeOptions {
+            labels: vec![("node.deckhouse.io/gpu-stack".into(), "device-plugin".into())],
+            ..NodeOptions::default()
+        },
+    )
+    .await;
+    node.make_device_nodes(&DEVICE_NODES);
+    let fixture = "deploy/fixtures/h100-8x.yaml";
+    let mut first = agent_inside(&plane, &node, fixture, &["--pod-uid", "aaaaaaaa-0001"]);
+    let nodes: Api<Node> = Api::all(client.clone());
+    eight(&nodes, &node, "nvidia.com/gpu: 8").await;
+    let sockets = |node: &RealNode| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(node.kubelet_dir().join("device-plugins"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("switchyard-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert_eq!(sockets(&node), ["switchyard-nvidia-com-gpu-aaaaaaaa.sock"]);
+
+    // kubelet restarts: the socket is gone, the agent binds it again and
+    // registers; a pod gets its card.
+    node.stop_kubelet();
+    node.start_kubelet();
+    node.wait_ready(&plane).await;
+    // (A pod admitted before the plugin is back is rejected by kubelet:
+    // the scheduler still reads the allocatable of before the restart.)
+    eventually(
+        "the agent registered again",
+        Duration::from_secs(30),
+        || {
+            let again = std::fs::read_to_string(node.root().join("agent.log"))
+                .unwrap_or_default()
+                .contains("registered again with kubelet");
+            async move { again }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    eight(&nodes, &node, "nvidia.com/gpu: 8 after kubelet's restart").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &gpu_pod("after-restart", 1))
+        .await
+        .unwrap();
+    wait_phase(&pods, &node, "after-restart", "Running").await;
+    assert!(
+        printed(&node, "after-restart", "nvidiactl")
+            .await
+            .contains("visible=GPU-")
+    );
+    assert_eq!(sockets(&node), ["switchyard-nvidia-com-gpu-aaaaaaaa.sock"]);
+
+    // A second agent beside it (a rolling update's new pod): kubelet takes
+    // the newer. The first stops; its stream's end makes kubelet drop the
+    // newer one, which registers again.
+    let _second = agent_inside(&plane, &node, fixture, &["--pod-uid", "bbbbbbbb-0002"]);
+    eventually("both agents' sockets", Duration::from_secs(30), || {
+        let both = sockets(&node).len() == 2;
+        async move { both }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    let registered_before = std::fs::read_to_string(node.root().join("agent.log"))
+        .unwrap()
+        .matches("registered again with kubelet")
+        .count();
+    let status = Command::new("kill")
+        .args(["-TERM", &first.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    switchyard_testkit::wait_for("the first agent to exit", Duration::from_secs(20), || {
+        first.0.try_wait().ok().flatten()
+    })
+    .unwrap();
+    assert_eq!(sockets(&node), ["switchyard-nvidia-com-gpu-bbbbbbbb.sock"]);
+    eventually(
+        "the second agent registered again",
+        Duration::from_secs(30),
+        || {
+            let again = std::fs::read_to_string(node.root().join("agent.log"))
+                .unwrap_or_default()
+                .matches("registered again with kubelet")
+                .count()
+                > registered_before;
+            async move { again }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    eight(&nodes, &node, "nvidia.com/gpu: 8 from the second agent").await;
+    pods.create(&PostParams::default(), &gpu_pod("after-rollout", 1))
+        .await
+        .unwrap();
+    wait_phase(&pods, &node, "after-rollout", "Running").await;
+    assert!(
+        printed(&node, "after-rollout", "nvidiactl")
+            .await
+            .contains("visible=GPU-")
+    );
+}

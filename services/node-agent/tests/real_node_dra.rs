@@ -333,3 +333,122 @@ async fn a_sigkill_during_a_prepare_leaves_the_claim_prepared_once() {
     assert_eq!(checkpointed(&node), ["default/killed"]);
     assert_eq!(claim_specs(&node).len(), 1, "{:?}", claim_specs(&node));
 }
+
+/// Two agents of one node at once, as during a DaemonSet's rolling update
+/// with maxSurge (each with its pod UID): kubelet holds both plugins and
+/// uses the newer; the older stops and no slice is ever wiped, the claim it
+/// prepared is unprepared by the newer, which prepares the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_at_once_hand_over_without_losing_slices_or_claims() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let plane = plane().await;
+    let client = plane.client();
+    let node = dra_node(&plane, "e2e-surge").await;
+    let mut old = agent_inside(&plane, &node, FIXTURE, &["--pod-uid", "aaaaaaaa-0001"]);
+    create_class(&client).await;
+    wait_slices(&client, &node, true, Duration::from_secs(30)).await;
+    run_claim_pod(&client, &node, "by-old", "by-old").await;
+
+    // Every slice deletion from here on.
+    let deleted = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let watch = {
+        let deleted = deleted.clone();
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(slices, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Delete(s)) = event {
+                    deleted
+                        .lock()
+                        .unwrap()
+                        .push(s.metadata.name.unwrap_or_default());
+                }
+            }
+        })
+    };
+    let registrations = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(node.kubelet_dir().join("plugins_registry"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let kubelet_connected = |endpoint: &str| {
+        std::fs::read_to_string(node.root().join("kubelet.log"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains("Connection changed")
+                    && l.contains(endpoint)
+                    && l.contains("connected=true")
+            })
+    };
+
+    let _new = agent_inside(&plane, &node, FIXTURE, &["--pod-uid", "bbbbbbbb-0002"]);
+    eventually(
+        "kubelet connected to both plugins",
+        Duration::from_secs(30),
+        || {
+            let both =
+                kubelet_connected("dra-aaaaaaaa.sock") && kubelet_connected("dra-bbbbbbbb.sock");
+            async move { both }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    assert_eq!(
+        registrations(),
+        [
+            "gpu.deckhouse.io-aaaaaaaa-reg.sock",
+            "gpu.deckhouse.io-bbbbbbbb-reg.sock"
+        ]
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &old.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    switchyard_testkit::wait_for("the old agent to exit", Duration::from_secs(20), || {
+        old.0.try_wait().ok().flatten()
+    })
+    .unwrap();
+    assert_eq!(registrations(), ["gpu.deckhouse.io-bbbbbbbb-reg.sock"]);
+
+    // kubelet wipes a driver's slices 30 s after its last plugin is gone:
+    // with the newer one registered, never.
+    let wiped = eventually("a slice deleted", Duration::from_secs(40), || {
+        let any = !deleted.lock().unwrap().is_empty();
+        async move { any }
+    })
+    .await;
+    assert!(
+        wiped.is_err(),
+        "slices deleted: {:?}",
+        deleted.lock().unwrap()
+    );
+    watch.abort();
+
+    // The old one's claim unprepared through the new one; the next claim
+    // prepared by it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("by-old", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the old agent's claim unprepared",
+        Duration::from_secs(60),
+        || {
+            let gone = checkpointed(&node).is_empty();
+            async move { gone }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&node)));
+    run_claim_pod(&client, &node, "by-new", "by-new").await;
+    assert_eq!(checkpointed(&node), ["default/by-new"]);
+}

@@ -65,6 +65,41 @@ pub fn agent_on(
     )
 }
 
+/// The agent inside the node's mount namespace, on the paths a DaemonSet
+/// pod sees (`/var/lib/kubelet`, `/var/run/cdi`), logging to `agent.log`:
+/// for socket names longer than the host's view of the node's directory
+/// leaves room for.
+pub fn agent_inside(
+    plane: &ControlPlane,
+    node: &RealNode,
+    fixture: &str,
+    extra: &[&str],
+) -> KillOnDrop {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(node.root().join("agent.log"))
+        .expect("agent log");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    KillOnDrop(
+        node.command(env!("CARGO_BIN_EXE_switchyard-node-agent"))
+            .args(["serve", "--node", node.name(), "--gpu-source"])
+            .arg(format!("fixture:{root}/{fixture}"))
+            .args(extra)
+            .args([
+                "--kubelet-dir",
+                "/var/lib/kubelet",
+                "--cdi-dir",
+                "/var/run/cdi",
+            ])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start the agent"),
+    )
+}
+
 pub fn logs(node: &RealNode) -> String {
     format!(
         "--- agent.log\n{}\n--- kubelet.log\n{}",
