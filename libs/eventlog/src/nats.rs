@@ -767,18 +767,38 @@ pub(crate) fn config_problems(config: &Config, options: &NatsOptions) -> Vec<Str
 }
 
 /// An ordered consumer of `filter_subject`'s messages from `from` on.
+///
+/// A request that timed out or found no responder is made again for a
+/// while: a server that has just restarted answers once JetStream has
+/// recovered its streams, which can take longer than one request waits.
 async fn ordered_consumer(
     stream: &Stream,
     filter_subject: String,
     from: u64,
 ) -> Result<jetstream::consumer::pull::Ordered, LogError> {
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject,
+    use async_nats::jetstream::stream::ConsumerErrorKind;
+    use backon::Retryable;
+    let create = || {
+        stream.create_consumer(OrderedConfig {
+            filter_subject: filter_subject.clone(),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: from.max(1),
             },
             ..Default::default()
+        })
+    };
+    let consumer = create
+        .retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(2))
+                .with_max_times(CONSUMER_RETRIES),
+        )
+        .when(|err| {
+            matches!(
+                err.kind(),
+                ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request
+            )
         })
         .await
         .map_err(|err| LogError::nats("create ordered consumer", err))?;
@@ -787,6 +807,10 @@ async fn ordered_consumer(
         .await
         .map_err(|err| LogError::nats("consume", err))
 }
+
+/// How often a consumer's creation is tried again after a timeout (each
+/// request waits for the client's request timeout, 5 s by default).
+const CONSUMER_RETRIES: usize = 3;
 
 /// The pauses between attempts to follow again after the consumer failed:
 /// from 100 ms, doubling, up to 2 s, for as long as it takes.
