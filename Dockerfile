@@ -18,13 +18,14 @@ RUN cargo build --release --locked --bins \
         -p switchyard-class-compiler \
         -p switchyard-claim-allocator \
         -p switchyard-alerter \
-        -p switchyard-node-agent \
+    && cargo build --profile node-agent --locked --bins -p switchyard-node-agent \
     && mkdir /out \
     && for b in switchyard switchyard-inventory switchyard-stack-assigner \
                 switchyard-class-compiler switchyard-claim-allocator \
-                switchyard-alerter switchyard-node-agent; do \
+                switchyard-alerter; do \
            strip --strip-debug -o "/out/$b" "target/release/$b"; \
-       done
+       done \
+    && strip --strip-debug -o /out/switchyard-node-agent target/node-agent/switchyard-node-agent
 
 # glibc, libgcc, CA certificates and the user nonroot (65532); no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -10,7 +10,9 @@
 #   scripts/build-image.sh [--profile release|dev] [--bin-dir DIR] [--no-build]
 #                          [--image NAME] [--tag TAG] [--out DIR]
 #
-# --profile   cargo profile to build (release by default)
+# --profile   cargo profile to build (release by default; the node agent, which
+#             runs on every GPU node, is then built with the `node-agent`
+#             profile: for size, whole-program, panics abort)
 # --bin-dir   take the binaries from DIR (default: the profile's target folder)
 # --no-build  do not run cargo (the binaries must be in --bin-dir)
 # --image     repository name (default: localhost/switchyard, the chart's default)
@@ -59,6 +61,11 @@ case "$profile" in
     dev) profile_dir=debug ;;
     *) echo "build-image.sh: --profile is release or dev, not $profile" >&2; exit 2 ;;
 esac
+# The node agent's binary: the node-agent profile's when release builds here.
+agent_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
+if [ -z "$bin_dir" ] && [ "$profile" = release ]; then
+    agent_dir="$CARGO_TARGET_DIR/node-agent"
+fi
 bin_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
 for tool in umoci skopeo ldd strip; do
     command -v "$tool" >/dev/null || {
@@ -71,9 +78,17 @@ certs=/etc/ssl/certs/ca-certificates.crt
 
 if [ "$build" = 1 ]; then
     packages=()
-    for b in "${BINARIES[@]}"; do packages+=(-p "$b"); done
+    for b in "${BINARIES[@]}"; do
+        [ "$b" = switchyard-node-agent ] && [ "$agent_dir" != "$bin_dir" ] && continue
+        packages+=(-p "$b")
+    done
     cargo build --locked --profile "$profile" "${packages[@]}" --bins
+    if [ "$agent_dir" != "$bin_dir" ]; then
+        cargo build --locked --profile node-agent -p switchyard-node-agent --bins
+    fi
 fi
+# Where each binary is taken from.
+from() { if [ "$1" = switchyard-node-agent ]; then echo "$agent_dir/$1"; else echo "$bin_dir/$1"; fi; }
 
 epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
@@ -86,20 +101,20 @@ root="$work/rootfs"
 mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/home/nonroot" "$root/tmp"
 chmod 1777 "$root/tmp"
 for b in "${BINARIES[@]}"; do
-    [ -x "$bin_dir/$b" ] || { echo "build-image.sh: $bin_dir/$b is missing (build it, or drop --no-build)" >&2; exit 1; }
+    [ -x "$(from "$b")" ] || { echo "build-image.sh: $(from "$b") is missing (build it, or drop --no-build)" >&2; exit 1; }
     # Debug info off, symbols kept (a panic's backtrace still names functions).
-    strip --strip-debug -o "$root/usr/local/bin/$b" "$bin_dir/$b"
+    strip --strip-debug -o "$root/usr/local/bin/$b" "$(from "$b")"
     chmod 0755 "$root/usr/local/bin/$b"
 done
 # The shared libraries and the dynamic loader, at the paths the binaries ask for.
 for b in "${BINARIES[@]}"; do
-    ldd "$bin_dir/$b" | awk '/=> \// {print $3} /^\t\// {print $1}'
+    ldd "$(from "$b")" | awk '/=> \// {print $3} /^\t\// {print $1}'
 done | sort -u | while read -r lib; do
     cp -L --parents "$lib" "$root/"
 done
 # NVIDIA's libnvidia-ml.so.1, which the node agent loads at run time (the
 # NVIDIA container runtime mounts it), links these; glibc keeps them beside libc.
-libc_dir=$(ldd "$bin_dir/switchyard-node-agent" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
+libc_dir=$(ldd "$(from switchyard-node-agent)" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
 for lib in libpthread.so.0 libdl.so.2 librt.so.1; do
     cp -L --parents "$libc_dir/$lib" "$root/"
 done

@@ -24,6 +24,10 @@ pub struct Args {
     /// Pods of each kind, one at a time.
     #[arg(long, default_value_t = 20)]
     pods: usize,
+    /// The node agent's binary (default: `switchyard-node-agent` beside
+    /// this one).
+    #[arg(long)]
+    agent: Option<std::path::PathBuf>,
 }
 
 use switchyard_testkit::node::GPU_DEVICE_NODES as DEVICE_NODES;
@@ -101,10 +105,16 @@ fn grpc_seconds(metrics: &str, method: &str) -> (f64, f64) {
     (count, sum)
 }
 
-/// The resident memory (VmRSS, KiB) of the processes whose command name is
-/// `comm`, summed.
-fn rss_of(comm: &str) -> u64 {
-    let mut total = 0;
+/// The resident memory of a process (KiB): all of it (VmRSS), its
+/// anonymous pages (heap and stacks) and its file pages (the mapped binary
+/// and libraries).
+fn memory(pid: &str) -> Value {
+    let kib = |field| crate::status_kib(pid, field).unwrap_or(0);
+    json!({"rss": kib("VmRSS"), "anon": kib("RssAnon"), "file": kib("RssFile")})
+}
+
+/// [`memory`] of the process whose command name is `comm`.
+fn memory_of(comm: &str) -> Value {
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let pid = entry.file_name().to_string_lossy().into_owned();
         if !pid.bytes().all(|b| b.is_ascii_digit()) {
@@ -112,10 +122,10 @@ fn rss_of(comm: &str) -> u64 {
         }
         let name = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
         if name.trim() == comm {
-            total += crate::status_kib(&pid, "VmRSS").unwrap_or(0);
+            return memory(&pid);
         }
     }
-    total
+    Value::Null
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
@@ -131,7 +141,10 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
     )
     .await;
-    let binary = std::env::current_exe()?.with_file_name("switchyard-node-agent");
+    let binary = match args.agent.clone() {
+        Some(binary) => binary,
+        None => std::env::current_exe()?.with_file_name("switchyard-node-agent"),
+    };
     anyhow::ensure!(
         binary.exists(),
         "{} is missing: cargo build --release -p switchyard-node-agent",
@@ -257,7 +270,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let ratio = |a: &Value, b: &Value| {
         a["mean_ms"].as_f64().unwrap_or(0.0) / b["mean_ms"].as_f64().unwrap_or(1.0)
     };
-    let agent_rss = |agent: &KillOnDrop| crate::status_kib(&agent.0.id().to_string(), "VmRSS");
+    let agent_memory = |agent: &KillOnDrop| memory(&agent.0.id().to_string());
     Ok(json!({
         "pods_per_kind": args.pods,
         "plain": plain,
@@ -270,10 +283,10 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             "prepare": {"calls": prepares, "mean_ms": if prepares > 0.0 { prepare_s / prepares * 1000.0 } else { 0.0 }},
             "unprepare": {"calls": unprepares, "mean_ms": if unprepares > 0.0 { unprepare_s / unprepares * 1000.0 } else { 0.0 }},
         },
-        "rss_kib": {
-            "switchyard_agent_dra": agent_rss(&agent_dra),
-            "switchyard_agent_device_plugin": agent_rss(&agent_dp),
-            "nvidia_device_plugin": rss_of("nvidia-device-p"),
+        "memory_kib": {
+            "switchyard_agent_dra": agent_memory(&agent_dra),
+            "switchyard_agent_device_plugin": agent_memory(&agent_dp),
+            "nvidia_device_plugin": memory_of("nvidia-device-p"),
         },
     }))
 }
