@@ -289,8 +289,9 @@ async fn chart_renders_and_passes_server_side_dry_run() {
     );
     let env = pod["containers"][0]["env"].as_array().unwrap();
     assert!(
-        env.iter().any(|e| e["name"] == "POD_UID"
-            && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"),
+        env.iter()
+            .any(|e| e["name"] == "POD_UID"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"),
         "{env:?}"
     );
 
