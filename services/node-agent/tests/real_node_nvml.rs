@@ -3,7 +3,8 @@
 //! from a fixture: the PhysicalGPUs and the slices equal what the fixture
 //! path publishes, and a card that falls off the bus (a fault written while
 //! it runs) is a PhysicalGPU that is not Ready, a device kubelet no longer
-//! offers, and a `GpuHealthChanged` Event.
+//! offers, a `GpuHealthChanged` Event, and the chart's `D8GpuUnhealthy`
+//! firing on what the agent's `/metrics` then shows (promtool).
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,8 +17,8 @@ use serde_json::json;
 use switchyard_api::{GpuPhase, PhysicalGPU};
 use switchyard_gpu::publish::{self, Layout};
 use switchyard_nvml_mock::{FAULTS_ENV, MACHINE_ENV, SONAME};
-use switchyard_testkit::eventually;
 use switchyard_testkit::node::{NodeOptions, RealNode};
+use switchyard_testkit::{eventually, free_port, helm_binary, promtool_binary, scrape};
 
 mod support;
 
@@ -57,10 +58,12 @@ async fn the_nvml_path_on_a_real_node_publishes_what_the_fixture_does_and_a_lost
     let fixture = repo().join("deploy/fixtures/h100-8x.yaml");
     let faults = node.root().join("nvml-faults");
     std::fs::write(&faults, "").unwrap();
+    let metrics = free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics}");
     let _agent = agent_on(
         &node,
         "nvml",
-        &[],
+        &["--metrics-listen", &metrics_listen],
         &plane.kubeconfig(),
         &[
             ("LD_LIBRARY_PATH", lib.path().as_os_str()),
@@ -187,4 +190,93 @@ async fn the_nvml_path_on_a_real_node_publishes_what_the_fixture_does_and_a_lost
     )
     .await
     .unwrap();
+
+    // The alert: the chart's rule, under promtool, fires on the agent's
+    // gauges as scraped now (labelled as the chart's PodMonitor labels a
+    // scrape), for the lost card alone, once its `for` (5m) has passed.
+    let exposed = scrape(metrics).await.expect("the agent's /metrics");
+    let gauges: Vec<&str> = exposed
+        .lines()
+        .filter(|l| l.starts_with("switchyard_node_agent_gpu_healthy{"))
+        .collect();
+    assert_eq!(gauges.len(), machine.gpus.len(), "{exposed}");
+    let series: String = gauges
+        .iter()
+        .map(|line| {
+            let (name_labels, value) = line.rsplit_once(' ').expect("a sample");
+            let labels = name_labels
+                .strip_prefix("switchyard_node_agent_gpu_healthy{")
+                .and_then(|l| l.strip_suffix('}'))
+                .expect("the gauge's labels");
+            format!(
+                "      - series: 'switchyard_node_agent_gpu_healthy{{namespace=\"switchyard-system\",pod=\"node-agent-x\",{labels}}}'\n        values: '{value}x10'\n"
+            )
+        })
+        .collect();
+    let firing = format!(
+        "ALERTS{{alertname=\"D8GpuUnhealthy\",alertstate=\"firing\",severity=\"warning\",namespace=\"switchyard-system\",pod=\"node-agent-x\",index=\"3\",uuid=\"{lost}\"}}"
+    );
+    // Not yet at 4m; the lost card alone at 6m.
+    unhealthy_alerts(&series, "4m", &[]);
+    unhealthy_alerts(&series, "6m", &[&firing]);
+}
+
+/// Runs promtool's `test rules` on the chart's rules (`helm template` with
+/// the PrometheusRule on) over `series` (promtool's `input_series`) and
+/// asserts that `D8GpuUnhealthy`'s firing `ALERTS` at `at` are `expected`.
+fn unhealthy_alerts(series: &str, at: &str, expected: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let helm = helm_binary().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(helm)
+        .args(["template", "switchyard"])
+        .arg(repo().join("deploy/helm/switchyard"))
+        .args([
+            "--namespace",
+            "switchyard-system",
+            "--set",
+            "nats.url=nats://nats.example:4222",
+            "--set",
+            "prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rule: serde_json::Value = serde_yaml_ng::from_slice(&out.stdout).expect("the rule");
+    let groups = json!({"groups": rule["spec"]["groups"]});
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_yaml_ng::to_string(&groups).unwrap(),
+    )
+    .unwrap();
+    let samples: String = if expected.is_empty() {
+        " []\n".into()
+    } else {
+        expected
+            .iter()
+            .map(|labels| format!("\n          - labels: '{labels}'\n            value: 1"))
+            .collect::<String>()
+            + "\n"
+    };
+    let test = format!(
+        "rule_files: [rules.yaml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    promql_expr_test:\n      - expr: ALERTS{{alertname=\"D8GpuUnhealthy\",alertstate=\"firing\"}}\n        eval_time: {at}\n        exp_samples:{samples}"
+    );
+    std::fs::write(dir.path().join("test.yaml"), &test).unwrap();
+    let promtool = promtool_binary().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(promtool)
+        .args(["test", "rules", "test.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "D8GpuUnhealthy at {at}: {}{}\n{test}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
