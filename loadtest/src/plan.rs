@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use switchyard_claim_allocator::plan::{self, PlanRequest, Reading, Snapshot};
 use switchyard_gpu::publish::Layout;
+use switchyard_planner::{self as plan, PlanRequest, Reading, Snapshot};
 
 #[derive(clap::Args)]
 pub struct Args {

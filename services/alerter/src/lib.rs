@@ -3,14 +3,9 @@
 //! The decisions are the pure core `switchyard_core::alerter`; its only
 //! output is its records in the log. This crate is the service around it —
 //! its flags and its process, hosted by `switchyard_runtime`.
-//!
-//! [`doctor`] holds the evidence the alerter's rules stand on: the
-//! reference's "Common mistakes" diagnosed over a snapshot of the cluster
-//! (`switchyard doctor`, `switchyard explain pod`).
 
 #![forbid(unsafe_code)]
 
-pub mod doctor;
 pub mod module_status;
 pub mod state_metrics;
 

@@ -7,7 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod edge;
-pub mod plan;
 
 use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;

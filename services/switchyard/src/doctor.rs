@@ -1,7 +1,7 @@
 //! `switchyard doctor` and `switchyard explain pod`: the common-mistakes
 //! doctor and the Pending-pod explanation on the live cluster. This module
 //! only reads the cluster (kube-rs, list and get); the diagnosis is the pure
-//! `switchyard_alerter::doctor` over the snapshot it fetches.
+//! `switchyard_diagnose` over the snapshot it fetches.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -20,8 +20,8 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use switchyard_alerter::doctor::{self, Finding, PodExplanation, Severity, Snapshot};
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
+use switchyard_diagnose::{self as doctor, Finding, PodExplanation, Severity, Snapshot};
 
 use crate::kube_args::KubeArgs;
 use crate::output::{Format, write_stdout, write_structured};

@@ -10,12 +10,12 @@ use std::time::Duration;
 use switchyard_claim_allocator::edge::MOVED_KINDS;
 
 use clap::Args;
-use switchyard_claim_allocator::plan::{self, PlanRequest};
 use switchyard_core::ServiceName;
 use switchyard_core::command::{wave_handover_id, wave_move_id};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::run::parse_layout;
+use switchyard_planner::{self as plan, PlanRequest};
 use switchyard_proto::v1::{
     DomainEvent, MigrationControlCommand, MigrationStarted, PlannedWave, WorkloadRef,
     domain_event::Kind, migration_control_command::Action, service_command,

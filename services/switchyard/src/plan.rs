@@ -1,6 +1,6 @@
 //! `switchyard plan`: the migration-wave register and the proposed waves,
 //! from the live cluster (read only). The planning is
-//! `switchyard_claim_allocator::plan`, a pure function of the snapshot this
+//! `switchyard_planner`, a pure function of the snapshot this
 //! module lists.
 
 use std::fmt::Write as _;
@@ -15,10 +15,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
-use switchyard_claim_allocator::plan::{self, Plan, PlanRequest, Snapshot};
 use switchyard_core::backend::Backend;
 use switchyard_gpu::publish::Layout;
 use switchyard_kubelet::run::parse_layout;
+use switchyard_planner::{self as plan, Plan, PlanRequest, Snapshot};
 
 use crate::kube_args::{KubeArgs, NamespaceArgs};
 use crate::output::{Format, write_stdout, write_structured};

@@ -6,8 +6,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
-use switchyard_alerter::doctor::{Finding, Row, Snapshot, diagnose, explain_pod};
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup};
+use switchyard_diagnose::{Finding, Row, Snapshot, diagnose, explain_pod};
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("a valid object")
@@ -753,10 +753,7 @@ fn the_gpu_operator_is_detected_with_its_operands_classes_and_dra_nodes() {
     let [detected] = only(&f, Row::NvidiaBackendDetected)[..] else {
         panic!("{f:#?}")
     };
-    assert_eq!(
-        detected.severity,
-        switchyard_alerter::doctor::Severity::Info
-    );
+    assert_eq!(detected.severity, switchyard_diagnose::Severity::Info);
     assert_eq!(
         detected.cause,
         "the NVIDIA GPU Operator serves the GPUs: its operands dra-driver-nvidia-gpu-kubelet-plugin (nvidia.com/dra-kubelet-plugin=true); the DRA driver's classes gpu.nvidia.com; nodes publishing gpu.nvidia.com devices: gpu-2"
