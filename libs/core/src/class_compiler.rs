@@ -56,8 +56,7 @@ use crate::effects::Effect;
 use crate::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
 use crate::service::{Core, Input, ServiceName};
 
-/// The GPU driver that publishes the cards and their partitions.
-pub const GPU_DRIVER: &str = "gpu.deckhouse.io";
+pub use crate::names::GPU_DRIVER;
 
 /// PhysicalGPU labels a class may select on; each is a device attribute of
 /// the same name in the driver's domain.
@@ -104,11 +103,12 @@ impl Profile {
         guarded: true,
     };
 
+    /// The profile of the driver `backend` serves the cards with.
     pub fn of(backend: &Backend) -> Profile {
-        match backend {
-            Backend::Deckhouse => Profile::DECKHOUSE,
-            Backend::NvidiaOperator(_) => Profile::NVIDIA,
-        }
+        [Profile::DECKHOUSE, Profile::NVIDIA]
+            .into_iter()
+            .find(|p| p.driver == backend.driver())
+            .unwrap_or(Profile::DECKHOUSE)
     }
 
     /// `device.attributes["<driver>"]`.

@@ -992,10 +992,7 @@ impl Cluster {
     /// Whether `group` is a group a node can be handed over to: a NodeGroup
     /// observed, or on the `nvidia-operator` backend a configured pool.
     pub fn group_known(&self, group: &str) -> bool {
-        match &self.backend {
-            crate::backend::Backend::Deckhouse => self.groups.contains_key(group),
-            crate::backend::Backend::NvidiaOperator(b) => b.pools.contains_key(group),
-        }
+        self.backend.strategy().group_known(self, group)
     }
 
     /// Whether the group exists and has spec.gpu.

@@ -97,3 +97,7 @@ pub fn kubernetes_minor(version: &str) -> Option<(u32, u32)> {
         .collect();
     Some((major, minor.parse().ok()?))
 }
+
+/// The GPU driver that publishes the cards and their partitions (the node
+/// agent's DRA driver).
+pub const GPU_DRIVER: &str = "gpu.deckhouse.io";

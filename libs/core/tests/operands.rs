@@ -8,10 +8,10 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::*;
+use switchyard_core::backend::operands;
 use switchyard_core::backend::{Backend, NvidiaOperator};
 use switchyard_core::effects::Effect;
 use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_core::stack_assigner::operands;
 use switchyard_proto::v1::{
     DomainEvent, NodeObserved, ResourceSliceObserved, Stack, Taint, domain_event::Kind,
 };

@@ -97,10 +97,7 @@ impl PlanRequest {
 
     /// nvidia-operator: the backend's settings.
     pub fn nvidia(&self) -> Option<&switchyard_core::backend::NvidiaOperator> {
-        match &self.backend {
-            switchyard_core::backend::Backend::NvidiaOperator(b) => Some(b),
-            switchyard_core::backend::Backend::Deckhouse => None,
-        }
+        self.backend.nvidia_operator()
     }
 }
 

@@ -885,14 +885,11 @@ pub(crate) fn plan<'a>(
 
     let group_label = request.group_label();
     // nvidia-operator: the pilot taint a handover puts on the node.
-    let pilot: Option<Taint> = request.nvidia().filter(|b| b.pilot_taint).map(|b| {
-        let taint = switchyard_core::stack_assigner::operands::pilot_taint(b);
-        Taint {
-            key: taint.key,
-            value: Some(taint.value),
-            effect: taint.effect,
-            time_added: None,
-        }
+    let pilot: Option<Taint> = request.backend.strategy().pilot_taint().map(|taint| Taint {
+        key: taint.key,
+        value: Some(taint.value),
+        effect: taint.effect,
+        time_added: None,
     });
     let mut source: Vec<&Node> = snapshot
         .nodes

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use switchyard_core::backend::operands;
 use switchyard_core::backend::{Backend, NvidiaOperator, nvidia};
 use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::command::CheckEvidence;
@@ -19,7 +20,6 @@ use switchyard_core::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
 use switchyard_core::placement;
 use switchyard_core::service::{Core, ServiceName};
 use switchyard_core::stack_assigner::StackAssigner;
-use switchyard_core::stack_assigner::operands;
 use switchyard_proto::v1::{
     NodeObserved, ResourceList, Stack, Toleration, Tolerations, WorkloadPlacement, WorkloadRef,
     domain_event::Kind,

@@ -23,11 +23,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use switchyard_core::backend::Backend;
 use switchyard_core::claim_allocator::ClaimAllocator;
 use switchyard_core::cluster::{Cluster, Node, ObjectKey};
 use switchyard_core::stack_assigner::handover::Handover;
-use switchyard_core::stack_assigner::operands;
 use switchyard_core::stack_assigner::{Assignment, StackAssigner};
 use switchyard_eventlog::{Decoded, EventLog, LogError};
 use switchyard_proto::v1::{
@@ -304,13 +302,9 @@ pub(crate) fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
         || node.device_plugin_allocatable > 0
         || cluster.gpus.get(name).is_some_and(|g| !g.is_empty())
         || node.group().is_some_and(|g| cluster.has_spec_gpu(g))
-        // nvidia-operator: a DRA node has no nvidia.com/gpu capacity and no
-        // PhysicalGPU; GPU Feature Discovery's label says it has GPUs.
-        || (matches!(cluster.backend, Backend::NvidiaOperator(_))
-            && node
-                .labels
-                .get(switchyard_core::backend::nvidia::GPU_PRESENT)
-                .is_some_and(|v| v == "true"))
+        // A backend's own label (the operator's DRA node has no
+        // nvidia.com/gpu capacity and no PhysicalGPU).
+        || cluster.backend.strategy().labelled_gpu_node(node)
 }
 
 /// One GPU node as the alerter shows it, in `/metrics` and in the module
@@ -361,17 +355,16 @@ impl MigrationState {
                 let assignment = self.stack.assignments.get(name.as_str());
                 let handover = self.stack.handovers.active.get(name.as_str());
                 let on_dra = assignment.map(|a| a.stack) == Some(Stack::Dra);
-                let missing = match &cluster.backend {
-                    _ if !on_dra => Vec::new(),
-                    Backend::NvidiaOperator(backend) => {
-                        operands::dra_missing(name, node, cluster, backend)
-                    }
-                    Backend::Deckhouse => {
-                        let cards = handover
-                            .map_or(0, |h| h.cards_before)
-                            .max(cluster.cards(name));
-                        cluster.readiness(name, cards).missing_conditions()
-                    }
+                let missing = if on_dra {
+                    let cards = handover
+                        .map_or(0, |h| h.cards_before)
+                        .max(cluster.cards(name));
+                    cluster
+                        .backend
+                        .strategy()
+                        .dra_missing(name, node, cluster, cards)
+                } else {
+                    Vec::new()
                 };
                 GpuNodeView {
                     name,

@@ -13,9 +13,7 @@ use k8s_openapi::api::core::v1::PodSpec;
 use kube::Api;
 use switchyard_claim_allocator::edge::{set_placement, spec_patch, template_patch, template_path};
 use switchyard_core::ServiceName;
-use switchyard_core::backend::Backend;
 use switchyard_core::placement::rewrite;
-use switchyard_core::stack_assigner::operands;
 use switchyard_proto::v1::{MoveApplicationCommand, WorkloadRef, service_command};
 
 use crate::kube_args::KubeArgs;
@@ -187,10 +185,7 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
     }
     let backend = args.backend.backend();
     let group_label = backend.group_label();
-    let pilot_taint = match &backend {
-        Backend::NvidiaOperator(b) if b.pilot_taint => Some(operands::pilot_taint(b)),
-        _ => None,
-    };
+    let pilot_taint = backend.strategy().pilot_taint();
     let source = placement
         .node_selector
         .get(group_label)

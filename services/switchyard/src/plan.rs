@@ -80,7 +80,7 @@ where
 /// and no PhysicalGPUs (no node agent makes them).
 pub async fn snapshot(client: &kube::Client, backend: &Backend) -> anyhow::Result<Snapshot> {
     let c = client;
-    let deckhouse = matches!(backend, Backend::Deckhouse);
+    let deckhouse = backend.strategy().uses_node_groups();
     let node_groups = async {
         match deckhouse {
             true => list::<NodeGroup>(c, "NodeGroups").await,

@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
     CompletionRefused, DomainEvent, LeftoverLabelsCleared, ResourceQuotaTranslated,
-    SourceGroupRetired, Stack, domain_event::Kind, event,
+    SourceGroupRetired, domain_event::Kind, event,
 };
 
 use super::{evidence, stages};
-use crate::backend::{Backend, nvidia};
+use crate::backend::nvidia;
+use crate::backend::strategy::CompletionSource;
 use crate::cluster::{Cluster, ObjectKey};
 use crate::command::Complete;
 use crate::effects::Effect;
@@ -84,24 +85,15 @@ impl Completion {
     /// The completion steps, or why they cannot be taken yet.
     pub fn complete(&self, cluster: &Cluster, cmd: &Complete) -> Vec<DomainEvent> {
         let refuse = |reason: String| refusal(cmd, reason);
-        let on_nvidia = match &cluster.backend {
-            Backend::NvidiaOperator(b) => match b.pools.get(&cmd.source_group) {
-                Some(Stack::DevicePlugin) => true,
-                Some(Stack::Dra) => return abandon(cluster, cmd),
-                _ => {
-                    return refuse(format!(
-                        "pool {}: not a device-plugin or DRA pool of the nvidia-operator backend; expected one of {}",
-                        cmd.source_group,
-                        b.pools
-                            .iter()
-                            .filter(|(_, s)| matches!(s, Stack::DevicePlugin | Stack::Dra))
-                            .map(|(p, _)| p.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
-            },
-            Backend::Deckhouse => false,
+        let device_plugin_pool = match cluster
+            .backend
+            .strategy()
+            .completion_source(&cmd.source_group)
+        {
+            CompletionSource::Group => false,
+            CompletionSource::DevicePluginPool => true,
+            CompletionSource::DraPool => return abandon(cluster, cmd),
+            CompletionSource::Refused(reason) => return refuse(reason),
         };
         if let Some(nodes) = remaining(cluster, &cmd.source_group) {
             return refuse(format!(
@@ -155,7 +147,7 @@ impl Completion {
                 )));
             }
         }
-        if on_nvidia {
+        if device_plugin_pool {
             // The operator's nvidia.com/* labels are its operands' switches
             // and GPU Feature Discovery's facts: none is a leftover here.
             decisions.extend(final_cutover(cluster, cmd));

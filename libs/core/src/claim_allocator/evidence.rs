@@ -24,11 +24,11 @@ use switchyard_proto::v1::{
     domain_event::Kind, event,
 };
 
-use crate::backend::{Backend, NvidiaOperator};
-use crate::class_compiler::GPU_DRIVER;
+use crate::backend::NvidiaOperator;
+use crate::backend::operands;
 use crate::cluster::{Cluster, Slice, workload_key};
+use crate::names::GPU_DRIVER;
 use crate::names::{GPU_STACK_LABEL, STACK_DRA};
-use crate::stack_assigner::operands;
 
 /// The DRA drivers whose slices publish GPUs: Switchyard's node agent's and
 /// the NVIDIA DRA driver's.
@@ -106,8 +106,12 @@ pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
             Err(format!("node {node} does not exist")),
         )];
     };
-    if let Backend::NvidiaOperator(backend) = &cluster.backend {
-        return nvidia_node_evidence(cluster, node, facts, backend);
+    if let Some(items) = cluster
+        .backend
+        .strategy()
+        .node_evidence(cluster, node, facts)
+    {
+        return items;
     }
     let dra = facts
         .labels
@@ -221,7 +225,7 @@ fn dual_advertisement(
 /// advertisement and no device-plugin pod on a DRA node, the DRA kubelet
 /// plugin's pod running, and the `gpu.nvidia.com` devices matching what GPU
 /// Feature Discovery labelled (count, product, memory), each UUID once.
-fn nvidia_node_evidence(
+pub(crate) fn nvidia_node_evidence(
     cluster: &Cluster,
     node: &str,
     facts: &crate::cluster::Node,

@@ -37,7 +37,6 @@ use crate::command::MoveApplication;
 use crate::effects::Effect;
 use crate::names::NVIDIA_GPU;
 use crate::placement::rewrite;
-use crate::stack_assigner::operands;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoveStep {
@@ -105,28 +104,17 @@ pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item 
     members.filter(move |node| {
         let facts = &cluster.nodes[node.as_str()];
         !facts.unschedulable
-            && match &cluster.backend {
-                Backend::Deckhouse => cluster.readiness(node, cluster.cards(node)).is_ready(),
-                Backend::NvidiaOperator(b) => operands::handover_ready(
-                    node,
-                    switchyard_proto::v1::Stack::Dra,
-                    facts,
-                    cluster,
-                    b,
-                    cluster.cards(node),
-                )
-                .is_ok(),
-            }
+            && cluster
+                .backend
+                .strategy()
+                .workload_ready(node, facts, cluster)
     })
 }
 
 /// Whether `group` is a DRA group a move may go to: a group without
 /// `spec.gpu` (not the device plugin's), or a pool configured `dra`.
 fn dra_group(cluster: &Cluster, group: &str) -> bool {
-    match &cluster.backend {
-        Backend::Deckhouse => !cluster.has_spec_gpu(group),
-        Backend::NvidiaOperator(b) => b.pools.get(group) == Some(&switchyard_proto::v1::Stack::Dra),
-    }
+    cluster.backend.strategy().is_dra_group(cluster, group)
 }
 
 /// Groups a move may go to when none is named: DRA groups with a ready
@@ -338,10 +326,7 @@ impl AppMoves {
             "" => match target_groups(cluster).as_slice() {
                 [one] => one.to_string(),
                 [] => {
-                    let groups = match cluster.backend {
-                        Backend::Deckhouse => "a group without spec.gpu",
-                        Backend::NvidiaOperator(_) => "a pool configured dra",
-                    };
+                    let groups = cluster.backend.strategy().dra_groups_described();
                     return refuse(format!(
                         "no node of {groups} is ready: hand over a node before \
                          moving the application, otherwise its Pods wait for devices that do not \
@@ -370,10 +355,7 @@ impl AppMoves {
             .get(group_label)
             .cloned()
             .unwrap_or_default();
-        let pilot_taint = match &cluster.backend {
-            Backend::NvidiaOperator(b) if b.pilot_taint => Some(operands::pilot_taint(b)),
-            _ => None,
-        };
+        let pilot_taint = cluster.backend.strategy().pilot_taint();
         let mut after = rewrite(
             &placement,
             group_label,

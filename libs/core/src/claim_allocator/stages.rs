@@ -19,17 +19,16 @@
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
-    DomainEvent, EvidenceChecked, EvidenceItem, EvidenceRecorded, PodPhase, Stack, WorkloadRef,
+    DomainEvent, EvidenceChecked, EvidenceItem, EvidenceRecorded, PodPhase, WorkloadRef,
     domain_event::Kind, event,
 };
 
 use super::evidence::{
     self, Moved, NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH, SLICES_MATCH_GFD, item,
 };
-use crate::backend::{Backend, nvidia};
+use crate::backend::nvidia;
 use crate::cluster::{Cluster, ObjectKey, Pod};
-use crate::names::{GPU_STACK_LABEL, NVIDIA_GPU, STACK_DRA};
-use crate::stack_assigner::operands;
+use crate::names::{GPU_STACK_LABEL, NVIDIA_GPU};
 
 /// A stage of the guide's table (its NIM and scale rows are application
 /// waves as far as the evidence goes).
@@ -97,14 +96,7 @@ pub fn serves_dra(cluster: &Cluster, node: &str) -> bool {
     let Some(facts) = cluster.nodes.get(node) else {
         return false;
     };
-    match &cluster.backend {
-        Backend::NvidiaOperator(b) => {
-            facts.labels.get(&b.plugin_label).map(String::as_str) == Some("true")
-        }
-        Backend::Deckhouse => {
-            facts.labels.get(GPU_STACK_LABEL).map(String::as_str) == Some(STACK_DRA)
-        }
-    }
+    cluster.backend.strategy().serves_dra(facts)
 }
 
 /// The pods asking for device-plugin GPU resources (served by the device
@@ -252,28 +244,12 @@ fn may_reach_dra(cluster: &Cluster, w: &WorkloadRef, pods: &[(&ObjectKey, &Pod)]
     if pods.iter().any(|(_, p)| serves_dra(cluster, &p.node)) {
         return true;
     }
-    let Backend::NvidiaOperator(b) = &cluster.backend else {
-        return true;
-    };
     let key = (w.namespace.clone(), w.kind.clone(), w.name.clone());
-    let Some(placement) = cluster.workloads.get(&key).map(|w| w.placement.get()) else {
-        // A pod no known workload owns: judged by where it runs alone.
-        return false;
-    };
-    if placement
-        .node_selector
-        .get(&b.pool_label)
-        .is_some_and(|pool| b.pools.get(pool) != Some(&Stack::Dra))
-    {
-        return false;
-    }
-    !b.pilot_taint
-        || placement.tolerations.as_ref().is_some_and(|t| {
-            let taint = operands::pilot_taint(b);
-            t.items
-                .iter()
-                .any(|t| crate::placement::tolerates(t, &taint))
-        })
+    let placement = cluster.workloads.get(&key).map(|w| w.placement.get());
+    cluster
+        .backend
+        .strategy()
+        .placement_reaches_dra(placement.as_ref())
 }
 
 /// Compatibility bridge: one unchanged manifest placed on both pools —
@@ -330,12 +306,7 @@ fn bridge(cluster: &Cluster, pods: &[(&ObjectKey, &Pod)]) -> EvidenceItem {
 /// resource allocatable.
 pub(crate) fn no_device_plugin(cluster: &Cluster, node: &str) -> EvidenceItem {
     let facts = &cluster.nodes[node];
-    let pods = match &cluster.backend {
-        Backend::NvidiaOperator(b) => {
-            operands::pods_selected(node, cluster, &b.device_plugin_pods, false)
-        }
-        Backend::Deckhouse => Vec::new(),
-    };
+    let pods = cluster.backend.strategy().device_plugin_pods(node, cluster);
     let mut seen = Vec::new();
     if !pods.is_empty() {
         seen.push(format!("device-plugin pods: {}", pods.join(", ")));
@@ -369,9 +340,10 @@ fn subjects(cluster: &Cluster, stage: Stage, moved: &[Moved]) -> Vec<Subject> {
         .filter(|n| serves_dra(cluster, n))
         .cloned()
         .collect();
-    let slices_check = match cluster.backend {
-        Backend::NvidiaOperator(_) => SLICES_MATCH_GFD,
-        Backend::Deckhouse => SLICES_MATCH,
+    let slices_check = if cluster.backend.strategy().slices_compared_with_gfd() {
+        SLICES_MATCH_GFD
+    } else {
+        SLICES_MATCH
     };
     let node = |n: &String, items| (n.clone(), None, items);
     let workload = |w: &WorkloadRef, items| (String::new(), Some(w.clone()), items);

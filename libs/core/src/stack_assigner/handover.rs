@@ -34,11 +34,7 @@ use crate::backend::Backend;
 use crate::cluster::{Cluster, Node};
 use crate::command::StartHandover;
 use crate::effects::Effect;
-use crate::names::{
-    GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, NVIDIA_GPU,
-    PREPARATION_LABELS, STACK_DEVICE_PLUGIN,
-};
-use crate::stack_assigner::operands;
+use crate::names::{GPU_SETUP_COMPLETE_LABEL, GROUP_LABEL, NODE_ROLE_PREFIX, PREPARATION_LABELS};
 use crate::stack_rules;
 
 const SECOND: i64 = 1_000_000_000;
@@ -388,14 +384,7 @@ impl Handovers {
             ));
         }
         if !cluster.group_known(&cmd.target_group) {
-            return refuse(match &cluster.backend {
-                Backend::Deckhouse => format!("node group {} does not exist", cmd.target_group),
-                Backend::NvidiaOperator(b) => format!(
-                    "pool {} is not configured (pools: {})",
-                    cmd.target_group,
-                    b.pools.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            });
+            return refuse(cluster.backend.strategy().unknown_group(&cmd.target_group));
         }
         let source = node.group().unwrap_or_default().to_string();
         if source == cmd.target_group {
@@ -475,10 +464,8 @@ impl Handovers {
         now: i64,
     ) -> Vec<DomainEvent> {
         let (id, name, node) = (h.id.clone(), h.node.clone(), h.node.as_str());
-        let nvidia = match &cluster.backend {
-            Backend::NvidiaOperator(b) => Some(b.as_ref()),
-            Backend::Deckhouse => None,
-        };
+        let strategy = cluster.backend.strategy();
+        let by_group_label = strategy.moves_by_group_label();
         // A forward handover is done moving when the node carries the target
         // group and not the source group's role label; a rollback when the node's
         // labels and taints are its before-image again.
@@ -486,7 +473,7 @@ impl Handovers {
             // nvidia-operator: the pool label is the move; the operand
             // labels follow it, in the guide's order, once the node's stack
             // is decided again (`operands::effects`).
-            _ if nvidia.is_some() => facts.group().unwrap_or_default() == h.target_group,
+            _ if by_group_label => facts.group().unwrap_or_default() == h.target_group,
             None => {
                 facts.group() == Some(h.target_group.as_str())
                     && !facts
@@ -547,11 +534,21 @@ impl Handovers {
                     taints_after: facts.taints.clone(),
                 }))]
             }
-            HandoverStep::WaitReady if nvidia.is_some() => {
-                let backend = nvidia.expect("matched");
-                let (stack, _) = stack_in_group(cluster, facts, &h.target_group, false);
-                match operands::handover_ready(node, stack, facts, cluster, backend, h.cards_before)
-                {
+            HandoverStep::WaitReady => {
+                let (stack, _) = stack_in_group(
+                    cluster,
+                    facts,
+                    &h.target_group,
+                    held.contains(&h.target_group),
+                );
+                match strategy.handover_ready(
+                    node,
+                    stack,
+                    facts,
+                    cluster,
+                    h.cards_before,
+                    h.setup_label_fresh(facts),
+                ) {
                     Ok(seen) => vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
                         handover_id: id,
                         node: name,
@@ -562,83 +559,6 @@ impl Handovers {
                         now,
                         format!("node {node} is not ready: {}", missing.join("; ")),
                     ),
-                }
-            }
-            HandoverStep::WaitReady => {
-                let (stack, _) = stack_in_group(
-                    cluster,
-                    facts,
-                    &h.target_group,
-                    held.contains(&h.target_group),
-                );
-                let mut readiness = cluster.readiness(node, h.cards_before);
-                readiness.gpu_setup_complete = h.setup_label_fresh(facts);
-                // Back on the device plugin: its resources allocatable again,
-                // one per card at least ("confirm that nvidia.com/gpu returns
-                // to node allocatable capacity").
-                let allocatable = facts.device_plugin_allocatable;
-                let wanted = readiness.expected_physical_gpus.max(1);
-                let device_plugin_stack = facts
-                    .labels
-                    .get(GPU_STACK_LABEL)
-                    .is_some_and(|v| v == STACK_DEVICE_PLUGIN);
-                let ready = match stack {
-                    Stack::DevicePlugin => {
-                        readiness.gpu_setup_complete && device_plugin_stack && allocatable >= wanted
-                    }
-                    _ => readiness.is_ready(),
-                };
-                if ready {
-                    vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
-                        handover_id: id,
-                        node: name,
-                        gpu_setup_complete: readiness.gpu_setup_complete,
-                        gpu_stack_dra: readiness.gpu_stack_dra,
-                        ready_physical_gpus: readiness.ready_physical_gpus,
-                        expected_physical_gpus: readiness.expected_physical_gpus,
-                        node_agent_running: readiness.node_agent_running,
-                        vendor_adapter_running: readiness.vendor_adapter_running,
-                        device_plugin_allocatable: allocatable,
-                        ..NodeReadinessObserved::default()
-                    }))]
-                } else {
-                    let mut missing = match stack {
-                        Stack::DevicePlugin => {
-                            let mut missing = Vec::new();
-                            if !device_plugin_stack {
-                                missing.push(format!(
-                                    "label {GPU_STACK_LABEL}={STACK_DEVICE_PLUGIN} is not present"
-                                ));
-                            }
-                            if allocatable < wanted {
-                                missing.push(format!(
-                                    "{allocatable} of {wanted} {NVIDIA_GPU} (or MIG, time-slicing) resources are allocatable on the node"
-                                ));
-                            }
-                            if !readiness.gpu_setup_complete {
-                                missing.push(format!(
-                                    "label {GPU_SETUP_COMPLETE_LABEL} is not present"
-                                ));
-                            }
-                            missing
-                        }
-                        _ => readiness.missing(),
-                    };
-                    if facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL)
-                        && !readiness.gpu_setup_complete
-                    {
-                        let label = format!("label {GPU_SETUP_COMPLETE_LABEL} is not present");
-                        for m in missing.iter_mut().filter(|m| **m == label) {
-                            *m = format!(
-                                "label {GPU_SETUP_COMPLETE_LABEL} is left from before the group change (not written by node preparation since)"
-                            );
-                        }
-                    }
-                    self.stall(
-                        h,
-                        now,
-                        format!("node {node} is not ready: {}", missing.join("; ")),
-                    )
                 }
             }
             HandoverStep::Uncordon if released => {
@@ -709,27 +629,16 @@ impl Handovers {
     /// What the edge should be doing for the handovers in progress.
     pub fn effects(&self, backend: &Backend) -> Vec<Effect> {
         let node = |h: &Handover| h.node.clone();
+        let strategy = backend.strategy();
         self.active
             .values()
             .filter_map(|h| match (h.step, &h.rollback) {
                 (HandoverStep::Cordon, _) => Some(Effect::Cordon { node: node(h) }),
                 (HandoverStep::Drain, _) => Some(Effect::Drain { node: node(h) }),
-                // nvidia-operator, forward and back alike: the pool label
-                // only. The operand labels and the pilot taint are the stack's
-                // (`operands::effects`), written in the guide's order; a
-                // before-image written at once would start the device plugin
-                // beside the DRA plugin.
-                (HandoverStep::MoveGroup, _) if matches!(backend, Backend::NvidiaOperator(_)) => {
-                    Some(Effect::SetOperandLabels {
-                        node: node(h),
-                        labels: [(
-                            backend.group_label().to_string(),
-                            // Back to a node that had no pool: none.
-                            Some(h.target_group.clone()).filter(|g| !g.is_empty()),
-                        )]
-                        .into(),
-                        unless_paused: false,
-                    })
+                // A backend that moves a node by its group label alone
+                // writes only that, forward and back alike.
+                (HandoverStep::MoveGroup, _) if strategy.moves_by_group_label() => {
+                    strategy.move_by_group_label(&h.node, &h.target_group)
                 }
                 (HandoverStep::MoveGroup, None) => Some(Effect::MoveToGroup {
                     node: node(h),

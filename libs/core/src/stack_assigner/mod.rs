@@ -36,13 +36,11 @@ use switchyard_proto::v1::{
 };
 
 pub mod handover;
-pub mod operands;
 
 use crate::backend::Backend;
-use crate::cluster::{Cluster, Node, ReadinessSelectors, WorkloadKey, workload_key};
+use crate::cluster::{Cluster, ReadinessSelectors, WorkloadKey, workload_key};
 use crate::command::{Command, StartHandover, wave_handover_id};
 use crate::effects::Effect;
-use crate::names::{GPU_STACK_LABEL, STACK_DEVICE_PLUGIN, STACK_DRA};
 use crate::service::{self, ServiceName};
 use crate::stack_rules::rule;
 use handover::Handovers;
@@ -333,7 +331,7 @@ impl StackAssigner {
     /// The holds due, as decisions, added to `held`.
     fn due_holds(&self, held: &mut BTreeSet<String>) -> Vec<DomainEvent> {
         // The upgrade hold is the Deckhouse module's (its NodeGroups' spec.gpu).
-        if self.cluster.backend != Backend::Deckhouse {
+        if !self.cluster.backend.strategy().holds_upgrades() {
             return Vec::new();
         }
         self.holds_due
@@ -676,7 +674,7 @@ impl StackAssigner {
     /// nvidia-operator: the exclusivity gate's decisions on the nodes `fact`
     /// touches (`was_on`: where the pod of a pod fact was before it).
     fn exclusivity_decisions(&self, fact: &DomainEvent, was_on: Option<&str>) -> Vec<DomainEvent> {
-        if !matches!(self.cluster.backend, Backend::NvidiaOperator(_)) {
+        if !self.cluster.backend.strategy().gates_exclusivity() {
             return Vec::new();
         }
         let node = match &fact.kind {
@@ -693,12 +691,13 @@ impl StackAssigner {
     /// `ExclusivityLost` for `name` when the gate fails and was not known to,
     /// `ExclusivityRestored` when it holds again.
     fn exclusivity_decision(&self, name: &str) -> Option<DomainEvent> {
-        let Backend::NvidiaOperator(backend) = &self.cluster.backend else {
+        let strategy = self.cluster.backend.strategy();
+        if !strategy.gates_exclusivity() {
             return None;
-        };
+        }
         let node = self.cluster.nodes.get(name)?;
         let stack = self.assignments.get(name).map(|a| a.stack);
-        let evidence = operands::exclusivity_lost(name, stack, node, &self.cluster, backend);
+        let evidence = strategy.exclusivity_lost(name, stack, node, &self.cluster);
         match (evidence, self.exclusivity_lost.get(name)) {
             (Some(evidence), None) => Some(event(Kind::ExclusivityLost(ExclusivityLost {
                 node: name.to_string(),
@@ -778,18 +777,13 @@ impl StackAssigner {
     pub fn effects(&self) -> Vec<Effect> {
         // Both maps are sorted by node name: one pass over the nodes, no
         // lookups (this runs after every record).
+        let strategy = self.cluster.backend.strategy();
         let mut nodes = self.cluster.nodes.iter().peekable();
         let mut effects: Vec<Effect> = Vec::new();
         for (name, assignment) in &self.assignments {
             while nodes.next_if(|(n, _)| *n < name).is_some() {}
             let node = nodes.peek().filter(|(n, _)| *n == name).map(|(_, n)| *n);
-            match (&self.cluster.backend, node) {
-                (Backend::Deckhouse, _) => effects.extend(label_effect(name, assignment, node)),
-                (Backend::NvidiaOperator(backend), Some(node)) => effects.extend(
-                    operands::effects(name, assignment.stack, node, &self.cluster, backend),
-                ),
-                (Backend::NvidiaOperator(_), None) => {}
-            }
+            effects.extend(strategy.stack_effects(name, assignment.stack, node, &self.cluster));
         }
         effects.extend(self.switch_holds.iter().map(|(node, held)| {
             Effect::NodeEvent {
@@ -801,7 +795,7 @@ impl StackAssigner {
                 ),
             }
         }));
-        if matches!(self.cluster.backend, Backend::NvidiaOperator(_)) {
+        if strategy.gates_exclusivity() {
             effects.extend(self.exclusivity_effects());
         }
         effects.extend(self.handovers.effects(&self.cluster.backend));
@@ -845,15 +839,6 @@ impl StackAssigner {
         effects
     }
 
-    /// The label change `node` needs, if its gpu-stack label is not the decided stack.
-    pub fn stack_label_effect(&self, node: &str) -> Option<Effect> {
-        label_effect(
-            node,
-            self.assignments.get(node)?,
-            self.cluster.nodes.get(node),
-        )
-    }
-
     /// Nodes whose decided stack is not what the rules give now (always empty
     /// after `handle`; a runtime check of invariant 2).
     pub fn rule_violations(&self) -> Vec<String> {
@@ -880,22 +865,6 @@ impl StackAssigner {
     pub fn stack_of(&self, node: &str) -> Option<Stack> {
         self.assignments.get(node).map(|a| a.stack)
     }
-}
-
-/// The label change `name` needs, decided `assignment`, as `node` shows it.
-fn label_effect(name: &str, assignment: &Assignment, node: Option<&Node>) -> Option<Effect> {
-    let want = match assignment.stack {
-        Stack::DevicePlugin => Some(STACK_DEVICE_PLUGIN),
-        Stack::Dra => Some(STACK_DRA),
-        Stack::None | Stack::Unspecified => None,
-    };
-    let have = node
-        .and_then(|n| n.labels.get(GPU_STACK_LABEL))
-        .map(String::as_str);
-    (have != want).then(|| Effect::SetStackLabel {
-        node: name.to_string(),
-        stack: want.map(str::to_string),
-    })
 }
 
 impl crate::service::Core for StackAssigner {

@@ -6,13 +6,21 @@
 //! - `nvidia-operator`: NVIDIA's GPU Operator (device plugin, GFD, validator,
 //!   DCGM as per-node operands) and NVIDIA's DRA driver (`gpu.nvidia.com`)
 //!   serve the GPUs; Switchyard only writes the node labels those watch and
-//!   checks what they did (`../shared/reference/nvidia-dra-migration-guide.txt`,
+//!   checks what they did (the NVIDIA guide's
 //!   "Build Separate Legacy and DRA Node Pools", "Disable the Device Plugin
 //!   Only on DRA Nodes"). The upstream facts each rule rests on are listed,
 //!   with their sources, in `docs/design/nvidia-operator-backend.md` (F1–F19).
 //!
-//! This module holds the NVIDIA names and the one table of labels per stack
-//! that the core, the simulator, the edge and `doctor` share.
+//! This module holds the backends' settings as the log records them, the
+//! NVIDIA names and the one table of labels per stack that the core, the
+//! simulator, the edge and `doctor` share. What each backend decides is its
+//! [`strategy::Strategy`]: [`deckhouse`] and [`nvidia_operator`] (with the
+//! operator's label writes in [`operands`]).
+
+pub mod deckhouse;
+pub mod nvidia_operator;
+pub mod operands;
+pub mod strategy;
 
 use std::collections::BTreeMap;
 
@@ -102,6 +110,23 @@ impl Backend {
             }
             (BackendKind::NvidiaOperator, None) => Backend::NvidiaOperator(Box::default()),
             _ => Backend::Deckhouse,
+        }
+    }
+
+    /// The DRA driver that publishes the cards: Switchyard's node agent's,
+    /// or NVIDIA's.
+    pub fn driver(&self) -> &'static str {
+        match self {
+            Backend::Deckhouse => crate::names::GPU_DRIVER,
+            Backend::NvidiaOperator(_) => nvidia::DRIVER,
+        }
+    }
+
+    /// The `nvidia-operator` backend's settings, where it is that backend.
+    pub fn nvidia_operator(&self) -> Option<&NvidiaOperator> {
+        match self {
+            Backend::NvidiaOperator(settings) => Some(settings),
+            Backend::Deckhouse => None,
         }
     }
 
