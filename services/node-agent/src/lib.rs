@@ -9,6 +9,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
+mod discover;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

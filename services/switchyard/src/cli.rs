@@ -34,6 +34,11 @@ enum Command {
     /// Print the CustomResourceDefinitions from the Rust types, or write them
     /// into a Helm chart's crds/ directory.
     Crdgen(crate::crdgen::CrdgenArgs),
+    /// Write a man page (section 1) for every command and subcommand into a
+    /// directory: switchyard.1, switchyard-log-show.1, ... (read one with
+    /// `man -l DIR/switchyard.1`, or write them into a man1/ directory of
+    /// MANPATH).
+    Man(crate::man::ManArgs),
     /// Run one service as a process against the cluster (in-cluster config or
     /// KUBECONFIG) and the JetStream log: the same as its own binary,
     /// `switchyard-<service>`.
@@ -95,6 +100,7 @@ impl Cli {
             Command::Status(args) => crate::state::status(args, None).await,
             Command::Replay(args) => crate::state::status(args.state, Some(args.until)).await,
             Command::Crdgen(args) => crate::crdgen::crdgen(args),
+            Command::Man(args) => crate::man::man(args),
             Command::Serve(service) => crate::serve::serve(service).await,
             Command::Handover(args) => crate::handover::handover(args).await,
             Command::Move(args) => crate::move_cmd::move_workload(*args).await,

@@ -7,28 +7,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod backend;
-mod cli;
-mod complete;
-mod crdgen;
-mod demo;
-mod doctor;
-mod dra_cmd;
-mod evidence_cmd;
-mod handover;
-mod keys_cmd;
-mod kube_args;
-mod log_cmd;
-mod migrate;
-mod move_cmd;
-mod operator;
-mod output;
-mod plan;
-mod rollback;
-mod serve;
-mod state;
-
 use clap::Parser;
+use switchyard::cli;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
