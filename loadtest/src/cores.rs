@@ -1,5 +1,5 @@
 //! The decision cores at cluster scale: synthetic facts for N nodes × G GPUs and
-//! W workloads, then the figures the README reports.
+//! W workloads, then the figures docs/benchmarks.md reports.
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! `switchyard-loadtest`: measured figures for the README.
+//! `switchyard-loadtest`: measured figures for the book (docs/benchmarks.md).
 //!
 //! `switchyard-loadtest eventlog` measures the migration log on this machine in
 //! one run and prints JSON: embedded appends (fsync per append and group

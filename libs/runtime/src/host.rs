@@ -53,7 +53,7 @@ pub struct HostArgs {
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
-    /// Serve Prometheus metrics on /metrics here (see the README's metrics).
+    /// Serve Prometheus metrics on /metrics here (see docs/operations/metrics-and-alerts.md).
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// How often time passes for the core (deadlines).

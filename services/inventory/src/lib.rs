@@ -51,7 +51,7 @@ pub struct Args {
     /// Serve the gRPC health protocol (grpc.health.v1) here, for probes.
     #[arg(long, env = "SWITCHYARD_HEALTH_LISTEN")]
     pub health_listen: Option<std::net::SocketAddr>,
-    /// Serve Prometheus metrics on /metrics here (see the README's metrics).
+    /// Serve Prometheus metrics on /metrics here (see docs/operations/metrics-and-alerts.md).
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The module version inventory reports with the module settings.

@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 /// Which backend serves the GPUs, and how the `nvidia-operator` backend
-/// writes a node's stack (README, "The nvidia-operator backend").
+/// writes a node's stack (the book, docs/gpu-operator.md).
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
     /// `deckhouse`: Switchyard's node agent serves both stacks (the

@@ -2,7 +2,7 @@
 //! on, a ConfigMap per file of the chart's `dashboards/`, labelled for
 //! Grafana's dashboard sidecar. Every panel's query is PromQL — promql-parser
 //! reads it, and promtool (`scripts/install-promtool.sh`) accepts it as a
-//! recording rule — and selects only series that the README's "Metrics and
+//! recording rule — and selects only series that the book's "Metrics and
 //! alerts" tables list; the template variables' `label_values` too.
 
 use std::collections::BTreeSet;
@@ -95,18 +95,14 @@ fn panels(dashboard: &Value) -> Vec<&Value> {
     all
 }
 
-/// The series names the README's "Metrics and alerts" tables list: the
-/// backticked name in each row's first cell; a histogram's `_bucket`, `_sum`
-/// and `_count` too.
+/// The series names the book's "Metrics and alerts" tables list
+/// (`docs/operations/metrics-and-alerts.md`): the backticked name in each
+/// row's first cell; a histogram's `_bucket`, `_sum` and `_count` too.
 fn exposed_series() -> BTreeSet<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("README.md");
-    let section = readme
-        .split("\n### Metrics and alerts\n")
-        .nth(1)
-        .expect("the README's \"Metrics and alerts\" section");
-    let section = section.split("\n### ").next().unwrap();
+    let section = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations/metrics-and-alerts.md"),
+    )
+    .expect("docs/operations/metrics-and-alerts.md");
     let mut names = BTreeSet::new();
     for row in section.lines().filter(|line| line.starts_with("| `")) {
         let mut cells = row.split('|').skip(1);
@@ -123,7 +119,7 @@ fn exposed_series() -> BTreeSet<String> {
     }
     assert!(
         names.contains("switchyard_gpu_node") && names.len() > 25,
-        "the README's metric tables read as {names:?}"
+        "the book's metric tables read as {names:?}"
     );
     names
 }
@@ -417,7 +413,7 @@ fn every_dashboard_query_is_promql_over_series_the_services_expose() {
             for name in &series {
                 assert!(
                     name.starts_with("switchyard_") && exposed.contains(name),
-                    "{place}: {name} is no series of the README's \"Metrics and alerts\": {expr}"
+                    "{place}: {name} is no series of the book's \"Metrics and alerts\": {expr}"
                 );
             }
             used.extend(series);
