@@ -3,16 +3,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
-    DomainEvent, GpuPhase, GpuSpec, LabelSelector, NodeObserved, NodeProvisioning,
-    PhysicalGpuObserved, PodObserved, PodPhase, ReadinessSelectorsConfigured, SliceDevice, Taint,
-    WorkloadObserved, WorkloadPlacement, WorkloadRef, domain_event::Kind,
+    DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PhysicalGpuObserved,
+    PodObserved, PodPhase, ReadinessSelectorsConfigured, SliceDevice, Taint, WorkloadObserved,
+    WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
 use crate::names::{
     CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL,
     NODE_AGENT_SELECTOR, STACK_DRA, VENDOR_ADAPTER_SELECTOR,
 };
-use crate::selector;
+pub use crate::selector::PodSelector;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
@@ -208,6 +208,12 @@ pub struct Pod {
     pub restarted_at: Box<str>,
 }
 
+impl crate::selector::Labelled for Pod {
+    fn label(&self, key: &str) -> Option<&str> {
+        Pod::label(self, key)
+    }
+}
+
 impl Pod {
     /// DaemonSet pods stay on a drained node.
     pub fn is_daemon(&self) -> bool {
@@ -348,35 +354,6 @@ pub fn workload_key(workload: &WorkloadRef) -> WorkloadKey {
 /// (namespace, name) of a namespaced object.
 pub type ObjectKey = (String, String);
 
-/// One stack pod the readiness condition looks for: the selector as
-/// configured and parsed (`None`: this deployment has no such pod).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodSelector {
-    pub text: String,
-    pub selector: Option<LabelSelector>,
-}
-
-impl PodSelector {
-    /// From label-selector syntax.
-    pub fn parse(text: &str) -> Result<Self, selector::SelectorError> {
-        Ok(PodSelector {
-            text: text.trim().to_string(),
-            selector: selector::parse(text)?,
-        })
-    }
-
-    fn of(text: &str) -> Self {
-        PodSelector::parse(text).expect("a built-in selector parses")
-    }
-
-    /// Whether a pod has the selected labels.
-    pub fn selects(&self, pod: &Pod) -> bool {
-        self.selector
-            .as_ref()
-            .is_some_and(|s| selector::matches(s, |k| pod.label(k)))
-    }
-}
-
 /// Which pods are "the gpu-node-agent and vendor adapter Pods" of the
 /// reference's readiness condition. By default those of Switchyard's own
 /// chart: its node agent serves both stacks, so there is no vendor adapter.
@@ -389,8 +366,10 @@ pub struct ReadinessSelectors {
 impl Default for ReadinessSelectors {
     fn default() -> Self {
         ReadinessSelectors {
-            node_agent: PodSelector::of(NODE_AGENT_SELECTOR),
-            vendor_adapter: PodSelector::of(VENDOR_ADAPTER_SELECTOR),
+            node_agent: PodSelector::parse(NODE_AGENT_SELECTOR)
+                .expect("a built-in selector parses"),
+            vendor_adapter: PodSelector::parse(VENDOR_ADAPTER_SELECTOR)
+                .expect("a built-in selector parses"),
         }
     }
 }
@@ -987,12 +966,6 @@ impl Cluster {
                 self.members.remove(group);
             }
         }
-    }
-
-    /// Whether `group` is a group a node can be handed over to: a NodeGroup
-    /// observed, or on the `nvidia-operator` backend a configured pool.
-    pub fn group_known(&self, group: &str) -> bool {
-        self.backend.strategy().group_known(self, group)
     }
 
     /// Whether the group exists and has spec.gpu.

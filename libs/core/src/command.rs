@@ -1,7 +1,9 @@
 //! Operators' commands: what a person asks a service to do. They are not in
 //! the log; what the owning service decides on one is.
 
-use switchyard_proto::v1::{DomainEvent, MigrationStarted, WorkloadRef};
+use switchyard_proto::v1::{DomainEvent, MigrationStarted, WorkloadRef, domain_event::Kind};
+
+use crate::service_name::ServiceName;
 
 /// An operator's request to hand `node` over to `target_group`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,6 +196,26 @@ impl Command {
                 "{id} was started for {started}; this command asks for {asked} (give it a new id)"
             )
         })
+    }
+}
+
+impl Command {
+    /// The service that owns the command.
+    pub fn owner(&self) -> ServiceName {
+        match self {
+            Command::StartHandover(_) => ServiceName::StackAssigner,
+            Command::MoveApplication(_)
+            | Command::Complete(_)
+            | Command::Migrate(_)
+            | Command::ControlMigration(_)
+            | Command::CheckEvidence(_) => ServiceName::ClaimAllocator,
+            Command::Rollback(event) => match &event.kind {
+                Some(Kind::RollbackStarted(r)) if r.node_restore.is_some() => {
+                    ServiceName::StackAssigner
+                }
+                _ => ServiceName::ClaimAllocator,
+            },
+        }
     }
 }
 

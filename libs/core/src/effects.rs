@@ -10,6 +10,8 @@ use switchyard_proto::v1::{
     EvictionBlocked, NodeGroupWritten, Taint, TraceContext, WorkloadPlacement, WorkloadRef,
 };
 
+use crate::service_name::ServiceName;
+
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Effect {
     /// Set `spec.unschedulable`.
@@ -272,5 +274,31 @@ impl EffectExecutor for NoEffects {
                 .map(|e| Err(NotExecuted(Box::new(e))))
                 .collect(),
         )
+    }
+}
+
+impl Effect {
+    /// The service whose core wants this effect, and whose writers (field
+    /// manager, permissions) carry it out.
+    pub fn owner(&self) -> ServiceName {
+        match self {
+            Effect::Cordon { .. }
+            | Effect::Uncordon { .. }
+            | Effect::Drain { .. }
+            | Effect::MoveToGroup { .. }
+            | Effect::RestoreNode { .. }
+            | Effect::NodeEvent { .. }
+            | Effect::SetStackLabel { .. }
+            | Effect::SetOperandLabels { .. }
+            | Effect::SetNodeTaint { .. } => ServiceName::StackAssigner,
+            Effect::SetPlacement { .. }
+            | Effect::RestartWorkload { .. }
+            | Effect::RemoveSpecGpu { .. }
+            | Effect::SetQuota { .. }
+            | Effect::RemoveNodeLabels { .. } => ServiceName::ClaimAllocator,
+            Effect::PublishDeviceClasses { .. } | Effect::RetireDeviceClasses { .. } => {
+                ServiceName::ClassCompiler
+            }
+        }
     }
 }

@@ -30,6 +30,7 @@ pub mod placement;
 pub mod rollback;
 pub mod selector;
 pub mod service;
+pub mod service_name;
 pub mod stack_assigner;
 pub mod stack_rules;
 pub mod subjects;

@@ -155,6 +155,37 @@ pub fn matches<'a>(selector: &LabelSelector, labels: impl Fn(&str) -> Option<&'a
         })
 }
 
+/// One stack pod the readiness condition looks for: the selector as
+/// configured and parsed (`None`: this deployment has no such pod).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSelector {
+    pub text: String,
+    pub selector: Option<LabelSelector>,
+}
+
+impl PodSelector {
+    /// From label-selector syntax.
+    pub fn parse(text: &str) -> Result<Self, SelectorError> {
+        Ok(PodSelector {
+            text: text.trim().to_string(),
+            selector: parse(text)?,
+        })
+    }
+
+    /// Whether a pod with these labels is selected.
+    pub fn selects(&self, pod: &(impl Labelled + ?Sized)) -> bool {
+        self.selector
+            .as_ref()
+            .is_some_and(|s| matches(s, |k| pod.label(k)))
+    }
+}
+
+/// What carries labels: a pod, as the cores fold it.
+pub trait Labelled {
+    /// The value of the label `key`, if it has it.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! Each backend's rules are its strategy's
 //! ([`crate::backend::strategy::Strategy::stack_rule`]).
 
+use crate::backend::dispatch::strategy;
 use switchyard_proto::v1::{Stack, StackReason};
 
 use crate::cluster::{Cluster, Node};
@@ -11,5 +12,5 @@ use crate::cluster::{Cluster, Node};
 /// The rules, for one node, on the cluster's backend. `held`: the node's
 /// group is held on DRA (the `deckhouse` backend's upgrade hold).
 pub fn rule(node: &Node, cluster: &Cluster, held: bool) -> (Stack, StackReason) {
-    cluster.backend.strategy().stack_rule(node, cluster, held)
+    strategy(&cluster.backend).stack_rule(node, cluster, held)
 }

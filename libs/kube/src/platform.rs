@@ -60,7 +60,7 @@ impl Platform {
         Platform {
             kubernetes_version,
             feature_gates,
-            dra_api_served: crate::inventory::dra_api_served(client).await,
+            dra_api_served: dra_api_served(client).await,
             feature_gates_error,
         }
     }
@@ -91,6 +91,29 @@ pub fn feature_gates(metrics: &str) -> BTreeMap<String, bool> {
                 .then(|| (name.to_string(), on))
         })
         .collect()
+}
+
+/// Whether the API server serves `resource.k8s.io/v1` (DRA). Only the API
+/// server's answer counts: a group it does not serve is a 404; a request
+/// that failed (a reset connection, a timeout, the API server restarting)
+/// is asked again, from 100 ms doubling to 5 s — taking it for "not served"
+/// made inventory report the feature gates off until its next restart.
+pub async fn dra_api_served(client: &Client) -> bool {
+    use backon::{ExponentialBuilder, Retryable};
+    let not_served = |e: &kube::Error| matches!(e, kube::Error::Api(status) if status.code == 404);
+    let asked = (|| client.list_api_group_resources("resource.k8s.io/v1"))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(100))
+                .with_max_delay(std::time::Duration::from_secs(5))
+                .without_max_times(),
+        )
+        .when(|e| !not_served(e))
+        .notify(|err, retry_in| {
+            tracing::warn!(error = %err, ?retry_in, "asking whether the API server serves resource.k8s.io/v1");
+        })
+        .await;
+    asked.is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"))
 }
 
 #[cfg(test)]

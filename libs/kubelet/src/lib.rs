@@ -31,6 +31,7 @@ pub mod plugin;
 pub mod podresources;
 pub mod run;
 pub mod slices;
+pub mod stack;
 
 /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).
 pub mod pluginregistration {

@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use switchyard_core::backend::dispatch::strategy;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSpec, Taint, Toleration};
 use k8s_openapi::api::resource::v1::{
@@ -885,7 +886,7 @@ pub(crate) fn plan<'a>(
 
     let group_label = request.group_label();
     // nvidia-operator: the pilot taint a handover puts on the node.
-    let pilot: Option<Taint> = request.backend.strategy().pilot_taint().map(|taint| Taint {
+    let pilot: Option<Taint> = strategy(&request.backend).pilot_taint().map(|taint| Taint {
         key: taint.key,
         value: Some(taint.value),
         effect: taint.effect,

@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 
 use tokio::sync::watch;
 
-use crate::host::Progress;
-
 /// Serves health on `listen` until the server fails; `service` is the name
 /// probes may ask for besides the empty one.
 pub async fn serve(
@@ -55,4 +53,12 @@ pub fn spawn(
             }
         });
     }
+}
+
+/// What the host reports to probes: the sequence up to which it has caught up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// True once the rebuild from the log is done.
+    pub ready: bool,
+    pub sequence: u64,
 }

@@ -10,6 +10,7 @@
 //! wanted is issued again after a pause that grows with each failure
 //! (exponential backoff, from `reissue` up to 32 times that).
 
+pub use crate::health::Progress;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -109,14 +110,6 @@ impl From<&HostArgs> for HostOptions {
             signer: None,
         }
     }
-}
-
-/// What the host reports to probes: the sequence up to which it has caught up.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// True once the rebuild from the log is done.
-    pub ready: bool,
-    pub sequence: u64,
 }
 
 /// Why a host stopped.

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use switchyard_core::backend::dispatch::strategy;
 
 use futures::StreamExt;
 use prometheus_client::collector::Collector;
@@ -304,7 +305,7 @@ pub(crate) fn is_gpu_node(cluster: &Cluster, name: &str, node: &Node) -> bool {
         || node.group().is_some_and(|g| cluster.has_spec_gpu(g))
         // A backend's own label (the operator's DRA node has no
         // nvidia.com/gpu capacity and no PhysicalGPU).
-        || cluster.backend.strategy().labelled_gpu_node(node)
+        || strategy(&cluster.backend).labelled_gpu_node(node)
 }
 
 /// One GPU node as the alerter shows it, in `/metrics` and in the module
@@ -359,10 +360,7 @@ impl MigrationState {
                     let cards = handover
                         .map_or(0, |h| h.cards_before)
                         .max(cluster.cards(name));
-                    cluster
-                        .backend
-                        .strategy()
-                        .dra_missing(name, node, cluster, cards)
+                    strategy(&cluster.backend).dra_missing(name, node, cluster, cards)
                 } else {
                     Vec::new()
                 };

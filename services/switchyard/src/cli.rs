@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,7 +100,7 @@ impl Cli {
             Command::Status(args) => crate::state::status(args, None).await,
             Command::Replay(args) => crate::state::status(args.state, Some(args.until)).await,
             Command::Crdgen(args) => crate::crdgen::crdgen(args),
-            Command::Man(args) => crate::man::man(args),
+            Command::Man(args) => crate::man::man(args, &trees()),
             Command::Serve(service) => crate::serve::serve(service).await,
             Command::Handover(args) => crate::handover::handover(args).await,
             Command::Move(args) => crate::move_cmd::move_workload(*args).await,
@@ -132,4 +132,10 @@ impl Cli {
             Command::Keys(command) => crate::keys_cmd::run(command),
         }
     }
+}
+
+/// The command trees the reference and the man pages cover: `switchyard`'s
+/// and the node agent's.
+pub fn trees() -> [clap::Command; 2] {
+    [Cli::command(), switchyard_node_agent::cli::Cli::command()]
 }

@@ -18,7 +18,7 @@ pub struct ManArgs {
 }
 
 /// Writes the pages and prints the path of each.
-pub fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
+pub fn man(args: ManArgs, trees: &[clap::Command]) -> anyhow::Result<ExitCode> {
     let dir = &args.out;
     if dir.exists() && !dir.is_dir() {
         anyhow::bail!(
@@ -28,7 +28,7 @@ pub fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
     }
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let mut written = String::new();
-    for (file, roff) in crate::reference::man_pages()? {
+    for (file, roff) in crate::reference::man_pages(trees)? {
         let path = dir.join(file);
         std::fs::write(&path, roff).with_context(|| format!("write {}", path.display()))?;
         written += &format!("{}\n", path.display());

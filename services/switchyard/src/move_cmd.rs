@@ -4,6 +4,7 @@
 //! `--dry-run` the change printed for a manifest that lives elsewhere (Git).
 
 use std::process::ExitCode;
+use switchyard_core::backend::dispatch::strategy;
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -185,7 +186,7 @@ async fn dry_run(args: &MoveArgs) -> anyhow::Result<ExitCode> {
     }
     let backend = args.backend.backend();
     let group_label = backend.group_label();
-    let pilot_taint = backend.strategy().pilot_taint();
+    let pilot_taint = strategy(&backend).pilot_taint();
     let source = placement
         .node_selector
         .get(group_label)

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
+use switchyard_core::backend::dispatch::strategy;
 
 use anyhow::Context;
 use clap::Args;
@@ -80,7 +81,7 @@ where
 /// and no PhysicalGPUs (no node agent makes them).
 pub async fn snapshot(client: &kube::Client, backend: &Backend) -> anyhow::Result<Snapshot> {
     let c = client;
-    let deckhouse = backend.strategy().uses_node_groups();
+    let deckhouse = strategy(backend).uses_node_groups();
     let node_groups = async {
         match deckhouse {
             true => list::<NodeGroup>(c, "NodeGroups").await,

@@ -1,5 +1,5 @@
-//! The command reference, rendered from the clap definitions and never
-//! written by hand: Markdown for the book (docs/reference/commands.md, which
+//! The command reference, rendered from the clap definitions (the trees
+//! [`crate::cli::trees`] lists) and never written by hand: Markdown for the book (docs/reference/commands.md, which
 //! `tests/cli_reference.rs` keeps equal to [`markdown`]) and a man page per
 //! command (`switchyard man`).
 //!
@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use anyhow::Context;
-use clap::{Command, CommandFactory};
+use clap::Command;
 
 /// The column help is wrapped at, whatever terminal renders it (clap wraps
 /// only with its `wrap_help` feature, which this workspace leaves off).
@@ -19,20 +19,10 @@ const WIDTH: usize = 100;
 /// How docs/reference/commands.md is regenerated.
 pub const BLESS: &str = "SWITCHYARD_BLESS=1 cargo test -p switchyard --test cli_reference";
 
-/// The whole `switchyard` command, built: each subcommand knows its path
-/// (`switchyard log show`) and its page name (`switchyard-log-show`).
-/// Environment variables are named without their values, so that the shell
-/// rendering it does not change the reference.
-pub fn command() -> Command {
-    built(crate::cli::Cli::command())
-}
-
-/// The command trees the reference covers: `switchyard`'s and the node
-/// agent's, built.
-fn trees() -> [Command; 2] {
-    [command(), built(switchyard_node_agent::cli::Cli::command())]
-}
-
+/// A command tree, built: each subcommand knows its path (`switchyard log
+/// show`) and its page name (`switchyard-log-show`). Environment variables
+/// are named without their values, so that the shell rendering it does not
+/// change the reference.
 fn built(cmd: Command) -> Command {
     let mut cmd = cmd.term_width(WIDTH);
     cmd.build();
@@ -69,8 +59,12 @@ fn path(cmd: &Command) -> &str {
 
 /// The path of every command and subcommand (`switchyard`, `switchyard log`,
 /// `switchyard log show`, ...), parents first.
-pub fn command_paths() -> Vec<String> {
-    trees()
+pub fn command_paths(trees: &[Command]) -> Vec<String> {
+    trees
+        .iter()
+        .cloned()
+        .map(built)
+        .collect::<Vec<_>>()
         .iter()
         .flat_map(|tree| all(tree).into_iter().map(|cmd| path(cmd).to_owned()))
         .collect()
@@ -79,8 +73,8 @@ pub fn command_paths() -> Vec<String> {
 /// The whole command tree as Markdown: a heading per command path, its
 /// about text, and its `--help` as a text block. The same definitions give
 /// the same bytes, whatever the terminal or the environment.
-pub fn markdown() -> String {
-    let trees = trees();
+pub fn markdown(trees: &[Command]) -> String {
+    let trees: Vec<Command> = trees.iter().cloned().map(built).collect();
     let mut md = String::from("# Command reference\n\n");
     let _ = writeln!(
         md,
@@ -111,12 +105,12 @@ pub fn markdown() -> String {
 
 /// A man page (section 1) per command and subcommand: the file name
 /// (`switchyard-log-show.1`) and its roff.
-pub fn man_pages() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+pub fn man_pages(trees: &[Command]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     // No `help` subcommand: its page would be the `--help` of its parent.
-    let roots = [
-        built(crate::cli::Cli::command().disable_help_subcommand(true)),
-        built(switchyard_node_agent::cli::Cli::command().disable_help_subcommand(true)),
-    ];
+    let roots: Vec<Command> = trees
+        .iter()
+        .map(|tree| built(tree.clone().disable_help_subcommand(true)))
+        .collect();
     let source = format!("switchyard {}", env!("CARGO_PKG_VERSION"));
     let mut pages = Vec::new();
     for cmd in roots.iter().flat_map(all) {

@@ -1,5 +1,5 @@
 //! The command reference is generated, never copied by hand:
-//! docs/reference/commands.md is what `switchyard::reference::markdown()`
+//! docs/reference/commands.md is what `switchyard::reference::markdown(&switchyard::cli::trees())`
 //! renders from the clap definitions (`SWITCHYARD_BLESS=1` rewrites it), and
 //! `switchyard man --out DIR` writes a man page per command.
 
@@ -19,7 +19,7 @@ fn reference_path() -> PathBuf {
 
 #[test]
 fn commands_md_is_generated_from_the_cli() {
-    let rendered = switchyard::reference::markdown();
+    let rendered = switchyard::reference::markdown(&switchyard::cli::trees());
     let path = reference_path();
     if std::env::var_os("SWITCHYARD_BLESS").is_some_and(|v| v == "1") {
         std::fs::write(&path, &rendered)
@@ -28,7 +28,7 @@ fn commands_md_is_generated_from_the_cli() {
         let _ = writeln!(
             std::io::stderr(),
             "SWITCHYARD_BLESS=1: wrote {REFERENCE} ({} commands)",
-            switchyard::reference::command_paths().len()
+            switchyard::reference::command_paths(&switchyard::cli::trees()).len()
         );
         return;
     }
@@ -53,8 +53,8 @@ fn commands_md_is_generated_from_the_cli() {
 
 #[test]
 fn markdown_has_a_section_per_command() {
-    let md = switchyard::reference::markdown();
-    let paths = switchyard::reference::command_paths();
+    let md = switchyard::reference::markdown(&switchyard::cli::trees());
+    let paths = switchyard::reference::command_paths(&switchyard::cli::trees());
     for path in &paths {
         let heading = format!("\n## {path}\n");
         assert_eq!(md.matches(&heading).count(), 1, "one `## {path}` in:\n{md}");
@@ -89,7 +89,7 @@ fn man_writes_a_page_per_command() {
         String::from_utf8_lossy(&output.stderr)
     );
 
-    let mut expected: Vec<String> = switchyard::reference::command_paths()
+    let mut expected: Vec<String> = switchyard::reference::command_paths(&switchyard::cli::trees())
         .iter()
         .map(|path| format!("{}.1", path.replace(' ', "-")))
         .collect();

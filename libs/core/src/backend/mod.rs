@@ -18,13 +18,14 @@
 //! operator's label writes in [`operands`]).
 
 pub mod deckhouse;
+pub mod dispatch;
 pub mod nvidia_operator;
 pub mod operands;
 pub mod strategy;
 
 use std::collections::BTreeMap;
 
-use crate::cluster::PodSelector;
+use crate::selector::PodSelector;
 use switchyard_proto::v1::{
     Backend as BackendKind, BackendConfigured, NvidiaOperatorSettings, Stack,
 };

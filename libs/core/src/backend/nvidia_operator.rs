@@ -16,7 +16,10 @@ use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 use crate::placement;
 
-impl Strategy for NvidiaOperator {
+/// The `nvidia-operator` backend's strategy over its settings.
+pub struct NvidiaOperatorStrategy<'a>(pub &'a NvidiaOperator);
+
+impl Strategy for NvidiaOperatorStrategy<'_> {
     /// The node's pool decides; a node the GPU Operator deploys nothing on
     /// gets nothing, and a DRA pool waits for the feature gates rather than
     /// falling back to the device plugin. The ModuleConfig and the upgrade
@@ -28,8 +31,8 @@ impl Strategy for NvidiaOperator {
         if node.labels.get(nvidia::GPU_PRESENT).map(String::as_str) != Some("true") {
             return (Stack::None, StackReason::NoGpuPresent);
         }
-        let pool = node.labels.get(&self.pool_label);
-        match pool.and_then(|p| self.pools.get(p)) {
+        let pool = node.labels.get(&self.0.pool_label);
+        match pool.and_then(|p| self.0.pools.get(p)) {
             Some(Stack::Dra) if !cluster.module.feature_gates_ready => {
                 (Stack::None, StackReason::FeatureGatesNotReady)
             }
@@ -53,7 +56,7 @@ impl Strategy for NvidiaOperator {
         node: Option<&Node>,
         cluster: &Cluster,
     ) -> Vec<Effect> {
-        node.map(|node| operands::effects(name, stack, node, cluster, self))
+        node.map(|node| operands::effects(name, stack, node, cluster, self.0))
             .unwrap_or_default()
     }
 
@@ -68,18 +71,18 @@ impl Strategy for NvidiaOperator {
         node: &Node,
         cluster: &Cluster,
     ) -> Option<String> {
-        operands::exclusivity_lost(name, stack, node, cluster, self)
+        operands::exclusivity_lost(name, stack, node, cluster, self.0)
     }
 
     /// A configured pool.
     fn group_known(&self, _cluster: &Cluster, group: &str) -> bool {
-        self.pools.contains_key(group)
+        self.0.pools.contains_key(group)
     }
 
     fn unknown_group(&self, group: &str) -> String {
         format!(
             "pool {group} is not configured (pools: {})",
-            self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+            self.0.pools.keys().cloned().collect::<Vec<_>>().join(", ")
         )
     }
 
@@ -98,7 +101,7 @@ impl Strategy for NvidiaOperator {
         Some(Effect::SetOperandLabels {
             node: node.to_string(),
             labels: [(
-                self.pool_label.clone(),
+                self.0.pool_label.clone(),
                 Some(target_group.to_string()).filter(|g| !g.is_empty()),
             )]
             .into(),
@@ -116,7 +119,7 @@ impl Strategy for NvidiaOperator {
         cards_before: u32,
         _setup_label_fresh: bool,
     ) -> Result<NodeReadinessObserved, Vec<String>> {
-        operands::handover_ready(name, stack, facts, cluster, self, cards_before)
+        operands::handover_ready(name, stack, facts, cluster, self.0, cards_before)
     }
 
     fn dra_missing(
@@ -126,18 +129,25 @@ impl Strategy for NvidiaOperator {
         cluster: &Cluster,
         _cards: u32,
     ) -> Vec<(&'static str, String)> {
-        operands::dra_missing(name, node, cluster, self)
+        operands::dra_missing(name, node, cluster, self.0)
     }
 
     /// The guide's gates of a node DRA serves.
     fn workload_ready(&self, name: &str, facts: &Node, cluster: &Cluster) -> bool {
-        operands::handover_ready(name, Stack::Dra, facts, cluster, self, cluster.cards(name))
-            .is_ok()
+        operands::handover_ready(
+            name,
+            Stack::Dra,
+            facts,
+            cluster,
+            self.0,
+            cluster.cards(name),
+        )
+        .is_ok()
     }
 
     /// A pool configured `dra`.
     fn is_dra_group(&self, _cluster: &Cluster, group: &str) -> bool {
-        self.pools.get(group) == Some(&Stack::Dra)
+        self.0.pools.get(group) == Some(&Stack::Dra)
     }
 
     fn dra_groups_described(&self) -> &'static str {
@@ -145,12 +155,12 @@ impl Strategy for NvidiaOperator {
     }
 
     fn pilot_taint(&self) -> Option<Taint> {
-        self.pilot_taint.then(|| operands::pilot_taint(self))
+        self.0.pilot_taint.then(|| operands::pilot_taint(self.0))
     }
 
     /// The DRA kubelet plugin's label is on.
     fn serves_dra(&self, node: &Node) -> bool {
-        node.labels.get(&self.plugin_label).map(String::as_str) == Some("true")
+        node.labels.get(&self.0.plugin_label).map(String::as_str) == Some("true")
     }
 
     /// Not bound to a pool other than a DRA one, and tolerating the pilot
@@ -162,20 +172,20 @@ impl Strategy for NvidiaOperator {
         };
         if placement
             .node_selector
-            .get(&self.pool_label)
-            .is_some_and(|pool| self.pools.get(pool) != Some(&Stack::Dra))
+            .get(&self.0.pool_label)
+            .is_some_and(|pool| self.0.pools.get(pool) != Some(&Stack::Dra))
         {
             return false;
         }
-        !self.pilot_taint
+        !self.0.pilot_taint
             || placement.tolerations.as_ref().is_some_and(|t| {
-                let taint = operands::pilot_taint(self);
+                let taint = operands::pilot_taint(self.0);
                 t.items.iter().any(|t| placement::tolerates(t, &taint))
             })
     }
 
     fn device_plugin_pods(&self, node: &str, cluster: &Cluster) -> Vec<String> {
-        operands::pods_selected(node, cluster, &self.device_plugin_pods, false)
+        operands::pods_selected(node, cluster, &self.0.device_plugin_pods, false)
     }
 
     fn slices_compared_with_gfd(&self) -> bool {
@@ -189,19 +199,20 @@ impl Strategy for NvidiaOperator {
         facts: &Node,
     ) -> Option<Vec<EvidenceItem>> {
         Some(crate::claim_allocator::evidence::nvidia_node_evidence(
-            cluster, node, facts, self,
+            cluster, node, facts, self.0,
         ))
     }
 
     /// A device-plugin pool completes the migration; a DRA pool abandons it
     /// (every node rolled back); any other name is refused.
     fn completion_source(&self, group: &str) -> CompletionSource {
-        match self.pools.get(group) {
+        match self.0.pools.get(group) {
             Some(Stack::DevicePlugin) => CompletionSource::DevicePluginPool,
             Some(Stack::Dra) => CompletionSource::DraPool,
             _ => CompletionSource::Refused(format!(
                 "pool {group}: not a device-plugin or DRA pool of the nvidia-operator backend; expected one of {}",
-                self.pools
+                self.0
+                    .pools
                     .iter()
                     .filter(|(_, s)| matches!(s, Stack::DevicePlugin | Stack::Dra))
                     .map(|(p, _)| p.as_str())

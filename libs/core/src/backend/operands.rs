@@ -24,8 +24,9 @@ use std::collections::BTreeMap;
 use switchyard_proto::v1::{NodeReadinessObserved, PodPhase, Stack, Taint};
 
 use crate::backend::{DeployLabel, NvidiaOperator, nvidia};
-use crate::cluster::{Cluster, Node, PodSelector, Slice};
+use crate::cluster::{Cluster, Node, Slice};
 use crate::effects::Effect;
+use crate::selector::PodSelector;
 
 /// The pilot taint, `<domain>/mode=dra:NoSchedule`.
 pub fn pilot_taint(backend: &NvidiaOperator) -> Taint {
@@ -187,7 +188,7 @@ pub fn pods_selected(
 ) -> Vec<String> {
     cluster
         .pods_on(name)
-        .filter(|(_, pod)| selector.selects(pod) && (!running || pod.phase == PodPhase::Running))
+        .filter(|(_, pod)| selector.selects(*pod) && (!running || pod.phase == PodPhase::Running))
         .map(|((namespace, pod), _)| format!("{namespace}/{pod}"))
         .collect()
 }

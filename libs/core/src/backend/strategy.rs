@@ -1,16 +1,17 @@
 //! The stack backend as a strategy: every decision the cores take
 //! differently per backend is a method here, and each backend's module
 //! ([`super::deckhouse`], [`super::nvidia_operator`]) answers it. The cores
-//! call `cluster.backend.strategy()`; no core matches on [`Backend`].
+//! call `cluster.backend.strategy()` ([`super::dispatch`]); no core matches
+//! on [`super::Backend`].
 //!
-//! A new backend is a settings variant of [`Backend`] (what the log records),
-//! a module implementing [`Strategy`], and its edge.
+//! A new backend is a settings variant of [`super::Backend`] (what the log
+//! records), a module implementing [`Strategy`], its arm in
+//! [`super::dispatch`], and its edge.
 
 use switchyard_proto::v1::{
     EvidenceItem, NodeReadinessObserved, Stack, StackReason, Taint, WorkloadPlacement,
 };
 
-use super::Backend;
 use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 
@@ -147,14 +148,4 @@ pub trait Strategy {
     /// Whether the backend's own labels say `node` has GPUs (a DRA node of
     /// the operator has no `nvidia.com/gpu` capacity and no PhysicalGPU).
     fn labelled_gpu_node(&self, node: &Node) -> bool;
-}
-
-impl Backend {
-    /// The strategy of this backend.
-    pub fn strategy(&self) -> &dyn Strategy {
-        match self {
-            Backend::Deckhouse => &super::deckhouse::Deckhouse,
-            Backend::NvidiaOperator(settings) => settings.as_ref(),
-        }
-    }
 }

@@ -5,6 +5,7 @@
 //! period on DRA, since a rollback needs Device Plugin nodes — the source group
 //! loses its spec.gpu section.
 
+use crate::backend::dispatch::strategy;
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
@@ -85,16 +86,13 @@ impl Completion {
     /// The completion steps, or why they cannot be taken yet.
     pub fn complete(&self, cluster: &Cluster, cmd: &Complete) -> Vec<DomainEvent> {
         let refuse = |reason: String| refusal(cmd, reason);
-        let device_plugin_pool = match cluster
-            .backend
-            .strategy()
-            .completion_source(&cmd.source_group)
-        {
-            CompletionSource::Group => false,
-            CompletionSource::DevicePluginPool => true,
-            CompletionSource::DraPool => return abandon(cluster, cmd),
-            CompletionSource::Refused(reason) => return refuse(reason),
-        };
+        let device_plugin_pool =
+            match strategy(&cluster.backend).completion_source(&cmd.source_group) {
+                CompletionSource::Group => false,
+                CompletionSource::DevicePluginPool => true,
+                CompletionSource::DraPool => return abandon(cluster, cmd),
+                CompletionSource::Refused(reason) => return refuse(reason),
+            };
         if let Some(nodes) = remaining(cluster, &cmd.source_group) {
             return refuse(format!(
                 "hand over the remaining nodes first: {} still in group {}: {}",

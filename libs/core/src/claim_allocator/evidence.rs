@@ -17,6 +17,7 @@
 //!
 //! A wave is done only once its evidence passes; [`check`] records it.
 
+use crate::backend::dispatch::strategy;
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
@@ -106,11 +107,7 @@ pub fn node_evidence(cluster: &Cluster, node: &str) -> Vec<EvidenceItem> {
             Err(format!("node {node} does not exist")),
         )];
     };
-    if let Some(items) = cluster
-        .backend
-        .strategy()
-        .node_evidence(cluster, node, facts)
-    {
+    if let Some(items) = strategy(&cluster.backend).node_evidence(cluster, node, facts) {
         return items;
     }
     let dra = facts

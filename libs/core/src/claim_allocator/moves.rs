@@ -23,6 +23,7 @@
 //! pilot taint DRA nodes carry — the rollback restores the tolerations as
 //! they were.
 
+use crate::backend::dispatch::strategy;
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
@@ -103,18 +104,14 @@ pub fn ready_nodes<'a>(cluster: &'a Cluster, group: &str) -> impl Iterator<Item 
     let members = cluster.members.get(group).into_iter().flatten();
     members.filter(move |node| {
         let facts = &cluster.nodes[node.as_str()];
-        !facts.unschedulable
-            && cluster
-                .backend
-                .strategy()
-                .workload_ready(node, facts, cluster)
+        !facts.unschedulable && strategy(&cluster.backend).workload_ready(node, facts, cluster)
     })
 }
 
 /// Whether `group` is a DRA group a move may go to: a group without
 /// `spec.gpu` (not the device plugin's), or a pool configured `dra`.
 fn dra_group(cluster: &Cluster, group: &str) -> bool {
-    cluster.backend.strategy().is_dra_group(cluster, group)
+    strategy(&cluster.backend).is_dra_group(cluster, group)
 }
 
 /// Groups a move may go to when none is named: DRA groups with a ready
@@ -326,7 +323,7 @@ impl AppMoves {
             "" => match target_groups(cluster).as_slice() {
                 [one] => one.to_string(),
                 [] => {
-                    let groups = cluster.backend.strategy().dra_groups_described();
+                    let groups = strategy(&cluster.backend).dra_groups_described();
                     return refuse(format!(
                         "no node of {groups} is ready: hand over a node before \
                          moving the application, otherwise its Pods wait for devices that do not \
@@ -355,7 +352,7 @@ impl AppMoves {
             .get(group_label)
             .cloned()
             .unwrap_or_default();
-        let pilot_taint = cluster.backend.strategy().pilot_taint();
+        let pilot_taint = strategy(&cluster.backend).pilot_taint();
         let mut after = rewrite(
             &placement,
             group_label,

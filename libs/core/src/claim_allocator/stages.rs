@@ -16,6 +16,7 @@
 //! A stage with no subject is refused, not passed: evidence is never a
 //! count that can be zero.
 
+use crate::backend::dispatch::strategy;
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
@@ -96,7 +97,7 @@ pub fn serves_dra(cluster: &Cluster, node: &str) -> bool {
     let Some(facts) = cluster.nodes.get(node) else {
         return false;
     };
-    cluster.backend.strategy().serves_dra(facts)
+    strategy(&cluster.backend).serves_dra(facts)
 }
 
 /// The pods asking for device-plugin GPU resources (served by the device
@@ -246,10 +247,7 @@ fn may_reach_dra(cluster: &Cluster, w: &WorkloadRef, pods: &[(&ObjectKey, &Pod)]
     }
     let key = (w.namespace.clone(), w.kind.clone(), w.name.clone());
     let placement = cluster.workloads.get(&key).map(|w| w.placement.get());
-    cluster
-        .backend
-        .strategy()
-        .placement_reaches_dra(placement.as_ref())
+    strategy(&cluster.backend).placement_reaches_dra(placement.as_ref())
 }
 
 /// Compatibility bridge: one unchanged manifest placed on both pools —
@@ -306,7 +304,7 @@ fn bridge(cluster: &Cluster, pods: &[(&ObjectKey, &Pod)]) -> EvidenceItem {
 /// resource allocatable.
 pub(crate) fn no_device_plugin(cluster: &Cluster, node: &str) -> EvidenceItem {
     let facts = &cluster.nodes[node];
-    let pods = cluster.backend.strategy().device_plugin_pods(node, cluster);
+    let pods = strategy(&cluster.backend).device_plugin_pods(node, cluster);
     let mut seen = Vec::new();
     if !pods.is_empty() {
         seen.push(format!("device-plugin pods: {}", pods.join(", ")));
@@ -340,7 +338,7 @@ fn subjects(cluster: &Cluster, stage: Stage, moved: &[Moved]) -> Vec<Subject> {
         .filter(|n| serves_dra(cluster, n))
         .cloned()
         .collect();
-    let slices_check = if cluster.backend.strategy().slices_compared_with_gfd() {
+    let slices_check = if strategy(&cluster.backend).slices_compared_with_gfd() {
         SLICES_MATCH_GFD
     } else {
         SLICES_MATCH

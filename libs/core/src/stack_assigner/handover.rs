@@ -21,6 +21,7 @@
 //! the device plugin waits for `nvidia.com/gpu` (or its MIG and time-slicing
 //! resources) to be allocatable on the node again, one per card at least.
 
+use crate::backend::dispatch::strategy;
 use std::collections::BTreeMap;
 
 use switchyard_proto::v1::{
@@ -383,8 +384,8 @@ impl Handovers {
                 h.step.as_str_name()
             ));
         }
-        if !cluster.group_known(&cmd.target_group) {
-            return refuse(cluster.backend.strategy().unknown_group(&cmd.target_group));
+        if !strategy(&cluster.backend).group_known(cluster, &cmd.target_group) {
+            return refuse(strategy(&cluster.backend).unknown_group(&cmd.target_group));
         }
         let source = node.group().unwrap_or_default().to_string();
         if source == cmd.target_group {
@@ -464,7 +465,7 @@ impl Handovers {
         now: i64,
     ) -> Vec<DomainEvent> {
         let (id, name, node) = (h.id.clone(), h.node.clone(), h.node.as_str());
-        let strategy = cluster.backend.strategy();
+        let strategy = strategy(&cluster.backend);
         let by_group_label = strategy.moves_by_group_label();
         // A forward handover is done moving when the node carries the target
         // group and not the source group's role label; a rollback when the node's
@@ -629,7 +630,7 @@ impl Handovers {
     /// What the edge should be doing for the handovers in progress.
     pub fn effects(&self, backend: &Backend) -> Vec<Effect> {
         let node = |h: &Handover| h.node.clone();
-        let strategy = backend.strategy();
+        let strategy = strategy(backend);
         self.active
             .values()
             .filter_map(|h| match (h.step, &h.rollback) {

@@ -27,6 +27,7 @@
 //! (`ReadinessSelectorsConfigured`) when they differ from the last record, so
 //! a replay decides the same whatever flags it runs with.
 
+use crate::backend::dispatch::strategy;
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{
@@ -331,7 +332,7 @@ impl StackAssigner {
     /// The holds due, as decisions, added to `held`.
     fn due_holds(&self, held: &mut BTreeSet<String>) -> Vec<DomainEvent> {
         // The upgrade hold is the Deckhouse module's (its NodeGroups' spec.gpu).
-        if !self.cluster.backend.strategy().holds_upgrades() {
+        if !strategy(&self.cluster.backend).holds_upgrades() {
             return Vec::new();
         }
         self.holds_due
@@ -674,7 +675,7 @@ impl StackAssigner {
     /// nvidia-operator: the exclusivity gate's decisions on the nodes `fact`
     /// touches (`was_on`: where the pod of a pod fact was before it).
     fn exclusivity_decisions(&self, fact: &DomainEvent, was_on: Option<&str>) -> Vec<DomainEvent> {
-        if !self.cluster.backend.strategy().gates_exclusivity() {
+        if !strategy(&self.cluster.backend).gates_exclusivity() {
             return Vec::new();
         }
         let node = match &fact.kind {
@@ -691,7 +692,7 @@ impl StackAssigner {
     /// `ExclusivityLost` for `name` when the gate fails and was not known to,
     /// `ExclusivityRestored` when it holds again.
     fn exclusivity_decision(&self, name: &str) -> Option<DomainEvent> {
-        let strategy = self.cluster.backend.strategy();
+        let strategy = strategy(&self.cluster.backend);
         if !strategy.gates_exclusivity() {
             return None;
         }
@@ -777,7 +778,7 @@ impl StackAssigner {
     pub fn effects(&self) -> Vec<Effect> {
         // Both maps are sorted by node name: one pass over the nodes, no
         // lookups (this runs after every record).
-        let strategy = self.cluster.backend.strategy();
+        let strategy = strategy(&self.cluster.backend);
         let mut nodes = self.cluster.nodes.iter().peekable();
         let mut effects: Vec<Effect> = Vec::new();
         for (name, assignment) in &self.assignments {

@@ -196,6 +196,7 @@ impl Default for Compiler {
         let env = Arc::new(env);
         let mut root = Context::with_env(env.clone());
         register(&mut root);
+        library::register_lists_sets_regex(&mut root);
         Compiler {
             env,
             root,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use cel::objects::Opaque;
 use cel::{Context, ExecutionError, FunctionContext, Value};
 
-use super::library::register_lists_sets_regex;
 use crate::quantity::Quantity;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,5 +325,4 @@ pub(super) fn register(context: &mut Context) {
         Operand::Semver(v) => Ok(Value::Int(v.patch as i64)),
         _ => Err(no_overload(ftx, "patch")),
     });
-    register_lists_sets_regex(context);
 }
