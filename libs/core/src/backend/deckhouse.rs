@@ -6,10 +6,13 @@
 //! evidence the reference's default.
 
 use switchyard_proto::v1::{
-    EvidenceItem, NodeReadinessObserved, Stack, StackReason, Taint, WorkloadPlacement,
+    EvidenceItem, GpuPhase, NodeReadinessObserved, Stack, StackReason, Taint, WorkloadPlacement,
 };
 
 use super::strategy::{CompletionSource, Strategy};
+use crate::claim_allocator::node_gates::{
+    NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH, dual_advertisement, item, slices_match,
+};
 use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 use crate::names::{
@@ -225,13 +228,55 @@ impl Strategy for Deckhouse {
         false
     }
 
-    fn node_evidence(
-        &self,
-        _cluster: &Cluster,
-        _node: &str,
-        _facts: &Node,
-    ) -> Option<Vec<EvidenceItem>> {
-        None
+    /// The reference's evidence: no dual advertisement; on DRA, the plug-in
+    /// healthy (its pods running, its PhysicalGPUs Ready) and the slices
+    /// matching the PhysicalGPUs.
+    fn node_evidence(&self, cluster: &Cluster, node: &str, facts: &Node) -> Vec<EvidenceItem> {
+        let dra = facts
+            .labels
+            .get(GPU_STACK_LABEL)
+            .is_some_and(|v| v == STACK_DRA);
+        let mut items = vec![item(
+            NO_DUAL_ADVERTISEMENT,
+            dual_advertisement(cluster, node, facts, dra),
+        )];
+        if !dra {
+            return items;
+        }
+        let gpus = cluster
+            .gpus
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let readiness = cluster.readiness(node, cluster.cards(node));
+        let not_ready: Vec<&str> = gpus
+            .iter()
+            .filter(|g| g.phase != GpuPhase::Ready)
+            .map(|g| &*g.name)
+            .collect();
+        let healthy = if !readiness.node_agent_running {
+            Err(format!(
+                "no node agent pod ({}) is running on the node",
+                readiness.node_agent_selector
+            ))
+        } else if !readiness.vendor_adapter_running {
+            Err(format!(
+                "no vendor adapter pod ({}) is running on the node",
+                readiness.vendor_adapter_selector
+            ))
+        } else if gpus.is_empty() {
+            Err("the node agent reports no PhysicalGPU for the node".into())
+        } else if !not_ready.is_empty() {
+            Err(format!("PhysicalGPUs not Ready: {}", not_ready.join(", ")))
+        } else {
+            Ok(format!(
+                "node agent running, {} PhysicalGPUs Ready",
+                gpus.len()
+            ))
+        };
+        items.push(item(PLUGIN_HEALTHY, healthy));
+        items.push(item(SLICES_MATCH, slices_match(cluster, node)));
+        items
     }
 
     fn completion_source(&self, _group: &str) -> CompletionSource {

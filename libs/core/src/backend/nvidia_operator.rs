@@ -12,6 +12,9 @@ use switchyard_proto::v1::{
 
 use super::strategy::{CompletionSource, Strategy};
 use super::{NvidiaOperator, nvidia, operands};
+use crate::claim_allocator::node_gates::{
+    NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH_GFD, dual_advertisement, item,
+};
 use crate::cluster::{Cluster, Node};
 use crate::effects::Effect;
 use crate::placement;
@@ -192,15 +195,44 @@ impl Strategy for NvidiaOperatorStrategy<'_> {
         true
     }
 
-    fn node_evidence(
-        &self,
-        cluster: &Cluster,
-        node: &str,
-        facts: &Node,
-    ) -> Option<Vec<EvidenceItem>> {
-        Some(crate::claim_allocator::evidence::nvidia_node_evidence(
-            cluster, node, facts, self.0,
-        ))
+    /// The guide's gates on the facts now — no dual
+    /// advertisement and no device-plugin pod on a DRA node, the DRA kubelet
+    /// plugin's pod running, and the `gpu.nvidia.com` devices matching what GPU
+    /// Feature Discovery labelled (count, product, memory), each UUID once.
+    fn node_evidence(&self, cluster: &Cluster, node: &str, facts: &Node) -> Vec<EvidenceItem> {
+        let backend = self.0;
+        let dra = facts.labels.get(&backend.plugin_label).map(String::as_str) == Some("true");
+        let device_plugin_pods =
+            operands::pods_selected(node, cluster, &backend.device_plugin_pods, false);
+        let dual = match dual_advertisement(cluster, node, facts, dra) {
+            Ok(_) if dra && !device_plugin_pods.is_empty() => Err(format!(
+                "the device plugin runs on this DRA node: {}",
+                device_plugin_pods.join(", ")
+            )),
+            other => other,
+        };
+        let mut items = vec![item(NO_DUAL_ADVERTISEMENT, dual)];
+        if !dra {
+            return items;
+        }
+        let running = operands::pods_selected(node, cluster, &backend.kubelet_plugin_pods, true);
+        let healthy = if running.is_empty() {
+            Err(format!(
+                "no DRA kubelet-plugin pod ({}) is running on the node",
+                backend.kubelet_plugin_pods.text
+            ))
+        } else {
+            Ok(format!(
+                "the DRA kubelet plugin runs: {}",
+                running.join(", ")
+            ))
+        };
+        items.push(item(PLUGIN_HEALTHY, healthy));
+        items.push(item(
+            SLICES_MATCH_GFD,
+            operands::slices_match_gfd(cluster, node, facts, 0),
+        ));
+        items
     }
 
     /// A device-plugin pool completes the migration; a DRA pool abandons it

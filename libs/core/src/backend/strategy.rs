@@ -128,15 +128,8 @@ pub trait Strategy {
     /// labels (the operator's nodes) rather than with PhysicalGPUs.
     fn slices_compared_with_gfd(&self) -> bool;
 
-    /// A node's exit evidence on this backend; `None`: the reference's
-    /// default evidence (dual advertisement, plug-in health, slices against
-    /// PhysicalGPUs).
-    fn node_evidence(
-        &self,
-        cluster: &Cluster,
-        node: &str,
-        facts: &Node,
-    ) -> Option<Vec<EvidenceItem>>;
+    /// A node's exit evidence on this backend, on the facts now.
+    fn node_evidence(&self, cluster: &Cluster, node: &str, facts: &Node) -> Vec<EvidenceItem>;
 
     /// How `complete --from group` reads `group`.
     fn completion_source(&self, group: &str) -> CompletionSource;

@@ -5,6 +5,7 @@ pub mod completion;
 pub mod evidence;
 pub mod migration;
 pub mod moves;
+pub mod node_gates;
 pub mod stages;
 
 use std::collections::BTreeSet;

@@ -24,8 +24,9 @@ use switchyard_proto::v1::{
     domain_event::Kind, event,
 };
 
-use super::evidence::{
-    self, Moved, NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH, SLICES_MATCH_GFD, item,
+use super::evidence::{self, Moved};
+use super::node_gates::{
+    NO_DUAL_ADVERTISEMENT, PLUGIN_HEALTHY, SLICES_MATCH, SLICES_MATCH_GFD, item,
 };
 use crate::backend::nvidia;
 use crate::cluster::{Cluster, ObjectKey, Pod};
