@@ -182,7 +182,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         let mut claims = ClaimAllocator::default();
         for fact in &facts {
             stack.handle_fact(fact, 0);
-            claims.apply(fact);
+            claims.apply(fact, 0);
         }
         let live = (crate::live_bytes() - live_before).max(0) as u64;
         crate::count_bytes(false);
@@ -196,7 +196,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let load_start = Instant::now();
     for fact in &facts {
         let d = stack.handle_fact(fact, 0);
-        claims.apply(fact);
+        claims.apply(fact, 0);
         log.push(fact.clone());
         log.extend(d);
     }
@@ -239,7 +239,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         };
         let start = Instant::now();
         let d = stack.handle_fact(&fact, 2);
-        claims.handle(claim_allocator::Input::Fact(&fact));
+        claims.handle(claim_allocator::Input::Fact(&fact), 0);
         latencies.push(start.elapsed().as_nanos());
         log.push(fact);
         log.extend(d);

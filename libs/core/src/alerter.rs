@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_proto::v1::{AlertCleared, AlertRaised, DomainEvent, domain_event::Kind, event};
 
-use crate::effects::Effect;
 use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
-use crate::service::{Core, Input, ServiceName};
 
 /// The groups held on DRA, and the alerts firing: (alert name, labels) -> summary.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -25,7 +23,8 @@ fn group_labels(group: &str) -> BTreeMap<String, String> {
 
 impl Alerter {
     /// Folds the hold decisions and the alerter's own events.
-    pub fn apply(&mut self, event: &DomainEvent) {
+    /// (`_at`: the alerter keeps no time.)
+    pub fn apply(&mut self, event: &DomainEvent, _at: i64) {
         match &event.kind {
             Some(Kind::NodeGroupHeldOnDra(held)) => {
                 self.held.insert(held.group.clone());
@@ -46,14 +45,14 @@ impl Alerter {
     }
 
     /// Folds an event of the log; returns the alerts it raises or clears.
-    pub fn handle(&mut self, input: &DomainEvent) -> Vec<DomainEvent> {
-        self.apply(input);
-        self.catch_up()
+    pub fn handle(&mut self, input: &DomainEvent, now: i64) -> Vec<DomainEvent> {
+        self.apply(input, now);
+        self.catch_up(now)
     }
 
     /// The alerts to raise or clear for the state folded so far — after a
     /// rebuild, those a late start or a crash kept from being recorded — folded.
-    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
         let firing = |group: &str| {
             self.firing
                 .contains_key(&(ALERT_HELD_ON_DRA.to_string(), group_labels(group)))
@@ -80,7 +79,7 @@ impl Alerter {
             .map(|group| event_raised(group));
         let decisions: Vec<DomainEvent> = clear.chain(raise).collect();
         for decision in &decisions {
-            self.apply(decision);
+            self.apply(decision, now);
         }
         decisions
     }
@@ -95,28 +94,4 @@ fn event_raised(group: &str) -> DomainEvent {
              drain its nodes, remove spec.gpu, wait for this alert to clear, then set spec.gpu again"
         ),
     }))
-}
-
-impl Core for Alerter {
-    fn service(&self) -> ServiceName {
-        ServiceName::Alerter
-    }
-    fn fold(&mut self, event: &DomainEvent, _at: i64) {
-        self.apply(event);
-    }
-    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
-        match input {
-            Input::Record(event) => self.handle(event),
-            _ => Vec::new(),
-        }
-    }
-    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
-        Alerter::catch_up(self)
-    }
-    fn effects(&self) -> Vec<Effect> {
-        Vec::new()
-    }
-    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.clone())
-    }
 }

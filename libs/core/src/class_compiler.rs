@@ -54,7 +54,6 @@ use switchyard_proto::v1::{
 use crate::backend::{Backend, nvidia};
 use crate::effects::Effect;
 use crate::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
-use crate::service::{Core, Input, ServiceName};
 
 pub use crate::names::GPU_DRIVER;
 
@@ -324,7 +323,8 @@ fn namespaces(class: &GpuClassObserved) -> Result<Vec<String>, String> {
 }
 
 impl ClassCompiler {
-    pub fn apply(&mut self, event: &DomainEvent) {
+    /// Folds an event (`_at`: the compiler keeps no time).
+    pub fn apply(&mut self, event: &DomainEvent, _at: i64) {
         match &event.kind {
             Some(Kind::GpuClassCompiled(c)) => {
                 self.compiled.insert(c.gpu_class.clone(), c.clone());
@@ -415,8 +415,8 @@ impl ClassCompiler {
 
     /// Compiles a class when it is first seen and whenever its spec changes;
     /// retires a deleted class once no claim uses its DeviceClasses.
-    pub fn handle(&mut self, event: &DomainEvent) -> Vec<DomainEvent> {
-        self.apply(event);
+    pub fn handle(&mut self, event: &DomainEvent, now: i64) -> Vec<DomainEvent> {
+        self.apply(event, now);
         match &event.kind {
             Some(
                 Kind::GpuClassRemoved(_)
@@ -425,15 +425,15 @@ impl ClassCompiler {
             ) => {
                 let decisions = self.retirements();
                 for d in &decisions {
-                    self.apply(d);
+                    self.apply(d, now);
                 }
                 decisions
             }
             Some(Kind::GpuClassObserved(class)) => {
-                self.compile_due(&class.name).into_iter().collect()
+                self.compile_due(&class.name, now).into_iter().collect()
             }
             // Another driver: every class compiles again for it.
-            Some(Kind::BackendConfigured(_)) => self.catch_up(),
+            Some(Kind::BackendConfigured(_)) => self.catch_up(now),
             _ => Vec::new(),
         }
     }
@@ -442,7 +442,7 @@ impl ClassCompiler {
     /// not recorded (classes observed before this service started, or
     /// decisions a crash kept from being recorded), folded. Classes compile in
     /// the order they came, as they would have live.
-    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
+    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
         let mut due: Vec<(u64, String)> = self
             .observed
             .iter()
@@ -451,11 +451,11 @@ impl ClassCompiler {
         due.sort();
         let mut decisions: Vec<DomainEvent> = due
             .into_iter()
-            .filter_map(|(_, name)| self.compile_due(&name))
+            .filter_map(|(_, name)| self.compile_due(&name, now))
             .collect();
         let retirements = self.retirements();
         for d in &retirements {
-            self.apply(d);
+            self.apply(d, now);
         }
         decisions.extend(retirements);
         decisions
@@ -463,7 +463,7 @@ impl ClassCompiler {
 
     /// The compilation of `name`'s last observed spec, folded, unless that
     /// generation is compiled already.
-    fn compile_due(&mut self, name: &str) -> Option<DomainEvent> {
+    fn compile_due(&mut self, name: &str, now: i64) -> Option<DomainEvent> {
         let (_, class) = self.observed.get(name)?;
         let previous = self.compiled.get(name);
         let profile = Profile::of(&self.backend);
@@ -499,7 +499,7 @@ impl ClassCompiler {
         let decision = DomainEvent {
             kind: Some(Kind::GpuClassCompiled(compiled)),
         };
-        self.apply(&decision);
+        self.apply(&decision, now);
         Some(decision)
     }
 
@@ -590,29 +590,5 @@ impl ClassCompiler {
             })
             .chain(retire)
             .collect()
-    }
-}
-
-impl Core for ClassCompiler {
-    fn service(&self) -> ServiceName {
-        ServiceName::ClassCompiler
-    }
-    fn fold(&mut self, event: &DomainEvent, _at: i64) {
-        self.apply(event);
-    }
-    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
-        match input {
-            Input::Record(event) => self.handle(event),
-            _ => Vec::new(),
-        }
-    }
-    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
-        ClassCompiler::catch_up(self)
-    }
-    fn effects(&self) -> Vec<Effect> {
-        ClassCompiler::effects(self)
-    }
-    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.clone())
     }
 }

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use prost::Message;
 use switchyard_proto::v1::{DomainEvent, domain_event::Kind};
 
-use crate::effects::Effect;
-use crate::service::{Core, Input, ServiceName};
+use crate::service::ServiceName;
 use crate::subjects::subject_of;
 
 /// Which observer reports a fact: node agents report their GPUs, inventory the rest.
@@ -69,8 +68,8 @@ impl Observer {
 /// nothing on the log; an observation is recorded unless it repeats.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ObserverCore {
-    pub service: ServiceName,
-    pub observer: Observer,
+    pub(crate) service: ServiceName,
+    pub(crate) observer: Observer,
 }
 
 impl ObserverCore {
@@ -79,33 +78,5 @@ impl ObserverCore {
             service,
             observer: Observer::default(),
         }
-    }
-}
-
-impl Core for ObserverCore {
-    fn service(&self) -> ServiceName {
-        self.service
-    }
-    /// A rebuilt observer remembers the facts it reported, so it does not
-    /// report them again.
-    fn fold(&mut self, event: &DomainEvent, _at: i64) {
-        if is_fact(event) && observer_of(event) == self.service {
-            self.observer.observe(event.clone());
-        }
-    }
-    fn decide(&mut self, input: Input<'_>, _now: i64) -> Vec<DomainEvent> {
-        match input {
-            Input::Observed(fact) => self.observer.observe(fact.clone()).into_iter().collect(),
-            _ => Vec::new(),
-        }
-    }
-    fn catch_up(&mut self, _now: i64) -> Vec<DomainEvent> {
-        Vec::new()
-    }
-    fn effects(&self) -> Vec<Effect> {
-        Vec::new()
-    }
-    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.clone())
     }
 }

@@ -1,7 +1,7 @@
 //! The decision cores of Switchyard, one module per service —
 //! [`stack_assigner`], [`class_compiler`], [`claim_allocator`], [`alerter`],
 //! and [`inventory`] for the observers — each implementing the one
-//! [`Core`](service::Core) shape, plus what several share: the cluster model
+//! [`Core`](cores::Core) shape, plus what several share: the cluster model
 //! ([`cluster`]), the stack rules ([`stack_rules`]), placements and their
 //! rewrite ([`placement`]), the reference's names ([`names`]), the stack
 //! backends' labels ([`backend`]), effects, log subjects and the rollback
@@ -36,5 +36,6 @@ pub mod stack_rules;
 pub mod subjects;
 
 pub use command::Command;
-pub use service::{Core, Input, Record, ServiceName};
+pub use cores::{Core, CoreState};
+pub use service::{Input, Record, ServiceName};
 pub use switchyard_proto::v1 as events;

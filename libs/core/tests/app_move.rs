@@ -46,7 +46,7 @@ fn cluster(with_ready_target: bool) -> ClaimAllocator {
         facts.extend(mk_ready_dra_node("d1", "gpu-dra", 2));
     }
     for fact in &facts {
-        core.handle(Input::Fact(fact));
+        core.handle(Input::Fact(fact), 0);
     }
     core
 }
@@ -59,7 +59,7 @@ fn move_web(core: &mut ClaimAllocator, class: &str) -> Vec<DomainEvent> {
         target_group: "gpu-dra".into(),
         gpu_class: class.into(),
     };
-    core.handle(Input::MoveApplication(&cmd))
+    core.handle(Input::MoveApplication(&cmd), 0)
 }
 
 #[test]
@@ -109,7 +109,10 @@ fn an_application_is_moved_restarted_and_verified() {
     );
 
     // The edge wrote the manifest: restart it.
-    let decisions = core.handle(Input::Fact(&mk_workload("apps", "web", 1, after.clone())));
+    let decisions = core.handle(
+        Input::Fact(&mk_workload("apps", "web", 1, after.clone())),
+        0,
+    );
     assert_eq!(names(&decisions), ["WorkloadRestarted"]);
     assert!(
         core.moves
@@ -131,10 +134,13 @@ fn an_application_is_moved_restarted_and_verified() {
     let restarted = |placement: &WorkloadPlacement| {
         with_restart(mk_workload("apps", "web", 1, placement.clone()), "m-web")
     };
-    assert!(core.handle(Input::Fact(&restarted(&after))).is_empty());
+    assert!(core.handle(Input::Fact(&restarted(&after)), 0).is_empty());
     assert_eq!(core.moves.effects(&core.cluster), []);
     // Something undoes the rewrite mid-move: it is wanted again.
-    assert!(core.handle(Input::Fact(&restarted(&before()))).is_empty());
+    assert!(
+        core.handle(Input::Fact(&restarted(&before())), 0)
+            .is_empty()
+    );
     assert_eq!(
         core.moves.effects(&core.cluster),
         [Effect::SetPlacement {
@@ -142,52 +148,64 @@ fn an_application_is_moved_restarted_and_verified() {
             placement: after.clone()
         }]
     );
-    assert!(core.handle(Input::Fact(&restarted(&after))).is_empty());
+    assert!(core.handle(Input::Fact(&restarted(&after)), 0).is_empty());
 
     // Old pod on the source node, then a new one Pending: not verified.
     assert!(
-        core.handle(Input::Fact(&mk_app_pod(
-            "apps",
-            "web-old",
-            "web",
-            "w1",
-            PodPhase::Running,
-            (0, 0)
-        )))
+        core.handle(
+            Input::Fact(&mk_app_pod(
+                "apps",
+                "web-old",
+                "web",
+                "w1",
+                PodPhase::Running,
+                (0, 0)
+            )),
+            0
+        )
         .is_empty()
     );
-    core.handle(Input::Fact(&mk_pod_removed("apps", "web-old")));
+    core.handle(Input::Fact(&mk_pod_removed("apps", "web-old")), 0);
     assert!(
-        core.handle(Input::Fact(&mk_app_pod(
-            "apps",
-            "web-new",
-            "web",
-            "",
-            PodPhase::Pending,
-            (0, 1)
-        )))
+        core.handle(
+            Input::Fact(&mk_app_pod(
+                "apps",
+                "web-new",
+                "web",
+                "",
+                PodPhase::Pending,
+                (0, 1)
+            )),
+            0
+        )
         .is_empty()
     );
     // Running on the DRA node with its claim allocated, but made before
     // the restart (the rewrite's rollout): its controller is about to
     // replace it, so it does not count.
     assert!(
-        core.handle(Input::Fact(&mk_app_pod(
-            "apps",
-            "web-new",
-            "web",
-            "d1",
-            PodPhase::Running,
-            (1, 1)
-        )))
+        core.handle(
+            Input::Fact(&mk_app_pod(
+                "apps",
+                "web-new",
+                "web",
+                "d1",
+                PodPhase::Running,
+                (1, 1)
+            )),
+            0
+        )
         .is_empty()
     );
-    core.handle(Input::Fact(&mk_pod_removed("apps", "web-new")));
+    core.handle(Input::Fact(&mk_pod_removed("apps", "web-new")), 0);
     // The restart's pod, running on the DRA node with its claim: verified.
-    let decisions = core.handle(Input::Fact(&with_restart(
-        mk_app_pod("apps", "web-rst", "web", "d1", PodPhase::Running, (1, 1)),
-        "m-web",
-    )));
+    let decisions = core.handle(
+        Input::Fact(&with_restart(
+            mk_app_pod("apps", "web-rst", "web", "d1", PodPhase::Running, (1, 1)),
+            "m-web",
+        )),
+        0,
+    );
     assert_eq!(names(&decisions), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &decisions[0].kind else {
         unreachable!()
@@ -214,20 +232,23 @@ fn moving_before_a_target_node_is_ready_is_refused() {
     );
     // A cordoned node is not ready for workloads either.
     for fact in mk_ready_dra_node("d1", "gpu-dra", 2) {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
     let labels = [
         ("node.deckhouse.io/gpu-setup-complete", ""),
         ("node.deckhouse.io/gpu-stack", "dra"),
     ];
-    core.handle(Input::Fact(
-        &NodeSpec {
-            labels: &labels,
-            unschedulable: true,
-            ..NodeSpec::new("d1", "gpu-dra")
-        }
-        .fact(),
-    ));
+    core.handle(
+        Input::Fact(
+            &NodeSpec {
+                labels: &labels,
+                unschedulable: true,
+                ..NodeSpec::new("d1", "gpu-dra")
+            }
+            .fact(),
+        ),
+        0,
+    );
     assert_eq!(
         names(&move_web(&mut core, "a100")),
         ["ApplicationMoveRefused"]
@@ -265,15 +286,18 @@ fn unknown_workloads_and_workloads_without_gpus_are_refused() {
         gpu_class: "a100".into(),
     };
     assert_eq!(
-        names(&core.handle(Input::MoveApplication(&cmd))),
+        names(&core.handle(Input::MoveApplication(&cmd), 0)),
         ["ApplicationMoveRefused"]
     );
-    core.handle(Input::Fact(&mk_workload(
-        "apps",
-        "cpu-only",
-        1,
-        mk_placement(&[("cpu", "1")], &[]),
-    )));
+    core.handle(
+        Input::Fact(&mk_workload(
+            "apps",
+            "cpu-only",
+            1,
+            mk_placement(&[("cpu", "1")], &[]),
+        )),
+        0,
+    );
     let cmd = MoveApplication {
         workload: WorkloadRef {
             name: "cpu-only".into(),
@@ -281,7 +305,7 @@ fn unknown_workloads_and_workloads_without_gpus_are_refused() {
         },
         ..cmd
     };
-    let decisions = core.handle(Input::MoveApplication(&cmd));
+    let decisions = core.handle(Input::MoveApplication(&cmd), 0);
     let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
         panic!()
     };
@@ -296,7 +320,7 @@ fn move_web_to(core: &mut ClaimAllocator, target_group: &str) -> Vec<DomainEvent
         target_group: target_group.into(),
         gpu_class: "a100".into(),
     };
-    core.handle(Input::MoveApplication(&cmd))
+    core.handle(Input::MoveApplication(&cmd), 0)
 }
 
 #[test]
@@ -328,7 +352,7 @@ fn without_a_target_group_none_or_several_candidates_are_refused() {
     for fact in
         std::iter::once(mk_group("gpu-dra-2", false)).chain(mk_ready_dra_node("d2", "gpu-dra-2", 2))
     {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
     let decisions = move_web_to(&mut core, "");
     let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
@@ -353,9 +377,12 @@ fn a_managed_manifest_is_not_edited_in_place_unless_asked() {
         unreachable!()
     };
     fact.managed_by = "Helm release apps/web".into();
-    core.handle(Input::Fact(&DomainEvent {
-        kind: Some(Kind::WorkloadObserved(fact)),
-    }));
+    core.handle(
+        Input::Fact(&DomainEvent {
+            kind: Some(Kind::WorkloadObserved(fact)),
+        }),
+        0,
+    );
     let decisions = move_web(&mut core, "a100");
     let Some(Kind::ApplicationMoveRefused(r)) = &decisions[0].kind else {
         panic!("{decisions:?}")
@@ -375,7 +402,7 @@ fn a_managed_manifest_is_not_edited_in_place_unless_asked() {
         gpu_class: "a100".into(),
     };
     assert_eq!(
-        names(&core.handle(Input::MoveApplication(&cmd))),
+        names(&core.handle(Input::MoveApplication(&cmd), 0)),
         ["ApplicationMoveStarted", "WorkloadRewritten"]
     );
 }

@@ -209,21 +209,21 @@ fn observed(c: &GpuClassObserved) -> DomainEvent {
 fn a_changed_spec_is_compiled_again_and_a_refusal_keeps_the_device_classes() {
     let mut core = ClassCompiler::default();
     let mut a100 = class("a100", "a100-sxm4-40gb");
-    let first = core.handle(&observed(&a100));
+    let first = core.handle(&observed(&a100), 0);
     assert_eq!(first.len(), 1);
     assert!(
-        core.handle(&observed(&a100)).is_empty(),
+        core.handle(&observed(&a100), 0).is_empty(),
         "same generation: nothing"
     );
     // Published: no effect left.
     a100.device_class_names = vec!["a100.gpu.deckhouse.io".into()];
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     assert!(core.effects().is_empty());
 
     // A bad new generation: refused, the DeviceClasses stay, the status says why.
     a100.generation = 2;
     a100.mig_profiles = vec!["9g.99gb".into()];
-    let refused = core.handle(&observed(&a100));
+    let refused = core.handle(&observed(&a100), 0);
     let Some(Kind::GpuClassCompiled(c)) = &refused[0].kind else {
         panic!("{refused:?}")
     };
@@ -236,13 +236,13 @@ fn a_changed_spec_is_compiled_again_and_a_refusal_keeps_the_device_classes() {
     );
     // Once the status shows the refusal, nothing more to do.
     a100.refused_condition = c.refused.clone();
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     assert!(core.effects().is_empty());
 
     // Fixed: compiled again with the MIG variant.
     a100.generation = 3;
     a100.mig_profiles = vec!["1g.5gb".into()];
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     let Some(compiled) = core.compiled.get("a100") else {
         panic!()
     };
@@ -256,7 +256,7 @@ fn one_legacy_bridge_and_no_clashing_names() {
     let mut a100 = class("a100", "a100-sxm4-40gb");
     a100.legacy_bridge = true;
     a100.time_slicing_replicas = 2;
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     let bridge = core.compiled["a100"]
         .variants
         .iter()
@@ -273,7 +273,7 @@ fn one_legacy_bridge_and_no_clashing_names() {
     // A second bridge is refused, naming the class that has it.
     let mut h100 = class("h100", "h100-sxm5-80gb");
     h100.legacy_bridge = true;
-    core.handle(&observed(&h100));
+    core.handle(&observed(&h100), 0);
     assert_eq!(
         core.compiled["h100"].refused,
         "spec.legacyBridge: class a100 already bridges nvidia.com/gpu; at most one class may"
@@ -282,7 +282,7 @@ fn one_legacy_bridge_and_no_clashing_names() {
 
     // A class named like another class's share clashes with it.
     let shared = class("a100-shared", "a100-sxm4-40gb");
-    core.handle(&observed(&shared));
+    core.handle(&observed(&shared), 0);
     assert!(
         core.compiled["a100-shared"].refused.contains(
             "extended resource gpu.deckhouse.io/a100-shared is already published by class a100"
@@ -297,7 +297,7 @@ fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
     let mut core = ClassCompiler::default();
     let mut a100 = class("a100", "a100-sxm4-40gb");
     a100.namespaces = vec!["team-b".into(), "team-a".into(), "team-b".into()];
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     assert_eq!(core.compiled["a100"].namespaces, ["team-a", "team-b"]);
     let effects = core.effects();
     assert!(
@@ -306,7 +306,7 @@ fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
     );
     a100.generation = 2;
     a100.namespaces = vec!["Team_A".into()];
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     assert!(
         core.compiled["a100"]
             .refused
@@ -330,14 +330,17 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
     let ev = |kind| DomainEvent { kind: Some(kind) };
     let mut core = ClassCompiler::default();
     let mut a100 = class("a100", "a100-sxm4-40gb");
-    core.handle(&observed(&a100));
+    core.handle(&observed(&a100), 0);
     a100.device_class_names = vec!["a100.gpu.deckhouse.io".into()];
-    core.handle(&observed(&a100));
-    core.handle(&ev(Kind::DeviceClassObserved(DeviceClassObserved {
-        name: "a100.gpu.deckhouse.io".into(),
-        selectors: Vec::new(),
-        extended_resource_name: "gpu.deckhouse.io/a100".into(),
-    })));
+    core.handle(&observed(&a100), 0);
+    core.handle(
+        &ev(Kind::DeviceClassObserved(DeviceClassObserved {
+            name: "a100.gpu.deckhouse.io".into(),
+            selectors: Vec::new(),
+            extended_resource_name: "gpu.deckhouse.io/a100".into(),
+        })),
+        0,
+    );
     let claim = ResourceClaimObserved {
         namespace: "ml".into(),
         name: "train-gpu".into(),
@@ -345,20 +348,26 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
         node: String::new(),
         ..Default::default()
     };
-    core.handle(&ev(Kind::ResourceClaimObserved(claim.clone())));
+    core.handle(&ev(Kind::ResourceClaimObserved(claim.clone())), 0);
 
     // Deleted while a claim names its DeviceClass: nothing goes yet.
-    let removed = core.handle(&ev(Kind::GpuClassRemoved(GpuClassRemoved {
-        name: "a100".into(),
-    })));
+    let removed = core.handle(
+        &ev(Kind::GpuClassRemoved(GpuClassRemoved {
+            name: "a100".into(),
+        })),
+        0,
+    );
     assert!(removed.is_empty(), "{removed:?}");
     assert!(core.effects().is_empty(), "{:?}", core.effects());
 
     // The claim goes: the class is retired, its DeviceClass deleted.
-    let retired = core.handle(&ev(Kind::ResourceClaimRemoved(ResourceClaimRemoved {
-        namespace: claim.namespace.clone(),
-        name: claim.name.clone(),
-    })));
+    let retired = core.handle(
+        &ev(Kind::ResourceClaimRemoved(ResourceClaimRemoved {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        })),
+        0,
+    );
     assert!(
         matches!(&retired[..], [d] if matches!(&d.kind, Some(Kind::GpuClassRetired(r)) if r.device_classes == ["a100.gpu.deckhouse.io"])),
         "{retired:?}"
@@ -370,9 +379,12 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
             device_classes: vec!["a100.gpu.deckhouse.io".into()],
         }]
     );
-    core.handle(&ev(Kind::DeviceClassRemoved(DeviceClassRemoved {
-        name: "a100.gpu.deckhouse.io".into(),
-    })));
+    core.handle(
+        &ev(Kind::DeviceClassRemoved(DeviceClassRemoved {
+            name: "a100.gpu.deckhouse.io".into(),
+        })),
+        0,
+    );
     assert!(core.effects().is_empty());
     assert!(!core.compiled.contains_key("a100"));
 }
@@ -486,18 +498,21 @@ fn the_bridge_is_refused_while_the_nvidia_drivers_own_class_maps_nvidia_com_gpu(
     use switchyard_proto::v1::DeviceClassObserved;
     let ev = |kind| DomainEvent { kind: Some(kind) };
     let mut core = ClassCompiler::default();
-    core.handle(&ev(Kind::BackendConfigured(nvidia_backend())));
+    core.handle(&ev(Kind::BackendConfigured(nvidia_backend())), 0);
     // The driver's classes as its chart renders them on resource.k8s.io/v1.
     for (name, mapped) in [("gpu.nvidia.com", "nvidia.com/gpu"), ("mig.nvidia.com", "")] {
-        core.handle(&ev(Kind::DeviceClassObserved(DeviceClassObserved {
-            name: name.into(),
-            selectors: Vec::new(),
-            extended_resource_name: mapped.into(),
-        })));
+        core.handle(
+            &ev(Kind::DeviceClassObserved(DeviceClassObserved {
+                name: name.into(),
+                selectors: Vec::new(),
+                extended_resource_name: mapped.into(),
+            })),
+            0,
+        );
     }
     let mut bridge = h100_class();
     bridge.legacy_bridge = true;
-    let decided = core.handle(&observed(&bridge));
+    let decided = core.handle(&observed(&bridge), 0);
     let Some(Kind::GpuClassCompiled(c)) = &decided[0].kind else {
         panic!("{decided:?}")
     };
@@ -510,7 +525,7 @@ fn the_bridge_is_refused_while_the_nvidia_drivers_own_class_maps_nvidia_com_gpu(
     // never among what it publishes.
     let mut plain = h100_class();
     plain.generation = 2;
-    let decided = core.handle(&observed(&plain));
+    let decided = core.handle(&observed(&plain), 0);
     let Some(Kind::GpuClassCompiled(c)) = &decided[0].kind else {
         panic!("{decided:?}")
     };
@@ -528,12 +543,12 @@ fn a_class_compiled_before_the_backend_was_recorded_compiles_again_for_the_nvidi
     let mut core = ClassCompiler::default();
     let mut c = h100_class();
     c.selector = None;
-    let first = core.handle(&observed(&c));
+    let first = core.handle(&observed(&c), 0);
     let Some(Kind::GpuClassCompiled(first)) = &first[0].kind else {
         panic!()
     };
     assert!(first.variants[0].cel_selector.contains("gpu.deckhouse.io"));
-    let again = core.handle(&ev(Kind::BackendConfigured(nvidia_backend())));
+    let again = core.handle(&ev(Kind::BackendConfigured(nvidia_backend())), 0);
     let Some(Kind::GpuClassCompiled(again)) = &again[0].kind else {
         panic!("{again:?}")
     };
@@ -548,7 +563,7 @@ fn a_class_compiled_before_the_backend_was_recorded_compiles_again_for_the_nvidi
     );
     // Recorded once: the same backend again changes nothing.
     assert!(
-        core.handle(&ev(Kind::BackendConfigured(nvidia_backend())))
+        core.handle(&ev(Kind::BackendConfigured(nvidia_backend())), 0)
             .is_empty()
     );
 }

@@ -116,7 +116,7 @@ fn moved_web() -> Vec<DomainEvent> {
 fn core_with(facts: &[DomainEvent]) -> ClaimAllocator {
     let mut core = ClaimAllocator::default();
     for fact in facts {
-        core.apply(fact);
+        core.apply(fact, 0);
     }
     core
 }
@@ -200,7 +200,7 @@ fn a_pod_holding_device_plugin_gpus_on_a_dra_node_is_a_dual_advertisement() {
     );
     // Gone: the node passes.
     let mut core = core;
-    core.handle(Input::Fact(&mk_pod_removed("apps", "old-0")));
+    core.handle(Input::Fact(&mk_pod_removed("apps", "old-0")), 0);
     assert!(failed(&evidence::node_evidence(&core.cluster, "d1")).is_empty());
 }
 
@@ -353,7 +353,7 @@ fn migrating(pending_limit_seconds: u64) -> ClaimAllocator {
     facts.retain(|f| !matches!(f.kind, Some(Kind::ResourceSliceObserved(_))));
     facts.extend(moved_web());
     let mut core = core_with(&facts);
-    let decided = core.handle_at(Input::Migrate(&plan), 0);
+    let decided = core.handle(Input::Migrate(&plan), 0);
     assert!(matches!(
         decided.last().and_then(|d| d.kind.as_ref()),
         Some(Kind::WaveStarted(_))
@@ -381,7 +381,7 @@ fn migrating(pending_limit_seconds: u64) -> ClaimAllocator {
     .into_iter()
     .enumerate()
     {
-        core.apply_at(&step, at as i64 * SECOND);
+        core.apply(&step, at as i64 * SECOND);
     }
     core
 }
@@ -398,10 +398,10 @@ fn a_wave_waits_for_its_evidence_and_is_done_only_with_it() {
     let mut core = migrating(60);
     // The node publishes no slice yet: the wave waits.
     assert_eq!(
-        kinds(&core.handle_at(Input::Tick, 30 * SECOND)),
+        kinds(&core.handle(Input::Tick, 30 * SECOND)),
         Vec::<&str>::new()
     );
-    let decided = core.handle_at(
+    let decided = core.handle(
         Input::Fact(&slice("d1", vec![card("d1", 0), card("d1", 1)])),
         31 * SECOND,
     );
@@ -431,8 +431,8 @@ fn a_wave_waits_for_its_evidence_and_is_done_only_with_it() {
 #[test]
 fn failed_evidence_stops_the_migration_past_the_limit_naming_it() {
     let mut core = migrating(60);
-    assert!(core.handle_at(Input::Tick, 62 * SECOND).is_empty());
-    let decided = core.handle_at(Input::Tick, 63 * SECOND);
+    assert!(core.handle(Input::Tick, 62 * SECOND).is_empty());
+    let decided = core.handle(Input::Tick, 63 * SECOND);
     assert_eq!(
         kinds(&decided),
         [
@@ -452,8 +452,8 @@ fn failed_evidence_stops_the_migration_past_the_limit_naming_it() {
          the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: 0)"
     );
     // Fixed and resumed: checked again, done.
-    core.apply(&slice("d1", vec![card("d1", 0), card("d1", 1)]));
-    let decided = core.handle_at(
+    core.apply(&slice("d1", vec![card("d1", 0), card("d1", 1)]), 0);
+    let decided = core.handle(
         Input::ControlMigration(&ControlMigration {
             migration_id: "mig".into(),
             action: MigrationAction::Resume,
@@ -471,7 +471,7 @@ fn failed_evidence_stops_the_migration_past_the_limit_naming_it() {
 #[test]
 fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
     let mut core = migrating(60);
-    let done = core.handle_at(
+    let done = core.handle(
         Input::Fact(&slice("d1", vec![card("d1", 0), card("d1", 1)])),
         31 * SECOND,
     );
@@ -482,7 +482,7 @@ fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
         wave,
         stage: None,
     };
-    let decided = core.handle_at(Input::CheckEvidence(&check("mig", Some(0))), 40 * SECOND);
+    let decided = core.handle(Input::CheckEvidence(&check("mig", Some(0))), 40 * SECOND);
     assert_eq!(
         kinds(&decided),
         ["EvidenceRecorded", "EvidenceRecorded", "EvidenceChecked"]
@@ -495,7 +495,7 @@ fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
         ("ev-1", 1, 1, 0)
     );
     // No migration named: every GPU node and every verified move.
-    let decided = core.handle_at(Input::CheckEvidence(&check("", None)), 41 * SECOND);
+    let decided = core.handle(Input::CheckEvidence(&check("", None)), 41 * SECOND);
     let Some(Kind::EvidenceChecked(c)) = &decided.last().unwrap().kind else {
         unreachable!()
     };
@@ -507,7 +507,7 @@ fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
             "wave 2 of migration mig has not started (1 of 1 waves started)",
         ),
     ] {
-        let decided = core.handle_at(Input::CheckEvidence(&cmd), 42 * SECOND);
+        let decided = core.handle(Input::CheckEvidence(&cmd), 42 * SECOND);
         let Some(Kind::MigrationRefused(r)) = &decided[0].kind else {
             panic!("{decided:?}")
         };

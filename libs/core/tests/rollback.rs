@@ -370,7 +370,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     let mut log = Log::default();
     let feed = |core: &mut ClaimAllocator, log: &mut Log, f: DomainEvent| {
         log.push([f.clone()]);
-        let d = core.handle(claim_allocator::Input::Fact(&f));
+        let d = core.handle(claim_allocator::Input::Fact(&f), 0);
         log.push(d)
     };
     for f in [
@@ -392,7 +392,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         target_group: "gpu-dra".into(),
         gpu_class: "a100".into(),
     };
-    let d = core.handle(claim_allocator::Input::MoveApplication(&cmd));
+    let d = core.handle(claim_allocator::Input::MoveApplication(&cmd), 0);
     log.push(d);
     let moved = switchyard_core::placement::rewrite(
         &original,
@@ -433,7 +433,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     );
     log.push([planned.clone()]);
     assert_eq!(
-        names(&core.handle(claim_allocator::Input::Rollback(&planned))),
+        names(&core.handle(claim_allocator::Input::Rollback(&planned), 0)),
         ["RollbackStarted"]
     );
     assert_eq!(

@@ -89,7 +89,7 @@ proptest! {
             model.observe(fact, &core);
                         let mut decisions = core.handle_fact(fact, 0);
             // The alerter sees the stack-assigner's decisions and alerts on them.
-            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d, 0)).collect();
             decisions.extend(alerts);
             for d in &decisions {
                 match &d.kind {
@@ -145,7 +145,7 @@ proptest! {
         for fact in &facts {
             relog.push(fact.encode_to_vec());
             let decisions = again.handle_fact(fact, 0);
-            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+            let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d, 0)).collect();
             relog.extend(decisions.iter().chain(&alerts).map(Message::encode_to_vec));
         }
         let original: Vec<Vec<u8>> = log.iter().map(Message::encode_to_vec).collect();

@@ -132,7 +132,10 @@ fn upgrade_with_dra_enabled_holds_every_group_with_spec_gpu_and_alerts() {
     assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
     // The alerter fires D8GpuNodeGroupHeldOnDra for each held group.
     let mut alerter = switchyard_core::alerter::Alerter::default();
-    let alerts: Vec<DomainEvent> = decisions.iter().flat_map(|d| alerter.handle(d)).collect();
+    let alerts: Vec<DomainEvent> = decisions
+        .iter()
+        .flat_map(|d| alerter.handle(d, 0))
+        .collect();
     let alerts: Vec<_> = alerts
         .iter()
         .filter_map(|d| match &d.kind {

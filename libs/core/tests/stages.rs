@@ -61,18 +61,21 @@ fn migrating() -> ClaimAllocator {
         mk_h100_slice("gpu-2"),
     ];
     for fact in facts {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
     core
 }
 
 fn check(core: &mut ClaimAllocator, stage: Stage) -> Vec<DomainEvent> {
-    core.handle(Input::CheckEvidence(&CheckEvidence {
-        check_id: format!("ev-{}", stage.name()),
-        migration_id: String::new(),
-        wave: None,
-        stage: Some(stage),
-    }))
+    core.handle(
+        Input::CheckEvidence(&CheckEvidence {
+            check_id: format!("ev-{}", stage.name()),
+            migration_id: String::new(),
+            wave: None,
+            stage: Some(stage),
+        }),
+        0,
+    )
 }
 
 fn records(decided: &[DomainEvent]) -> Vec<&EvidenceRecorded> {
@@ -136,10 +139,11 @@ fn the_pilot_pool_and_the_driver_are_shown_on_the_dra_nodes_only() {
 #[test]
 fn a_stage_with_nothing_to_show_is_refused_not_passed() {
     let mut core = ClaimAllocator::default();
-    core.handle(Input::Fact(&ev(Kind::BackendConfigured(
-        guide_backend().to_event(),
-    ))));
-    core.handle(Input::Fact(&mk_gfd_node("gpu-1", &[(DP, "true")], 2)));
+    core.handle(
+        Input::Fact(&ev(Kind::BackendConfigured(guide_backend().to_event()))),
+        0,
+    );
+    core.handle(Input::Fact(&mk_gfd_node("gpu-1", &[(DP, "true")], 2)), 0);
     let decided = check(&mut core, Stage::PilotPool);
     let Some(Kind::MigrationRefused(r)) = &decided[0].kind else {
         panic!("{decided:?}")
@@ -166,7 +170,7 @@ fn the_native_claim_pilot_needs_its_claim_bound_on_the_pods_node() {
         PodPhase::Running,
         (1, 1),
     );
-    core.handle(Input::Fact(&pod));
+    core.handle(Input::Fact(&pod), 0);
     // No claim reserved for it yet: not bound.
     assert_eq!(
         items(&check(&mut core, Stage::NativeClaimPilot)),
@@ -190,7 +194,7 @@ fn the_native_claim_pilot_needs_its_claim_bound_on_the_pods_node() {
         reserved_for: vec!["cuda-check".into()],
         owner_pod: "cuda-check".into(),
     }));
-    core.handle(Input::Fact(&claim));
+    core.handle(Input::Fact(&claim), 0);
     let decided = check(&mut core, Stage::NativeClaimPilot);
     assert_eq!(
         items(&decided),
@@ -221,25 +225,26 @@ fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra
             toleration_seconds: None,
         }],
     });
-    core.handle(Input::Fact(&mk_workload(
-        "apps",
-        "web",
-        2,
-        bridge_test.clone(),
-    )));
+    core.handle(
+        Input::Fact(&mk_workload("apps", "web", 2, bridge_test.clone())),
+        0,
+    );
     let mut pinned = bridge_test;
     pinned.node_selector.insert(
         "gpu-scheduling.platform.example.com/pool".into(),
         "legacy".into(),
     );
-    core.handle(Input::Fact(&mk_workload("apps", "db", 1, pinned)));
-    core.handle(Input::Fact(&legacy_pod("db-a", "db", "gpu-1", 1, false)));
+    core.handle(Input::Fact(&mk_workload("apps", "db", 1, pinned)), 0);
+    core.handle(Input::Fact(&legacy_pod("db-a", "db", "gpu-1", 1, false)), 0);
     let decided = check(&mut core, Stage::CompatibilityBridge);
     assert!(
         matches!(&decided[0].kind, Some(Kind::MigrationRefused(_))),
         "a pinned workload is no bridge test: {decided:?}"
     );
-    core.handle(Input::Fact(&legacy_pod("web-a", "web", "gpu-1", 1, false)));
+    core.handle(
+        Input::Fact(&legacy_pod("web-a", "web", "gpu-1", 1, false)),
+        0,
+    );
     // Only on the legacy pool so far.
     let decided = check(&mut core, Stage::CompatibilityBridge);
     assert_eq!(
@@ -255,7 +260,10 @@ fn the_bridge_needs_one_unchanged_manifest_on_both_pools_and_dra_serving_the_dra
         "no pod runs on the DRA pool"
     );
     // A pod on the DRA node served by the bridge: shown.
-    core.handle(Input::Fact(&legacy_pod("web-b", "web", "gpu-2", 1, true)));
+    core.handle(
+        Input::Fact(&legacy_pod("web-b", "web", "gpu-2", 1, true)),
+        0,
+    );
     let decided = check(&mut core, Stage::CompatibilityBridge);
     assert_eq!(
         records(&decided)[0].items[0].detail,
@@ -321,7 +329,7 @@ fn ready_pilot_node(core: &mut ClaimAllocator) {
         mk_h100_slice("gpu-3"),
         mk_class("h100"),
     ] {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
 }
 
@@ -352,12 +360,10 @@ fn a_move_to_the_dra_pool_tolerates_the_pilot_taint_and_keeps_the_tolerations_be
     placement.tolerations = Some(Tolerations {
         items: vec![own.clone()],
     });
-    core.handle(Input::Fact(&mk_workload(
-        "apps",
-        "web",
-        1,
-        placement.clone(),
-    )));
+    core.handle(
+        Input::Fact(&mk_workload("apps", "web", 1, placement.clone())),
+        0,
+    );
     let web = WorkloadRef {
         namespace: "apps".into(),
         kind: "Deployment".into(),
@@ -371,14 +377,14 @@ fn a_move_to_the_dra_pool_tolerates_the_pilot_taint_and_keeps_the_tolerations_be
         allow_managed: false,
     };
     // No node of the DRA pool ready yet (gpu-2 is in no pool).
-    core.handle(Input::Fact(&mk_class("h100")));
-    let decided = core.handle(Input::MoveApplication(&cmd));
+    core.handle(Input::Fact(&mk_class("h100")), 0);
+    let decided = core.handle(Input::MoveApplication(&cmd), 0);
     assert!(
         matches!(&decided[0].kind, Some(Kind::ApplicationMoveRefused(r)) if r.reason.starts_with("no node of a pool configured dra is ready")),
         "{decided:?}"
     );
     ready_pilot_node(&mut core);
-    let decided = core.handle(Input::MoveApplication(&cmd));
+    let decided = core.handle(Input::MoveApplication(&cmd), 0);
     let Some(Kind::ApplicationMoveStarted(started)) = &decided[0].kind else {
         panic!("{decided:?}")
     };

@@ -81,7 +81,7 @@ fn cluster(workloads: &[DomainEvent]) -> ClaimAllocator {
     facts.extend(mk_ready_dra_node("d1", "gpu-dra", 2));
     facts.extend(workloads.iter().cloned());
     for fact in &facts {
-        core.handle(Input::Fact(fact));
+        core.handle(Input::Fact(fact), 0);
     }
     core
 }
@@ -94,7 +94,7 @@ fn move_of(core: &mut ClaimAllocator, workload: WorkloadRef) -> Vec<DomainEvent>
         target_group: "gpu-dra".into(),
         gpu_class: "a100".into(),
     };
-    core.handle(Input::MoveApplication(&cmd))
+    core.handle(Input::MoveApplication(&cmd), 0)
 }
 
 fn rewritten_to(decisions: &[DomainEvent]) -> WorkloadPlacement {
@@ -126,13 +126,10 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         )
     );
     // Written, and its controller has not seen the new spec yet (0 desired).
-    let d = core.handle(Input::Fact(&observed(
-        "DaemonSet",
-        "exporter",
+    let d = core.handle(
+        Input::Fact(&observed("DaemonSet", "exporter", 0, after.clone(), None)),
         0,
-        after.clone(),
-        None,
-    )));
+    );
     assert_eq!(names(&d), ["WorkloadRestarted"]);
     assert!(
         core.moves
@@ -154,16 +151,16 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         ),
         "m-exporter",
     );
-    assert!(core.handle(Input::Fact(&running)).is_empty());
+    assert!(core.handle(Input::Fact(&running), 0).is_empty());
     // The restart shows, and the controller wants two pods: one is not all
     // of them.
     let restarted = with_restart(
         observed("DaemonSet", "exporter", 2, after.clone(), None),
         "m-exporter",
     );
-    assert!(core.handle(Input::Fact(&restarted)).is_empty());
+    assert!(core.handle(Input::Fact(&restarted), 0).is_empty());
     for fact in mk_ready_dra_node("d2", "gpu-dra", 2) {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
     // A pod from before the restart does not count.
     let before_restart = pod(
@@ -173,8 +170,8 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
         PodPhase::Running,
         (1, 1),
     );
-    assert!(core.handle(Input::Fact(&before_restart)).is_empty());
-    let d = core.handle(Input::Fact(&with_restart(before_restart, "m-exporter")));
+    assert!(core.handle(Input::Fact(&before_restart), 0).is_empty());
+    let d = core.handle(Input::Fact(&with_restart(before_restart, "m-exporter")), 0);
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &d[0].kind else {
         unreachable!()
@@ -228,13 +225,10 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
         "unbound from the source group like a Deployment"
     );
     // The template is written: no restart, and the old run holds the move.
-    let d = core.handle(Input::Fact(&observed(
-        "CronJob",
-        "nightly",
+    let d = core.handle(
+        Input::Fact(&observed("CronJob", "nightly", 0, after.clone(), None)),
         0,
-        after.clone(),
-        None,
-    )));
+    );
     assert!(d.is_empty(), "{d:?}");
     assert!(
         core.moves
@@ -243,56 +237,74 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
             .all(|e| !matches!(e, Effect::RestartWorkload { .. }))
     );
     // The old run ends; the next run's pod waits for its claim: not yet.
-    core.handle(Input::Fact(&pod(
-        "nightly-1-x",
-        ("Job", "nightly-1"),
-        "w1",
-        PodPhase::Succeeded,
-        (0, 0),
-    )));
-    core.handle(Input::Fact(&observed(
-        "Job",
-        "nightly-2",
-        1,
-        after.clone(),
-        Some(cron.clone()),
-    )));
+    core.handle(
+        Input::Fact(&pod(
+            "nightly-1-x",
+            ("Job", "nightly-1"),
+            "w1",
+            PodPhase::Succeeded,
+            (0, 0),
+        )),
+        0,
+    );
+    core.handle(
+        Input::Fact(&observed(
+            "Job",
+            "nightly-2",
+            1,
+            after.clone(),
+            Some(cron.clone()),
+        )),
+        0,
+    );
     assert!(
-        core.handle(Input::Fact(&pod(
-            "nightly-2-y",
-            ("Job", "nightly-2"),
-            "",
-            PodPhase::Pending,
-            (0, 0)
-        )))
+        core.handle(
+            Input::Fact(&pod(
+                "nightly-2-y",
+                ("Job", "nightly-2"),
+                "",
+                PodPhase::Pending,
+                (0, 0)
+            )),
+            0
+        )
         .is_empty()
     );
     // A pod of another CronJob's Job does not count for this one.
-    core.handle(Input::Fact(&observed(
-        "Job",
-        "other-1",
-        1,
-        after.clone(),
-        Some(reference("CronJob", "other")),
-    )));
+    core.handle(
+        Input::Fact(&observed(
+            "Job",
+            "other-1",
+            1,
+            after.clone(),
+            Some(reference("CronJob", "other")),
+        )),
+        0,
+    );
     assert!(
-        core.handle(Input::Fact(&pod(
-            "other-1-z",
-            ("Job", "other-1"),
-            "d1",
-            PodPhase::Running,
-            (1, 1)
-        )))
+        core.handle(
+            Input::Fact(&pod(
+                "other-1-z",
+                ("Job", "other-1"),
+                "d1",
+                PodPhase::Running,
+                (1, 1)
+            )),
+            0
+        )
         .is_empty()
     );
     // Running on the target group with its claim: verified.
-    let d = core.handle(Input::Fact(&pod(
-        "nightly-2-y",
-        ("Job", "nightly-2"),
-        "d1",
-        PodPhase::Running,
-        (1, 1),
-    )));
+    let d = core.handle(
+        Input::Fact(&pod(
+            "nightly-2-y",
+            ("Job", "nightly-2"),
+            "d1",
+            PodPhase::Running,
+            (1, 1),
+        )),
+        0,
+    );
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
     let Some(Kind::ApplicationMoveVerified(v)) = &d[0].kind else {
         unreachable!()
@@ -318,32 +330,29 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
     let decisions = move_of(&mut core, cron.clone());
     let after = rewritten_to(&decisions);
     push(&mut log, decisions);
-    core.handle(Input::Fact(&observed(
-        "CronJob",
-        "nightly",
+    core.handle(
+        Input::Fact(&observed("CronJob", "nightly", 0, after.clone(), None)),
         0,
-        after.clone(),
-        None,
-    )));
-    core.handle(Input::Fact(&observed(
-        "Job",
-        "nightly-2",
-        1,
-        after,
-        Some(cron.clone()),
-    )));
-    let d = core.handle(Input::Fact(&pod(
-        "nightly-2-y",
-        ("Job", "nightly-2"),
-        "d1",
-        PodPhase::Running,
-        (1, 1),
-    )));
+    );
+    core.handle(
+        Input::Fact(&observed("Job", "nightly-2", 1, after, Some(cron.clone()))),
+        0,
+    );
+    let d = core.handle(
+        Input::Fact(&pod(
+            "nightly-2-y",
+            ("Job", "nightly-2"),
+            "d1",
+            PodPhase::Running,
+            (1, 1),
+        )),
+        0,
+    );
     assert_eq!(names(&d), ["ApplicationMoveVerified"]);
     push(&mut log, d);
     let planned = plan_workload_rollback(&log, &cron, "rb-nightly").expect("plan");
     assert_eq!(
-        names(&core.handle(Input::Rollback(&planned))),
+        names(&core.handle(Input::Rollback(&planned), 0)),
         ["RollbackStarted"]
     );
     assert_eq!(
@@ -353,13 +362,10 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
             placement: on_gpu()
         }]
     );
-    let d = core.handle(Input::Fact(&observed(
-        "CronJob",
-        "nightly",
+    let d = core.handle(
+        Input::Fact(&observed("CronJob", "nightly", 0, on_gpu(), None)),
         0,
-        on_gpu(),
-        None,
-    )));
+    );
     assert_eq!(names(&d), ["StepCompensated", "RollbackCompleted"]);
     assert!(core.moves.effects(&core.cluster).is_empty());
 }
@@ -378,7 +384,7 @@ fn completion_does_not_wait_for_a_cronjobs_jobs_or_finished_jobs() {
         observed("Job", "done", 0, on_gpu(), None),
         observed("Job", "running", 1, on_gpu(), None),
     ] {
-        core.handle(Input::Fact(&fact));
+        core.handle(Input::Fact(&fact), 0);
     }
     let cmd = Complete {
         source_group: "gpu".into(),
@@ -396,11 +402,14 @@ fn completion_does_not_wait_for_a_cronjobs_jobs_or_finished_jobs() {
         r.reason
     );
     // The running Job is gone (its history removed): nothing waits.
-    core.handle(Input::Fact(&ev(Kind::WorkloadRemoved(
-        switchyard_proto::v1::WorkloadRemoved {
-            workload: Some(reference("Job", "running")),
-        },
-    ))));
+    core.handle(
+        Input::Fact(&ev(Kind::WorkloadRemoved(
+            switchyard_proto::v1::WorkloadRemoved {
+                workload: Some(reference("Job", "running")),
+            },
+        ))),
+        0,
+    );
     let d = Completion::default().complete(&core.cluster, &cmd);
     assert_eq!(names(&d), ["CompletionRefused"]);
     let Some(Kind::CompletionRefused(r)) = &d[0].kind else {

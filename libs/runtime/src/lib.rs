@@ -31,11 +31,8 @@ pub mod telemetry;
 pub use actors::{Actors, MAX_RESTARTS};
 pub use logging::init_tracing;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
-pub use switchyard_core::{Command, Core, Input, Record, ServiceName};
+pub use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
 pub use telemetry::Telemetry;
-
-/// A copy of one core's state (downcast to the core's type).
-pub type CoreState = Box<dyn std::any::Any + Send>;
 
 use switchyard_core::effects::Effect;
 use switchyard_core::inventory::observer_of;

@@ -80,14 +80,12 @@ impl States {
     pub fn from_snapshot(snapshot: Vec<CoreState>) -> States {
         let mut states = States::default();
         for state in snapshot {
-            if let Some(s) = state.downcast_ref::<StackAssigner>() {
-                states.stack = s.clone();
-            } else if let Some(c) = state.downcast_ref::<ClaimAllocator>() {
-                states.claims = c.clone();
-            } else if let Some(a) = state.downcast_ref::<Alerter>() {
-                states.alerter = a.clone();
-            } else if let Some(c) = state.downcast_ref::<ClassCompiler>() {
-                states.compiler = c.clone();
+            match state {
+                CoreState::StackAssigner(s) => states.stack = *s,
+                CoreState::ClaimAllocator(c) => states.claims = *c,
+                CoreState::Alerter(a) => states.alerter = *a,
+                CoreState::ClassCompiler(c) => states.compiler = *c,
+                CoreState::Observer(_) => {}
             }
         }
         states
@@ -96,9 +94,9 @@ impl States {
     /// Folds one event of the log into every core.
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
-        self.claims.apply_at(event, at);
-        self.alerter.apply(event);
-        self.compiler.apply(event);
+        self.claims.apply(event, at);
+        self.alerter.apply(event, at);
+        self.compiler.apply(event, at);
     }
 
     /// What the log decides: the state without the configuration the

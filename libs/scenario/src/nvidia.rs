@@ -18,8 +18,8 @@ use switchyard_core::claim_allocator::stages::Stage;
 use switchyard_core::command::CheckEvidence;
 use switchyard_core::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
 use switchyard_core::placement;
-use switchyard_core::service::{Core, ServiceName};
 use switchyard_core::stack_assigner::StackAssigner;
+use switchyard_core::{Core, ServiceName};
 use switchyard_proto::v1::{
     NodeObserved, ResourceList, Stack, Toleration, Tolerations, WorkloadPlacement, WorkloadRef,
     domain_event::Kind,

@@ -4,12 +4,10 @@
 //! migration completes with every invariant but one holding — the one that
 //! reports the failure.
 
-use std::any::Any;
-
 use switchyard_core::effects::Effect;
 use switchyard_core::stack_assigner::StackAssigner;
 use switchyard_proto::v1::DomainEvent;
-use switchyard_runtime::{Actors, Core, Input, ServiceName};
+use switchyard_runtime::{Actors, Core, CoreState, Input, ServiceName};
 use switchyard_scenario::run_reference;
 use switchyard_sim::SimConfig;
 
@@ -44,7 +42,7 @@ impl Core for Failing {
     fn violations(&self) -> Vec<(&'static str, String)> {
         Core::violations(&self.core)
     }
-    fn snapshot(&self) -> Box<dyn Any + Send> {
+    fn snapshot(&self) -> CoreState {
         Core::snapshot(&self.core)
     }
 }

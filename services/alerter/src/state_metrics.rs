@@ -74,7 +74,7 @@ impl MigrationState {
     /// Folds one record, recorded at `at` (Unix nanoseconds).
     pub fn fold(&mut self, event: &DomainEvent, at: i64) {
         self.stack.apply(event, at);
-        self.claims.apply_at(event, at);
+        self.claims.apply(event, at);
         match &event.kind {
             Some(Kind::EvidenceChecked(c)) => {
                 let key = switchyard_core::claim_allocator::evidence::check_key(c);

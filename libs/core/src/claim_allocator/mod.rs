@@ -16,11 +16,8 @@ use switchyard_proto::v1::{
 };
 
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
-use crate::command::{
-    CheckEvidence, Command, Complete, ControlMigration, MigrationAction, MoveApplication,
-};
+use crate::command::{CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication};
 use crate::effects::Effect;
-use crate::service::{self, Core, ServiceName};
 use completion::Completion;
 use migration::Migrations;
 use moves::AppMoves;
@@ -50,18 +47,15 @@ pub enum Input<'a> {
     ControlMigration(&'a ControlMigration),
     /// The operator asks for the exit evidence now.
     CheckEvidence(&'a CheckEvidence),
+    /// The operator completes the migration of a group (or pool).
+    Complete(&'a Complete),
     /// Time passed: the migrations' circuit breaker.
     Tick,
 }
 
 impl ClaimAllocator {
-    /// Folds an event; for one without a time (a test's), see [`Self::apply_at`].
-    pub fn apply(&mut self, event: &DomainEvent) {
-        self.apply_at(event, 0);
-    }
-
     /// Folds an event recorded (or decided) at `at`.
-    pub fn apply_at(&mut self, event: &DomainEvent, at: i64) {
+    pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.cluster.apply(event);
         self.moves.apply(event);
         self.completion.apply(event);
@@ -69,12 +63,17 @@ impl ClaimAllocator {
     }
 
     /// The completion steps an operator asks for (or why not yet), folded.
-    pub fn complete(&mut self, cmd: &Complete) -> Vec<DomainEvent> {
+    fn complete(&mut self, cmd: &Complete, now: i64) -> Vec<DomainEvent> {
         let decisions = self.completion.complete(&self.cluster, cmd);
         for decision in &decisions {
-            self.apply(decision);
+            self.apply(decision, now);
         }
         decisions
+    }
+
+    /// Whether a migration is in progress (its breaker reads the time).
+    pub fn migrating(&self) -> bool {
+        !self.migrations.active.is_empty()
     }
 
     /// What the edge should keep true: the moves' rewrites and restarts, then
@@ -85,33 +84,29 @@ impl ClaimAllocator {
         effects
     }
 
-    /// [`Self::handle_at`] without a time (tests of moves and completion).
-    pub fn handle(&mut self, input: Input<'_>) -> Vec<DomainEvent> {
-        self.handle_at(input, 0)
-    }
-
     /// Folds the input, decides, folds the decisions; returns the decisions.
     /// `now` is the time of the decision (the migrations' breaker reads it).
-    pub fn handle_at(&mut self, input: Input<'_>, now: i64) -> Vec<DomainEvent> {
+    pub fn handle(&mut self, input: Input<'_>, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
         let mut trigger = None;
         let keys: Vec<WorkloadKey> = match input {
+            Input::Complete(cmd) => return self.complete(cmd, now),
             Input::Tick => Vec::new(),
             Input::Migrate(plan) => {
                 let decision = self.migrate(plan);
-                self.apply_at(&decision, now);
+                self.apply(&decision, now);
                 out.push(decision);
                 Vec::new()
             }
             Input::ControlMigration(cmd) => {
                 let decision = self.control(cmd);
-                self.apply_at(&decision, now);
+                self.apply(&decision, now);
                 out.push(decision);
                 Vec::new()
             }
             Input::CheckEvidence(cmd) => {
                 for decision in self.check_evidence(cmd) {
-                    self.apply_at(&decision, now);
+                    self.apply(&decision, now);
                     out.push(decision);
                 }
                 Vec::new()
@@ -132,7 +127,7 @@ impl ClaimAllocator {
                 };
                 let mut owners = BTreeSet::new();
                 owners.extend(pod.as_ref().and_then(|key| self.move_of_pod(key)));
-                self.apply_at(fact, now);
+                self.apply(fact, now);
                 owners.extend(pod.as_ref().and_then(|key| self.move_of_pod(key)));
                 match &fact.kind {
                     Some(Kind::WorkloadObserved(f)) => {
@@ -147,7 +142,7 @@ impl ClaimAllocator {
             }
             Input::MoveApplication(cmd) => {
                 for decision in self.moves.start(&self.cluster, cmd) {
-                    self.apply(&decision);
+                    self.apply(&decision, now);
                     out.push(decision);
                 }
                 vec![workload_key(&cmd.workload)]
@@ -173,7 +168,7 @@ impl ClaimAllocator {
                     )));
                     return out;
                 }
-                self.apply_at(started, now);
+                self.apply(started, now);
                 out.push(started.clone());
                 vec![key]
             }
@@ -364,7 +359,7 @@ impl ClaimAllocator {
                 break;
             }
             for decision in decisions {
-                self.apply_at(&decision, now);
+                self.apply(&decision, now);
                 out.push(decision);
             }
         }
@@ -373,12 +368,7 @@ impl ClaimAllocator {
     /// After a rebuild from the log: the next steps of the moves in progress
     /// that the facts already allow (a late start or a crash kept them from
     /// being recorded), folded.
-    pub fn catch_up(&mut self) -> Vec<DomainEvent> {
-        self.catch_up_at(0)
-    }
-
-    /// [`Self::catch_up`] at `now`.
-    pub fn catch_up_at(&mut self, now: i64) -> Vec<DomainEvent> {
+    pub fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
         let mut out = Vec::new();
         let keys: Vec<WorkloadKey> = self.moves.active.keys().cloned().collect();
         self.follow(keys, now, &mut out);
@@ -408,55 +398,10 @@ impl ClaimAllocator {
                     break;
                 }
                 for decision in decisions {
-                    self.apply_at(&decision, now);
+                    self.apply(&decision, now);
                     out.push(decision);
                 }
             }
         }
-    }
-}
-
-impl Core for ClaimAllocator {
-    fn service(&self) -> ServiceName {
-        ServiceName::ClaimAllocator
-    }
-    fn fold(&mut self, event: &DomainEvent, at: i64) {
-        self.apply_at(event, at);
-    }
-    fn decide(&mut self, input: service::Input<'_>, now: i64) -> Vec<DomainEvent> {
-        match input {
-            service::Input::Record(event) => self.handle_at(Input::Fact(event), now),
-            service::Input::Command(Command::MoveApplication(cmd)) => {
-                self.handle_at(Input::MoveApplication(cmd), now)
-            }
-            service::Input::Command(Command::Rollback(planned)) => {
-                self.handle_at(Input::Rollback(planned), now)
-            }
-            service::Input::Command(Command::Complete(cmd)) => self.complete(cmd),
-            service::Input::Command(Command::Migrate(plan)) => {
-                self.handle_at(Input::Migrate(plan), now)
-            }
-            service::Input::Command(Command::ControlMigration(cmd)) => {
-                self.handle_at(Input::ControlMigration(cmd), now)
-            }
-            service::Input::Command(Command::CheckEvidence(cmd)) => {
-                self.handle_at(Input::CheckEvidence(cmd), now)
-            }
-            service::Input::Tick if !self.migrations.active.is_empty() => {
-                self.handle_at(Input::Tick, now)
-            }
-            service::Input::Command(Command::StartHandover(_))
-            | service::Input::Observed(_)
-            | service::Input::Tick => Vec::new(),
-        }
-    }
-    fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
-        ClaimAllocator::catch_up_at(self, now)
-    }
-    fn effects(&self) -> Vec<Effect> {
-        ClaimAllocator::effects(self)
-    }
-    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.clone())
     }
 }

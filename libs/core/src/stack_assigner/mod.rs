@@ -40,9 +40,8 @@ pub mod handover;
 
 use crate::backend::Backend;
 use crate::cluster::{Cluster, ReadinessSelectors, WorkloadKey, workload_key};
-use crate::command::{Command, StartHandover, wave_handover_id};
+use crate::command::{StartHandover, wave_handover_id};
 use crate::effects::Effect;
-use crate::service::{self, ServiceName};
 use crate::stack_rules::rule;
 use handover::Handovers;
 
@@ -865,42 +864,5 @@ impl StackAssigner {
     /// The stack serving `node`, if it has been decided.
     pub fn stack_of(&self, node: &str) -> Option<Stack> {
         self.assignments.get(node).map(|a| a.stack)
-    }
-}
-
-impl crate::service::Core for StackAssigner {
-    fn service(&self) -> ServiceName {
-        ServiceName::StackAssigner
-    }
-    fn fold(&mut self, event: &DomainEvent, at: i64) {
-        self.apply(event, at);
-    }
-    fn decide(&mut self, input: service::Input<'_>, now: i64) -> Vec<DomainEvent> {
-        match input {
-            service::Input::Record(event) => self.handle_fact(event, now),
-            service::Input::Command(Command::StartHandover(cmd)) => {
-                self.handle(Input::StartHandover(cmd), now)
-            }
-            service::Input::Command(Command::Rollback(planned)) => {
-                self.handle(Input::Rollback(planned), now)
-            }
-            service::Input::Tick => self.handle(Input::Tick, now),
-            service::Input::Command(_) | service::Input::Observed(_) => Vec::new(),
-        }
-    }
-    fn catch_up(&mut self, now: i64) -> Vec<DomainEvent> {
-        StackAssigner::catch_up(self, now)
-    }
-    fn effects(&self) -> Vec<Effect> {
-        StackAssigner::effects(self)
-    }
-    fn violations(&self) -> Vec<(&'static str, String)> {
-        self.rule_violations()
-            .into_iter()
-            .map(|v| ("stack-rules", v))
-            .collect()
-    }
-    fn snapshot(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.clone())
     }
 }
