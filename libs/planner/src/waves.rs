@@ -44,7 +44,7 @@ use super::register::{
 };
 use super::{
     Blocked, Handover, HashMap, Mode, Move, Pending, Plan, PlanError, PlanRequest, PodPlacement,
-    Snapshot, SourceCapacity, Wave,
+    Snapshot, SourceCapacity, Wave, WorkloadRef,
 };
 
 /// How the plan reads the slices the handed-over nodes would publish. Both
@@ -872,46 +872,60 @@ fn add_to<'a>(total: &mut BTreeMap<&'a str, i128>, add: &BTreeMap<&'a str, u64>,
     }
 }
 
-pub(crate) fn plan<'a>(
-    snapshot: &'a Snapshot,
-    request: &PlanRequest,
-    class: &GPUClass,
-    built: &Built<'a>,
-    reading: Reading,
-) -> Result<Plan<'a>, PlanError> {
-    let from = request.from.as_str();
-    let to = request.to.as_str();
-    let max_unavailable = request.max_unavailable.max(1);
-    let variants = Variants::new(class);
+/// The nodes of the source and the target group, each sorted by name.
+struct Groups<'a> {
+    source: Vec<&'a Node>,
+    target: Vec<&'a Node>,
+    /// Each source node's index, by name.
+    source_index: HashMap<&'a str, usize>,
+}
 
-    let group_label = request.group_label();
-    // nvidia-operator: the pilot taint a handover puts on the node.
-    let pilot: Option<Taint> = strategy(&request.backend).pilot_taint().map(|taint| Taint {
+impl<'a> Groups<'a> {
+    fn of(snapshot: &'a Snapshot, group_label: &str, from: &str, to: &str) -> Groups<'a> {
+        let in_group = |group: &str| {
+            let mut nodes: Vec<&Node> = snapshot
+                .nodes
+                .iter()
+                .filter(|n| group_of(n, group_label) == Some(group))
+                .collect();
+            nodes.sort_by(|a, b| node_name(a).cmp(node_name(b)));
+            nodes
+        };
+        let source = in_group(from);
+        let target = in_group(to);
+        let source_index = source
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (node_name(n), i))
+            .collect();
+        Groups {
+            source,
+            target,
+            source_index,
+        }
+    }
+}
+
+/// nvidia-operator: the pilot taint a handover puts on the node.
+fn pilot_taint(request: &PlanRequest) -> Option<Taint> {
+    strategy(&request.backend).pilot_taint().map(|taint| Taint {
         key: taint.key,
         value: Some(taint.value),
         effect: taint.effect,
         time_added: None,
-    });
-    let mut source: Vec<&Node> = snapshot
-        .nodes
-        .iter()
-        .filter(|n| group_of(n, group_label) == Some(from))
-        .collect();
-    source.sort_by(|a, b| node_name(a).cmp(node_name(b)));
-    let mut target_nodes: Vec<&Node> = snapshot
-        .nodes
-        .iter()
-        .filter(|n| group_of(n, group_label) == Some(to))
-        .collect();
-    target_nodes.sort_by(|a, b| node_name(a).cmp(node_name(b)));
-    let source_index: HashMap<&str, usize> = source
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (node_name(n), i))
-        .collect();
+    })
+}
 
-    // Shapes: the requests after the rewrite and the scheduling constraints,
-    // keyed by their JSON; a template's, where a workload first has it.
+/// Shapes: the requests after the rewrite and the scheduling constraints,
+/// keyed by their JSON; a template's, where a workload first has it. The
+/// shapes, and the shape of each workload.
+fn rewritten_shapes(
+    built: &Built<'_>,
+    variants: &Variants,
+    group_label: &str,
+    from: &str,
+    pilot: Option<&Taint>,
+) -> (Vec<Shape>, Vec<usize>) {
     let workloads = &built.workloads;
     let mut shape_keys: BTreeMap<String, usize> = BTreeMap::new();
     let mut shapes = Vec::new();
@@ -938,7 +952,7 @@ pub(crate) fn plan<'a>(
         };
         // The move adds a toleration of the pilot taint (nvidia-operator).
         let mut tolerations = t.tolerations.to_vec();
-        if let Some(taint) = &pilot
+        if let Some(taint) = pilot
             && !tolerations.iter().any(|t| tolerates(t, taint))
         {
             tolerations.push(Toleration {
@@ -967,12 +981,26 @@ pub(crate) fn plan<'a>(
         shape_of_template[w.template] = Some(s);
         shape_of.push(s);
     }
+    (shapes, shape_of)
+}
 
-    // The slices: the cluster's, less any of the source nodes, plus what
-    // each source node would publish once handed over. A node in a class is
-    // read only if the allocator must be asked about it; the others are made
-    // one node at a time as the inventory reads them (all of them at once
-    // would be most of the plan's memory).
+/// The inventory the allocator reads, and the classes of the source nodes.
+///
+/// The slices: the cluster's, less any of the source nodes, plus what each
+/// source node would publish once handed over. A node in a class is read
+/// only if the allocator must be asked about it; the others are made one
+/// node at a time as the inventory reads them (all of them at once would be
+/// most of the plan's memory).
+fn target_inventory(
+    snapshot: &Snapshot,
+    request: &PlanRequest,
+    built: &Built<'_>,
+    groups: &Groups<'_>,
+    shapes: &[Shape],
+    compiler: &Arc<Compiler>,
+    reading: Reading,
+) -> Result<(Classes, Arc<Inventory>), PlanError> {
+    let source = &groups.source;
     let cluster: Vec<&ResourceSlice> = snapshot
         .resource_slices
         .iter()
@@ -980,10 +1008,9 @@ pub(crate) fn plan<'a>(
             s.spec
                 .node_name
                 .as_deref()
-                .is_none_or(|n| !source_index.contains_key(n))
+                .is_none_or(|n| !groups.source_index.contains_key(n))
         })
         .collect();
-    let compiler = Arc::new(Compiler::default());
     let machine = |n: usize| {
         let node = source[n];
         let cards = built.cards.get(node_name(node))?;
@@ -1006,7 +1033,7 @@ pub(crate) fn plan<'a>(
                 &cluster,
                 &snapshot.device_classes,
                 &requested,
-                &compiler,
+                compiler,
             )
         }
     };
@@ -1024,19 +1051,25 @@ pub(crate) fn plan<'a>(
         .map(|s| Cow::Borrowed(*s))
         .chain(published.map(Cow::<ResourceSlice>::Owned));
     let inventory = Arc::new(Inventory::new(&snapshot.device_classes, slices)?);
-    let state = AllocatedState::from_claims(&snapshot.resource_claims)?;
+    Ok((classes, inventory))
+}
 
-    let mut planner = Planner {
-        request,
-        inventory,
-        compiler,
-        state,
-        target: Target {
-            names: target_nodes.iter().map(|n| node_name(n)).collect(),
-            members: target_nodes.iter().map(|_| None).collect(),
-            nodes: target_nodes.into_iter().map(TargetNode::Own).collect(),
-            to: to.to_string(),
-            group_label: group_label.to_string(),
+impl<'a> Target<'a> {
+    /// The target group before the first wave: its own `nodes`, with room
+    /// for the `handed` source nodes, and what a handover writes on each.
+    fn new(
+        nodes: Vec<&'a Node>,
+        handed: usize,
+        request: &PlanRequest,
+        pilot: Option<Taint>,
+    ) -> Target<'a> {
+        let from = request.from.as_str();
+        let mut target = Target {
+            names: nodes.iter().map(|n| node_name(n)).collect(),
+            members: nodes.iter().map(|_| None).collect(),
+            nodes: nodes.into_iter().map(TargetNode::Own).collect(),
+            to: request.to.clone(),
+            group_label: request.group_label().to_string(),
             handed_labels: match request.nvidia() {
                 Some(b) => b
                     .operand_labels(switchyard_proto::v1::Stack::Dra)
@@ -1048,123 +1081,181 @@ pub(crate) fn plan<'a>(
                     (format!("{NODE_ROLE_PREFIX}{from}"), None),
                 ]),
             },
-            handed_taint: pilot.clone(),
-        },
-        classes,
-        publication: Publication {
-            layout: request.layout,
-            device_classes: &snapshot.device_classes,
-            nodes: source.clone(),
-            cards: &built.cards,
-            read: HashMap::default(),
-        },
-        cursors: vec![Cursor::default(); shapes.len()],
-        shapes,
-        shape_of,
-        fatal: HashMap::default(),
-    };
-
-    let handed = source.len();
-    planner.target.nodes.reserve(handed);
-    planner.target.names.reserve(handed);
-    planner.target.members.reserve(handed);
-
-    // The source group: capacity per node (less what DaemonSets hold, which
-    // goes with the node), what the workloads not moved need, and what each
-    // node runs of them.
-    let mut cap: Vec<BTreeMap<&str, u64>> = Vec::with_capacity(source.len());
-    for node in &source {
-        let cards = planner
-            .publication
-            .cards
-            .get(node_name(node))
-            .map_or(0, Vec::len);
-        cap.push(capacity(node, cards)?);
+            handed_taint: pilot,
+        };
+        target.nodes.reserve(handed);
+        target.names.reserve(handed);
+        target.members.reserve(handed);
+        target
     }
-    let mut follow_nodes = Vec::new();
-    let mut demand: BTreeMap<&str, i128> = BTreeMap::new();
-    let mut on_node: Vec<BTreeMap<usize, u32>> = vec![BTreeMap::new(); source.len()];
-    let mut usage: Vec<u64> = vec![0; source.len()];
-    let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
-    let mut moved = vec![false; workloads.len()];
-    // The source nodes each workload's pods run on (one entry a pod).
-    let mut pods_on: Vec<Vec<usize>> = vec![Vec::new(); workloads.len()];
-    let requests = |w: &Workload<'_>| built.templates[w.template].requests.as_slice();
-    for (i, w) in workloads.iter().enumerate() {
-        if !w.on_source {
-            continue;
+}
+
+/// What each pod of `w` requests of the device plugin.
+fn pod_requests<'p, 'a>(built: &'p Built<'a>, w: &Workload<'_>) -> &'p [(&'a str, u64)] {
+    built.templates[w.template].requests.as_slice()
+}
+
+/// The source group as the waves hand it over: capacity per node (less what
+/// DaemonSets hold, which goes with the node), what the workloads not moved
+/// need, and what each node runs of them.
+struct SourceGroup<'p, 'a> {
+    built: &'p Built<'a>,
+    from: &'p str,
+    /// Its nodes, sorted by name.
+    nodes: Vec<&'a Node>,
+    /// Each node's device-plugin resources, less what DaemonSets hold.
+    cap: Vec<BTreeMap<&'a str, u64>>,
+    /// What the nodes still in the group offer, per resource.
+    available: BTreeMap<&'a str, i128>,
+    /// What the workloads not moved need, per resource.
+    demand: BTreeMap<&'a str, i128>,
+    /// Each node's pods of the workloads not moved, per workload.
+    on_node: Vec<BTreeMap<usize, u32>>,
+    /// Each node's GPUs in use.
+    usage: Vec<u64>,
+    /// The source nodes each workload's pods run on (one entry a pod).
+    pods_on: Vec<Vec<usize>>,
+    /// The nodes still in the group, fewest GPUs in use first.
+    order: BTreeSet<(u64, usize)>,
+    in_source: Vec<bool>,
+    /// The plan's workloads not moved yet, by shape and replicas.
+    queues: BTreeMap<(usize, u32), BTreeSet<usize>>,
+    moved: Vec<bool>,
+    /// Queues that failed, with the number of target nodes then: not tried
+    /// again until that grows.
+    exhausted: HashMap<(usize, u32), usize>,
+    /// Why the last wave could hand over no node.
+    blocked_reason: Option<String>,
+}
+
+impl<'p, 'a> SourceGroup<'p, 'a> {
+    /// The source group before the first wave, and the DaemonSets on it
+    /// (which follow their nodes). `shape_of`: each workload's shape.
+    fn read(
+        built: &'p Built<'a>,
+        from: &'p str,
+        nodes: Vec<&'a Node>,
+        source_index: &HashMap<&'a str, usize>,
+        shape_of: &[usize],
+    ) -> Result<(Self, Vec<WorkloadRef<'a>>), PlanError> {
+        let workloads = &built.workloads;
+        let mut cap: Vec<BTreeMap<&str, u64>> = Vec::with_capacity(nodes.len());
+        for &node in &nodes {
+            let cards = built.cards.get(node_name(node)).map_or(0, Vec::len);
+            cap.push(capacity(node, cards)?);
         }
-        let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
-        if w.id.kind == "DaemonSet" {
-            if w.in_plan {
-                follow_nodes.push(w.id);
+        let mut follow_nodes = Vec::new();
+        let mut demand: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut on_node: Vec<BTreeMap<usize, u32>> = vec![BTreeMap::new(); nodes.len()];
+        let mut usage: Vec<u64> = vec![0; nodes.len()];
+        let mut queues: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
+        let mut pods_on: Vec<Vec<usize>> = vec![Vec::new(); workloads.len()];
+        for (i, w) in workloads.iter().enumerate() {
+            if !w.on_source {
+                continue;
             }
-            for node in &w.pod_nodes {
-                if let Some(&n) = source_index.get(node) {
-                    for (r, k) in requests(w) {
-                        if let Some(c) = cap[n].get_mut(*r) {
-                            *c = c.saturating_sub(*k);
+            let requests = pod_requests(built, w);
+            let per_pod: u64 = requests.iter().map(|(_, k)| k).sum();
+            if w.id.kind == "DaemonSet" {
+                if w.in_plan {
+                    follow_nodes.push(w.id);
+                }
+                for node in &w.pod_nodes {
+                    if let Some(&n) = source_index.get(node) {
+                        for (r, k) in requests {
+                            if let Some(c) = cap[n].get_mut(*r) {
+                                *c = c.saturating_sub(*k);
+                            }
                         }
                     }
                 }
+                continue;
             }
-            continue;
-        }
-        for (r, k) in requests(w) {
-            add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
-        }
-        for node in &w.pod_nodes {
-            if let Some(&n) = source_index.get(node) {
-                *on_node[n].entry(i).or_default() += 1;
-                usage[n] += per_pod;
-                pods_on[i].push(n);
+            for (r, k) in requests {
+                add_demand(&mut demand, r, i128::from(*k) * i128::from(w.replicas));
+            }
+            for node in &w.pod_nodes {
+                if let Some(&n) = source_index.get(node) {
+                    *on_node[n].entry(i).or_default() += 1;
+                    usage[n] += per_pod;
+                    pods_on[i].push(n);
+                }
+            }
+            if w.in_plan {
+                queues
+                    .entry((shape_of[i], w.replicas))
+                    .or_default()
+                    .insert(i);
             }
         }
-        if w.in_plan {
-            queues
-                .entry((planner.shape_of[i], w.replicas))
-                .or_default()
-                .insert(i);
+        let mut available: BTreeMap<&str, i128> = BTreeMap::new();
+        for c in &cap {
+            add_to(&mut available, c, 1);
         }
+        let group = SourceGroup {
+            built,
+            from,
+            order: (0..nodes.len()).map(|n| (usage[n], n)).collect(),
+            in_source: vec![true; nodes.len()],
+            nodes,
+            cap,
+            available,
+            demand,
+            on_node,
+            usage,
+            pods_on,
+            queues,
+            moved: vec![false; workloads.len()],
+            exhausted: HashMap::default(),
+            blocked_reason: None,
+        };
+        Ok((group, follow_nodes))
     }
-    let mut available: BTreeMap<&str, i128> = BTreeMap::new();
-    for c in &cap {
-        add_to(&mut available, c, 1);
-    }
-    let mut order: BTreeSet<(u64, usize)> = (0..source.len()).map(|n| (usage[n], n)).collect();
-    let mut in_source = vec![true; source.len()];
-    let mut exhausted: HashMap<(usize, u32), usize> = HashMap::default();
 
-    let mut waves = Vec::new();
-    let mut blocked_reason = None;
-    loop {
-        // 1. The nodes: fewest GPUs in use first; the source group must keep
-        // room for every workload not moved; a wave evicts no more pods of a
-        // budget than it allows.
+    /// The waves, until one hands over no node and moves no workload.
+    fn plan_waves(
+        &mut self,
+        planner: &mut Planner<'_, 'a>,
+        max_unavailable: usize,
+    ) -> Vec<Wave<'a>> {
+        let mut waves = Vec::new();
+        loop {
+            let (chosen, waits) = self.choose_nodes(max_unavailable);
+            let (handovers, due) = self.hand_over(&chosen, waits, planner);
+            let (moves, pending) = self.move_workloads(&due, planner);
+            // Evicted pods of workloads not moved run elsewhere in the group;
+            // the capacity check kept room for them.
+            for &n in &chosen {
+                self.on_node[n].clear();
+            }
+            if chosen.is_empty() && moves.is_empty() {
+                break;
+            }
+            waves.push(self.wave(waves.len() + 1, handovers, moves, pending));
+        }
+        waves
+    }
+
+    /// A wave's nodes: fewest GPUs in use first; the source group must keep
+    /// room for every workload not moved; a wave evicts no more pods of a
+    /// budget than it allows. With each node, the budgets its drain alone
+    /// exceeds, which it waits for.
+    fn choose_nodes(&mut self, max_unavailable: usize) -> (Vec<usize>, Vec<Vec<String>>) {
+        let built = self.built;
         let mut chosen: Vec<usize> = Vec::new();
         let mut budget_use: BTreeMap<usize, u32> = BTreeMap::new();
         let mut waits: Vec<Vec<String>> = Vec::new();
-        for &(_, n) in order.iter() {
+        for &(_, n) in self.order.iter() {
             if chosen.len() == max_unavailable {
                 break;
             }
-            let short = cap[n].iter().find(|(r, k)| {
-                **k > 0
-                    && available.get(*r).copied().unwrap_or(0) - i128::from(**k)
-                        < demand.get(*r).copied().unwrap_or(0)
-            });
-            if let Some((r, k)) = short {
-                let left = available.get(r).copied().unwrap_or(0) - i128::from(*k);
-                blocked_reason = Some(format!(
-                    "handing over {} would leave {left} {r} in group {from} for {} needed by the workloads not moved",
-                    node_name(source[n]),
-                    demand.get(r).copied().unwrap_or(0)
-                ));
+            if let Some(reason) = self.shortfall(n) {
+                self.blocked_reason = Some(reason);
                 break;
             }
             let mut evicts: BTreeMap<usize, u32> = BTreeMap::new();
-            for (&w, &pods) in &on_node[n] {
-                for &b in &workloads[w].budgets {
+            for (&w, &pods) in &self.on_node[n] {
+                for &b in &built.workloads[w].budgets {
                     *evicts.entry(b).or_default() += pods;
                 }
             }
@@ -1182,20 +1273,49 @@ pub(crate) fn plan<'a>(
                 *budget_use.entry(b).or_default() += k;
             }
             waits.push(over.iter().map(|b| built.budgets[*b].0.clone()).collect());
-            add_to(&mut available, &cap[n], -1);
+            add_to(&mut self.available, &self.cap[n], -1);
             chosen.push(n);
         }
         if !chosen.is_empty() {
-            blocked_reason = None;
+            self.blocked_reason = None;
         }
+        (chosen, waits)
+    }
 
-        // 2. Hand them over.
+    /// Why handing over node `n` would leave the group short of what the
+    /// workloads not moved need, if it would.
+    fn shortfall(&self, n: usize) -> Option<String> {
+        let (available, demand, from) = (&self.available, &self.demand, self.from);
+        let (r, k) = self.cap[n].iter().find(|(r, k)| {
+            **k > 0
+                && available.get(*r).copied().unwrap_or(0) - i128::from(**k)
+                    < demand.get(*r).copied().unwrap_or(0)
+        })?;
+        let left = available.get(r).copied().unwrap_or(0) - i128::from(*k);
+        Some(format!(
+            "handing over {} would leave {left} {r} in group {from} for {} needed by the workloads not moved",
+            node_name(self.nodes[n]),
+            demand.get(r).copied().unwrap_or(0)
+        ))
+    }
+
+    /// Hands a wave's nodes over: out of the source group, onto the
+    /// target group as the handover leaves them. With the handovers, the
+    /// plan's workloads their drains evict, due to move now.
+    fn hand_over(
+        &mut self,
+        chosen: &[usize],
+        waits: Vec<Vec<String>>,
+        planner: &mut Planner<'_, 'a>,
+    ) -> (Vec<Handover<'a>>, BTreeSet<usize>) {
+        let built = self.built;
+        let workloads = &built.workloads;
         let mut handovers = Vec::new();
         let mut due: BTreeSet<usize> = BTreeSet::new();
         for (&n, waits) in chosen.iter().zip(waits) {
-            order.remove(&(usage[n], n));
-            in_source[n] = false;
-            let evicts: Vec<usize> = on_node[n].keys().copied().collect();
+            self.order.remove(&(self.usage[n], n));
+            self.in_source[n] = false;
+            let evicts: Vec<usize> = self.on_node[n].keys().copied().collect();
             let mut budgets: BTreeSet<&str> = BTreeSet::new();
             for &w in &evicts {
                 budgets.extend(
@@ -1208,55 +1328,39 @@ pub(crate) fn plan<'a>(
                     due.insert(w);
                 }
             }
+            let node = self.nodes[n];
             handovers.push(Handover {
-                node: node_name(source[n]),
-                capacity: cap[n].iter().map(|(r, k)| (*r, *k)).collect(),
+                node: node_name(node),
+                capacity: self.cap[n].iter().map(|(r, k)| (*r, *k)).collect(),
                 evicts: evicts.iter().map(|w| workloads[*w].id).collect(),
                 budgets: budgets.into_iter().map(str::to_string).collect(),
                 budget_waits: waits,
             });
             planner.target.nodes.push(TargetNode::HandedOver {
-                node: source[n],
+                node,
                 made: OnceCell::new(),
             });
-            planner.target.names.push(node_name(source[n]));
-            let member = planner
-                .classes
-                .member(n, node_name(source[n]), &planner.state);
+            planner.target.names.push(node_name(node));
+            let member = planner.classes.member(n, node_name(node), &planner.state);
             planner.target.members.push(member);
         }
+        (handovers, due)
+    }
 
-        // 3. The moves: the evicted workloads first, then the queues.
+    /// A wave's moves: the evicted workloads first (those that do not fit yet
+    /// are pending, with why), then the queues.
+    fn move_workloads(
+        &mut self,
+        due: &BTreeSet<usize>,
+        planner: &mut Planner<'_, 'a>,
+    ) -> (Vec<Move<'a>>, Vec<Pending<'a>>) {
+        let built = self.built;
+        let workloads = &built.workloads;
         let mut moves = Vec::new();
         let mut pending = Vec::new();
         let count = planner.target.nodes.len();
-        let mut done =
-            |i: usize,
-             planner: &mut Planner<'_, 'a>,
-             demand: &mut BTreeMap<&'a str, i128>,
-             order: &mut BTreeSet<(u64, usize)>,
-             moved: &mut Vec<bool>,
-             queues: &mut BTreeMap<(usize, u32), BTreeSet<usize>>| {
-                let w = &workloads[i];
-                moved[i] = true;
-                if let Some(q) = queues.get_mut(&(planner.shape_of[i], w.replicas)) {
-                    q.remove(&i);
-                }
-                for (r, k) in requests(w) {
-                    add_demand(demand, r, -i128::from(*k) * i128::from(w.replicas));
-                }
-                let per_pod: u64 = requests(w).iter().map(|(_, k)| k).sum();
-                for &n in &pods_on[i] {
-                    if in_source[n] {
-                        order.remove(&(usage[n], n));
-                        usage[n] -= per_pod;
-                        order.insert((usage[n], n));
-                        on_node[n].remove(&i);
-                    }
-                }
-            };
-        for &i in &due {
-            if moved[i] {
+        for &i in due {
+            if self.moved[i] {
                 continue;
             }
             let q = (planner.shape_of[i], workloads[i].replicas);
@@ -1264,17 +1368,10 @@ pub(crate) fn plan<'a>(
             match result {
                 Ok(m) => {
                     moves.push(m);
-                    done(
-                        i,
-                        &mut planner,
-                        &mut demand,
-                        &mut order,
-                        &mut moved,
-                        &mut queues,
-                    );
+                    self.record_move(i, planner.shape_of[i]);
                 }
                 Err(reason) => {
-                    exhausted.insert(q, count);
+                    self.exhausted.insert(q, count);
                     pending.push(Pending {
                         workload: workloads[i].id,
                         reason,
@@ -1282,43 +1379,72 @@ pub(crate) fn plan<'a>(
                 }
             }
         }
-        let keys: Vec<(usize, u32)> = queues.keys().copied().collect();
+        let keys: Vec<(usize, u32)> = self.queues.keys().copied().collect();
         for q in keys {
-            if exhausted.get(&q) == Some(&count) {
+            if self.exhausted.get(&q) == Some(&count) {
                 continue;
             }
-            while let Some(&i) = queues[&q].first() {
+            while let Some(&i) = self.queues[&q].first() {
                 match planner.try_move(&workloads[i], i, false) {
                     Ok(m) => {
                         moves.push(m);
-                        done(
-                            i,
-                            &mut planner,
-                            &mut demand,
-                            &mut order,
-                            &mut moved,
-                            &mut queues,
-                        );
+                        self.record_move(i, planner.shape_of[i]);
                     }
                     Err(_) => {
-                        exhausted.insert(q, count);
+                        self.exhausted.insert(q, count);
                         break;
                     }
                 }
             }
         }
-        // Evicted pods of workloads not moved run elsewhere in the group;
-        // the capacity check kept room for them.
-        for &n in &chosen {
-            on_node[n].clear();
+        (moves, pending)
+    }
+
+    /// Workload `i` (of shape `shape`) moved: the source group no longer
+    /// keeps room for it, and its pods leave the nodes still in the group.
+    fn record_move(&mut self, i: usize, shape: usize) {
+        let built = self.built;
+        let w = &built.workloads[i];
+        self.moved[i] = true;
+        if let Some(q) = self.queues.get_mut(&(shape, w.replicas)) {
+            q.remove(&i);
         }
-        if chosen.is_empty() && moves.is_empty() {
-            break;
+        for (r, k) in pod_requests(built, w) {
+            add_demand(
+                &mut self.demand,
+                r,
+                -i128::from(*k) * i128::from(w.replicas),
+            );
         }
+        let per_pod: u64 = pod_requests(built, w).iter().map(|(_, k)| k).sum();
+        for &n in &self.pods_on[i] {
+            if self.in_source[n] {
+                self.order.remove(&(self.usage[n], n));
+                self.usage[n] -= per_pod;
+                self.order.insert((self.usage[n], n));
+                self.on_node[n].remove(&i);
+            }
+        }
+    }
+
+    /// The wave's record: its moves in workload order, and the source group
+    /// after it.
+    fn wave(
+        &self,
+        number: usize,
+        handovers: Vec<Handover<'a>>,
+        mut moves: Vec<Move<'a>>,
+        pending: Vec<Pending<'a>>,
+    ) -> Wave<'a> {
         moves.sort_by(|a, b| a.workload.cmp(&b.workload));
-        let keys: BTreeSet<&str> = available.keys().chain(demand.keys()).copied().collect();
-        waves.push(Wave {
-            number: waves.len() + 1,
+        let keys: BTreeSet<&'a str> = self
+            .available
+            .keys()
+            .chain(self.demand.keys())
+            .copied()
+            .collect();
+        Wave {
+            number,
             handovers,
             moves,
             pending,
@@ -1330,44 +1456,109 @@ pub(crate) fn plan<'a>(
                     (
                         r,
                         SourceCapacity {
-                            available: get(&available),
-                            needed: get(&demand),
+                            available: get(&self.available),
+                            needed: get(&self.demand),
                         },
                     )
                 })
                 .collect(),
-        });
+        }
     }
 
-    let left: Vec<&str> = order.iter().map(|&(_, n)| node_name(source[n])).collect();
-    let mut left_sorted = left.clone();
-    left_sorted.sort();
-    let blocked = (!left.is_empty()).then(|| Blocked {
-        nodes: left_sorted,
-        reason: blocked_reason.unwrap_or_else(|| "no node can be handed over".into()),
-    });
-    let mut remaining = Vec::new();
-    let mut reasons: HashMap<(usize, u32), String> = HashMap::default();
-    for (i, w) in workloads.iter().enumerate() {
-        if !w.in_plan || moved[i] || w.id.kind == "DaemonSet" {
-            continue;
-        }
-        let q = (planner.shape_of[i], w.replicas);
-        let reason = match reasons.get(&q) {
-            Some(r) => r.clone(),
-            None => {
-                // Every queue was tried after the last handover, so this
-                // fails again, now with the reason.
-                let r = planner.try_move(w, i, true).err().unwrap_or_default();
-                reasons.insert(q, r.clone());
-                r
-            }
-        };
-        remaining.push(Pending {
-            workload: w.id,
-            reason,
-        });
+    /// The nodes no wave handed over, and why.
+    fn blocked(&mut self) -> Option<Blocked<'a>> {
+        let mut left: Vec<&'a str> = self
+            .order
+            .iter()
+            .map(|&(_, n)| node_name(self.nodes[n]))
+            .collect();
+        left.sort();
+        let reason = self.blocked_reason.take();
+        (!left.is_empty()).then(|| Blocked {
+            nodes: left,
+            reason: reason.unwrap_or_else(|| "no node can be handed over".into()),
+        })
     }
+
+    /// The plan's workloads no wave moved, and why.
+    fn remaining(&self, planner: &mut Planner<'_, 'a>) -> Vec<Pending<'a>> {
+        let mut remaining = Vec::new();
+        let mut reasons: HashMap<(usize, u32), String> = HashMap::default();
+        for (i, w) in self.built.workloads.iter().enumerate() {
+            if !w.in_plan || self.moved[i] || w.id.kind == "DaemonSet" {
+                continue;
+            }
+            let q = (planner.shape_of[i], w.replicas);
+            let reason = match reasons.get(&q) {
+                Some(r) => r.clone(),
+                None => {
+                    // Every queue was tried after the last handover, so this
+                    // fails again, now with the reason.
+                    let r = planner.try_move(w, i, true).err().unwrap_or_default();
+                    reasons.insert(q, r.clone());
+                    r
+                }
+            };
+            remaining.push(Pending {
+                workload: w.id,
+                reason,
+            });
+        }
+        remaining
+    }
+}
+
+pub(crate) fn plan<'a>(
+    snapshot: &'a Snapshot,
+    request: &PlanRequest,
+    class: &GPUClass,
+    built: &Built<'a>,
+    reading: Reading,
+) -> Result<Plan<'a>, PlanError> {
+    let from = request.from.as_str();
+    let to = request.to.as_str();
+    let max_unavailable = request.max_unavailable.max(1);
+    let variants = Variants::new(class);
+    let group_label = request.group_label();
+    let pilot = pilot_taint(request);
+    let groups = Groups::of(snapshot, group_label, from, to);
+    let (shapes, shape_of) = rewritten_shapes(built, &variants, group_label, from, pilot.as_ref());
+    let compiler = Arc::new(Compiler::default());
+    let (classes, inventory) = target_inventory(
+        snapshot, request, built, &groups, &shapes, &compiler, reading,
+    )?;
+    let state = AllocatedState::from_claims(&snapshot.resource_claims)?;
+
+    let handed = groups.source.len();
+    let mut planner = Planner {
+        request,
+        inventory,
+        compiler,
+        state,
+        target: Target::new(groups.target, handed, request, pilot),
+        classes,
+        publication: Publication {
+            layout: request.layout,
+            device_classes: &snapshot.device_classes,
+            nodes: groups.source.clone(),
+            cards: &built.cards,
+            read: HashMap::default(),
+        },
+        cursors: vec![Cursor::default(); shapes.len()],
+        shapes,
+        shape_of,
+        fatal: HashMap::default(),
+    };
+    let (mut source, follow_nodes) = SourceGroup::read(
+        built,
+        from,
+        groups.source,
+        &groups.source_index,
+        &planner.shape_of,
+    )?;
+    let waves = source.plan_waves(&mut planner, max_unavailable);
+    let blocked = source.blocked();
+    let remaining = source.remaining(&mut planner);
     Ok(Plan {
         from: from.to_string(),
         to: to.to_string(),

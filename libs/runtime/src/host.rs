@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 use switchyard_core::effects::{Effect, EffectExecutor};
@@ -28,7 +29,7 @@ use switchyard_eventlog::{
     Attributed, Decoded, EventLog, LogError, ReadRequest, StoredEvent, UnknownReason,
     append_attributed, now_nanos,
 };
-use switchyard_proto::v1::{CommandReply, DomainEvent, domain_event::Kind, event};
+use switchyard_proto::v1::{CommandReply, DomainEvent, TraceContext, domain_event::Kind, event};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -534,30 +535,7 @@ impl<E: EffectExecutor> Host<E> {
             tracing::debug!(?effect, "issuing");
         }
         let first = due.iter().filter(|e| !self.issued.contains_key(*e)).count();
-        // Each attempt in a span of the trace of the input that first wanted
-        // the effect.
-        // A trace not recorded has no span: its ids go with the effect, for
-        // what it writes to carry on.
-        let mut traced = Vec::with_capacity(due.len());
-        let mut spans = Vec::with_capacity(due.len());
-        for effect in &due {
-            let trace::Traced { span, context } = trace::span_in(self.effect_trace(effect), || {
-                tracing::info_span!(
-                    "effect",
-                    otel.name = %format_args!("write {}", effect.kind()),
-                    object = %effect.object(),
-                    otel.status_code = tracing::field::Empty,
-                    error = tracing::field::Empty,
-                )
-            });
-            let carried = if span.is_none() {
-                context.as_ref().map(trace::to_w3c)
-            } else {
-                None
-            };
-            traced.push((effect.clone(), span.clone(), carried));
-            spans.push((span, context));
-        }
+        let (traced, spans) = self.effect_spans(&due);
         let started = now_nanos();
         let results = self.executor.execute_in_spans(traced).await;
         let written = Written {
@@ -588,26 +566,7 @@ impl<E: EffectExecutor> Host<E> {
                     // twice `reissue`: the first step is the success's.
                     issued.backoff = backoff(reissue);
                     issued.backoff.next();
-                    if !outcome.evicted.is_empty() {
-                        tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
-                    }
-                    if let Some(moved) = outcome.group_written {
-                        tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
-                        news.push((event(Kind::NodeGroupWritten(moved)), context.clone()));
-                    }
-                    for block in outcome.blocked {
-                        let pod = (block.namespace.clone(), block.pod.clone());
-                        let refused = event(Kind::EvictionBlocked(block));
-                        if self.blocked.get(&pod) != Some(&refused) {
-                            if let Some(Kind::EvictionBlocked(b)) = &refused.kind {
-                                tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
-                            }
-                            self.blocked.insert(pod, refused.clone());
-                            news.push((refused, context.clone()));
-                        } else {
-                            tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
-                        }
-                    }
+                    self.note_outcome(outcome, context.as_ref(), &mut news);
                 }
                 Err(err) => {
                     span.record("otel.status_code", "ERROR");
@@ -627,6 +586,73 @@ impl<E: EffectExecutor> Host<E> {
         let service = self.core.service();
         self.append_by(service.as_str(), &news, &traces).await?;
         Ok(written)
+    }
+}
+
+/// An effect as the executor takes it: with its span, or the ids of a
+/// trace not recorded.
+type TracedEffect = (Effect, tracing::Span, Option<TraceContext>);
+
+/// An effect's span and the trace context it is in.
+type EffectSpan = (tracing::Span, Option<SpanContext>);
+
+impl<E: EffectExecutor> Host<E> {
+    /// A span for each effect due, in the trace of the input that first
+    /// wanted it; with each effect its span and, where the trace is not
+    /// recorded (no span), its ids, for what it writes to carry on.
+    fn effect_spans(&self, due: &[Effect]) -> (Vec<TracedEffect>, Vec<EffectSpan>) {
+        let mut traced = Vec::with_capacity(due.len());
+        let mut spans = Vec::with_capacity(due.len());
+        for effect in due {
+            let trace::Traced { span, context } = trace::span_in(self.effect_trace(effect), || {
+                tracing::info_span!(
+                    "effect",
+                    otel.name = %format_args!("write {}", effect.kind()),
+                    object = %effect.object(),
+                    otel.status_code = tracing::field::Empty,
+                    error = tracing::field::Empty,
+                )
+            });
+            let carried = if span.is_none() {
+                context.as_ref().map(trace::to_w3c)
+            } else {
+                None
+            };
+            traced.push((effect.clone(), span.clone(), carried));
+            spans.push((span, context));
+        }
+        (traced, spans)
+    }
+
+    /// What an effect that succeeded met, added to `news` in its trace
+    /// (`context`): the group move it wrote, and the eviction refusals not
+    /// recorded already.
+    fn note_outcome(
+        &mut self,
+        outcome: switchyard_core::effects::Outcome,
+        context: Option<&SpanContext>,
+        news: &mut Vec<(DomainEvent, Option<SpanContext>)>,
+    ) {
+        if !outcome.evicted.is_empty() {
+            tracing::info!(evicted = ?outcome.evicted, "evictions accepted");
+        }
+        if let Some(moved) = outcome.group_written {
+            tracing::info!(node = moved.node, from = moved.from_group, to = moved.to_group, removed = ?moved.labels_removed, "node moved to its group");
+            news.push((event(Kind::NodeGroupWritten(moved)), context.cloned()));
+        }
+        for block in outcome.blocked {
+            let pod = (block.namespace.clone(), block.pod.clone());
+            let refused = event(Kind::EvictionBlocked(block));
+            if self.blocked.get(&pod) != Some(&refused) {
+                if let Some(Kind::EvictionBlocked(b)) = &refused.kind {
+                    tracing::warn!(node = b.node, pod = %format!("{}/{}", pod.0, pod.1), reason = b.reason, budgets = ?b.disruption_budgets, "eviction refused");
+                }
+                self.blocked.insert(pod, refused.clone());
+                news.push((refused, context.cloned()));
+            } else {
+                tracing::debug!(pod = %format!("{}/{}", pod.0, pod.1), "eviction still refused, as recorded before");
+            }
+        }
     }
 }
 
@@ -668,80 +694,32 @@ fn watch_log_head(metrics: ServiceMetrics, log: Arc<dyn EventLog>) -> AbortOnDro
     }))
 }
 
-/// Runs a service until the log fails: rebuilt from `log`, its effects
-/// executed by `executor`, operator commands taken on `commands` if given.
-pub async fn run<E: EffectExecutor>(
-    mut core: Box<dyn Core>,
-    log: Arc<dyn EventLog>,
-    executor: E,
-    commands: Option<async_nats::Client>,
-    options: HostOptions,
-    progress: watch::Sender<Progress>,
-) -> Result<(), HostError> {
-    let started = Instant::now();
-    let service = core.service();
-    let metrics = crate::metrics::metrics().service(service.as_str());
-    let _head = watch_log_head(metrics.clone(), log.clone());
-    let mut last = 0;
-    let mut correlations = BTreeMap::new();
-    let mut starts = BTreeMap::new();
-    let mut traces = BTreeMap::new();
-    let mut blocked = BTreeMap::new();
-    let mut passed_over = 0;
-    let keyring = options.keyring.clone();
-    let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
-        match readable(&stored, keyring.as_deref()) {
-            Decoded::Event(event) => {
-                core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-                metrics.folded();
-                firing(service, &event);
-                remember_correlation(&mut correlations, &event, &stored.envelope.correlation_id);
-                let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
-                remember_trace(&mut traces, &event, traced.as_ref());
-                remember_start(&mut starts, &event, stored.sequence);
-                if author(&stored.envelope.actor) == Some(service) {
-                    remember_blocked(&mut blocked, &event);
-                }
-            }
-            Decoded::Unknown { reason, .. } => {
-                pass_over(service, &stored, &reason);
-                passed_over += 1;
-            }
+/// A record followed, or the end of the log.
+type Followed = Option<Result<StoredEvent, LogError>>;
+
+/// The records the host takes from the log at once: `first`, and whatever
+/// else is ready, up to [`FOLLOW_BATCH`].
+fn ready_batch(
+    first: Followed,
+    follow: &mut BoxStream<'static, Result<StoredEvent, LogError>>,
+) -> Vec<Followed> {
+    let mut batch = vec![first];
+    while batch.len() < FOLLOW_BATCH {
+        match follow.next().now_or_never() {
+            Some(next) => batch.push(next),
+            None => break,
         }
-        last = stored.sequence;
-    })
-    .await?;
-    metrics.read_up_to(last);
-    tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
-    let mut host = Host {
-        core,
-        log: log.clone(),
-        executor,
-        options: options.clone(),
-        own: BTreeSet::new(),
-        issued: BTreeMap::new(),
-        blocked,
-        correlations,
-        started: starts,
-        metrics,
-        traces,
-        aggregates: BTreeMap::new(),
-        cause: None,
-    };
-    let due = host.core.catch_up(now_nanos());
-    if !due.is_empty() {
-        tracing::info!(
-            decisions = due.len(),
-            "recording decisions the log was missing"
-        );
     }
-    host.append(&due).await?;
-    let _ = progress.send(Progress {
-        ready: true,
-        sequence: last,
-    });
-    let mut follow = log.follow(None, last + 1).await?;
-    let mut requests = match &commands {
+    batch
+}
+
+/// Takes operator commands on `switchyard.cmd.<service>`, where a NATS
+/// client is given.
+async fn subscribe_commands(
+    commands: Option<&async_nats::Client>,
+    service: ServiceName,
+) -> Result<Option<async_nats::Subscriber>, HostError> {
+    let requests = match commands {
         Some(client) => {
             let subject = command_subject(service);
             Some(
@@ -753,6 +731,310 @@ pub async fn run<E: EffectExecutor>(
         }
         None => None,
     };
+    Ok(requests)
+}
+
+impl<E: EffectExecutor> Host<E> {
+    /// The host of `core`, rebuilt by folding the whole log (`started`: when
+    /// the service started, for the time it took); the last sequence read.
+    async fn rebuild(
+        mut core: Box<dyn Core>,
+        log: Arc<dyn EventLog>,
+        executor: E,
+        options: HostOptions,
+        metrics: ServiceMetrics,
+        started: Instant,
+    ) -> Result<(Self, u64), HostError> {
+        let service = core.service();
+        let mut last = 0;
+        let mut correlations = BTreeMap::new();
+        let mut starts = BTreeMap::new();
+        let mut traces = BTreeMap::new();
+        let mut blocked = BTreeMap::new();
+        let mut passed_over = 0;
+        let keyring = options.keyring.clone();
+        let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+            match readable(&stored, keyring.as_deref()) {
+                Decoded::Event(event) => {
+                    core.fold(&event, stored.envelope.recorded_at_unix_nanos);
+                    metrics.folded();
+                    firing(service, &event);
+                    remember_correlation(
+                        &mut correlations,
+                        &event,
+                        &stored.envelope.correlation_id,
+                    );
+                    let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
+                    remember_trace(&mut traces, &event, traced.as_ref());
+                    remember_start(&mut starts, &event, stored.sequence);
+                    if author(&stored.envelope.actor) == Some(service) {
+                        remember_blocked(&mut blocked, &event);
+                    }
+                }
+                Decoded::Unknown { reason, .. } => {
+                    pass_over(service, &stored, &reason);
+                    passed_over += 1;
+                }
+            }
+            last = stored.sequence;
+        })
+        .await?;
+        metrics.read_up_to(last);
+        tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
+        let host = Host {
+            core,
+            log,
+            executor,
+            options,
+            own: BTreeSet::new(),
+            issued: BTreeMap::new(),
+            blocked,
+            correlations,
+            started: starts,
+            metrics,
+            traces,
+            aggregates: BTreeMap::new(),
+            cause: None,
+        };
+        Ok((host, last))
+    }
+
+    /// Records the decisions a crash may have kept from being recorded
+    /// ([`Core::catch_up`]).
+    async fn catch_up(&mut self) -> Result<(), HostError> {
+        let due = self.core.catch_up(now_nanos());
+        if !due.is_empty() {
+            tracing::info!(
+                decisions = due.len(),
+                "recording decisions the log was missing"
+            );
+        }
+        self.append(&due).await
+    }
+
+    /// A batch of records followed (the first `received` at that time):
+    /// this service's own folded or skipped, another's decided on; the
+    /// decisions appended together.
+    async fn react_to_records(
+        &mut self,
+        batch: Vec<Followed>,
+        received: i64,
+        progress: &watch::Sender<Progress>,
+    ) -> Result<Reacting, HostError> {
+        let service = self.core.service();
+        self.cause = None;
+        let mut decisions = Vec::new();
+        let mut decision_traces = Vec::new();
+        let mut earliest: Option<i64> = None;
+        for stored in batch {
+            let stored = stored.ok_or(HostError::FollowEnded)??;
+            let _ = progress.send(Progress {
+                ready: true,
+                sequence: stored.sequence,
+            });
+            self.metrics.read_up_to(stored.sequence);
+            if self.own.remove(&stored.sequence) {
+                continue;
+            }
+            let event = match readable(&stored, self.options.keyring.as_deref()) {
+                Decoded::Event(event) => event,
+                Decoded::Unknown { reason, .. } => {
+                    pass_over(service, &stored, &reason);
+                    continue;
+                }
+            };
+            // Read once: its spans and maps keep the ids, not the text.
+            let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
+            self.remember_record(&stored, &event, traced.as_ref());
+            if author(&stored.envelope.actor) == Some(service) {
+                // Written by an earlier run of this service: fold only.
+                self.core
+                    .fold(&event, stored.envelope.recorded_at_unix_nanos);
+                remember_blocked(&mut self.blocked, &event);
+                firing(service, &event);
+                continue;
+            }
+            let recorded = stored.envelope.recorded_at_unix_nanos;
+            earliest = Some(earliest.map_or(recorded, |e| e.min(recorded)));
+            let (decided, traces) = self.decide_on_record(&stored, &event, traced.as_ref());
+            decision_traces.extend(traces);
+            decisions.extend(decided);
+        }
+        let appending = now_nanos();
+        self.append_by(service.as_str(), &decisions, &decision_traces)
+            .await?;
+        let appended = now_nanos();
+        // Records this service wrote itself only: nothing to time
+        // unless effects go out after them.
+        Ok(Reacting {
+            input: "records",
+            earliest: earliest.unwrap_or(received),
+            received,
+            appending: appended - appending,
+            decisions: decisions.len(),
+            from_records: earliest.is_some(),
+        })
+    }
+
+    /// What a record followed tells the host beside the core: its object's
+    /// trace, its process's correlation id, trace and first sequence.
+    fn remember_record(
+        &mut self,
+        stored: &StoredEvent,
+        event: &DomainEvent,
+        traced: Option<&SpanContext>,
+    ) {
+        if let Some(trace) = traced {
+            self.aggregates
+                .insert(stored.envelope.subject.clone(), trace.clone());
+        }
+        remember_correlation(
+            &mut self.correlations,
+            event,
+            &stored.envelope.correlation_id,
+        );
+        remember_trace(&mut self.traces, event, traced);
+        remember_start(&mut self.started, event, stored.sequence);
+        self.metrics.folded();
+    }
+
+    /// The core's decisions on another service's record, each with the
+    /// trace it is decided in.
+    fn decide_on_record(
+        &mut self,
+        stored: &StoredEvent,
+        event: &DomainEvent,
+        traced: Option<&SpanContext>,
+    ) -> (Vec<DomainEvent>, Vec<Option<SpanContext>>) {
+        // A record in a trace is handled in a span of it; a fact
+        // outside any only if something is decided on it.
+        let handling = |stored: &StoredEvent| {
+            trace::span_in(traced, || {
+                tracing::info_span!(
+                    "record",
+                    otel.name = %format_args!("handle {}", stored.envelope.event_type),
+                    sequence = stored.sequence,
+                    subject = stored.envelope.subject,
+                    actor = stored.envelope.actor,
+                )
+            })
+        };
+        let handled = traced.is_some().then(|| handling(stored));
+        let decided = match &handled {
+            Some(handled) => handled
+                .span
+                .in_scope(|| self.core.decide(Input::Record(event), now_nanos())),
+            None => self.core.decide(Input::Record(event), now_nanos()),
+        };
+        let cause = match (handled, decided.is_empty()) {
+            (Some(handled), _) => handled.context,
+            (None, false) => handling(stored).context,
+            (None, true) => None,
+        };
+        if cause.is_some() {
+            self.cause = cause.clone();
+        }
+        // A process this record starts (a wave's handover, the
+        // move after it) belongs to the record's migration.
+        for decision in &decided {
+            remember_correlation(
+                &mut self.correlations,
+                decision,
+                &stored.envelope.correlation_id,
+            );
+        }
+        let traces = self.decision_traces(&decided, cause.as_ref());
+        (decided, traces)
+    }
+
+    /// Time passed: the core's decisions on it, appended.
+    async fn react_to_tick(&mut self) -> Result<Reacting, HostError> {
+        let received = now_nanos();
+        self.cause = None;
+        let decisions = self.core.decide(Input::Tick, now_nanos());
+        let appending = now_nanos();
+        self.append(&decisions).await?;
+        if !decisions.is_empty() {
+            tracing::debug!(target: "switchyard_runtime::reaction", decisions = decisions.len(), "decided on a tick");
+        }
+        Ok(Reacting {
+            input: "tick",
+            earliest: received,
+            received,
+            appending: now_nanos() - appending,
+            decisions: decisions.len(),
+            from_records: false,
+        })
+    }
+
+    /// An operator's command, answered (on `commands`) in a span of the
+    /// trace it was sent in.
+    async fn react_to_command(
+        &mut self,
+        request: async_nats::Message,
+        commands: Option<&async_nats::Client>,
+    ) -> Result<Reacting, HostError> {
+        let service = self.core.service();
+        let received = now_nanos();
+        let answering = Instant::now();
+        let sent_in = trace::from_headers(request.headers.as_ref());
+        let trace::Traced { span, context } =
+            trace::span_in(sent_in.as_ref().and_then(trace::from_w3c).as_ref(), || {
+                tracing::info_span!(
+                    "command",
+                    otel.name = %format_args!("command {}", commands::name_of(&request.payload)),
+                    %service,
+                )
+            });
+        // What the command decides is in its trace.
+        self.cause = context;
+        let reply = self.command(&request.payload).instrument(span).await;
+        crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
+        let decisions = reply.decisions.len();
+        if let (Some(to), Some(client)) = (request.reply, commands) {
+            client.publish(to, reply.encode_to_vec().into()).await?;
+        }
+        Ok(Reacting {
+            input: "command",
+            earliest: received,
+            received,
+            appending: 0,
+            decisions,
+            from_records: false,
+        })
+    }
+}
+
+/// Runs a service until the log fails: rebuilt from `log`, its effects
+/// executed by `executor`, operator commands taken on `commands` if given.
+pub async fn run<E: EffectExecutor>(
+    core: Box<dyn Core>,
+    log: Arc<dyn EventLog>,
+    executor: E,
+    commands: Option<async_nats::Client>,
+    options: HostOptions,
+    progress: watch::Sender<Progress>,
+) -> Result<(), HostError> {
+    let started = Instant::now();
+    let service = core.service();
+    let metrics = crate::metrics::metrics().service(service.as_str());
+    let _head = watch_log_head(metrics.clone(), log.clone());
+    let (mut host, last) = Host::rebuild(
+        core,
+        log.clone(),
+        executor,
+        options.clone(),
+        metrics,
+        started,
+    )
+    .await?;
+    host.catch_up().await?;
+    let _ = progress.send(Progress {
+        ready: true,
+        sequence: last,
+    });
+    let mut follow = log.follow(None, last + 1).await?;
+    let mut requests = subscribe_commands(commands.as_ref(), service).await?;
     let mut tick = tokio::time::interval(options.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     host.execute_effects().await?;
@@ -764,161 +1046,45 @@ pub async fn run<E: EffectExecutor>(
                 let received = now_nanos();
                 // This record and whatever else is ready: decided together,
                 // appended together, then the effects issued once.
-                let mut batch = vec![stored];
-                while batch.len() < FOLLOW_BATCH {
-                    match follow.next().now_or_never() {
-                        Some(next) => batch.push(next),
-                        None => break,
-                    }
-                }
-                host.cause = None;
-                let mut decisions = Vec::new();
-                let mut decision_traces = Vec::new();
-                let mut earliest: Option<i64> = None;
-                for stored in batch {
-                    let stored = stored.ok_or(HostError::FollowEnded)??;
-                    let _ = progress.send(Progress { ready: true, sequence: stored.sequence });
-                    host.metrics.read_up_to(stored.sequence);
-                    if host.own.remove(&stored.sequence) {
-                        continue;
-                    }
-                    let event = match readable(&stored, keyring.as_deref()) {
-                        Decoded::Event(event) => event,
-                        Decoded::Unknown { reason, .. } => {
-                            pass_over(service, &stored, &reason);
-                            continue;
-                        }
-                    };
-                    // Read once: its spans and maps keep the ids, not the text.
-                    let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
-                    if let Some(trace) = &traced {
-                        host.aggregates.insert(stored.envelope.subject.clone(), trace.clone());
-                    }
-                    remember_correlation(&mut host.correlations, &event, &stored.envelope.correlation_id);
-                    remember_trace(&mut host.traces, &event, traced.as_ref());
-                    remember_start(&mut host.started, &event, stored.sequence);
-                    host.metrics.folded();
-                    if author(&stored.envelope.actor) == Some(service) {
-                        // Written by an earlier run of this service: fold only.
-                        host.core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-                        remember_blocked(&mut host.blocked, &event);
-                        firing(service, &event);
-                        continue;
-                    }
-                    let recorded = stored.envelope.recorded_at_unix_nanos;
-                    earliest = Some(earliest.map_or(recorded, |e| e.min(recorded)));
-                    // A record in a trace is handled in a span of it; a fact
-                    // outside any only if something is decided on it.
-                    let handling = |stored: &StoredEvent| {
-                        trace::span_in(traced.as_ref(), || {
-                            tracing::info_span!(
-                                "record",
-                                otel.name = %format_args!("handle {}", stored.envelope.event_type),
-                                sequence = stored.sequence,
-                                subject = stored.envelope.subject,
-                                actor = stored.envelope.actor,
-                            )
-                        })
-                    };
-                    let handled = traced.is_some().then(|| handling(&stored));
-                    let decided = match &handled {
-                        Some(handled) => handled
-                            .span
-                            .in_scope(|| host.core.decide(Input::Record(&event), now_nanos())),
-                        None => host.core.decide(Input::Record(&event), now_nanos()),
-                    };
-                    let cause = match (handled, decided.is_empty()) {
-                        (Some(handled), _) => handled.context,
-                        (None, false) => handling(&stored).context,
-                        (None, true) => None,
-                    };
-                    if cause.is_some() {
-                        host.cause = cause.clone();
-                    }
-                    // A process this record starts (a wave's handover, the
-                    // move after it) belongs to the record's migration.
-                    for decision in &decided {
-                        remember_correlation(&mut host.correlations, decision, &stored.envelope.correlation_id);
-                    }
-                    decision_traces.extend(host.decision_traces(&decided, cause.as_ref()));
-                    decisions.extend(decided);
-                }
-                let appending = now_nanos();
-                host.append_by(service.as_str(), &decisions, &decision_traces).await?;
-                let appended = now_nanos();
-                // Records this service wrote itself only: nothing to time
-                // unless effects go out after them.
-                Reacting {
-                    input: "records",
-                    earliest: earliest.unwrap_or(received),
-                    received,
-                    appending: appended - appending,
-                    decisions: decisions.len(),
-                    from_records: earliest.is_some(),
-                }
+                let batch = ready_batch(stored, &mut follow);
+                host.react_to_records(batch, received, &progress).await?
             }
-            _ = tick.tick() => {
-                let received = now_nanos();
-                host.cause = None;
-                let decisions = host.core.decide(Input::Tick, now_nanos());
-                let appending = now_nanos();
-                host.append(&decisions).await?;
-                if !decisions.is_empty() {
-                    tracing::debug!(target: "switchyard_runtime::reaction", decisions = decisions.len(), "decided on a tick");
-                }
-                Reacting {
-                    input: "tick",
-                    earliest: received,
-                    received,
-                    appending: now_nanos() - appending,
-                    decisions: decisions.len(),
-                    from_records: false,
-                }
-            }
+            _ = tick.tick() => host.react_to_tick().await?,
             Some(request) = async {
                 match requests.as_mut() {
                     Some(sub) => sub.next().await,
                     None => std::future::pending().await,
                 }
-            } => {
-                let received = now_nanos();
-                let answering = Instant::now();
-                let sent_in = trace::from_headers(request.headers.as_ref());
-                let trace::Traced { span, context } =
-                    trace::span_in(sent_in.as_ref().and_then(trace::from_w3c).as_ref(), || {
-                        tracing::info_span!(
-                            "command",
-                            otel.name = %format_args!("command {}", commands::name_of(&request.payload)),
-                            %service,
-                        )
-                    });
-                // What the command decides is in its trace.
-                host.cause = context;
-                let reply = host.command(&request.payload).instrument(span).await;
-                crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
-                let decisions = reply.decisions.len();
-                if let (Some(to), Some(client)) = (request.reply, &commands) {
-                    client.publish(to, reply.encode_to_vec().into()).await?;
-                }
-                Reacting {
-                    input: "command",
-                    earliest: received,
-                    received,
-                    appending: 0,
-                    decisions,
-                    from_records: false,
-                }
-            }
+            } => host.react_to_command(request, commands.as_ref()).await?,
         };
         let written = host.execute_effects().await?;
-        // Switchyard's own latency: from the recording of a fact (or another
-        // service's decision) to this service's decisions recorded and its
-        // writes sent, and how long the writes took (the API server's part)
-        // — for the benchmarks, which read it from the service's log. Records
-        // that changed nothing are logged too: the service was busy with
-        // them; so are a tick's or a command's decisions and writes (effects
-        // issued again among them), which keep it from the log meanwhile.
-        if reacting.from_records || reacting.decisions > 0 || written.took > 0 {
+        reacting.log(&written);
+    }
+}
+
+/// One input's reaction, for its timing (ns): the earliest recording time of
+/// the records decided on (a tick's or a command's arrival), when the service
+/// took the input, how long appending its decisions took, and how many it
+/// made; `from_records` when another's records were among them.
+struct Reacting {
+    input: &'static str,
+    earliest: i64,
+    received: i64,
+    appending: i64,
+    decisions: usize,
+    from_records: bool,
+}
+
+impl Reacting {
+    /// Switchyard's own latency: from the recording of a fact (or another
+    /// service's decision) to this service's decisions recorded and its
+    /// writes sent, and how long the writes took (the API server's part)
+    /// — for the benchmarks, which read it from the service's log. Records
+    /// that changed nothing are logged too: the service was busy with
+    /// them; so are a tick's or a command's decisions and writes (effects
+    /// issued again among them), which keep it from the log meanwhile.
+    fn log(self, written: &Written) {
+        if self.from_records || self.decisions > 0 || written.took > 0 {
             let Reacting {
                 input,
                 earliest,
@@ -926,7 +1092,7 @@ pub async fn run<E: EffectExecutor>(
                 appending,
                 decisions,
                 from_records: _,
-            } = reacting;
+            } = self;
             let done = now_nanos();
             tracing::debug!(
                 target: "switchyard_runtime::reaction",
@@ -943,19 +1109,6 @@ pub async fn run<E: EffectExecutor>(
             );
         }
     }
-}
-
-/// One input's reaction, for its timing (ns): the earliest recording time of
-/// the records decided on (a tick's or a command's arrival), when the service
-/// took the input, how long appending its decisions took, and how many it
-/// made; `from_records` when another's records were among them.
-struct Reacting {
-    input: &'static str,
-    earliest: i64,
-    received: i64,
-    appending: i64,
-    decisions: usize,
-    from_records: bool,
 }
 
 /// Why a hosted service could not start or stopped; `E` is its own part

@@ -109,6 +109,29 @@ pub struct Handover {
 }
 
 impl Handover {
+    /// The handover `started` records, at its cordon since `at`: a
+    /// rollback's handover back when `rollback` is given.
+    fn started(started: &HandoverStarted, rollback: Option<RollbackMode>, at: i64) -> Handover {
+        Handover {
+            id: started.handover_id.clone(),
+            node: started.node.clone(),
+            source_group: started.source_group.clone(),
+            target_group: started.target_group.clone(),
+            step: HandoverStep::Cordon,
+            step_since: at,
+            stalled: false,
+            labels_before: started.labels_before.clone(),
+            taints_before: started.taints_before.clone(),
+            was_unschedulable: started.was_unschedulable,
+            to_evict: Vec::new(),
+            rollback,
+            uncordoned: false,
+            cards_before: started.cards_before,
+            stale_setup_label: None,
+            setup_absent_seen: false,
+        }
+    }
+
     /// Whether `gpu-setup-complete` was written after the group change.
     pub fn setup_label_fresh(&self, facts: &Node) -> bool {
         self.step >= HandoverStep::WaitReady
@@ -116,6 +139,57 @@ impl Handover {
                 .labels
                 .get(GPU_SETUP_COMPLETE_LABEL)
                 .is_some_and(|v| self.stale_setup_label.as_ref() != Some(v))
+    }
+
+    /// Whether the node is moved. A forward handover is done moving when the
+    /// node carries the target group and not the source group's role label;
+    /// a rollback when the node's labels and taints are its before-image
+    /// again.
+    fn moved(&self, cluster: &Cluster, facts: &Node) -> bool {
+        match &self.rollback {
+            // nvidia-operator: the pool label is the move; the operand
+            // labels follow it, in the guide's order, once the node's stack
+            // is decided again (`operands::effects`).
+            _ if strategy(&cluster.backend).moves_by_group_label() => {
+                facts.group().unwrap_or_default() == self.target_group
+            }
+            None => {
+                facts.group() == Some(self.target_group.as_str())
+                    && !facts
+                        .labels
+                        .contains_key(&format!("{NODE_ROLE_PREFIX}{}", self.source_group))
+            }
+            Some(_) => {
+                comparable(facts.labels.iter()) == comparable(self.labels_before.iter())
+                    && facts.taints == self.taints_before
+            }
+        }
+    }
+
+    /// Whether the node is released. Forward: uncordoned. Rollback:
+    /// spec.unschedulable as it was.
+    fn released(&self, facts: &Node) -> bool {
+        match &self.rollback {
+            None => !facts.unschedulable,
+            Some(_) => facts.unschedulable == self.was_unschedulable,
+        }
+    }
+
+    /// `HandoverCompleted`, after `NodeUncordoned` unless that is recorded.
+    fn completion(&self) -> Vec<DomainEvent> {
+        let uncordoned = (!self.uncordoned).then(|| {
+            event(Kind::NodeUncordoned(NodeUncordoned {
+                handover_id: self.id.clone(),
+                node: self.node.clone(),
+                was_unschedulable: true,
+            }))
+        });
+        let completed = event(Kind::HandoverCompleted(HandoverCompleted {
+            handover_id: self.id.clone(),
+            node: self.node.clone(),
+            target_group: self.target_group.clone(),
+        }));
+        uncordoned.into_iter().chain([completed]).collect()
     }
 }
 
@@ -212,64 +286,27 @@ impl Handovers {
         };
         match kind {
             Kind::HandoverStarted(e) => {
-                self.active.insert(
-                    e.node.clone(),
-                    Handover {
-                        id: e.handover_id.clone(),
-                        node: e.node.clone(),
-                        source_group: e.source_group.clone(),
-                        target_group: e.target_group.clone(),
-                        step: HandoverStep::Cordon,
-                        step_since: at,
-                        stalled: false,
-                        labels_before: e.labels_before.clone(),
-                        taints_before: e.taints_before.clone(),
-                        was_unschedulable: e.was_unschedulable,
-                        to_evict: Vec::new(),
-                        rollback: None,
-                        uncordoned: false,
-                        cards_before: e.cards_before,
-                        stale_setup_label: None,
-                        setup_absent_seen: false,
-                    },
-                );
+                self.active
+                    .insert(e.node.clone(), Handover::started(e, None, at));
             }
             Kind::RollbackStarted(e) => {
                 let Some(back) = &e.node_restore else { return };
                 let [undo_uncordon, undo_group_change, undo_cordon] = e.plan[..] else {
                     return;
                 };
-                self.active.insert(
-                    back.node.clone(),
-                    Handover {
-                        id: back.handover_id.clone(),
-                        node: back.node.clone(),
-                        source_group: back.source_group.clone(),
-                        target_group: back.target_group.clone(),
-                        step: HandoverStep::Cordon,
-                        step_since: at,
-                        stalled: false,
-                        labels_before: back.labels_before.clone(),
-                        taints_before: back.taints_before.clone(),
-                        was_unschedulable: back.was_unschedulable,
-                        to_evict: Vec::new(),
-                        rollback: Some(RollbackMode {
-                            rollback_id: e.rollback_id.clone(),
-                            undo_uncordon,
-                            undo_group_change,
-                            undo_cordon,
-                            undone: e
-                                .undone_group_change
-                                .as_deref()
-                                .cloned()
-                                .unwrap_or_default(),
-                        }),
-                        uncordoned: false,
-                        cards_before: back.cards_before,
-                        stale_setup_label: None,
-                        setup_absent_seen: false,
-                    },
-                );
+                let mode = RollbackMode {
+                    rollback_id: e.rollback_id.clone(),
+                    undo_uncordon,
+                    undo_group_change,
+                    undo_cordon,
+                    undone: e
+                        .undone_group_change
+                        .as_deref()
+                        .cloned()
+                        .unwrap_or_default(),
+                };
+                self.active
+                    .insert(back.node.clone(), Handover::started(back, Some(mode), at));
             }
             Kind::StepCompensated(e) => {
                 if let Some(compensation) = &e.compensation {
@@ -464,33 +501,99 @@ impl Handovers {
         facts: &Node,
         now: i64,
     ) -> Vec<DomainEvent> {
-        let (id, name, node) = (h.id.clone(), h.node.clone(), h.node.as_str());
-        let strategy = strategy(&cluster.backend);
-        let by_group_label = strategy.moves_by_group_label();
-        // A forward handover is done moving when the node carries the target
-        // group and not the source group's role label; a rollback when the node's
-        // labels and taints are its before-image again.
-        let moved = match &h.rollback {
-            // nvidia-operator: the pool label is the move; the operand
-            // labels follow it, in the guide's order, once the node's stack
-            // is decided again (`operands::effects`).
-            _ if by_group_label => facts.group().unwrap_or_default() == h.target_group,
-            None => {
-                facts.group() == Some(h.target_group.as_str())
-                    && !facts
-                        .labels
-                        .contains_key(&format!("{NODE_ROLE_PREFIX}{}", h.source_group))
+        match h.step {
+            HandoverStep::Cordon => self.decide_cordoned(cluster, h, facts, now),
+            HandoverStep::Drain => self.decide_drained(cluster, h, now),
+            HandoverStep::MoveGroup => self.decide_group_changed(cluster, h, facts, now),
+            HandoverStep::WaitReady => self.decide_ready(cluster, held, h, facts, now),
+            HandoverStep::Uncordon if h.released(facts) => h.completion(),
+            HandoverStep::Uncordon | HandoverStep::Unspecified => {
+                self.stall(h, now, format!("node {} is still cordoned", h.node))
             }
-            Some(_) => {
-                comparable(facts.labels.iter()) == comparable(h.labels_before.iter())
-                    && facts.taints == h.taints_before
-            }
-        };
-        // Forward: uncordoned. Rollback: spec.unschedulable as it was.
-        let released = match &h.rollback {
-            None => !facts.unschedulable,
-            Some(_) => facts.unschedulable == h.was_unschedulable,
-        };
+        }
+    }
+
+    /// `NodeCordoned`, with the pods the drain is to evict, once the node is
+    /// unschedulable.
+    fn decide_cordoned(
+        &self,
+        cluster: &Cluster,
+        h: &Handover,
+        facts: &Node,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        let node = h.node.as_str();
+        if !facts.unschedulable {
+            return self.stall(h, now, format!("node {node} is not cordoned yet"));
+        }
+        let to_evict = cluster
+            .pods_on(node)
+            .filter(|(_, pod)| !pod.is_daemon())
+            .map(|((namespace, name), pod)| PodRef {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                owner: pod.owner(namespace),
+            })
+            .collect();
+        vec![event(Kind::NodeCordoned(NodeCordoned {
+            handover_id: h.id.clone(),
+            node: h.node.clone(),
+            was_unschedulable: h.was_unschedulable,
+            to_evict,
+        }))]
+    }
+
+    /// `NodeDrained` once no pod but a DaemonSet's is left on the node; a
+    /// stall names those left, and why their eviction was refused.
+    fn decide_drained(&self, cluster: &Cluster, h: &Handover, now: i64) -> Vec<DomainEvent> {
+        let node = h.node.as_str();
+        if !cluster.pods_on(node).any(|(_, pod)| !pod.is_daemon()) {
+            return vec![event(Kind::NodeDrained(NodeDrained {
+                handover_id: h.id.clone(),
+                node: h.node.clone(),
+                evicted: h.to_evict.clone(),
+            }))];
+        }
+        let left: Vec<String> = cluster
+            .pods_on(node)
+            .filter(|(_, pod)| !pod.is_daemon())
+            .map(|(key, _)| match cluster.eviction_blocks.get(key) {
+                Some(why) => format!("{}/{} (eviction refused: {why})", key.0, key.1),
+                None => format!("{}/{}", key.0, key.1),
+            })
+            .collect();
+        self.stall(
+            h,
+            now,
+            format!(
+                "{} pods are still on node {node}: {}",
+                left.len(),
+                left.join(", ")
+            ),
+        )
+    }
+
+    /// `NodeGroupChanged`, with the images before and after, once the node
+    /// is moved.
+    fn decide_group_changed(
+        &self,
+        cluster: &Cluster,
+        h: &Handover,
+        facts: &Node,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        if !h.moved(cluster, facts) {
+            return self.stall(
+                h,
+                now,
+                format!(
+                    "node {} is still labelled {}={}",
+                    h.node,
+                    cluster.backend.group_label(),
+                    facts.group().unwrap_or_default()
+                ),
+            );
+        }
         let (labels_before, taints_before) = match &h.rollback {
             None => (h.labels_before.clone(), h.taints_before.clone()),
             Some(mode) => (
@@ -498,117 +601,53 @@ impl Handovers {
                 mode.undone.taints_after.clone(),
             ),
         };
-        match h.step {
-            HandoverStep::Cordon if facts.unschedulable => {
-                let to_evict = cluster
-                    .pods_on(node)
-                    .filter(|(_, pod)| !pod.is_daemon())
-                    .map(|((namespace, name), pod)| PodRef {
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                        owner: pod.owner(namespace),
-                    })
-                    .collect();
-                vec![event(Kind::NodeCordoned(NodeCordoned {
-                    handover_id: id,
-                    node: name,
-                    was_unschedulable: h.was_unschedulable,
-                    to_evict,
-                }))]
-            }
-            HandoverStep::Drain if !cluster.pods_on(node).any(|(_, pod)| !pod.is_daemon()) => {
-                vec![event(Kind::NodeDrained(NodeDrained {
-                    handover_id: id,
-                    node: name,
-                    evicted: h.to_evict.clone(),
-                }))]
-            }
-            HandoverStep::MoveGroup if moved => {
-                vec![event(Kind::NodeGroupChanged(NodeGroupChanged {
-                    handover_id: id,
-                    node: name,
-                    from_group: h.source_group.clone(),
-                    to_group: h.target_group.clone(),
-                    labels_before,
-                    taints_before,
-                    labels_after: facts.labels.to_map(),
-                    taints_after: facts.taints.clone(),
-                }))]
-            }
-            HandoverStep::WaitReady => {
-                let (stack, _) = stack_in_group(
-                    cluster,
-                    facts,
-                    &h.target_group,
-                    held.contains(&h.target_group),
-                );
-                match strategy.handover_ready(
-                    node,
-                    stack,
-                    facts,
-                    cluster,
-                    h.cards_before,
-                    h.setup_label_fresh(facts),
-                ) {
-                    Ok(seen) => vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
-                        handover_id: id,
-                        node: name,
-                        ..seen
-                    }))],
-                    Err(missing) => self.stall(
-                        h,
-                        now,
-                        format!("node {node} is not ready: {}", missing.join("; ")),
-                    ),
-                }
-            }
-            HandoverStep::Uncordon if released => {
-                let uncordoned = (!h.uncordoned).then(|| {
-                    event(Kind::NodeUncordoned(NodeUncordoned {
-                        handover_id: id.clone(),
-                        node: name.clone(),
-                        was_unschedulable: true,
-                    }))
-                });
-                let completed = event(Kind::HandoverCompleted(HandoverCompleted {
-                    handover_id: id,
-                    node: name,
-                    target_group: h.target_group.clone(),
-                }));
-                uncordoned.into_iter().chain([completed]).collect()
-            }
-            HandoverStep::Cordon => self.stall(h, now, format!("node {node} is not cordoned yet")),
-            HandoverStep::Drain => {
-                let left: Vec<String> = cluster
-                    .pods_on(node)
-                    .filter(|(_, pod)| !pod.is_daemon())
-                    .map(|(key, _)| match cluster.eviction_blocks.get(key) {
-                        Some(why) => format!("{}/{} (eviction refused: {why})", key.0, key.1),
-                        None => format!("{}/{}", key.0, key.1),
-                    })
-                    .collect();
-                self.stall(
-                    h,
-                    now,
-                    format!(
-                        "{} pods are still on node {node}: {}",
-                        left.len(),
-                        left.join(", ")
-                    ),
-                )
-            }
-            HandoverStep::MoveGroup => self.stall(
+        vec![event(Kind::NodeGroupChanged(NodeGroupChanged {
+            handover_id: h.id.clone(),
+            node: h.node.clone(),
+            from_group: h.source_group.clone(),
+            to_group: h.target_group.clone(),
+            labels_before,
+            taints_before,
+            labels_after: facts.labels.to_map(),
+            taints_after: facts.taints.clone(),
+        }))]
+    }
+
+    /// `NodeReadinessObserved` once the backend finds the node ready for
+    /// the stack it gets in its target group; a stall names what it misses.
+    fn decide_ready(
+        &self,
+        cluster: &Cluster,
+        held: &std::collections::BTreeSet<String>,
+        h: &Handover,
+        facts: &Node,
+        now: i64,
+    ) -> Vec<DomainEvent> {
+        let node = h.node.as_str();
+        let (stack, _) = stack_in_group(
+            cluster,
+            facts,
+            &h.target_group,
+            held.contains(&h.target_group),
+        );
+        match strategy(&cluster.backend).handover_ready(
+            node,
+            stack,
+            facts,
+            cluster,
+            h.cards_before,
+            h.setup_label_fresh(facts),
+        ) {
+            Ok(seen) => vec![event(Kind::NodeReadinessObserved(NodeReadinessObserved {
+                handover_id: h.id.clone(),
+                node: h.node.clone(),
+                ..seen
+            }))],
+            Err(missing) => self.stall(
                 h,
                 now,
-                format!(
-                    "node {node} is still labelled {}={}",
-                    cluster.backend.group_label(),
-                    facts.group().unwrap_or_default()
-                ),
+                format!("node {node} is not ready: {}", missing.join("; ")),
             ),
-            HandoverStep::Uncordon | HandoverStep::Unspecified => {
-                self.stall(h, now, format!("node {node} is still cordoned"))
-            }
         }
     }
 

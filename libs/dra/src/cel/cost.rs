@@ -19,7 +19,9 @@
 
 use std::collections::HashMap;
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
+use cel::common::ast::{
+    ComprehensionExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, MapExpr, SelectExpr,
+};
 
 /// `resourceapi.CELSelectorExpressionMaxCost`.
 pub const MAX_COST: u64 = 1_000_000;
@@ -266,6 +268,33 @@ impl Ty {
     }
 }
 
+/// A call being estimated: its function, what it is called on and with,
+/// and what its arguments cost.
+struct Call<'e> {
+    /// The call's expression.
+    id: u64,
+    /// The function, a global's with its namespace (`sets.contains`).
+    name: &'e str,
+    /// What it is called on (none for a namespaced global).
+    target: Option<&'e IdedExpr>,
+    args: &'e [IdedExpr],
+    /// 1 plus the arguments: a call with no rule of its own.
+    default: Est,
+    arg_costs: Vec<Est>,
+    arg_sum: Est,
+    /// The arguments' types, and the target's.
+    types: Vec<Ty>,
+    target_ty: Option<Ty>,
+}
+
+/// What a function's own rule says of a call: what it costs, arguments
+/// included, and its result's type and (where the rule knows it) size.
+struct Rule {
+    cost: Est,
+    ty: Ty,
+    size: Option<Est>,
+}
+
 fn is_accumulator(name: &str) -> bool {
     name == "@result" || name == "@__result__"
 }
@@ -423,229 +452,265 @@ impl Coster {
                 self.set_ty(e, t);
                 Est::fixed(0)
             }
-            Expr::Ident(name) => {
-                let (path, t) = match self.local(name) {
-                    Some(v) => (v.path.clone(), v.ty.clone()),
-                    None if name == "device" => (vec![name.clone()], Ty::Device),
-                    None => {
-                        self.outside = true;
-                        (vec![name.clone()], Ty::Dyn)
-                    }
-                };
-                self.paths.insert(e.id, path);
-                self.set_ty(e, t);
-                Est::fixed(1)
-            }
-            Expr::Select(sel) => {
-                let mut sum = self.cost(&sel.operand);
-                if sel.test {
-                    // Kubernetes keeps has() free (PresenceTestHasCost(false)).
-                    self.set_ty(e, Ty::Bool);
-                    return sum;
-                }
-                let operand = self.ty(&sel.operand);
-                let t = match (&operand, sel.field.as_str()) {
-                    (Ty::Device, "driver") => Ty::String,
-                    (Ty::Device, "allowMultipleAllocations") => Ty::Bool,
-                    (Ty::Device, "attributes") => Ty::Map(
-                        Box::new(Ty::String),
-                        Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Any))),
-                    ),
-                    (Ty::Device, "capacity") => Ty::Map(
-                        Box::new(Ty::String),
-                        Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Quantity))),
-                    ),
-                    (Ty::Map(_, v), _) => (**v).clone(),
-                    _ => Ty::Dyn,
-                };
-                if matches!(operand, Ty::Map(..) | Ty::Device) {
-                    sum = sum.add(Est::fixed(1));
-                }
-                let mut path = self.path(&sel.operand);
-                path.push(sel.field.clone());
-                self.paths.insert(e.id, path);
-                self.set_ty(e, t);
-                sum
-            }
-            Expr::List(l) => {
-                let mut sum = Est::fixed(0);
-                let mut item = Est {
-                    min: if l.elements.is_empty() { 0 } else { u64::MAX },
-                    max: 0,
-                };
-                let mut elems = Homogeneous::default();
-                for x in &l.elements {
-                    sum = sum.add(self.cost(x));
-                    item = item.union(self.size_or_unknown(x));
-                    let t = self.ty(x);
-                    elems.check(x, &t, &mut self.type_error);
-                }
-                if !l.optional_indices.is_empty() {
-                    self.outside = true;
-                }
-                self.entries.insert(
-                    e.id,
-                    Entry {
-                        list: true,
-                        key: Est::fixed(1),
-                        val: item,
-                    },
-                );
-                self.set_ty(e, Ty::List(Box::new(elems.common())));
-                sum.add(Est::fixed(LIST_CREATE))
-            }
-            Expr::Map(m) => {
-                let mut sum = Est::fixed(0);
-                let empty = m.entries.is_empty();
-                let start = Est {
-                    min: if empty { 0 } else { u64::MAX },
-                    max: 0,
-                };
-                let (mut key, mut val) = (start, start);
-                let (mut keys, mut values) = (Homogeneous::default(), Homogeneous::default());
-                for entry in &m.entries {
-                    let EntryExpr::MapEntry(entry) = &entry.expr else {
-                        self.outside = true;
-                        continue;
-                    };
-                    if entry.optional {
-                        self.outside = true;
-                    }
-                    sum = sum.add(self.cost(&entry.key)).add(self.cost(&entry.value));
-                    let (k, v) = (self.ty(&entry.key), self.ty(&entry.value));
-                    keys.check(&entry.key, &k, &mut self.type_error);
-                    values.check(&entry.value, &v, &mut self.type_error);
-                    key = key.union(self.size_or_unknown(&entry.key));
-                    val = val.union(self.size_or_unknown(&entry.value));
-                }
-                self.entries.insert(
-                    e.id,
-                    Entry {
-                        list: false,
-                        key,
-                        val,
-                    },
-                );
-                self.set_ty(
-                    e,
-                    Ty::Map(Box::new(keys.common()), Box::new(values.common())),
-                );
-                sum.add(Est::fixed(MAP_CREATE))
-            }
-            Expr::Comprehension(c) => {
-                let is_bind = matches!(&c.iter_range.expr, Expr::List(l) if l.elements.is_empty())
-                    && matches!(&c.loop_cond.expr, Expr::Literal(LiteralValue::Boolean(b)) if !*b.inner())
-                    && !is_accumulator(&c.accu_var);
-                let mut sum = self.cost(&c.iter_range).add(self.cost(&c.accu_init));
-                let init_ty = self.ty(&c.accu_init);
-                let accu = Local {
-                    path: self.path(&c.accu_init),
-                    size: self.size(&c.accu_init),
-                    entry: self.entry(&c.accu_init),
-                    ty: init_ty.clone(),
-                };
-                self.push(&c.accu_var, accu);
-                if is_bind {
-                    sum = sum.add(self.cost(&c.result));
-                    self.pop(&c.accu_var);
-                    if let Some(s) = self.size(&c.result) {
-                        self.sizes.insert(e.id, s);
-                    }
-                    if let Some(s) = self.entry(&c.result) {
-                        self.entries.insert(e.id, s);
-                    }
-                    let t = self.ty(&c.result);
-                    self.set_ty(e, t);
-                    return sum;
-                }
-                if c.iter_var2.is_some() {
-                    self.outside = true;
-                }
-                let range_ty = self.ty(&c.iter_range);
-                // The type checker ranges over lists, maps and `dyn` only: an
-                // attribute's value (`any`), a quantity, a string... is refused
-                // when the selector is compiled, not when it is evaluated.
-                if !matches!(range_ty, Ty::List(_) | Ty::Map(..) | Ty::Dyn)
-                    && self.type_error.is_none()
-                {
-                    let name = match &range_ty {
-                        Ty::Null => "null".to_string(),
-                        Ty::Device => "kubernetes.DRADevice".to_string(),
-                        t => t.name(),
-                    };
-                    self.type_error = Some(format!(
-                        "expression of type '{name}' cannot be range of a comprehension (must be list, map, or dynamic)"
-                    ));
-                }
-                let range_entry = self.entry(&c.iter_range);
-                let list = match range_entry {
-                    Some(entry) => entry.list,
-                    None => matches!(range_ty, Ty::List(_)),
-                };
-                let (subpath, size, var_ty) = if list {
-                    let elem = match &range_ty {
-                        Ty::List(t) => (**t).clone(),
-                        _ => Ty::Dyn,
-                    };
-                    ("@items", range_entry.map(|x| x.val), elem)
-                } else {
-                    let key = match &range_ty {
-                        Ty::Map(k, _) => (**k).clone(),
-                        _ => Ty::Dyn,
-                    };
-                    ("@keys", range_entry.map(|x| x.key), key)
-                };
-                let mut path = self.path(&c.iter_range);
-                path.push(subpath.into());
-                self.push(
-                    &c.iter_var,
-                    Local {
-                        path,
-                        size,
-                        entry: None,
-                        ty: var_ty,
-                    },
-                );
-                let loop_cost = self.cost(&c.loop_cond);
-                let step_cost = self.cost(&c.loop_step);
-                self.pop(&c.iter_var);
-                sum = sum.add(self.cost(&c.result));
-                self.pop(&c.accu_var);
-                let range = self.size_or_unknown(&c.iter_range);
-                sum = sum.add(range.mul(step_cost.add(loop_cost)));
-                match &c.accu_init.expr {
-                    Expr::Literal(_) => {
-                        if let Some(s) = self.size(&c.accu_init) {
-                            self.sizes.insert(e.id, s);
-                        }
-                    }
-                    Expr::List(_) | Expr::Map(_) => {
-                        self.sizes.insert(e.id, range);
-                        if let Some(s) = self.entry(&c.loop_step) {
-                            self.entries.insert(e.id, s);
-                        }
-                    }
-                    _ => {}
-                }
-                let t = match (&c.accu_init.expr, init_ty) {
-                    (Expr::List(_), _) => {
-                        let elem = match self.ty(&c.loop_step) {
-                            Ty::List(t) => *t,
-                            _ => Ty::Dyn,
-                        };
-                        Ty::List(Box::new(elem))
-                    }
-                    _ => self.ty(&c.result),
-                };
-                self.set_ty(e, t);
-                sum
-            }
+            Expr::Ident(name) => self.ident(e, name),
+            Expr::Select(sel) => self.select(e, sel),
+            Expr::List(l) => self.list(e, l),
+            Expr::Map(m) => self.map(e, m),
+            Expr::Comprehension(c) => self.comprehension(e, c),
             Expr::Call(_) => self.call(e),
             Expr::Struct(_) | Expr::Unspecified => {
                 self.outside = true;
                 Est::fixed(0)
             }
         }
+    }
+
+    fn ident(&mut self, e: &IdedExpr, name: &str) -> Est {
+        let (path, t) = match self.local(name) {
+            Some(v) => (v.path.clone(), v.ty.clone()),
+            None if name == "device" => (vec![name.to_string()], Ty::Device),
+            None => {
+                self.outside = true;
+                (vec![name.to_string()], Ty::Dyn)
+            }
+        };
+        self.paths.insert(e.id, path);
+        self.set_ty(e, t);
+        Est::fixed(1)
+    }
+
+    fn select(&mut self, e: &IdedExpr, sel: &SelectExpr) -> Est {
+        let mut sum = self.cost(&sel.operand);
+        if sel.test {
+            // Kubernetes keeps has() free (PresenceTestHasCost(false)).
+            self.set_ty(e, Ty::Bool);
+            return sum;
+        }
+        let operand = self.ty(&sel.operand);
+        let t = match (&operand, sel.field.as_str()) {
+            (Ty::Device, "driver") => Ty::String,
+            (Ty::Device, "allowMultipleAllocations") => Ty::Bool,
+            (Ty::Device, "attributes") => Ty::Map(
+                Box::new(Ty::String),
+                Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Any))),
+            ),
+            (Ty::Device, "capacity") => Ty::Map(
+                Box::new(Ty::String),
+                Box::new(Ty::Map(Box::new(Ty::String), Box::new(Ty::Quantity))),
+            ),
+            (Ty::Map(_, v), _) => (**v).clone(),
+            _ => Ty::Dyn,
+        };
+        if matches!(operand, Ty::Map(..) | Ty::Device) {
+            sum = sum.add(Est::fixed(1));
+        }
+        let mut path = self.path(&sel.operand);
+        path.push(sel.field.clone());
+        self.paths.insert(e.id, path);
+        self.set_ty(e, t);
+        sum
+    }
+
+    fn list(&mut self, e: &IdedExpr, l: &ListExpr) -> Est {
+        let mut sum = Est::fixed(0);
+        let mut item = Est {
+            min: if l.elements.is_empty() { 0 } else { u64::MAX },
+            max: 0,
+        };
+        let mut elems = Homogeneous::default();
+        for x in &l.elements {
+            sum = sum.add(self.cost(x));
+            item = item.union(self.size_or_unknown(x));
+            let t = self.ty(x);
+            elems.check(x, &t, &mut self.type_error);
+        }
+        if !l.optional_indices.is_empty() {
+            self.outside = true;
+        }
+        self.entries.insert(
+            e.id,
+            Entry {
+                list: true,
+                key: Est::fixed(1),
+                val: item,
+            },
+        );
+        self.set_ty(e, Ty::List(Box::new(elems.common())));
+        sum.add(Est::fixed(LIST_CREATE))
+    }
+
+    fn map(&mut self, e: &IdedExpr, m: &MapExpr) -> Est {
+        let mut sum = Est::fixed(0);
+        let empty = m.entries.is_empty();
+        let start = Est {
+            min: if empty { 0 } else { u64::MAX },
+            max: 0,
+        };
+        let (mut key, mut val) = (start, start);
+        let (mut keys, mut values) = (Homogeneous::default(), Homogeneous::default());
+        for entry in &m.entries {
+            let EntryExpr::MapEntry(entry) = &entry.expr else {
+                self.outside = true;
+                continue;
+            };
+            if entry.optional {
+                self.outside = true;
+            }
+            sum = sum.add(self.cost(&entry.key)).add(self.cost(&entry.value));
+            let (k, v) = (self.ty(&entry.key), self.ty(&entry.value));
+            keys.check(&entry.key, &k, &mut self.type_error);
+            values.check(&entry.value, &v, &mut self.type_error);
+            key = key.union(self.size_or_unknown(&entry.key));
+            val = val.union(self.size_or_unknown(&entry.value));
+        }
+        self.entries.insert(
+            e.id,
+            Entry {
+                list: false,
+                key,
+                val,
+            },
+        );
+        self.set_ty(
+            e,
+            Ty::Map(Box::new(keys.common()), Box::new(values.common())),
+        );
+        sum.add(Est::fixed(MAP_CREATE))
+    }
+
+    /// A comprehension: its range's size times one step, or (`cel.bind`) its
+    /// accumulator's and result's costs.
+    fn comprehension(&mut self, e: &IdedExpr, c: &ComprehensionExpr) -> Est {
+        let is_bind = matches!(&c.iter_range.expr, Expr::List(l) if l.elements.is_empty())
+            && matches!(&c.loop_cond.expr, Expr::Literal(LiteralValue::Boolean(b)) if !*b.inner())
+            && !is_accumulator(&c.accu_var);
+        let mut sum = self.cost(&c.iter_range).add(self.cost(&c.accu_init));
+        let init_ty = self.ty(&c.accu_init);
+        let accu = Local {
+            path: self.path(&c.accu_init),
+            size: self.size(&c.accu_init),
+            entry: self.entry(&c.accu_init),
+            ty: init_ty.clone(),
+        };
+        self.push(&c.accu_var, accu);
+        if is_bind {
+            return self.bind(e, c, sum);
+        }
+        if c.iter_var2.is_some() {
+            self.outside = true;
+        }
+        let range_ty = self.ty(&c.iter_range);
+        self.check_range(&range_ty);
+        let iter_var = self.iteration_variable(c, &range_ty);
+        self.push(&c.iter_var, iter_var);
+        let loop_cost = self.cost(&c.loop_cond);
+        let step_cost = self.cost(&c.loop_step);
+        self.pop(&c.iter_var);
+        sum = sum.add(self.cost(&c.result));
+        self.pop(&c.accu_var);
+        let range = self.size_or_unknown(&c.iter_range);
+        sum = sum.add(range.mul(step_cost.add(loop_cost)));
+        self.comprehension_result(e, c, init_ty, range);
+        sum
+    }
+
+    /// `cel.bind`: the result, with the bound variable (the accumulator,
+    /// pushed) in scope; its size and type are the comprehension's.
+    fn bind(&mut self, e: &IdedExpr, c: &ComprehensionExpr, sum: Est) -> Est {
+        let sum = sum.add(self.cost(&c.result));
+        self.pop(&c.accu_var);
+        if let Some(s) = self.size(&c.result) {
+            self.sizes.insert(e.id, s);
+        }
+        if let Some(s) = self.entry(&c.result) {
+            self.entries.insert(e.id, s);
+        }
+        let t = self.ty(&c.result);
+        self.set_ty(e, t);
+        sum
+    }
+
+    /// The type checker ranges over lists, maps and `dyn` only: an
+    /// attribute's value (`any`), a quantity, a string... is refused when the
+    /// selector is compiled, not when it is evaluated.
+    fn check_range(&mut self, range_ty: &Ty) {
+        if !matches!(range_ty, Ty::List(_) | Ty::Map(..) | Ty::Dyn) && self.type_error.is_none() {
+            let name = match range_ty {
+                Ty::Null => "null".to_string(),
+                Ty::Device => "kubernetes.DRADevice".to_string(),
+                t => t.name(),
+            };
+            self.type_error = Some(format!(
+                "expression of type '{name}' cannot be range of a comprehension (must be list, map, or dynamic)"
+            ));
+        }
+    }
+
+    /// The iteration variable: a list's items or a map's keys, with their
+    /// size where the range was built here.
+    fn iteration_variable(&mut self, c: &ComprehensionExpr, range_ty: &Ty) -> Local {
+        let range_entry = self.entry(&c.iter_range);
+        let list = match range_entry {
+            Some(entry) => entry.list,
+            None => matches!(range_ty, Ty::List(_)),
+        };
+        let (subpath, size, var_ty) = if list {
+            let elem = match range_ty {
+                Ty::List(t) => (**t).clone(),
+                _ => Ty::Dyn,
+            };
+            ("@items", range_entry.map(|x| x.val), elem)
+        } else {
+            let key = match range_ty {
+                Ty::Map(k, _) => (**k).clone(),
+                _ => Ty::Dyn,
+            };
+            ("@keys", range_entry.map(|x| x.key), key)
+        };
+        let mut path = self.path(&c.iter_range);
+        path.push(subpath.into());
+        Local {
+            path,
+            size,
+            entry: None,
+            ty: var_ty,
+        }
+    }
+
+    /// The comprehension's size and type: a literal accumulator's, or for a
+    /// list or map built step by step, the range's size.
+    fn comprehension_result(
+        &mut self,
+        e: &IdedExpr,
+        c: &ComprehensionExpr,
+        init_ty: Ty,
+        range: Est,
+    ) {
+        match &c.accu_init.expr {
+            Expr::Literal(_) => {
+                if let Some(s) = self.size(&c.accu_init) {
+                    self.sizes.insert(e.id, s);
+                }
+            }
+            Expr::List(_) | Expr::Map(_) => {
+                self.sizes.insert(e.id, range);
+                if let Some(s) = self.entry(&c.loop_step) {
+                    self.entries.insert(e.id, s);
+                }
+            }
+            _ => {}
+        }
+        let t = match (&c.accu_init.expr, init_ty) {
+            (Expr::List(_), _) => {
+                let elem = match self.ty(&c.loop_step) {
+                    Ty::List(t) => *t,
+                    _ => Ty::Dyn,
+                };
+                Ty::List(Box::new(elem))
+            }
+            _ => self.ty(&c.result),
+        };
+        self.set_ty(e, t);
     }
 
     fn call(&mut self, e: &IdedExpr) -> Est {
@@ -681,10 +746,64 @@ impl Coster {
         let args = &call.args;
         let types: Vec<Ty> = args.iter().map(|a| self.ty(a)).collect();
         let target_ty = target.map(|t| self.ty(t));
-        let one = Est::fixed(1);
-        let default = one.add(arg_sum);
+        let call = Call {
+            id: e.id,
+            name,
+            target,
+            args,
+            default: Est::fixed(1).add(arg_sum),
+            arg_costs,
+            arg_sum,
+            types,
+            target_ty,
+        };
+        let rule = Self::RULES.iter().find_map(|rule| rule(self, &call));
+        let Rule { cost, ty, size } = rule.unwrap_or_else(|| {
+            // Nothing else a selector may call.
+            self.outside = true;
+            Rule {
+                cost: call.default,
+                ty: Ty::Dyn,
+                size: None,
+            }
+        });
+        if let Some(size) = size {
+            self.sizes.insert(e.id, size);
+        }
+        self.set_ty(e, ty);
+        sum.add(cost)
+    }
+
+    /// The functions with cost rules of their own, by library; the first
+    /// rule that knows a call estimates it.
+    const RULES: [fn(&mut Coster, &Call<'_>) -> Option<Rule>; 10] = [
+        Coster::logic_and_comparisons,
+        Coster::arithmetic_and_indexing,
+        Coster::conversions,
+        Coster::string_search,
+        Coster::string_building,
+        Coster::quantities_and_semvers,
+        Coster::optionals,
+        Coster::set_functions,
+        Coster::allocating_list_functions,
+        Coster::list_traversals,
+    ];
+
+    /// `&&` and `||`, negation, the conditional, equality and ordering.
+    fn logic_and_comparisons(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            id,
+            name,
+            target,
+            args,
+            ref arg_costs,
+            arg_sum,
+            ref types,
+            default,
+            ..
+        } = *call;
         let mut result_size = None;
-        let (fn_cost, t) = match (name, target, args.as_slice()) {
+        let (cost, ty) = match (name, target, args) {
             ("_&&_" | "_||_", None, [_, _]) => (
                 Est {
                     min: arg_costs[0].min,
@@ -697,7 +816,7 @@ impl Coster {
             ("_?_:_", None, [_, a, b]) => {
                 let size = self.size_or_unknown(a).union(self.size_or_unknown(b));
                 if let Some(entry) = Entry::union(self.entry(a), self.entry(b)) {
-                    self.entries.insert(e.id, entry);
+                    self.entries.insert(id, entry);
                 }
                 result_size = Some(size);
                 let t = if types[1] == types[2] {
@@ -728,6 +847,30 @@ impl Coster {
                 }
                 (cost.unwrap_or(default), Ty::Bool)
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// `+` (strings, bytes, lists and numbers), the other arithmetic, `in`
+    /// and indexing.
+    fn arithmetic_and_indexing(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            id,
+            name,
+            target,
+            args,
+            arg_sum,
+            ref types,
+            default,
+            ..
+        } = *call;
+        let mut result_size = None;
+        let (cost, ty) = match (name, target, args) {
             ("_+_", None, [a, b]) => {
                 let (lhs, rhs) = (&types[0], &types[1]);
                 let both = |f: fn(&Ty) -> bool| f(lhs) && f(rhs);
@@ -742,7 +885,7 @@ impl Coster {
                     unite(default);
                     result_size = Some(sized);
                     if let Some(entry) = Entry::union(self.entry(a), self.entry(b)) {
-                        self.entries.insert(e.id, entry);
+                        self.entries.insert(id, entry);
                     }
                 }
                 if both(|t| matches!(t, Ty::Int | Ty::Uint | Ty::Double) || t.is_dyn()) {
@@ -781,7 +924,7 @@ impl Coster {
                 result_size = self.entry(m).map(|x| x.val);
                 let mut path = self.path(m);
                 path.push(if map { "@values" } else { "@items" }.into());
-                self.paths.insert(e.id, path);
+                self.paths.insert(id, path);
                 let t = match container {
                     Ty::List(t) => (**t).clone(),
                     Ty::Map(_, v) => (**v).clone(),
@@ -789,6 +932,29 @@ impl Coster {
                 };
                 (default, t)
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// The type conversions, `size` and `dyn`.
+    fn conversions(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            id,
+            name,
+            target,
+            args,
+            arg_sum,
+            ref types,
+            default,
+            ..
+        } = *call;
+        let mut result_size = None;
+        let (cost, ty) = match (name, target, args) {
             ("size", _, _) => (default, Ty::Int),
             ("int", None, [_]) => (default, Ty::Int),
             ("uint", None, [_]) => (default, Ty::Uint),
@@ -814,6 +980,39 @@ impl Coster {
                 }
             }
             ("bool", None, [_]) => (default, Ty::Bool),
+            // `dyn(x)`: an O(1) call whose result the checker knows nothing
+            // of, but cel-go's coster unwraps it: `x`'s sizes carry over.
+            ("dyn", None, [x]) => {
+                result_size = self.size(x);
+                if let Some(entry) = self.entry(x) {
+                    self.entries.insert(id, entry);
+                }
+                (default, Ty::Dyn)
+            }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// Matching and searching strings: regexes, `contains`, prefixes and
+    /// suffixes, positions.
+    fn string_search(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            ref target_ty,
+            default,
+            ..
+        } = *call;
+        let one = Est::fixed(1);
+        let mut result_size = None;
+        let (cost, ty) = match (name, target, args) {
             ("matches", Some(t), [pattern]) => {
                 let s = self.size_or_unknown(t).add(one).factor(STRING_TRAVERSAL);
                 let r = self.size_or_unknown(pattern).factor(REGEX_LENGTH);
@@ -831,6 +1030,49 @@ impl Coster {
                     .add(arg_sum),
                 Ty::Bool,
             ),
+            ("indexOf" | "lastIndexOf", Some(t), _)
+                if target_ty.as_ref().is_some_and(Ty::stringish) =>
+            {
+                let size = self.size_or_unknown(t);
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::Int)
+            }
+            ("charAt", Some(_), [_]) => (default, Ty::String),
+            ("find" | "findAll", Some(t), [pattern, ..]) => {
+                let size = self.size_or_unknown(t);
+                let s = size.add(one).factor(STRING_TRAVERSAL);
+                let r = self.size_or_unknown(pattern).factor(REGEX_LENGTH);
+                result_size = Some(Est {
+                    min: 0,
+                    max: size.max,
+                });
+                let t = if name == "find" {
+                    Ty::String
+                } else {
+                    Ty::List(Box::new(Ty::String))
+                };
+                (s.mul(r).add(arg_sum), t)
+            }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// The string functions that build a string (or a list of them): their
+    /// result's size follows from their target's.
+    fn string_building(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            ..
+        } = *call;
+        let result_size;
+        let (cost, ty) = match (name, target, args) {
             ("lowerAscii" | "upperAscii" | "substring" | "trim", Some(t), _) => {
                 let size = self.size_or_unknown(t);
                 result_size = Some(size);
@@ -870,28 +1112,36 @@ impl Coster {
                 result_size = Some(size);
                 (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
             }
-            ("indexOf" | "lastIndexOf", Some(t), _)
-                if target_ty.as_ref().is_some_and(Ty::stringish) =>
-            {
-                let size = self.size_or_unknown(t);
-                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::Int)
-            }
-            ("charAt", Some(_), [_]) => (default, Ty::String),
-            ("find" | "findAll", Some(t), [pattern, ..]) => {
-                let size = self.size_or_unknown(t);
-                let s = size.add(one).factor(STRING_TRAVERSAL);
-                let r = self.size_or_unknown(pattern).factor(REGEX_LENGTH);
+            // `strings.quote(s)`: one traversal; every character may be
+            // escaped, and the quotes are added.
+            ("strings.quote", None, [a]) => {
+                let size = self.size_or_unknown(a);
                 result_size = Some(Est {
-                    min: 0,
-                    max: size.max,
+                    min: size.min.saturating_add(2),
+                    max: size.max.saturating_mul(2).saturating_add(2),
                 });
-                let t = if name == "find" {
-                    Ty::String
-                } else {
-                    Ty::List(Box::new(Ty::String))
-                };
-                (s.mul(r).add(arg_sum), t)
+                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// Kubernetes' quantity and semver libraries.
+    fn quantities_and_semvers(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            default,
+            ..
+        } = *call;
+        let (cost, ty) = match (name, target, args) {
             ("quantity" | "isQuantity" | "semver" | "isSemver", None, [x, ..]) => {
                 let t = match name {
                     "quantity" => Ty::Quantity,
@@ -919,6 +1169,27 @@ impl Coster {
                 };
                 (default, t)
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: None,
+        })
+    }
+
+    /// Optional types, and the optional library's list functions.
+    fn optionals(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            ref types,
+            ref target_ty,
+            default,
+            ..
+        } = *call;
+        let (cost, ty) = match (name, target, args) {
             // Optional types: no cost rules of their own.
             ("_?._", None, [_, field]) => {
                 let field = match &field.expr {
@@ -952,30 +1223,31 @@ impl Coster {
                 (default, t)
             }
             ("or", Some(_), [_]) => (default, target_ty.clone().unwrap_or(Ty::Dyn)),
-            // `dyn(x)`: an O(1) call whose result the checker knows nothing
-            // of, but cel-go's coster unwraps it: `x`'s sizes carry over.
-            ("dyn", None, [x]) => {
-                result_size = self.size(x);
-                if let Some(entry) = self.entry(x) {
-                    self.entries.insert(e.id, entry);
-                }
-                (default, Ty::Dyn)
-            }
-            // `strings.quote(s)`: one traversal; every character may be
-            // escaped, and the quotes are added.
-            ("strings.quote", None, [a]) => {
-                let size = self.size_or_unknown(a);
-                result_size = Some(Est {
-                    min: size.min.saturating_add(2),
-                    max: size.max.saturating_mul(2).saturating_add(2),
-                });
-                (size.factor(STRING_TRAVERSAL).add(arg_sum), Ty::String)
-            }
             // The optional library's list functions.
             ("first" | "last", Some(_), []) => {
                 let elem = target_ty.as_ref().map_or(Ty::Dyn, Ty::elem);
                 (default, Ty::Optional(Box::new(elem)))
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: None,
+        })
+    }
+
+    /// DRA's `includes` and the sets extension.
+    fn set_functions(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            ..
+        } = *call;
+        let one = Est::fixed(1);
+        let (cost, ty) = match (name, target, args) {
             // DRA's `includes`: Kubernetes' estimator bounds its target by the
             // values a list attribute may have, whatever the target is.
             ("includes", Some(_), [_]) => (
@@ -992,6 +1264,28 @@ impl Coster {
                 let product = self.size_or_unknown(a).mul(self.size_or_unknown(b));
                 (product.factor(factor).add(one).add(arg_sum), Ty::Bool)
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: None,
+        })
+    }
+
+    /// The list extensions that build a list: `lists.range`, `slice`,
+    /// `reverse`, `flatten`, `distinct`, `sort` and `sortBy`.
+    fn allocating_list_functions(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            ref target_ty,
+            ..
+        } = *call;
+        let result_size;
+        let (cost, ty) = match (name, target, args) {
             // The list extensions: allocating calls, their output's size.
             ("lists.range", None, [n]) => {
                 let size = Est::fixed(int_literal(n, u64::MAX));
@@ -1052,6 +1346,28 @@ impl Coster {
                 };
                 (cost.add(arg_sum), target_ty.clone().unwrap_or(Ty::Dyn))
             }
+            _ => return None,
+        };
+        Some(Rule {
+            cost,
+            ty,
+            size: result_size,
+        })
+    }
+
+    /// Kubernetes' list library (and `indexOf` on lists).
+    fn list_traversals(&mut self, call: &Call<'_>) -> Option<Rule> {
+        let Call {
+            name,
+            target,
+            args,
+            arg_sum,
+            ref types,
+            ref target_ty,
+            ..
+        } = *call;
+        let one = Est::fixed(1);
+        let (cost, ty) = match (name, target, args) {
             // Kubernetes' list library (and indexOf on lists): one traversal.
             ("isSorted" | "sum" | "min" | "max" | "indexOf" | "lastIndexOf", Some(t), _) => {
                 let size = self.size_or_unknown(t);
@@ -1086,17 +1402,13 @@ impl Coster {
                 };
                 (cost.add(arg_sum), t)
             }
-            _ => {
-                // Nothing else a selector may call.
-                self.outside = true;
-                (default, Ty::Dyn)
-            }
+            _ => return None,
         };
-        if let Some(size) = result_size {
-            self.sizes.insert(e.id, size);
-        }
-        self.set_ty(e, t);
-        sum.add(fn_cost)
+        Some(Rule {
+            cost,
+            ty,
+            size: None,
+        })
     }
 
     /// cel-go's rule for `==`, `!=` and string / bytes ordering: the shorter

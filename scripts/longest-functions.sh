@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Lists the longest `fn` bodies in the workspace's .rs files, longest first,
+# as "lines path:line name" — a function is a page, and this finds the ones
+# that are not. Bodies are found by brace matching after comments, strings,
+# char literals and raw strings are blanked out, so no compiler is needed.
+# A fn nested in another counts on its own and inside its parent.
+#
+#   scripts/longest-functions.sh [-n N] [--no-tests] [PATH...]
+#
+# -n N        how many to print (default 20)
+# --no-tests  leave out tests/ directories and `#[cfg(test)]` modules
+#             (inline, or the files a `#[cfg(test)] mod name;` names)
+# PATH...     directories or .rs files to look in (default: the whole
+#             workspace); target/ and hidden directories are always skipped
+set -euo pipefail
+
+count=20
+no_tests=0
+dirs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) count="$2"; shift 2 ;;
+    --no-tests) no_tests=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) dirs+=("$1"); shift ;;
+  esac
+done
+if [ ${#dirs[@]} -eq 0 ]; then
+  cd "$(dirname "$0")/.."
+  dirs=(.)
+fi
+
+python3 - "$count" "$no_tests" "${dirs[@]}" <<'PY'
+import os, re, sys
+
+count, no_tests, roots = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+
+
+def is_ident(c):
+    return c.isalnum() or c == "_"
+
+
+def blank(src):
+    """The source with comments, strings and char literals replaced by
+    spaces (newlines kept, so line numbers still hold)."""
+    out, i, n = list(src), 0, len(src)
+
+    def wipe(a, b):
+        for k in range(a, b):
+            if out[k] != "\n":
+                out[k] = " "
+
+    while i < n:
+        c = src[i]
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            wipe(i, j)
+            i = j
+        elif src.startswith("/*", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if src.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif src.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            wipe(i, j)
+            i = j
+        elif c in "rbc" and (i == 0 or not is_ident(src[i - 1])):
+            # r"..", r#".."#, br"..", cr"..", b"..", c"..", b'.'
+            m = re.compile(r'(?:b|c)?r(#*)"').match(src, i)
+            if m:
+                end = src.find('"' + m.group(1), m.end())
+                end = n if end < 0 else end + 1 + len(m.group(1))
+                wipe(i, end)
+                i = end
+            elif src.startswith(('b"', 'c"'), i) or src.startswith("b'", i):
+                i += 1  # the quote is handled on the next turn
+            else:
+                i += 1
+        elif c == '"':
+            j = i + 1
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            wipe(i, j + 1)
+            i = j + 1
+        elif c == "'":
+            # A char literal ('x', '\n', '\u{..}') or a lifetime / label ('a).
+            if i + 1 < n and src[i + 1] == "\\":
+                j = i + 3  # past the escaped character, which may be a quote
+                while j < n and src[j] != "'":
+                    j += 1
+                wipe(i, j + 1)
+                i = j + 1
+            elif i + 2 < n and src[i + 2] == "'":
+                wipe(i, i + 3)
+                i += 3
+            else:
+                i += 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+FN = re.compile(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)")
+# `#[cfg(test)]` (and any attributes after it) before `mod name {` or `mod name;`.
+TEST_MOD = re.compile(
+    r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*([{;])"
+)
+
+
+def close_of(text, open_at):
+    """Index of the `}` matching the `{` at open_at."""
+    depth = 0
+    for k in range(open_at, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+    return len(text) - 1
+
+
+def test_module_files(path, text):
+    """The files of the `#[cfg(test)] mod name;` that `path` declares."""
+    base = os.path.dirname(path)
+    stem = os.path.basename(path)[:-3]
+    if stem not in ("lib", "main", "mod"):
+        base = os.path.join(base, stem)
+    for m in TEST_MOD.finditer(text):
+        if m.group(2) == ";":
+            name = m.group(1)
+            yield os.path.normpath(os.path.join(base, name + ".rs"))
+            yield os.path.normpath(os.path.join(base, name, "mod.rs"))
+
+
+def functions(text):
+    """(lines, first line, name) of each fn with a body in `text`."""
+    skipped = []
+    if no_tests:
+        for m in TEST_MOD.finditer(text):
+            if m.group(2) == "{":
+                skipped.append((m.start(), close_of(text, m.end() - 1)))
+    for m in FN.finditer(text):
+        if any(a <= m.start() <= b for a, b in skipped):
+            continue
+        # The body opens at the first `{` outside (), [] and the signature's
+        # generics; a `;` first means a declaration without a body.
+        depth, k = 0, m.end()
+        while k < len(text):
+            ch = text[k]
+            if ch in "([":
+                depth += 1
+            elif ch in ")]":
+                depth -= 1
+            elif depth == 0 and ch in "{;":
+                break
+            k += 1
+        if k >= len(text) or text[k] == ";":
+            continue
+        end = close_of(text, k)
+        first = text.count("\n", 0, m.start()) + 1
+        last = text.count("\n", 0, end) + 1
+        yield last - first + 1, first, m.group(1)
+
+
+paths = []
+for root in roots:
+    if os.path.isfile(root):
+        paths.append(os.path.normpath(root))
+        continue
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d != "target" and not d.startswith(".") and not (no_tests and d == "tests")
+        )
+        for name in sorted(filenames):
+            if name.endswith(".rs"):
+                paths.append(os.path.normpath(os.path.join(dirpath, name)))
+
+texts = {}
+for path in paths:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        texts[path] = blank(f.read())
+test_files = set()
+if no_tests:
+    for path, text in texts.items():
+        test_files.update(test_module_files(path, text))
+
+found = []
+for path, text in texts.items():
+    if path in test_files:
+        continue
+    for lines, line, fn in functions(text):
+        found.append((lines, path, line, fn))
+
+found.sort(key=lambda f: (-f[0], f[1], f[2]))
+for lines, path, line, fn in found[:count]:
+    print(f"{lines} {path}:{line} {fn}")
+PY
