@@ -190,6 +190,9 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         drop((stack, claims));
         (live / total_gpus.max(1), rss / total_gpus.max(1))
     };
+    if std::env::var_os("BREAKDOWN").is_some() {
+        breakdown(&facts, total_gpus);
+    }
     let mut stack = StackAssigner::default();
     let mut claims = ClaimAllocator::default();
     let mut log: Vec<DomainEvent> = Vec::with_capacity(facts.len() * 2);
@@ -272,7 +275,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             .iter()
             .filter(|n| {
                 stack
-                    .handovers
+                    .handovers()
                     .completed
                     .contains_key(&format!("w{wave}-{n}"))
             })
@@ -349,7 +352,7 @@ fn group_of_node(node: &str) -> String {
 fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> {
     let mut facts = vec![node_fact(node, &group_of_node(node), true, &[], gpus)];
     for key in stack
-        .cluster
+        .cluster()
         .pods_on(node)
         .map(|(k, _)| k.clone())
         .collect::<Vec<_>>()
@@ -407,4 +410,41 @@ fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> 
         gpus,
     ));
     facts
+}
+
+fn kind_name(e: &DomainEvent) -> &'static str {
+    match &e.kind {
+        Some(Kind::NodeObserved(_)) => "node",
+        Some(Kind::PhysicalGpuObserved(_)) => "gpu",
+        Some(Kind::WorkloadObserved(_)) => "workload",
+        Some(Kind::PodObserved(_)) => "pod",
+        _ => "other",
+    }
+}
+
+fn breakdown(facts: &[DomainEvent], total_gpus: u64) {
+    for which in ["stack", "claims"] {
+        let mut per: BTreeMap<&str, i64> = BTreeMap::new();
+        crate::count_bytes(true);
+        let base = crate::live_bytes();
+        let mut stack = StackAssigner::default();
+        let mut claims = ClaimAllocator::default();
+        for fact in facts {
+            let before = crate::live_bytes();
+            if which == "stack" {
+                let d = stack.handle_fact(fact, 0);
+                drop(d);
+            } else {
+                claims.apply(fact, 0);
+            }
+            *per.entry(kind_name(fact)).or_default() += (crate::live_bytes() - before) as i64;
+        }
+        let total = crate::live_bytes() - base;
+        crate::count_bytes(false);
+        eprintln!("{which}: total {} B/GPU", total as u64 / total_gpus);
+        for (k, v) in &per {
+            eprintln!("  {k}: {} B/GPU ({} B total)", *v as u64 / total_gpus, v);
+        }
+        drop((stack, claims));
+    }
 }

@@ -2,7 +2,11 @@
 //!
 //! `D8GpuNodeGroupHeldOnDra` fires for each group held on DRA after the module
 //! upgrade and clears when the group is released (reference, "If DRA was
-//! enabled before the module upgrade").
+//! enabled before the module upgrade"). Every alert of the module — this one
+//! and those the module status and the chart's PrometheusRule carry — is
+//! defined and decided in [`rules`].
+
+pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,8 +17,8 @@ use crate::names::{ALERT_HELD_ON_DRA, ALERT_LABEL_NODE_GROUP};
 /// The groups held on DRA, and the alerts firing: (alert name, labels) -> summary.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Alerter {
-    pub held: BTreeSet<String>,
-    pub firing: BTreeMap<(String, BTreeMap<String, String>), String>,
+    pub(crate) held: BTreeSet<String>,
+    pub(crate) firing: BTreeMap<(String, BTreeMap<String, String>), String>,
 }
 
 fn group_labels(group: &str) -> BTreeMap<String, String> {
@@ -22,6 +26,12 @@ fn group_labels(group: &str) -> BTreeMap<String, String> {
 }
 
 impl Alerter {
+    /// The alerts firing, by name and labels, with their summaries: the
+    /// read-only view `status` and the checks read.
+    pub fn firing(&self) -> &BTreeMap<(String, BTreeMap<String, String>), String> {
+        &self.firing
+    }
+
     /// Folds the hold decisions and the alerter's own events.
     /// (`_at`: the alerter keeps no time.)
     pub fn apply(&mut self, event: &DomainEvent, _at: i64) {

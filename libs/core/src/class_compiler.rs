@@ -136,27 +136,27 @@ pub const MIG_PROFILES: [&str; 19] = [
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClassCompiler {
     /// GPUClass -> its last compilation (or refusal).
-    pub compiled: BTreeMap<String, GpuClassCompiled>,
+    pub(crate) compiled: BTreeMap<String, GpuClassCompiled>,
     /// GPUClass -> the DeviceClass names its status lists, as observed.
-    pub published: BTreeMap<String, Vec<String>>,
+    pub(crate) published: BTreeMap<String, Vec<String>>,
     /// GPUClass -> the refusal its status shows, as observed (empty: none).
-    pub refusal_shown: BTreeMap<String, String>,
+    pub(crate) refusal_shown: BTreeMap<String, String>,
     /// Deleted GPUClasses whose DeviceClasses claims still use.
-    pub deleted: std::collections::BTreeSet<String>,
+    pub(crate) deleted: std::collections::BTreeSet<String>,
     /// ResourceClaim (namespace, name) -> the DeviceClasses it names.
-    pub claims: BTreeMap<(String, String), Vec<String>>,
+    pub(crate) claims: BTreeMap<(String, String), Vec<String>>,
     /// DeviceClasses that exist, as observed, with the extended resource
     /// each maps (empty: none).
-    pub device_classes: BTreeMap<String, String>,
+    pub(crate) device_classes: BTreeMap<String, String>,
     /// The backend, as recorded in the log: which driver classes select.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// Retired classes -> their DeviceClasses, until those are gone.
-    pub retired: BTreeMap<String, Vec<String>>,
+    pub(crate) retired: BTreeMap<String, Vec<String>>,
     /// GPUClass -> its last observation and when it came (the count of
     /// observations so far): what to compile if its generation is not
     /// compiled yet, in the order the classes came.
-    pub observed: BTreeMap<String, (u64, GpuClassObserved)>,
-    pub observations: u64,
+    pub(crate) observed: BTreeMap<String, (u64, GpuClassObserved)>,
+    pub(crate) observations: u64,
 }
 
 fn quote(s: &str) -> String {
@@ -323,6 +323,12 @@ fn namespaces(class: &GpuClassObserved) -> Result<Vec<String>, String> {
 }
 
 impl ClassCompiler {
+    /// Each GPUClass's last compilation (or refusal), by class: the
+    /// read-only view the checks read.
+    pub fn compiled(&self) -> &BTreeMap<String, GpuClassCompiled> {
+        &self.compiled
+    }
+
     /// Folds an event (`_at`: the compiler keeps no time).
     pub fn apply(&mut self, event: &DomainEvent, _at: i64) {
         match &event.kind {

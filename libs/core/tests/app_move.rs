@@ -101,7 +101,7 @@ fn an_application_is_moved_restarted_and_verified() {
     );
     let after = rw.after.clone().unwrap();
     assert_eq!(
-        core.moves.effects(&core.cluster),
+        core.moves().effects(core.cluster()),
         [Effect::SetPlacement {
             workload: web(),
             placement: after.clone()
@@ -115,8 +115,8 @@ fn an_application_is_moved_restarted_and_verified() {
     );
     assert_eq!(names(&decisions), ["WorkloadRestarted"]);
     assert!(
-        core.moves
-            .effects(&core.cluster)
+        core.moves()
+            .effects(core.cluster())
             .contains(&Effect::RestartWorkload {
                 workload: web(),
                 restarted_at: "m-web".into()
@@ -126,8 +126,8 @@ fn an_application_is_moved_restarted_and_verified() {
     // seen, and once the restart shows in it, nothing is wanted.
     assert!(
         !core
-            .moves
-            .effects(&core.cluster)
+            .moves()
+            .effects(core.cluster())
             .iter()
             .any(|e| matches!(e, Effect::SetPlacement { .. }))
     );
@@ -135,14 +135,14 @@ fn an_application_is_moved_restarted_and_verified() {
         with_restart(mk_workload("apps", "web", 1, placement.clone()), "m-web")
     };
     assert!(core.handle(Input::Fact(&restarted(&after)), 0).is_empty());
-    assert_eq!(core.moves.effects(&core.cluster), []);
+    assert_eq!(core.moves().effects(core.cluster()), []);
     // Something undoes the rewrite mid-move: it is wanted again.
     assert!(
         core.handle(Input::Fact(&restarted(&before())), 0)
             .is_empty()
     );
     assert_eq!(
-        core.moves.effects(&core.cluster),
+        core.moves().effects(core.cluster()),
         [Effect::SetPlacement {
             workload: web(),
             placement: after.clone()
@@ -214,7 +214,7 @@ fn an_application_is_moved_restarted_and_verified() {
         (v.pod_nodes.clone(), v.claims_allocated),
         (vec!["d1".to_string()], 1)
     );
-    assert!(core.moves.effects(&core.cluster).is_empty());
+    assert!(core.moves().effects(core.cluster()).is_empty());
 }
 
 #[test]

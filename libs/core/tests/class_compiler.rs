@@ -243,7 +243,7 @@ fn a_changed_spec_is_compiled_again_and_a_refusal_keeps_the_device_classes() {
     a100.generation = 3;
     a100.mig_profiles = vec!["1g.5gb".into()];
     core.handle(&observed(&a100), 0);
-    let Some(compiled) = core.compiled.get("a100") else {
+    let Some(compiled) = core.compiled().get("a100") else {
         panic!()
     };
     assert!(compiled.refused.is_empty());
@@ -257,7 +257,7 @@ fn one_legacy_bridge_and_no_clashing_names() {
     a100.legacy_bridge = true;
     a100.time_slicing_replicas = 2;
     core.handle(&observed(&a100), 0);
-    let bridge = core.compiled["a100"]
+    let bridge = core.compiled()["a100"]
         .variants
         .iter()
         .find(|v| v.variant == "legacy")
@@ -275,20 +275,20 @@ fn one_legacy_bridge_and_no_clashing_names() {
     h100.legacy_bridge = true;
     core.handle(&observed(&h100), 0);
     assert_eq!(
-        core.compiled["h100"].refused,
+        core.compiled()["h100"].refused,
         "spec.legacyBridge: class a100 already bridges nvidia.com/gpu; at most one class may"
     );
-    assert!(core.compiled["h100"].variants.is_empty());
+    assert!(core.compiled()["h100"].variants.is_empty());
 
     // A class named like another class's share clashes with it.
     let shared = class("a100-shared", "a100-sxm4-40gb");
     core.handle(&observed(&shared), 0);
     assert!(
-        core.compiled["a100-shared"].refused.contains(
+        core.compiled()["a100-shared"].refused.contains(
             "extended resource gpu.deckhouse.io/a100-shared is already published by class a100"
         ),
         "{}",
-        core.compiled["a100-shared"].refused
+        core.compiled()["a100-shared"].refused
     );
 }
 
@@ -298,7 +298,7 @@ fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
     let mut a100 = class("a100", "a100-sxm4-40gb");
     a100.namespaces = vec!["team-b".into(), "team-a".into(), "team-b".into()];
     core.handle(&observed(&a100), 0);
-    assert_eq!(core.compiled["a100"].namespaces, ["team-a", "team-b"]);
+    assert_eq!(core.compiled()["a100"].namespaces, ["team-a", "team-b"]);
     let effects = core.effects();
     assert!(
         matches!(&effects[..], [Effect::PublishDeviceClasses { namespaces, .. }] if namespaces == &["team-a", "team-b"]),
@@ -308,14 +308,14 @@ fn a_namespace_restriction_is_compiled_and_bad_names_refused() {
     a100.namespaces = vec!["Team_A".into()];
     core.handle(&observed(&a100), 0);
     assert!(
-        core.compiled["a100"]
+        core.compiled()["a100"]
             .refused
             .starts_with("spec.namespaces[0]: \"Team_A\" is not a namespace name"),
         "{}",
-        core.compiled["a100"].refused
+        core.compiled()["a100"].refused
     );
     assert_eq!(
-        core.compiled["a100"].namespaces,
+        core.compiled()["a100"].namespaces,
         ["team-a", "team-b"],
         "the last good restriction stays"
     );
@@ -386,7 +386,7 @@ fn a_deleted_class_keeps_its_device_classes_while_a_claim_uses_them() {
         0,
     );
     assert!(core.effects().is_empty());
-    assert!(!core.compiled.contains_key("a100"));
+    assert!(!core.compiled().contains_key("a100"));
 }
 
 // ---------------------------------------------------------------- nvidia-operator

@@ -140,7 +140,7 @@ fn to_gpu_dra(w: WorkloadRef) -> Moved {
 #[test]
 fn a_dra_node_with_matching_slices_shows_its_evidence() {
     let core = core_with(&dra_node("d1"));
-    let items = evidence::node_evidence(&core.cluster, "d1");
+    let items = evidence::node_evidence(core.cluster(), "d1");
     let checks: Vec<&str> = items.iter().map(|i| i.check.as_str()).collect();
     assert_eq!(
         checks,
@@ -164,7 +164,7 @@ fn both_allocators_advertising_a_node_is_a_dual_advertisement() {
     }
     .fact();
     let core = core_with(&facts);
-    let items = evidence::node_evidence(&core.cluster, "d1");
+    let items = evidence::node_evidence(core.cluster(), "d1");
     let failures = failed(&items);
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].0, NO_DUAL_ADVERTISEMENT);
@@ -189,7 +189,7 @@ fn a_pod_holding_device_plugin_gpus_on_a_dra_node_is_a_dual_advertisement() {
     }
     facts.extend([holder, done]);
     let core = core_with(&facts);
-    let items = evidence::node_evidence(&core.cluster, "d1");
+    let items = evidence::node_evidence(core.cluster(), "d1");
     let failures = failed(&items);
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].0, NO_DUAL_ADVERTISEMENT);
@@ -201,7 +201,7 @@ fn a_pod_holding_device_plugin_gpus_on_a_dra_node_is_a_dual_advertisement() {
     // Gone: the node passes.
     let mut core = core;
     core.handle(Input::Fact(&mk_pod_removed("apps", "old-0")), 0);
-    assert!(failed(&evidence::node_evidence(&core.cluster, "d1")).is_empty());
+    assert!(failed(&evidence::node_evidence(core.cluster(), "d1")).is_empty());
 }
 
 #[test]
@@ -209,7 +209,7 @@ fn a_dra_node_without_slices_fails_and_says_so() {
     let mut facts = dra_node("d1");
     facts.retain(|f| !matches!(f.kind, Some(Kind::ResourceSliceObserved(_))));
     let core = core_with(&facts);
-    let items = evidence::node_evidence(&core.cluster, "d1");
+    let items = evidence::node_evidence(core.cluster(), "d1");
     let failures = failed(&items)
         .into_iter()
         .map(|(check, _)| check)
@@ -226,7 +226,7 @@ fn slices_that_differ_from_the_physical_gpus_name_the_difference() {
     facts.push(slice("d1", vec![wrong_memory]));
     facts.push(slice("d2", vec![card("d1", 0)]));
     let core = core_with(&facts);
-    let items = evidence::node_evidence(&core.cluster, "d1");
+    let items = evidence::node_evidence(core.cluster(), "d1");
     let failures = failed(&items);
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].0, SLICES_MATCH);
@@ -246,7 +246,7 @@ fn a_device_plugin_node_shows_only_that_nothing_else_advertises_it() {
         ..NodeSpec::new("g1", "gpu")
     }
     .fact()]);
-    let items = evidence::node_evidence(&core.cluster, "g1");
+    let items = evidence::node_evidence(core.cluster(), "g1");
     assert_eq!(items.len(), 1);
     assert!(items[0].passed, "{:?}", items[0]);
     assert_eq!(
@@ -260,7 +260,7 @@ fn a_moved_workload_shows_its_pods_claims_and_cleanup() {
     let mut facts = dra_node("d1");
     facts.extend(moved_web());
     let core = core_with(&facts);
-    let items = evidence::workload_evidence(&core.cluster, &to_gpu_dra(web()));
+    let items = evidence::workload_evidence(core.cluster(), &to_gpu_dra(web()));
     let checks: Vec<&str> = items.iter().map(|i| i.check.as_str()).collect();
     assert_eq!(
         checks,
@@ -285,7 +285,7 @@ fn an_unreserved_claim_a_leaked_claim_and_a_pod_elsewhere_each_fail() {
     );
     let core = core_with(&facts);
     let failures = failed(&evidence::workload_evidence(
-        &core.cluster,
+        core.cluster(),
         &to_gpu_dra(web()),
     ))
     .into_iter()
@@ -317,7 +317,7 @@ fn an_unreserved_claim_a_leaked_claim_and_a_pod_elsewhere_each_fail() {
         (1, 1),
     ));
     let core = core_with(&facts);
-    let items = evidence::workload_evidence(&core.cluster, &to_gpu_dra(web()));
+    let items = evidence::workload_evidence(core.cluster(), &to_gpu_dra(web()));
     assert_eq!(
         items[0].detail,
         "pod web-7c9-a runs on node g1 in group \"gpu\""
@@ -330,7 +330,7 @@ fn no_pods_is_no_evidence() {
     let mut facts = dra_node("d1");
     facts.push(mk_workload("apps", "web", 0, mk_placement(&[], &[])));
     let core = core_with(&facts);
-    let items = evidence::workload_evidence(&core.cluster, &to_gpu_dra(web()));
+    let items = evidence::workload_evidence(core.cluster(), &to_gpu_dra(web()));
     assert!(items.iter().all(|i| !i.passed), "{items:?}");
 }
 

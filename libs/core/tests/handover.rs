@@ -99,7 +99,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     assert_eq!(started.labels_before["nvidia.com/gpu.product"], "A100");
     assert_eq!(started.taints_before, vec![dedicated()]);
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::Cordon { node: "w1".into() }]
     );
 
@@ -125,7 +125,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
         "DaemonSet pods stay"
     );
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::Drain { node: "w1".into() }]
     );
 
@@ -133,7 +133,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     let decisions = core.handle_fact(&mk_pod_removed("apps", "web-1"), 30 * S);
     assert_eq!(names(&decisions), ["NodeDrained"]);
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::MoveToGroup {
             node: "w1".into(),
             group: "gpu-dra".into(),
@@ -162,7 +162,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     assert_eq!(changed.labels_after["node.deckhouse.io/group"], "gpu-dra");
     assert_eq!(core.stack_of("w1"), Some(Stack::Dra));
     assert!(
-        core.handovers.effects(&core.cluster.backend).is_empty(),
+        core.handovers().effects(&core.cluster().backend).is_empty(),
         "waiting for the node's preparation"
     );
 
@@ -208,7 +208,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     );
     assert_eq!(names(&decisions), ["NodeReadinessObserved"]);
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::Uncordon { node: "w1".into() }]
     );
 
@@ -219,9 +219,9 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
     };
     let decisions = core.handle_fact(&done.fact(), 70 * S);
     assert_eq!(names(&decisions), ["NodeUncordoned", "HandoverCompleted"]);
-    assert!(core.handovers.active.is_empty());
-    assert_eq!(core.handovers.completed["h-w1"], "w1");
-    assert!(core.handovers.effects(&core.cluster.backend).is_empty());
+    assert!(core.handovers().active.is_empty());
+    assert_eq!(core.handovers().completed["h-w1"], "w1");
+    assert!(core.handovers().effects(&core.cluster().backend).is_empty());
 }
 
 #[test]
@@ -276,7 +276,7 @@ fn a_blocked_drain_stalls_once_with_the_pods_that_stay() {
         },
         S,
     );
-    let deadline = S + core.handovers.deadlines.drain;
+    let deadline = S + core.handovers().deadlines.drain;
     assert!(
         core.handle(Input::Tick, deadline).is_empty(),
         "not before the deadline"
@@ -300,7 +300,7 @@ fn a_blocked_drain_stalls_once_with_the_pods_that_stay() {
         "reported once"
     );
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::Drain { node: "w1".into() }],
         "and still tried"
     );
@@ -333,7 +333,7 @@ fn readiness_stall_names_every_missing_condition() {
         0,
     );
     core.handle_fact(&mk_gpu("w1-gpu-0", "w1", true), 0);
-    let decisions = core.handle(Input::Tick, core.handovers.deadlines.wait_ready + 1);
+    let decisions = core.handle(Input::Tick, core.handovers().deadlines.wait_ready + 1);
     let Some(Kind::HandoverStalled(stalled)) = &decisions[0].kind else {
         panic!("{decisions:?}")
     };
@@ -481,7 +481,7 @@ fn moved(
         names(&core.handle(Input::StartHandover(&cmd), 0)),
         ["HandoverStarted"]
     );
-    let from = core.handovers.active["w1"].source_group.clone();
+    let from = core.handovers().active["w1"].source_group.clone();
     let cordoned = NodeSpec {
         labels: DP_LABELS,
         unschedulable: true,
@@ -527,7 +527,7 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
     moved(&mut core, "gpu-dra", MOVED_STALE, 2);
     // when everything else holds, then nothing: the label is not fresh
     assert!(core.handle(Input::Tick, 3 * S).is_empty());
-    let decisions = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let decisions = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &decisions[0].kind else {
         panic!("{decisions:?}")
     };
@@ -701,7 +701,7 @@ fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
     );
     // when everything else holds, then no readiness with 0 of 0
     assert!(when_facts(&mut core, gone, 3 * S).is_empty());
-    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
         panic!("{stalled:?}")
     };
@@ -744,7 +744,7 @@ fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
         &[("app", NODE_AGENT_APP)],
     );
     assert!(when_facts(&mut core, vec![prepared.fact(), deckhouse_agent], 3 * S).is_empty());
-    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
         panic!("{stalled:?}")
     };
@@ -776,7 +776,7 @@ fn the_configured_selectors_are_recorded_once_and_decide_the_same_on_replay() {
     let mut core = StackAssigner::with_selectors(deckhouse.clone());
     let recorded = core.catch_up(0);
     assert_eq!(names(&recorded), ["ReadinessSelectorsConfigured"]);
-    assert_eq!(core.cluster.selectors, deckhouse);
+    assert_eq!(core.cluster().selectors, deckhouse);
     // a restart with the same flags records nothing; a replay without flags decides the same
     let mut restarted = StackAssigner::with_selectors(deckhouse.clone());
     let mut replayed = StackAssigner::default();
@@ -785,7 +785,7 @@ fn the_configured_selectors_are_recorded_once_and_decide_the_same_on_replay() {
         replayed.apply(e, 0);
     }
     assert!(restarted.catch_up(1).is_empty());
-    assert_eq!(replayed.cluster.selectors, deckhouse);
+    assert_eq!(replayed.cluster().selectors, deckhouse);
     // a selector that is not one is refused, naming the flag
     let err = switchyard_core::cluster::ReadinessSelectors::parse("app in gpu", "").unwrap_err();
     assert!(
@@ -821,7 +821,7 @@ fn handing_back_to_the_device_plugin_waits_for_allocatable_nvidia_gpu() {
         ..NodeSpec::new("w1", "gpu")
     };
     assert!(core.handle_fact(&labelled.fact(), 3 * S).is_empty());
-    let stalled = core.handle(Input::Tick, 3 * S + core.handovers.deadlines.wait_ready);
+    let stalled = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
         panic!("{stalled:?}")
     };
@@ -894,7 +894,7 @@ fn a_switch_to_the_device_plugin_is_held_while_dra_claims_are_allocated() {
     let decisions = core.handle_fact(&mk_claim_removed("ml", "train-0-gpu"), 3 * S);
     assert_eq!(names(&decisions), ["StackAssigned"]);
     assert_eq!(core.stack_of("n1"), Some(Stack::DevicePlugin));
-    assert!(core.switch_holds.is_empty());
+    assert!(core.switch_holds().is_empty());
     assert!(
         !core
             .effects()
@@ -941,7 +941,7 @@ fn the_last_device_plugin_node_is_refused_while_nvidia_gpu_workloads_need_it_unl
         "{}",
         refused.reason
     );
-    assert!(core.handovers.active.is_empty());
+    assert!(core.handovers().active.is_empty());
     // when forced, then started
     let decisions = core.handle(
         Input::StartHandover(&handover_cmd("w1", "gpu-dra", true)),

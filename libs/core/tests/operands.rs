@@ -153,8 +153,8 @@ fn to_dra_the_device_plugin_goes_first_and_the_kubelet_plugin_only_once_it_is_go
     let waiting = operands::waiting_for(
         "gpu-1",
         Stack::Dra,
-        &core.cluster.nodes["gpu-1"],
-        &core.cluster,
+        &core.cluster().nodes["gpu-1"],
+        core.cluster(),
         &backend(),
     )
     .expect("waiting");
@@ -262,8 +262,8 @@ fn nothing_is_written_while_the_driver_manager_has_paused_the_operands() {
     let waiting = operands::waiting_for(
         "gpu-1",
         Stack::Dra,
-        &core.cluster.nodes["gpu-1"],
-        &core.cluster,
+        &core.cluster().nodes["gpu-1"],
+        core.cluster(),
         &backend(),
     )
     .unwrap();
@@ -344,7 +344,7 @@ fn dra_node_labels() -> Vec<(&'static str, &'static str)> {
 
 fn evidence(facts: &[DomainEvent]) -> Vec<(String, bool, String)> {
     let (core, _) = wanted(facts);
-    node_evidence(&core.cluster, "gpu-1")
+    node_evidence(core.cluster(), "gpu-1")
         .into_iter()
         .map(|i| (i.check, i.passed, i.detail))
         .collect()
@@ -440,10 +440,10 @@ fn a_gate_lost_again_before_its_uncordon_took_keeps_the_cordon_switchyards() {
     let healed = cordoned(node("dra-pilot", &dra_node_labels(), 0, true));
     // Lost while schedulable: Switchyard cordons it.
     let (core, _) = wanted(std::slice::from_ref(&lost));
-    assert!(core.exclusivity_lost["gpu-1"].0);
+    assert!(core.exclusivity_lost()["gpu-1"].0);
     // Healed while still cordoned: its uncordon is due.
     let (core, effects) = wanted(&[lost.clone(), healed.clone()]);
-    assert!(core.exclusivity_lost.is_empty());
+    assert!(core.exclusivity_lost().is_empty());
     assert!(
         effects.contains(&Effect::Uncordon {
             node: "gpu-1".into()
@@ -455,9 +455,9 @@ fn a_gate_lost_again_before_its_uncordon_took_keeps_the_cordon_switchyards() {
     let again = cordoned(node("dra-pilot", &dra_node_labels(), 8, true));
     let (core, effects) = wanted(&[lost, healed, again]);
     assert!(
-        core.exclusivity_lost["gpu-1"].0,
+        core.exclusivity_lost()["gpu-1"].0,
         "{:?}",
-        core.exclusivity_lost
+        core.exclusivity_lost()
     );
     assert!(
         !effects.iter().any(|e| matches!(e, Effect::Uncordon { .. })),

@@ -155,7 +155,7 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
     let d = core.handle(Input::Rollback(&planned), 100);
     assert_eq!(names(&d), ["RollbackStarted"]);
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::Cordon { node: "w1".into() }]
     );
 
@@ -199,7 +199,7 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
     let original = back.labels_before.clone();
     assert_eq!(original["node.deckhouse.io/group"], "gpu");
     assert_eq!(
-        core.handovers.effects(&core.cluster.backend),
+        core.handovers().effects(&core.cluster().backend),
         [Effect::RestoreNode {
             node: "w1".into(),
             labels: original.clone(),
@@ -300,14 +300,14 @@ fn a_node_rollback_is_a_handover_back_that_restores_the_before_image() {
         names(&d),
         ["StepCompensated", "HandoverCompleted", "RollbackCompleted"]
     );
-    let node = &core.cluster.nodes["w1"];
+    let node = &core.cluster().nodes["w1"];
     assert_eq!(
         node.labels.to_map(),
         original,
         "labels byte-identical to the before-image"
     );
     assert_eq!(node.taints, vec![taint()]);
-    assert!(core.handovers.active.is_empty());
+    assert!(core.handovers().active.is_empty());
 
     // And the rollback itself can be rolled back: the node goes to DRA again.
     let again = plan_node_rollback(&log.events, "w1", "rb-2").expect("plan");
@@ -437,7 +437,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         ["RollbackStarted"]
     );
     assert_eq!(
-        core.moves.effects(&core.cluster),
+        core.moves().effects(core.cluster()),
         [Effect::SetPlacement {
             workload: web(),
             placement: original.clone()
@@ -475,7 +475,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
     );
     assert_eq!(names(&d), ["RollbackCompleted"]);
     assert_eq!(
-        core.cluster
+        core.cluster()
             .workloads
             .values()
             .next()
@@ -485,7 +485,7 @@ fn an_application_rollback_restores_the_manifest_and_restarts() {
         original,
         "manifest exactly as before"
     );
-    assert!(core.moves.active.is_empty() && core.moves.verified.is_empty());
+    assert!(core.moves().active.is_empty() && core.moves().verified.is_empty());
 }
 
 #[test]

@@ -52,7 +52,7 @@ impl HoldModel {
                 if !self.settings_seen && s.dra_enabled && !s.previous_module_version.is_empty() {
                     self.held.extend(
                         core_before
-                            .cluster
+                            .cluster()
                             .groups
                             .iter()
                             .filter(|(_, g)| g.gpu.is_some())
@@ -102,35 +102,35 @@ proptest! {
             log.extend(decisions);
 
             // 0: nothing is decided before the module settings are known.
-            if core.cluster.module.observations == 0 {
-                prop_assert!(core.assignments.is_empty(), "decided before the settings: {:?}", core.assignments);
+            if core.cluster().module.observations == 0 {
+                prop_assert!(core.assignments().is_empty(), "decided before the settings: {:?}", core.assignments());
                 continue;
             }
             // 1 + 2: exactly the cluster's nodes are assigned, each as the rules say.
             prop_assert_eq!(
-                core.assignments.keys().collect::<Vec<_>>(),
-                core.cluster.nodes.keys().collect::<Vec<_>>()
+                core.assignments().keys().collect::<Vec<_>>(),
+                core.cluster().nodes.keys().collect::<Vec<_>>()
             );
-            for (name, node) in &core.cluster.nodes {
+            for (name, node) in &core.cluster().nodes {
                 let group = node.group().unwrap_or_default();
-                let expected = rule(node, &core.cluster, core.held.contains(group));
-                let a = &core.assignments[name];
+                let expected = rule(node, core.cluster(), core.held().contains(group));
+                let a = &core.assignments()[name];
                 prop_assert_eq!((a.stack, a.reason), expected, "node {}", name);
                 prop_assert_eq!(a.group.as_str(), group);
             }
             // 3: held exactly as the model says; a held group's plain nodes are on DRA;
             //    the alert fires once per held group and is cleared on release.
-            prop_assert_eq!(&core.held, &model.held);
-            for group in &core.held {
+            prop_assert_eq!(core.held(), &model.held);
+            for group in core.held() {
                 prop_assert_eq!(firing.get(group).copied().unwrap_or(0), 1, "alert for {}", group);
-                for name in core.cluster.members.get(group).into_iter().flatten() {
-                    let node = &core.cluster.nodes[name];
-                    if !node.is_control_plane() && !node.gpu_disabled() && core.cluster.module.feature_gates_ready {
-                        prop_assert_eq!(core.assignments[name].stack, Stack::Dra);
+                for name in core.cluster().members.get(group).into_iter().flatten() {
+                    let node = &core.cluster().nodes[name];
+                    if !node.is_control_plane() && !node.gpu_disabled() && core.cluster().module.feature_gates_ready {
+                        prop_assert_eq!(core.assignments()[name].stack, Stack::Dra);
                     }
                 }
             }
-            prop_assert!(firing.iter().all(|(g, n)| *n == i32::from(core.held.contains(g))));
+            prop_assert!(firing.iter().all(|(g, n)| *n == i32::from(core.held().contains(g))));
         }
 
         // 4: replay gives the same state; re-deciding the facts the same bytes.

@@ -17,7 +17,7 @@ fn given(facts: &[DomainEvent]) -> StackAssigner {
 }
 
 fn stack(core: &StackAssigner, node: &str) -> (Stack, StackReason) {
-    let a = &core.assignments[node];
+    let a = &core.assignments()[node];
     (a.stack, a.reason)
 }
 
@@ -112,7 +112,7 @@ fn fresh_install_does_not_hold_groups_with_spec_gpu() {
         mk_node("w1", Some("gpu")),
         mk_settings(true, true, ""),
     ]);
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
     assert_eq!(
         stack(&core, "w1"),
         (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
@@ -129,7 +129,7 @@ fn upgrade_with_dra_enabled_holds_every_group_with_spec_gpu_and_alerts() {
         mk_node("w2", Some("plain")),
     ]);
     let decisions = core.handle_fact(&mk_settings(true, true, "1.9.0"), 0);
-    assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
+    assert_eq!(core.held().iter().collect::<Vec<_>>(), ["gpu", "gpu-b"]);
     // The alerter fires D8GpuNodeGroupHeldOnDra for each held group.
     let mut alerter = switchyard_core::alerter::Alerter::default();
     let alerts: Vec<DomainEvent> = decisions
@@ -160,7 +160,7 @@ fn upgrade_with_dra_disabled_holds_nothing() {
         mk_node("w1", Some("gpu")),
         mk_settings(false, true, "1.9.0"),
     ]);
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
     assert_eq!(
         stack(&core, "w1"),
         (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
@@ -178,7 +178,7 @@ fn the_hold_is_taken_on_the_first_run_only() {
     );
     let decisions = core.handle_fact(&mk_settings(true, true, "1.9.0"), 0);
     assert!(!names(&decisions).contains(&"NodeGroupHeldOnDra"));
-    assert_eq!(core.held.iter().collect::<Vec<_>>(), ["gpu"]);
+    assert_eq!(core.held().iter().collect::<Vec<_>>(), ["gpu"]);
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn removing_spec_gpu_releases_the_group_it_stays_on_dra_and_the_alert_clears() {
         unreachable!()
     };
     assert_eq!(released.reason(), ReleaseReason::SpecGpuRemoved);
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
     assert_eq!(
         stack(&core, "w1"),
         (Stack::Dra, StackReason::DraEnabled),
@@ -241,7 +241,7 @@ fn disabling_dra_releases_all_groups() {
             ("gpu-b", ReleaseReason::DraDisabled)
         ]
     );
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
     assert_eq!(
         stack(&core, "w1"),
         (Stack::DevicePlugin, StackReason::GroupHasSpecGpu)
@@ -253,7 +253,7 @@ fn deleting_a_held_group_releases_it() {
     let mut core = given(&[mk_group("gpu", true), mk_settings(true, true, "1.9.0")]);
     let decisions = core.handle_fact(&mk_group_removed("gpu"), 0);
     assert_eq!(names(&decisions), ["NodeGroupReleased"]);
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
 }
 
 #[test]
@@ -273,8 +273,8 @@ fn moving_a_node_between_groups_changes_its_stack() {
         (Stack::DevicePlugin, Stack::Dra)
     );
     assert_eq!(assigned.group, "gpu-dra");
-    assert!(core.cluster.members["gpu-dra"].contains("w1"));
-    assert!(!core.cluster.members.contains_key("gpu"));
+    assert!(core.cluster().members["gpu-dra"].contains("w1"));
+    assert!(!core.cluster().members.contains_key("gpu"));
 }
 
 #[test]
@@ -287,7 +287,7 @@ fn an_unchanged_fact_decides_nothing() {
     assert!(core.handle_fact(&mk_node("w1", Some("gpu")), 0).is_empty());
     assert!(core.handle_fact(&mk_group("gpu", true), 0).is_empty());
     core.handle_fact(&mk_node_removed("w1"), 0);
-    assert!(!core.assignments.contains_key("w1"));
+    assert!(!core.assignments().contains_key("w1"));
 }
 
 // ------------------------------------------------- the nvidia-operator backend
@@ -339,7 +339,7 @@ fn on_the_nvidia_backend_the_pool_decides_the_stack() {
     ]);
     // The backend is recorded first, so a replay decides the same.
     assert_eq!(names(&decided)[0], "BackendConfigured");
-    assert_eq!(core.cluster.backend, nvidia_backend());
+    assert_eq!(core.cluster().backend, nvidia_backend());
     assert_eq!(
         stack(&core, "gpu-legacy-01"),
         (Stack::DevicePlugin, StackReason::PoolStack)
@@ -411,7 +411,7 @@ fn on_the_nvidia_backend_an_upgrade_holds_no_group() {
         "{:?}",
         names(&decided)
     );
-    assert!(core.held.is_empty());
+    assert!(core.held().is_empty());
 }
 
 #[test]
@@ -442,5 +442,5 @@ fn on_the_nvidia_backend_nodegroups_are_pools_by_their_label() {
         (Stack::DevicePlugin, StackReason::PoolStack)
     );
     assert_eq!(stack(&core, "b"), (Stack::Dra, StackReason::PoolStack));
-    assert_eq!(core.cluster.nodes["b"].group(), Some("gpu-dra"));
+    assert_eq!(core.cluster().nodes["b"].group(), Some("gpu-dra"));
 }

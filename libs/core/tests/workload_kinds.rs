@@ -132,8 +132,8 @@ fn a_daemonset_is_bound_to_the_target_group_restarted_and_verified_on_every_node
     );
     assert_eq!(names(&d), ["WorkloadRestarted"]);
     assert!(
-        core.moves
-            .effects(&core.cluster)
+        core.moves()
+            .effects(core.cluster())
             .contains(&Effect::RestartWorkload {
                 workload: ds.clone(),
                 restarted_at: "m-exporter".into()
@@ -199,7 +199,7 @@ fn a_job_is_refused_and_one_made_by_a_cronjob_names_it() {
     let reason = refused(&move_of(&mut core, reference("Job", "nightly-29000000")));
     assert!(reason.contains("move the CronJob"), "{reason}");
     assert!(reason.contains("CronJob apps/nightly"), "{reason}");
-    assert!(core.moves.effects(&core.cluster).is_empty());
+    assert!(core.moves().effects(core.cluster()).is_empty());
 }
 
 #[test]
@@ -231,8 +231,8 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
     );
     assert!(d.is_empty(), "{d:?}");
     assert!(
-        core.moves
-            .effects(&core.cluster)
+        core.moves()
+            .effects(core.cluster())
             .iter()
             .all(|e| !matches!(e, Effect::RestartWorkload { .. }))
     );
@@ -313,7 +313,7 @@ fn a_cronjob_is_edited_not_restarted_and_verified_on_a_run_from_the_new_template
         (v.pod_nodes.clone(), v.claims_allocated),
         (vec!["d1".to_string()], 1)
     );
-    assert!(core.moves.effects(&core.cluster).is_empty());
+    assert!(core.moves().effects(core.cluster()).is_empty());
 }
 
 #[test]
@@ -356,7 +356,7 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
         ["RollbackStarted"]
     );
     assert_eq!(
-        core.moves.effects(&core.cluster),
+        core.moves().effects(core.cluster()),
         [Effect::SetPlacement {
             workload: cron.clone(),
             placement: on_gpu()
@@ -367,7 +367,7 @@ fn a_cronjob_rollback_restores_the_template_without_a_restart() {
         0,
     );
     assert_eq!(names(&d), ["StepCompensated", "RollbackCompleted"]);
-    assert!(core.moves.effects(&core.cluster).is_empty());
+    assert!(core.moves().effects(core.cluster()).is_empty());
 }
 
 #[test]
@@ -391,7 +391,7 @@ fn completion_does_not_wait_for_a_cronjobs_jobs_or_finished_jobs() {
         gpu_class: "a100".into(),
         trial_period_over: false,
     };
-    let d = Completion::default().complete(&core.cluster, &cmd);
+    let d = Completion::default().complete(core.cluster(), &cmd);
     let Some(Kind::CompletionRefused(r)) = &d[0].kind else {
         panic!("{d:?}")
     };
@@ -410,7 +410,7 @@ fn completion_does_not_wait_for_a_cronjobs_jobs_or_finished_jobs() {
         ))),
         0,
     );
-    let d = Completion::default().complete(&core.cluster, &cmd);
+    let d = Completion::default().complete(core.cluster(), &cmd);
     assert_eq!(names(&d), ["CompletionRefused"]);
     let Some(Kind::CompletionRefused(r)) = &d[0].kind else {
         unreachable!()

@@ -103,8 +103,7 @@ impl States {
     /// services were started with (their flags, which a replay does not
     /// have; what they configured is in the log).
     pub fn decided(mut self) -> States {
-        self.stack.configured = None;
-        self.stack.configured_backend = None;
+        self.stack = self.stack.decided();
         self
     }
 
@@ -313,7 +312,7 @@ impl<S: Services, L: LogSink> Migration<S, L> {
             .states()
             .await
             .claims
-            .cluster
+            .cluster()
             .gpu_classes
             .get(class)
             .cloned()
@@ -616,12 +615,12 @@ impl<S: Services, L: LogSink> Migration<S, L> {
         // D8GpuNodeGroupHeldOnDra fires exactly for the held groups.
         let firing: Vec<String> = live
             .alerter
-            .firing
+            .firing()
             .keys()
             .filter(|(name, _)| name == ALERT_HELD_ON_DRA)
             .filter_map(|(_, labels)| labels.get(ALERT_LABEL_NODE_GROUP).cloned())
             .collect();
-        let held: Vec<String> = live.stack.held.iter().cloned().collect();
+        let held: Vec<String> = live.stack.held().iter().cloned().collect();
         checks.push(Check {
             name: "held-groups-alert",
             ok: firing == held,
@@ -694,12 +693,12 @@ pub async fn run_reference<S: Services, L: LogSink>(
     // Step 1: the target group, then DRA on (a cluster upgraded with DRA on has
     // it already, and the groups it served are held on DRA since the first run).
     m.sim.set_group(TARGET, None);
-    if !m.states().await.stack.cluster.module.dra_enabled {
+    if !m.states().await.stack.cluster().module.dra_enabled {
         m.sim.set_dra_enabled(true);
     }
     m.pump().await;
     let states = m.states().await;
-    let held: Vec<String> = states.stack.held.iter().cloned().collect();
+    let held: Vec<String> = states.stack.held().iter().cloned().collect();
     report(
         &m.sim,
         "step 1: create gpu-dra and enable DRA".into(),
@@ -750,7 +749,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
 
     // Step 5: every application verified on the target group.
     let states = m.states().await;
-    let verified = states.claims.moves.verified.len();
+    let verified = states.claims.moves().verified.len();
     let total = m.sim.workloads().len();
     let pending = m.sim.pending_pods();
     report(
@@ -786,7 +785,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
 
     // The upgrade hold ends the way the reference says: spec.gpu removed, the
     // group stays on DRA and the alert clears.
-    for group in m.states().await.stack.held.clone() {
+    for group in m.states().await.stack.held().clone() {
         m.sim.set_group(&group, None);
         m.pump().await;
         let states = m.states().await;
@@ -794,8 +793,8 @@ pub async fn run_reference<S: Services, L: LogSink>(
         let on_dra = nodes
             .iter()
             .all(|n| states.stack.stack_of(n) == Some(Stack::Dra));
-        let released = !states.stack.held.contains(&group);
-        let cleared = states.alerter.firing.is_empty();
+        let released = !states.stack.held().contains(&group);
+        let cleared = states.alerter.firing().is_empty();
         report(
             &m.sim,
             format!("hold: remove spec.gpu from {group}"),
@@ -815,7 +814,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
     // Rollback: a node back to the device plugin — as many as the smallest moved
     // application needs, since a rollback needs Device Plugin nodes — then that
     // application onto it.
-    let verified = m.states().await.claims.moves.verified;
+    let verified = m.states().await.claims.moves().verified.clone();
     let smallest = m
         .sim
         .workloads()

@@ -59,7 +59,7 @@ async fn no_stack_manages_the_node_without_spec_gpu_and_dra_off() {
     );
     let states = m.states().await;
     assert_eq!(
-        states.stack.assignments["gpu-0"].stack,
+        states.stack.assignments()["gpu-0"].stack,
         switchyard_proto::v1::Stack::DevicePlugin,
         "nothing moved"
     );
@@ -69,10 +69,10 @@ async fn no_stack_manages_the_node_without_spec_gpu_and_dra_off() {
 async fn held_on_dra_is_firing_after_an_upgrade_with_dra_on() {
     let mut m = cluster(true, false).await;
     let states = m.states().await;
-    assert!(states.stack.held.contains("gpu-legacy"));
+    assert!(states.stack.held().contains("gpu-legacy"));
     let firing: Vec<_> = states
         .alerter
-        .firing
+        .firing()
         .keys()
         .map(|(name, labels)| (name.clone(), labels["node_group"].clone()))
         .collect();
@@ -145,7 +145,7 @@ async fn the_pod_is_pending_until_the_target_group_has_free_devices() {
     assert!(
         states
             .claims
-            .moves
+            .moves()
             .verified
             .keys()
             .any(|(_, _, name)| name == "big"),

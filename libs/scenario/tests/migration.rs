@@ -133,7 +133,7 @@ async fn the_waves_run_by_themselves_to_the_end() {
     assert!(m.sim.nodes_in(SOURCE).is_empty());
     assert_eq!(m.sim.nodes_in(TARGET).len(), 4);
     let states = m.states().await;
-    assert_eq!(states.claims.moves.verified.len(), 4);
+    assert_eq!(states.claims.moves().verified.len(), 4);
     assert_eq!(m.sim.pending_pods(), 0);
     // The handovers and moves are the wave's, by their ids.
     assert!(m.log.iter().any(|l| matches!(&l.event.kind,

@@ -100,15 +100,18 @@ async fn services_started_after_the_facts_were_recorded_catch_up() {
     }
     let late_states = States::replay(log.iter().map(|(_, e)| (e, now)));
     assert!(
-        !live_states.stack.held.is_empty() && !live_states.alerter.firing.is_empty(),
+        !live_states.stack.held().is_empty() && !live_states.alerter.firing().is_empty(),
         "the set-up holds a group and fires its alert"
     );
     assert!(
-        !live_states.compiler.compiled.is_empty(),
+        !live_states.compiler.compiled().is_empty(),
         "a class compiled"
     );
-    assert_eq!(late_states.stack.held, live_states.stack.held);
-    assert_eq!(late_states.stack.assignments, live_states.stack.assignments);
+    assert_eq!(late_states.stack.held(), live_states.stack.held());
+    assert_eq!(
+        late_states.stack.assignments(),
+        live_states.stack.assignments()
+    );
     assert_eq!(late_states.alerter, live_states.alerter);
     assert_eq!(late_states.compiler, live_states.compiler);
     assert_eq!(late_states.claims, live_states.claims);

@@ -119,7 +119,7 @@ impl World {
     }
 
     fn labels(&self, node: &str) -> BTreeMap<String, String> {
-        self.core.cluster.nodes[node].labels.to_map()
+        self.core.cluster().nodes[node].labels.to_map()
     }
 }
 
@@ -159,7 +159,7 @@ fn a_node_moved_to_the_dra_pool_and_back_is_never_served_by_both_stacks() {
     }
     assert_eq!(world.sim.operands_on("gpu-1"), (false, true, 0));
     assert!(world.slices.contains("gpu-1"));
-    let node = &world.core.cluster.nodes["gpu-1"];
+    let node = &world.core.cluster().nodes["gpu-1"];
     assert!(
         node.taints
             .iter()
@@ -185,7 +185,7 @@ fn a_node_moved_to_the_dra_pool_and_back_is_never_served_by_both_stacks() {
     assert!(!labels.contains_key(PLUGIN), "{labels:?}");
     assert_eq!(world.sim.operands_on("gpu-1"), (true, false, 8));
     assert!(!world.slices.contains("gpu-1"));
-    assert!(world.core.cluster.nodes["gpu-1"].taints.is_empty());
+    assert!(world.core.cluster().nodes["gpu-1"].taints.is_empty());
 }
 
 #[test]
@@ -275,8 +275,8 @@ fn a_device_plugin_label_put_back_by_hand_on_a_dra_node_is_not_left_running_besi
         lost < cordoned && lost < restored,
         "{lost} {cordoned} {restored}"
     );
-    assert!(!world.core.cluster.nodes["gpu-0"].unschedulable);
-    assert!(world.core.exclusivity_lost.is_empty());
+    assert!(!world.core.cluster().nodes["gpu-0"].unschedulable);
+    assert!(world.core.exclusivity_lost().is_empty());
 }
 
 #[test]
@@ -295,7 +295,7 @@ fn a_device_plugin_pod_on_a_dra_node_fences_the_node_while_it_runs() {
     }
     let (cordoned, evidence) = world
         .core
-        .exclusivity_lost
+        .exclusivity_lost()
         .get("gpu-1")
         .expect("the gate failed")
         .clone();
@@ -442,11 +442,11 @@ fn a_handover_to_the_dra_pool_moves_the_pool_label_after_the_drain_and_waits_for
     );
     assert!(published < ready);
     // After: served by DRA, uncordoned, the pilot taint on.
-    let node = &world.core.cluster.nodes["gpu-1"];
+    let node = &world.core.cluster().nodes["gpu-1"];
     assert!(!node.unschedulable);
     assert_eq!(world.sim.operands_on("gpu-1"), (false, true, 0));
     assert!(node.taints.iter().any(|t| t.key == MODE));
-    assert!(world.core.handovers.active.is_empty());
+    assert!(world.core.handovers().active.is_empty());
 }
 
 #[test]

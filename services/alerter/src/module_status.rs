@@ -16,7 +16,10 @@
 //!
 //! Everything is computed from the state folded from the log (see
 //! [`crate::state_metrics`]) as it is at each pass, and only once that state
-//! holds the whole log the alerter found at start.
+//! holds the whole log the alerter found at start. Which alerts there are,
+//! and when each holds, is the alerter core's
+//! ([`switchyard_core::alerter::rules`]); this module gathers the facts they
+//! are decided on and says what fired.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -34,8 +37,9 @@ use switchyard_api::{
     GPUModuleStatus, GPUModuleStatusSpec, INSTALLED_BY_ANNOTATION, ModuleConfig, ModuleStatus,
     NodeStackStatus,
 };
-use switchyard_core::names::{ALERT_HELD_ON_DRA, REQUIRED_FEATURE_GATES};
-use switchyard_proto::v1::{GpuPhase, Stack, StackReason};
+use switchyard_core::alerter::rules::{self, AlertRule, DevicePluginOnDra, GpuNodeFacts};
+use switchyard_core::names::REQUIRED_FEATURE_GATES;
+use switchyard_proto::v1::{Stack, StackReason};
 
 use crate::state_metrics::{GpuNodeView, MigrationState, reason_name, stack_name};
 
@@ -51,13 +55,13 @@ pub struct StatusArgs {
     #[arg(long, env = "SWITCHYARD_STATUS_EVERY", default_value = "10s", value_parser = humantime::parse_duration)]
     pub status_every: Duration,
     /// An application move not verified after this is stalled.
-    #[arg(long, env = "SWITCHYARD_MOVE_STALLED_AFTER", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SWITCHYARD_MOVE_STALLED_AFTER", default_value = rules::APPLICATION_MOVE_AGE.default, value_parser = humantime::parse_duration)]
     pub move_stalled_after: Duration,
     /// A ResourceClaim unallocated this long is stuck pending.
-    #[arg(long, env = "SWITCHYARD_CLAIM_PENDING_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SWITCHYARD_CLAIM_PENDING_AFTER", default_value = rules::RESOURCE_CLAIM_PENDING_AGE.default, value_parser = humantime::parse_duration)]
     pub claim_pending_after: Duration,
     /// An allocated ResourceClaim reserved for no pod this long is unused.
-    #[arg(long, env = "SWITCHYARD_CLAIM_UNUSED_AFTER", default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SWITCHYARD_CLAIM_UNUSED_AFTER", default_value = rules::RESOURCE_CLAIM_UNUSED_AGE.default, value_parser = humantime::parse_duration)]
     pub claim_unused_after: Duration,
     /// The `for:` of the rules whose condition the status checks as it is
     /// now: how long it must hold before the alert fires (until then the
@@ -72,10 +76,11 @@ fn alert_for(text: &str) -> Result<(String, Duration), String> {
     let (alert, delay) = text.split_once('=').ok_or_else(|| {
         format!("{text:?}: expected ALERT=DURATION, e.g. D8GpuNodeDraNotReady=15m")
     })?;
-    if !ALERTS.contains(&alert) {
+    if !rules::from_log().any(|rule| rule.name == alert) {
+        let names: Vec<&str> = rules::from_log().map(|rule| rule.name).collect();
         return Err(format!(
             "{alert:?} is not an alert of the module status (expected one of {})",
-            ALERTS.join(", ")
+            names.join(", ")
         ));
     }
     let delay = humantime::parse_duration(delay)
@@ -130,21 +135,6 @@ pub struct Firing {
     pub message: String,
 }
 
-/// The alerts the status carries, in order: those the alerter can tell
-/// from the log (the log's lag and records passed over are Prometheus's).
-pub const ALERTS: [&str; 10] = [
-    ALERT_HELD_ON_DRA,
-    "D8GpuNodeServedByNoStack",
-    "D8GpuNodeDraNotReady",
-    "D8GpuNodeDualAdvertisement",
-    "D8GpuDevicePluginOnDraNode",
-    "D8GpuHandoverStalled",
-    "D8GpuApplicationMoveStalled",
-    "D8GpuResourceClaimPending",
-    "D8GpuResourceClaimUnused",
-    "D8GpuUnhealthy",
-];
-
 fn condition(type_: &str, on: Option<bool>, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.to_string(),
@@ -170,7 +160,7 @@ pub fn compute(
     args: &StatusArgs,
     holding: &mut Holding,
 ) -> (ModuleStatus, Vec<Firing>) {
-    let module = &state.stack.cluster.module;
+    let module = &state.stack.cluster().module;
     let mut conditions = Vec::new();
     let version = switchyard_core::names::kubernetes_minor(&module.kubernetes_version);
     let (min_major, min_minor) = switchyard_core::names::MIN_KUBERNETES;
@@ -271,8 +261,7 @@ pub fn compute(
         let key = (f.alert, f.object.clone());
         let from = holding.0.get(&key).copied().unwrap_or(now);
         since.insert(key, from);
-        let delay = i64::try_from(args.delay(f.alert).as_nanos()).unwrap_or(i64::MAX);
-        if now.saturating_sub(from) >= delay {
+        if rules::held_long_enough(from, now, nanos(args.delay(f.alert))) {
             firing.push(f);
         } else {
             pending.push(f);
@@ -287,7 +276,9 @@ pub fn compute(
         }
         message.join("; ")
     };
-    for alert in ALERTS {
+    // The alerts the status carries, in order: those the alerter can tell
+    // from the log (the log's lag and records passed over are Prometheus's).
+    for alert in rules::from_log().map(|rule| rule.name) {
         let of: Vec<&Firing> = firing.iter().filter(|f| f.alert == alert).collect();
         let waiting: Vec<&Firing> = pending.iter().filter(|f| f.alert == alert).collect();
         conditions.push(if !of.is_empty() {
@@ -312,7 +303,7 @@ pub fn compute(
 
 /// Per GPU node: its stack and why DRA is or is not deployed there.
 fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStackStatus> {
-    let cluster = &state.stack.cluster;
+    let cluster = &state.stack.cluster();
     let mut nodes = Vec::new();
     for view in views {
         let stack = view.stack();
@@ -369,7 +360,13 @@ fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStack
     nodes
 }
 
-/// Every alert firing now, per object; `nodes` are the statuses of `views`.
+/// A duration in nanoseconds, as the log's times are.
+fn nanos(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Every alert firing now, per object, as the alerter core's rules decide
+/// on the state's facts; `nodes` are the statuses of `views`.
 fn alerts(
     state: &MigrationState,
     views: &[GpuNodeView],
@@ -377,20 +374,20 @@ fn alerts(
     now: i64,
     args: &StatusArgs,
 ) -> Vec<Firing> {
-    let handovers = &state.stack.handovers.active;
+    let handovers = &state.stack.handovers().active;
     let mut firing = Vec::new();
     let mut fire =
-        |alert: &'static str, object: &str, regarding: Option<Regarding>, message: String| {
+        |rule: &AlertRule, object: &str, regarding: Option<Regarding>, message: String| {
             firing.push(Firing {
-                alert,
+                alert: rule.name,
                 object: object.to_string(),
                 regarding,
                 message,
             });
         };
-    for group in &state.stack.held {
+    for group in state.stack.held() {
         fire(
-            ALERT_HELD_ON_DRA,
+            &rules::NODE_GROUP_HELD_ON_DRA,
             group,
             Some(Regarding {
                 kind: "NodeGroup",
@@ -402,65 +399,69 @@ fn alerts(
     }
     for (view, status) in views.iter().zip(nodes) {
         let name = view.name;
-        let in_handover = view.handover.is_some();
-        if status.stack == "none"
-            && !in_handover
-            && !matches!(
-                status.reason.as_str(),
-                "control_plane" | "gpu_disabled_label" | "no_gpu_present"
-            )
-        {
+        let lost = state.stack.exclusivity_lost().get(name);
+        let facts = GpuNodeFacts {
+            stack: view.stack(),
+            reason: view
+                .assignment
+                .map_or(StackReason::Unspecified, |a| a.reason),
+            in_handover: view.handover.is_some(),
+            readiness_missing: !view.missing.is_empty(),
+            device_plugin_gpus: view.node.device_plugin_allocatable,
+            slice_devices: view.slice_devices,
+            exclusivity_lost: lost.is_some(),
+        };
+        if rules::node_served_by_no_stack(&facts) {
             fire(
-                "D8GpuNodeServedByNoStack",
+                &rules::NODE_SERVED_BY_NO_STACK,
                 name,
                 Some(Regarding::node(name)),
                 format!("node {name}: {}", status.message),
             );
         }
-        if status.reason == "readiness_missing" && !in_handover {
+        if rules::node_dra_not_ready(&facts) {
             fire(
-                "D8GpuNodeDraNotReady",
+                &rules::NODE_DRA_NOT_READY,
                 name,
                 Some(Regarding::node(name)),
                 format!("node {name}: {}", status.message),
             );
         }
-        let device_plugin = view.node.device_plugin_allocatable;
-        let slices = view.slice_devices;
-        if device_plugin > 0 && slices > 0 {
+        if rules::node_dual_advertisement(&facts) {
             fire(
-                "D8GpuNodeDualAdvertisement",
+                &rules::NODE_DUAL_ADVERTISEMENT,
                 name,
                 Some(Regarding::node(name)),
                 format!(
-                    "node {name} advertises {device_plugin} device-plugin GPU resources and {slices} ResourceSlice devices at once: the exclusivity gate failed"
+                    "node {name} advertises {} device-plugin GPU resources and {} ResourceSlice devices at once: the exclusivity gate failed",
+                    facts.device_plugin_gpus, facts.slice_devices
                 ),
             );
         }
-        if status.stack == "dra" && device_plugin > 0 {
-            fire(
-                "D8GpuDevicePluginOnDraNode",
-                name,
-                Some(Regarding::node(name)),
-                format!(
-                    "the device plugin advertises {device_plugin} GPU resources on DRA node {name}"
-                ),
-            );
-        } else if let Some((_, evidence)) = state.stack.exclusivity_lost.get(name) {
+        let message = match rules::device_plugin_on_dra_node(&facts) {
+            Some(DevicePluginOnDra::Advertising { gpus }) => Some(format!(
+                "the device plugin advertises {gpus} GPU resources on DRA node {name}"
+            )),
             // nvidia-operator: the guide's failed exclusivity gate, as the
             // stack-assigner recorded it (its pod or its label back before
             // any GPU is advertised).
+            Some(DevicePluginOnDra::ExclusivityLost) => {
+                lost.map(|(_, evidence)| format!("{evidence}: the exclusivity gate failed"))
+            }
+            None => None,
+        };
+        if let Some(message) = message {
             fire(
-                "D8GpuDevicePluginOnDraNode",
+                &rules::DEVICE_PLUGIN_ON_DRA_NODE,
                 name,
                 Some(Regarding::node(name)),
-                format!("{evidence}: the exclusivity gate failed"),
+                message,
             );
         }
     }
-    for h in handovers.values().filter(|h| h.stalled) {
+    for h in handovers.values().filter(|h| rules::handover_stalled(h)) {
         fire(
-            "D8GpuHandoverStalled",
+            &rules::HANDOVER_STALLED,
             &h.id,
             Some(Regarding::node(&h.node)),
             format!(
@@ -472,15 +473,12 @@ fn alerts(
             ),
         );
     }
-    let older = |since: i64, limit: Duration| {
-        now.saturating_sub(since) > i64::try_from(limit.as_nanos()).unwrap_or(i64::MAX)
-    };
-    for m in state.claims.moves.active.values() {
+    for m in state.claims.moves().active.values() {
         if let Some(started) = state.move_started.get(&m.id)
-            && older(*started, args.move_stalled_after)
+            && rules::older_than(*started, now, nanos(args.move_stalled_after))
         {
             fire(
-                "D8GpuApplicationMoveStalled",
+                &rules::APPLICATION_MOVE_STALLED,
                 &m.id,
                 None,
                 format!(
@@ -495,9 +493,9 @@ fn alerts(
         }
     }
     for ((namespace, claim), since) in &state.pending_since {
-        if older(*since, args.claim_pending_after) {
+        if rules::older_than(*since, now, nanos(args.claim_pending_after)) {
             fire(
-                "D8GpuResourceClaimPending",
+                &rules::RESOURCE_CLAIM_PENDING,
                 &format!("{namespace}/{claim}"),
                 None,
                 format!(
@@ -508,9 +506,9 @@ fn alerts(
         }
     }
     for ((namespace, claim), since) in &state.unused_since {
-        if older(*since, args.claim_unused_after) {
+        if rules::older_than(*since, now, nanos(args.claim_unused_after)) {
             fire(
-                "D8GpuResourceClaimUnused",
+                &rules::RESOURCE_CLAIM_UNUSED,
                 &format!("{namespace}/{claim}"),
                 None,
                 format!(
@@ -520,10 +518,10 @@ fn alerts(
             );
         }
     }
-    for (node, gpus) in &state.stack.cluster.gpus {
-        for gpu in gpus.iter().filter(|g| g.phase == GpuPhase::Failed) {
+    for (node, gpus) in &state.stack.cluster().gpus {
+        for gpu in gpus.iter().filter(|g| rules::gpu_unhealthy(g.phase)) {
             fire(
-                "D8GpuUnhealthy",
+                &rules::GPU_UNHEALTHY,
                 &gpu.name,
                 Some(Regarding {
                     kind: "PhysicalGPU",
@@ -896,6 +894,56 @@ mod tests {
     }
 
     const MINUTE: i64 = 60_000_000_000;
+
+    #[test]
+    fn the_status_carries_the_core_s_alerts_and_its_flags_the_chart_s_defaults() {
+        let (status, _) = compute(
+            &MigrationState::default().whole(),
+            MINUTE,
+            &args(&[]).unwrap(),
+            &mut Holding::default(),
+        );
+        let alerts: Vec<&str> = status
+            .conditions
+            .iter()
+            .map(|c| c.type_.as_str())
+            .filter(|t| t.starts_with("D8Gpu"))
+            .collect();
+        let core: Vec<&str> = rules::from_log().map(|r| r.name).collect();
+        assert_eq!(alerts, core);
+        // The chart's rule reads the stack-assigner's reason as the series
+        // name it: the reasons the core keeps off on purpose, no others.
+        let kept_off: Vec<&str> = rules::KEPT_OFF_ON_PURPOSE
+            .iter()
+            .map(|r| reason_name(*r))
+            .collect();
+        let matcher = format!("stack_reason!~\"{}\"", kept_off.join("|"));
+        assert!(
+            rules::NODE_SERVED_BY_NO_STACK.expr.contains(&matcher),
+            "{matcher} in {}",
+            rules::NODE_SERVED_BY_NO_STACK.expr
+        );
+        // The flags' defaults are the chart's thresholds'.
+        let defaults = args(&[]).unwrap();
+        for (flag, threshold) in [
+            (defaults.move_stalled_after, rules::APPLICATION_MOVE_AGE),
+            (
+                defaults.claim_pending_after,
+                rules::RESOURCE_CLAIM_PENDING_AGE,
+            ),
+            (
+                defaults.claim_unused_after,
+                rules::RESOURCE_CLAIM_UNUSED_AGE,
+            ),
+        ] {
+            assert_eq!(
+                Some(flag.as_secs()),
+                rules::seconds(threshold.default),
+                "{}",
+                threshold.key
+            );
+        }
+    }
 
     #[test]
     fn a_device_plugin_back_on_a_dra_node_of_the_nvidia_backend_fires_before_it_advertises() {

@@ -94,10 +94,10 @@ impl MigrationState {
             _ => {}
         }
         // A move that ended: forget when it started.
-        if self.move_started.len() > self.claims.moves.active.len() {
+        if self.move_started.len() > self.claims.moves().active.len() {
             let active: BTreeSet<&str> = self
                 .claims
-                .moves
+                .moves()
                 .active
                 .values()
                 .map(|m| m.id.as_str())
@@ -118,7 +118,7 @@ impl MigrationState {
                 }
             }
         }
-        if let Some(claim) = self.claims.cluster.claims.get(&key) {
+        if let Some(claim) = self.claims.cluster().claims.get(&key) {
             for pod in &claim.reserved_for {
                 self.pod_claims
                     .entry((namespace.to_string(), pod.clone()))
@@ -146,7 +146,7 @@ impl MigrationState {
     /// Whether the claim is pending or unused now; a state it newly enters
     /// is dated `at`, one it stays in keeps its date.
     fn reassess(&mut self, key: ObjectKey, at: i64) {
-        let cluster = &self.claims.cluster;
+        let cluster = &self.claims.cluster();
         let (pending, unused) = match cluster.claims.get(&key) {
             None => (false, false),
             Some(claim) if claim.node.is_empty() => (true, false),
@@ -205,7 +205,7 @@ pub struct StateCollector {
 impl std::fmt::Debug for MigrationState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MigrationState")
-            .field("nodes", &self.stack.cluster.nodes.len())
+            .field("nodes", &self.stack.cluster().nodes.len())
             .finish_non_exhaustive()
     }
 }
@@ -343,7 +343,7 @@ impl GpuNodeView<'_> {
 impl MigrationState {
     /// Every GPU node (see [`is_gpu_node`]), by name.
     pub(crate) fn gpu_nodes(&self) -> Vec<GpuNodeView<'_>> {
-        let cluster = &self.stack.cluster;
+        let cluster = &self.stack.cluster();
         let mut slice_devices: BTreeMap<&str, usize> = BTreeMap::new();
         for slice in cluster.slices.values() {
             *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len();
@@ -353,8 +353,8 @@ impl MigrationState {
             .iter()
             .filter(|(name, node)| is_gpu_node(cluster, name, node))
             .map(|(name, node)| {
-                let assignment = self.stack.assignments.get(name.as_str());
-                let handover = self.stack.handovers.active.get(name.as_str());
+                let assignment = self.stack.assignments().get(name.as_str());
+                let handover = self.stack.handovers().active.get(name.as_str());
                 let on_dra = assignment.map(|a| a.stack) == Some(Stack::Dra);
                 let missing = if on_dra {
                     let cards = handover
@@ -390,340 +390,412 @@ impl Collector for StateCollector {
             return Ok(());
         }
         let s = &*state;
-        let cluster = &s.claims.cluster;
-        let handovers = &s.stack.handovers;
+        gpu_node_series(s, &mut encoder)?;
+        held_group_series(s, &mut encoder)?;
+        handover_series(s, &mut encoder)?;
+        move_series(s, &mut encoder)?;
+        migration_series(s, &mut encoder)?;
+        evidence_series(s, &mut encoder)?;
+        allocated_gpu_series(s, &mut encoder)?;
+        claim_series(s, &mut encoder)?;
+        physical_gpu_series(s, &mut encoder)
+    }
+}
 
-        // (driver, node, device) -> the GPU's UUID.
-        let mut uuids: BTreeMap<(&str, &str, &str), &str> = BTreeMap::new();
-        for slice in cluster.slices.values() {
-            for device in &slice.devices {
-                uuids.insert(
-                    (
-                        slice.driver.as_str(),
-                        slice.node.as_str(),
-                        device.name.as_str(),
-                    ),
-                    device.uuid.as_str(),
-                );
-            }
-        }
+/// The GPU nodes: stack and handover step, the readiness conditions missing
+/// on DRA, device-plugin GPUs and published devices.
+fn gpu_node_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let gpu_nodes = s.gpu_nodes();
+    let node_labels = |view: &GpuNodeView| -> Labels {
+        vec![
+            ("node", view.name.to_string()),
+            ("node_group", view.group().to_string()),
+            ("stack", stack_name(view.stack()).to_string()),
+        ]
+    };
 
-        let gpu_nodes = s.gpu_nodes();
-        let node_labels = |view: &GpuNodeView| -> Labels {
-            vec![
-                ("node", view.name.to_string()),
-                ("node_group", view.group().to_string()),
-                ("stack", stack_name(view.stack()).to_string()),
-            ]
-        };
+    let mut f = family(
+        encoder,
+        "gpu_node",
+        "1 per GPU node: its group, the stack it is on (dra, device-plugin, none), why, and the step of its handover in progress",
+        MetricType::Gauge,
+    )?;
+    for view in &gpu_nodes {
+        let step = view.handover.map_or("none", |h| step_name(h.step));
+        let reason = view
+            .assignment
+            .map_or("undecided", |a| reason_name(a.reason));
+        let mut labels = node_labels(view);
+        labels.push(("handover_step", step.to_string()));
+        labels.push(("stack_reason", reason.to_string()));
+        f.count(&labels, 1)?;
+    }
 
-        let mut f = family(
-            &mut encoder,
-            "gpu_node",
-            "1 per GPU node: its group, the stack it is on (dra, device-plugin, none), why, and the step of its handover in progress",
-            MetricType::Gauge,
-        )?;
-        for view in &gpu_nodes {
-            let step = view.handover.map_or("none", |h| step_name(h.step));
-            let reason = view
-                .assignment
-                .map_or("undecided", |a| reason_name(a.reason));
-            let mut labels = node_labels(view);
-            labels.push(("handover_step", step.to_string()));
-            labels.push(("stack_reason", reason.to_string()));
-            f.count(&labels, 1)?;
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "gpu_node_dra_missing",
-            "1 per readiness condition missing on a GPU node put on DRA",
-            MetricType::Gauge,
-        )?;
-        for view in &gpu_nodes {
-            for condition in view.readiness_missing() {
-                f.count(
-                    &vec![
-                        ("node", view.name.to_string()),
-                        ("node_group", view.group().to_string()),
-                        ("condition", condition.to_string()),
-                    ],
-                    1,
-                )?;
-            }
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "gpu_node_device_plugin_gpus",
-            "The GPU node's allocatable device-plugin GPU resources (nvidia.com/gpu, time-slicing replicas, MIG), summed",
-            MetricType::Gauge,
-        )?;
-        for view in &gpu_nodes {
-            f.count(
-                &node_labels(view),
-                i64::from(view.node.device_plugin_allocatable),
-            )?;
-        }
-        let mut f = family(
-            &mut encoder,
-            "gpu_node_slice_devices",
-            "Devices in the ResourceSlices published for the GPU node",
-            MetricType::Gauge,
-        )?;
-        for view in &gpu_nodes {
-            f.count(&node_labels(view), view.slice_devices as i64)?;
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "node_group_held_on_dra",
-            "1 per node group held on DRA after the module upgrade",
-            MetricType::Gauge,
-        )?;
-        for group in &s.stack.held {
-            f.count(&vec![("node_group", group.clone())], 1)?;
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "handover_step_started_timestamp_seconds",
-            "Per handover in progress: when its current step began",
-            MetricType::Gauge,
-        )?;
-        for h in handovers.active.values() {
-            f.gauge(
-                &vec![
-                    ("handover", h.id.clone()),
-                    ("node", h.node.clone()),
-                    ("source_group", h.source_group.clone()),
-                    ("target_group", h.target_group.clone()),
-                    ("step", step_name(h.step).to_string()),
-                    ("stalled", flag(h.stalled)),
-                    ("rollback", flag(h.rollback.is_some())),
-                ],
-                seconds(h.step_since),
-            )?;
-        }
-        let f = encoder.encode_descriptor(
-            "handovers_completed",
-            "Handovers completed",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(handovers.completed.len() as u64).encode(f)?;
-
-        let mut f = family(
-            &mut encoder,
-            "move_started_timestamp_seconds",
-            "Per application move in progress: when it started",
-            MetricType::Gauge,
-        )?;
-        for m in s.claims.moves.active.values() {
-            let Some(started) = s.move_started.get(&m.id) else {
-                continue;
-            };
-            f.gauge(
-                &vec![
-                    ("move", m.id.clone()),
-                    ("namespace", m.workload.namespace.clone()),
-                    ("workload", m.workload.name.clone()),
-                    ("source_group", m.source_group.clone()),
-                    ("target_group", m.target_group.clone()),
-                    ("gpu_class", m.gpu_class.clone()),
-                    ("rollback", flag(m.compensates.is_some())),
-                ],
-                seconds(*started),
-            )?;
-        }
-        let f = encoder.encode_descriptor(
-            "moves_verified",
-            "Workloads whose last move is verified",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(s.claims.moves.verified.len() as i64).encode(f)?;
-
-        let migrations = &s.claims.migrations;
-        let all = migrations
-            .active
-            .values()
-            .map(|m| (m, false))
-            .chain(migrations.ended.values().map(|m| (m, true)));
-        let mut f = family(
-            &mut encoder,
-            "migration",
-            "1 per migration: running, paused or ended",
-            MetricType::Gauge,
-        )?;
-        for (m, ended) in all.clone() {
-            let state = match (ended, m.paused.is_some()) {
-                (true, _) => "ended",
-                (false, true) => "paused",
-                (false, false) => "running",
-            };
+    let mut f = family(
+        encoder,
+        "gpu_node_dra_missing",
+        "1 per readiness condition missing on a GPU node put on DRA",
+        MetricType::Gauge,
+    )?;
+    for view in &gpu_nodes {
+        for condition in view.readiness_missing() {
             f.count(
                 &vec![
-                    ("migration", m.plan.migration_id.clone()),
-                    ("source_group", m.plan.source_group.clone()),
-                    ("target_group", m.plan.target_group.clone()),
-                    ("gpu_class", m.plan.gpu_class.clone()),
-                    ("state", state.to_string()),
+                    ("node", view.name.to_string()),
+                    ("node_group", view.group().to_string()),
+                    ("condition", condition.to_string()),
                 ],
                 1,
             )?;
         }
-        let mut f = family(
-            &mut encoder,
-            "migration_waves",
-            "A migration's waves: planned, and started",
-            MetricType::Gauge,
+    }
+
+    let mut f = family(
+        encoder,
+        "gpu_node_device_plugin_gpus",
+        "The GPU node's allocatable device-plugin GPU resources (nvidia.com/gpu, time-slicing replicas, MIG), summed",
+        MetricType::Gauge,
+    )?;
+    for view in &gpu_nodes {
+        f.count(
+            &node_labels(view),
+            i64::from(view.node.device_plugin_allocatable),
         )?;
-        for (m, _) in all {
-            let id = &m.plan.migration_id;
+    }
+    let mut f = family(
+        encoder,
+        "gpu_node_slice_devices",
+        "Devices in the ResourceSlices published for the GPU node",
+        MetricType::Gauge,
+    )?;
+    for view in &gpu_nodes {
+        f.count(&node_labels(view), view.slice_devices as i64)?;
+    }
+    Ok(())
+}
+
+/// The node groups held on DRA.
+fn held_group_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut f = family(
+        encoder,
+        "node_group_held_on_dra",
+        "1 per node group held on DRA after the module upgrade",
+        MetricType::Gauge,
+    )?;
+    for group in s.stack.held() {
+        f.count(&vec![("node_group", group.clone())], 1)?;
+    }
+    Ok(())
+}
+
+/// The handovers in progress, by step, and those completed.
+fn handover_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let handovers = &s.stack.handovers();
+    let mut f = family(
+        encoder,
+        "handover_step_started_timestamp_seconds",
+        "Per handover in progress: when its current step began",
+        MetricType::Gauge,
+    )?;
+    for h in handovers.active.values() {
+        f.gauge(
+            &vec![
+                ("handover", h.id.clone()),
+                ("node", h.node.clone()),
+                ("source_group", h.source_group.clone()),
+                ("target_group", h.target_group.clone()),
+                ("step", step_name(h.step).to_string()),
+                ("stalled", flag(h.stalled)),
+                ("rollback", flag(h.rollback.is_some())),
+            ],
+            seconds(h.step_since),
+        )?;
+    }
+    let f = encoder.encode_descriptor(
+        "handovers_completed",
+        "Handovers completed",
+        None,
+        MetricType::Counter,
+    )?;
+    ConstCounter::new(handovers.completed.len() as u64).encode(f)?;
+    Ok(())
+}
+
+/// The application moves in progress, and those verified.
+fn move_series(s: &MigrationState, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut f = family(
+        encoder,
+        "move_started_timestamp_seconds",
+        "Per application move in progress: when it started",
+        MetricType::Gauge,
+    )?;
+    for m in s.claims.moves().active.values() {
+        let Some(started) = s.move_started.get(&m.id) else {
+            continue;
+        };
+        f.gauge(
+            &vec![
+                ("move", m.id.clone()),
+                ("namespace", m.workload.namespace.clone()),
+                ("workload", m.workload.name.clone()),
+                ("source_group", m.source_group.clone()),
+                ("target_group", m.target_group.clone()),
+                ("gpu_class", m.gpu_class.clone()),
+                ("rollback", flag(m.compensates.is_some())),
+            ],
+            seconds(*started),
+        )?;
+    }
+    let f = encoder.encode_descriptor(
+        "moves_verified",
+        "Workloads whose last move is verified",
+        None,
+        MetricType::Gauge,
+    )?;
+    ConstGauge::new(s.claims.moves().verified.len() as i64).encode(f)?;
+    Ok(())
+}
+
+/// The migrations, and their waves planned and started.
+fn migration_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let migrations = &s.claims.migrations();
+    let all = migrations
+        .active
+        .values()
+        .map(|m| (m, false))
+        .chain(migrations.ended.values().map(|m| (m, true)));
+    let mut f = family(
+        encoder,
+        "migration",
+        "1 per migration: running, paused or ended",
+        MetricType::Gauge,
+    )?;
+    for (m, ended) in all.clone() {
+        let state = match (ended, m.paused.is_some()) {
+            (true, _) => "ended",
+            (false, true) => "paused",
+            (false, false) => "running",
+        };
+        f.count(
+            &vec![
+                ("migration", m.plan.migration_id.clone()),
+                ("source_group", m.plan.source_group.clone()),
+                ("target_group", m.plan.target_group.clone()),
+                ("gpu_class", m.plan.gpu_class.clone()),
+                ("state", state.to_string()),
+            ],
+            1,
+        )?;
+    }
+    let mut f = family(
+        encoder,
+        "migration_waves",
+        "A migration's waves: planned, and started",
+        MetricType::Gauge,
+    )?;
+    for (m, _) in all {
+        let id = &m.plan.migration_id;
+        f.count(
+            &vec![("migration", id.clone()), ("state", "planned".into())],
+            m.plan.waves.len() as i64,
+        )?;
+        f.count(
+            &vec![("migration", id.clone()), ("state", "started".into())],
+            i64::from(m.next),
+        )?;
+    }
+    Ok(())
+}
+
+/// The last evidence check of each kind: what it looked at, what failed.
+fn evidence_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        (
+            "evidence_nodes",
+            "Nodes the last evidence check looked at",
+            (|c: &switchyard_proto::v1::EvidenceChecked| c.nodes) as fn(&_) -> u32,
+        ),
+        (
+            "evidence_workloads",
+            "Workloads the last evidence check looked at",
+            |c| c.workloads,
+        ),
+        (
+            "evidence_failed",
+            "Nodes and workloads whose evidence failed in the last check",
+            |c| c.failed,
+        ),
+    ] {
+        let mut f = family(encoder, name, help, MetricType::Gauge)?;
+        for (check, c) in &s.evidence {
             f.count(
-                &vec![("migration", id.clone()), ("state", "planned".into())],
-                m.plan.waves.len() as i64,
-            )?;
-            f.count(
-                &vec![("migration", id.clone()), ("state", "started".into())],
-                i64::from(m.next),
-            )?;
-        }
-
-        for (name, help, value) in [
-            (
-                "evidence_nodes",
-                "Nodes the last evidence check looked at",
-                (|c: &switchyard_proto::v1::EvidenceChecked| c.nodes) as fn(&_) -> u32,
-            ),
-            (
-                "evidence_workloads",
-                "Workloads the last evidence check looked at",
-                |c| c.workloads,
-            ),
-            (
-                "evidence_failed",
-                "Nodes and workloads whose evidence failed in the last check",
-                |c| c.failed,
-            ),
-        ] {
-            let mut f = family(&mut encoder, name, help, MetricType::Gauge)?;
-            for (check, c) in &s.evidence {
-                f.count(
-                    &vec![
-                        ("check", check.clone()),
-                        ("migration", c.migration_id.clone()),
-                    ],
-                    i64::from(value(c)),
-                )?;
-            }
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "gpu_allocated",
-            "1 per device allocated to a ResourceClaim, per pod it is reserved for",
-            MetricType::Gauge,
-        )?;
-        for ((namespace, claim_name), claim) in &cluster.claims {
-            if claim.node.is_empty() {
-                continue;
-            }
-            // Prometheus drops an empty label, and the scrape would give the
-            // series the alerter's own pod: a claim reserved for none says so.
-            let pods: Vec<&str> = if claim.reserved_for.is_empty() {
-                vec![UNRESERVED]
-            } else {
-                claim.reserved_for.iter().map(String::as_str).collect()
-            };
-            let mut classes = claim.device_classes.clone();
-            classes.sort();
-            classes.dedup();
-            for device in &claim.devices {
-                let mut parts = device.splitn(3, '/');
-                let (driver, pool, name) = (
-                    parts.next().unwrap_or_default(),
-                    parts.next().unwrap_or_default(),
-                    parts.next().unwrap_or_default(),
-                );
-                let uuid = uuids
-                    .get(&(driver, claim.node.as_str(), name))
-                    .copied()
-                    .unwrap_or_default();
-                for pod in &pods {
-                    f.count(
-                        &vec![
-                            ("namespace", namespace.clone()),
-                            ("claim", claim_name.clone()),
-                            ("pod", pod.to_string()),
-                            ("device_class", classes.join(",")),
-                            ("node", claim.node.clone()),
-                            ("driver", driver.to_string()),
-                            ("pool", pool.to_string()),
-                            ("device", name.to_string()),
-                            ("gpu_uuid", uuid.to_string()),
-                        ],
-                        1,
-                    )?;
-                }
-            }
-        }
-
-        let mut f = family(
-            &mut encoder,
-            "resource_claim_pending_since_timestamp_seconds",
-            "Per unallocated ResourceClaim: since when",
-            MetricType::Gauge,
-        )?;
-        for ((namespace, claim), since) in &s.pending_since {
-            f.gauge(
-                &vec![("namespace", namespace.clone()), ("claim", claim.clone())],
-                seconds(*since),
-            )?;
-        }
-        let mut f = family(
-            &mut encoder,
-            "resource_claim_unused_since_timestamp_seconds",
-            "Per allocated ResourceClaim reserved for no pending or running pod: since when",
-            MetricType::Gauge,
-        )?;
-        for (key, since) in &s.unused_since {
-            let node = cluster
-                .claims
-                .get(key)
-                .map(|c| c.node.clone())
-                .unwrap_or_default();
-            f.gauge(
                 &vec![
-                    ("namespace", key.0.clone()),
-                    ("claim", key.1.clone()),
-                    ("node", node),
+                    ("check", check.clone()),
+                    ("migration", c.migration_id.clone()),
                 ],
-                seconds(*since),
+                i64::from(value(c)),
             )?;
         }
+    }
+    Ok(())
+}
 
-        let mut f = family(
-            &mut encoder,
-            "physical_gpu",
-            "1 per PhysicalGPU, by phase (pending, ready, failed)",
-            MetricType::Gauge,
-        )?;
-        for (node, gpus) in &cluster.gpus {
-            for gpu in gpus {
+/// The devices allocated to claims, one series per pod each is reserved
+/// for, with the GPU's UUID.
+fn allocated_gpu_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let cluster = &s.claims.cluster();
+    // (driver, node, device) -> the GPU's UUID.
+    let mut uuids: BTreeMap<(&str, &str, &str), &str> = BTreeMap::new();
+    for slice in cluster.slices.values() {
+        for device in &slice.devices {
+            uuids.insert(
+                (
+                    slice.driver.as_str(),
+                    slice.node.as_str(),
+                    device.name.as_str(),
+                ),
+                device.uuid.as_str(),
+            );
+        }
+    }
+
+    let mut f = family(
+        encoder,
+        "gpu_allocated",
+        "1 per device allocated to a ResourceClaim, per pod it is reserved for",
+        MetricType::Gauge,
+    )?;
+    for ((namespace, claim_name), claim) in &cluster.claims {
+        if claim.node.is_empty() {
+            continue;
+        }
+        // Prometheus drops an empty label, and the scrape would give the
+        // series the alerter's own pod: a claim reserved for none says so.
+        let pods: Vec<&str> = if claim.reserved_for.is_empty() {
+            vec![UNRESERVED]
+        } else {
+            claim.reserved_for.iter().map(String::as_str).collect()
+        };
+        let mut classes = claim.device_classes.clone();
+        classes.sort();
+        classes.dedup();
+        for device in &claim.devices {
+            let mut parts = device.splitn(3, '/');
+            let (driver, pool, name) = (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
+            let uuid = uuids
+                .get(&(driver, claim.node.as_str(), name))
+                .copied()
+                .unwrap_or_default();
+            for pod in &pods {
                 f.count(
                     &vec![
-                        ("node", node.clone()),
-                        ("gpu", gpu.name.to_string()),
-                        ("uuid", gpu.uuid.to_string()),
-                        ("product", gpu.product.to_string()),
-                        ("phase", phase_name(gpu.phase).to_string()),
+                        ("namespace", namespace.clone()),
+                        ("claim", claim_name.clone()),
+                        ("pod", pod.to_string()),
+                        ("device_class", classes.join(",")),
+                        ("node", claim.node.clone()),
+                        ("driver", driver.to_string()),
+                        ("pool", pool.to_string()),
+                        ("device", name.to_string()),
+                        ("gpu_uuid", uuid.to_string()),
                     ],
                     1,
                 )?;
             }
         }
-        Ok(())
     }
+    Ok(())
+}
+
+/// The claims left pending, and those allocated but unused.
+fn claim_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let cluster = &s.claims.cluster();
+    let mut f = family(
+        encoder,
+        "resource_claim_pending_since_timestamp_seconds",
+        "Per unallocated ResourceClaim: since when",
+        MetricType::Gauge,
+    )?;
+    for ((namespace, claim), since) in &s.pending_since {
+        f.gauge(
+            &vec![("namespace", namespace.clone()), ("claim", claim.clone())],
+            seconds(*since),
+        )?;
+    }
+    let mut f = family(
+        encoder,
+        "resource_claim_unused_since_timestamp_seconds",
+        "Per allocated ResourceClaim reserved for no pending or running pod: since when",
+        MetricType::Gauge,
+    )?;
+    for (key, since) in &s.unused_since {
+        let node = cluster
+            .claims
+            .get(key)
+            .map(|c| c.node.clone())
+            .unwrap_or_default();
+        f.gauge(
+            &vec![
+                ("namespace", key.0.clone()),
+                ("claim", key.1.clone()),
+                ("node", node),
+            ],
+            seconds(*since),
+        )?;
+    }
+    Ok(())
+}
+
+/// The PhysicalGPUs, by phase.
+fn physical_gpu_series(
+    s: &MigrationState,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let cluster = &s.claims.cluster();
+    let mut f = family(
+        encoder,
+        "physical_gpu",
+        "1 per PhysicalGPU, by phase (pending, ready, failed)",
+        MetricType::Gauge,
+    )?;
+    for (node, gpus) in &cluster.gpus {
+        for gpu in gpus {
+            f.count(
+                &vec![
+                    ("node", node.clone()),
+                    ("gpu", gpu.name.to_string()),
+                    ("uuid", gpu.uuid.to_string()),
+                    ("product", gpu.product.to_string()),
+                    ("phase", phase_name(gpu.phase).to_string()),
+                ],
+                1,
+            )?;
+        }
+    }
+    Ok(())
 }

@@ -113,7 +113,9 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
         };
         assert_eq!(label(labels, "stack"), stack, "{node}");
         assert_eq!(label(labels, "handover_step"), "none", "{node}");
-        let group = states.stack.cluster.nodes[node].group().unwrap_or_default();
+        let group = states.stack.cluster().nodes[node]
+            .group()
+            .unwrap_or_default();
         assert_eq!(label(labels, "node_group"), group, "{node}");
         assert_eq!(*value, 1.0);
     }
@@ -125,7 +127,7 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
         "the reference leaves nodes on both stacks: {nodes:?}"
     );
 
-    let completed = states.stack.handovers.completed.len() as f64;
+    let completed = states.stack.handovers().completed.len() as f64;
     assert!(completed > 0.0);
     assert_eq!(
         series["switchyard_handovers_completed_total"][0].1,
@@ -138,7 +140,7 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
     let allocated = &series["switchyard_gpu_allocated"];
     let devices: usize = states
         .claims
-        .cluster
+        .cluster()
         .claims
         .values()
         .filter(|c| !c.node.is_empty())
@@ -148,7 +150,7 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
     assert_eq!(allocated.len(), devices, "{allocated:?}");
     let uuids: Vec<&str> = states
         .claims
-        .cluster
+        .cluster()
         .slices
         .values()
         .flat_map(|s| s.devices.iter().map(|d| d.uuid.as_str()))
@@ -161,14 +163,14 @@ async fn the_reference_migration_scraped_is_what_the_services_hold() {
         );
         assert!(!label(labels, "device_class").is_empty(), "{labels:?}");
         assert!(!label(labels, "pod").is_empty(), "{labels:?}");
-        let claim = &states.claims.cluster.claims[&(
+        let claim = &states.claims.cluster().claims[&(
             label(labels, "namespace").to_string(),
             label(labels, "claim").to_string(),
         )];
         assert_eq!(label(labels, "node"), claim.node);
     }
 
-    let gpus: usize = states.claims.cluster.gpus.values().map(Vec::len).sum();
+    let gpus: usize = states.claims.cluster().gpus.values().map(Vec::len).sum();
     assert!(gpus > 0);
     assert_eq!(series["switchyard_physical_gpu"].len(), gpus);
 
@@ -218,7 +220,7 @@ async fn a_handover_in_progress_shows_its_step_and_since_when() {
     let prefix = &log[..=drained];
     let states = States::replay(prefix.iter().map(|l| (&l.event, l.at)));
     let series = samples(&scrape(fold(prefix).whole()));
-    let [handover] = &states.stack.handovers.active.values().collect::<Vec<_>>()[..] else {
+    let [handover] = &states.stack.handovers().active.values().collect::<Vec<_>>()[..] else {
         panic!("one handover in progress");
     };
     let [(labels, since)] = &series["switchyard_handover_step_started_timestamp_seconds"][..]

@@ -78,7 +78,7 @@ impl Folded {
         if h.step != HandoverStep::Drain {
             return Vec::new();
         }
-        self.states.stack.cluster.blocked_evictions(&h.node)
+        self.states.stack.cluster().blocked_evictions(&h.node)
     }
 
     fn stack_name(stack: Option<Stack>) -> &'static str {
@@ -92,7 +92,7 @@ impl Folded {
     /// Nodes per group and stack.
     pub fn nodes_by_group(&self) -> BTreeMap<String, BTreeMap<&'static str, Vec<String>>> {
         let mut groups: BTreeMap<String, BTreeMap<&'static str, Vec<String>>> = BTreeMap::new();
-        for (name, node) in &self.states.stack.cluster.nodes {
+        for (name, node) in &self.states.stack.cluster().nodes {
             let group = node.group().unwrap_or("(none)").to_string();
             let stack = Self::stack_name(self.states.stack.stack_of(name));
             groups
@@ -109,7 +109,7 @@ impl Folded {
         let handovers: Vec<Value> = self
             .states
             .stack
-            .handovers
+            .handovers()
             .active
             .values()
             .map(|h| {
@@ -126,14 +126,14 @@ impl Folded {
         let switches_held: Vec<Value> = self
             .states
             .stack
-            .switch_holds
+            .switch_holds()
             .iter()
             .map(|(node, claims)| json!({"node": node, "claims": claims}))
             .collect();
         let moves: Vec<Value> = self
             .states
             .claims
-            .moves
+            .moves()
             .active
             .values()
             .map(|m| json!({"id": m.id, "workload": format!("{}/{}", m.workload.namespace, m.workload.name), "to": m.target_group, "rollback": m.compensates.is_some()}))
@@ -142,13 +142,13 @@ impl Folded {
             "last_sequence": self.last_sequence,
             "events": self.events,
             "nodes_by_group": self.nodes_by_group(),
-            "held_groups": self.states.stack.held,
-                        "alerts": self.states.alerter.firing.iter().map(|((name, l), summary)| json!({"alert": name, "labels": labels(l), "summary": summary})).collect::<Vec<_>>(),
+            "held_groups": self.states.stack.held(),
+                        "alerts": self.states.alerter.firing().iter().map(|((name, l), summary)| json!({"alert": name, "labels": labels(l), "summary": summary})).collect::<Vec<_>>(),
             "handovers_in_progress": handovers,
             "stack_switches_held": switches_held,
-            "handovers_completed": self.states.stack.handovers.completed.len(),
+            "handovers_completed": self.states.stack.handovers().completed.len(),
             "moves_in_progress": moves,
-            "moves_verified": self.states.claims.moves.verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id.id})).collect::<Vec<_>>(),
+            "moves_verified": self.states.claims.moves().verified.iter().map(|((ns, _, name), id)| json!({"workload": format!("{ns}/{name}"), "move": id.id})).collect::<Vec<_>>(),
             "rollbacks": self.rollbacks,
             "migrations": self.migrations_json(),
             "evidence": self.evidence.iter().map(|(id, c)| json!({"check": id, "migration": c.migration_id, "nodes": c.nodes, "workloads": c.workloads, "failed": c.failed})).collect::<Vec<_>>(),
@@ -157,7 +157,7 @@ impl Folded {
     }
 
     fn migrations_json(&self) -> Vec<Value> {
-        let migrations = &self.states.claims.migrations;
+        let migrations = &self.states.claims.migrations();
         let active = migrations.active.values().map(|m| (m, false));
         let ended = migrations.ended.values().map(|m| (m, true));
         active
@@ -185,7 +185,7 @@ impl Folded {
 
     /// The migrations' lines of the status table.
     fn migration_lines(&self) -> Vec<String> {
-        let migrations = &self.states.claims.migrations;
+        let migrations = &self.states.claims.migrations();
         let mut lines = Vec::new();
         for m in migrations.active.values() {
             let p = &m.plan;
@@ -259,7 +259,13 @@ impl Folded {
             }
         }
         writeln!(out).unwrap();
-        let held: Vec<&str> = self.states.stack.held.iter().map(String::as_str).collect();
+        let held: Vec<&str> = self
+            .states
+            .stack
+            .held()
+            .iter()
+            .map(String::as_str)
+            .collect();
         writeln!(
             out,
             "held on DRA: {}",
@@ -270,21 +276,21 @@ impl Folded {
             }
         )
         .unwrap();
-        if self.states.alerter.firing.is_empty() {
+        if self.states.alerter.firing().is_empty() {
             writeln!(out, "alerts: none firing").unwrap();
         }
-        for (name, alert_labels) in self.states.alerter.firing.keys() {
+        for (name, alert_labels) in self.states.alerter.firing().keys() {
             let labels = labels(alert_labels);
             writeln!(out, "alert firing: {name} {{{labels}}}").unwrap();
         }
         writeln!(
             out,
             "handovers: {} completed, {} in progress",
-            self.states.stack.handovers.completed.len(),
-            self.states.stack.handovers.active.len()
+            self.states.stack.handovers().completed.len(),
+            self.states.stack.handovers().active.len()
         )
         .unwrap();
-        for h in self.states.stack.handovers.active.values() {
+        for h in self.states.stack.handovers().active.values() {
             let stalled = if h.stalled { " (stalled)" } else { "" };
             writeln!(
                 out,
@@ -302,7 +308,7 @@ impl Folded {
                 writeln!(out, "    eviction of {pod} refused: {why}").unwrap();
             }
         }
-        for (node, claims) in &self.states.stack.switch_holds {
+        for (node, claims) in self.states.stack.switch_holds() {
             writeln!(
                 out,
                 "stack switch held: {node} stays on DRA while claims are allocated on it: {}; drain it first",
@@ -313,8 +319,8 @@ impl Folded {
         writeln!(
             out,
             "application moves: {} verified, {} in progress",
-            self.states.claims.moves.verified.len(),
-            self.states.claims.moves.active.len()
+            self.states.claims.moves().verified.len(),
+            self.states.claims.moves().active.len()
         )
         .unwrap();
         for line in self.migration_lines() {

@@ -3,15 +3,20 @@
 //! `test rules` each alert fires on what it is for and stays quiet otherwise
 //! (before its `for`, on healthy or other series, once it clears). Every
 //! alert has a runbook in docs/runbooks.md, and its thresholds come from
-//! `prometheusRule.thresholds`.
+//! `prometheusRule.thresholds`. The alerts are the alerter core's
+//! (`switchyard_core::alerter::rules`): the rule, the alerter's delays and
+//! docs/operations/metrics-and-alerts.md are checked against its table.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
+use promql_parser::parser;
 use serde_json::{Value, json};
+use switchyard_core::alerter::rules::{self, RULES, Severity, THRESHOLDS, Threshold};
 use switchyard_testkit::promtool_binary;
 
-use crate::support::{NATS_URL, kind, render, template};
+use crate::monitoring::container_env;
+use crate::support::{NATS_URL, chart_dir, kind, render, template};
 
 const RUNBOOKS: &str = "https://runbooks.example/switchyard.md";
 
@@ -867,6 +872,142 @@ fn the_thresholds_come_from_values() {
     // minute 1, is quiet at minute 90 (older than the default hour) and
     // fires past two hours.
     check_and_test(&rule, HANDOVER_STALLED_AFTER_TWO_HOURS);
+}
+
+/// PromQL as the rule has it, whitespace aside (a `|` block keeps its
+/// line breaks and indentation).
+fn promql(expr: &str) -> String {
+    expr.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The rendered rule holds exactly the alerter core's alerts, each in its
+/// group with its severity, summary, PromQL and `for:` — the thresholds'
+/// defaults and values set in their place.
+fn assert_rule_is_the_core_s(rule: &Value, threshold: impl Fn(&Threshold) -> String) {
+    let mut in_chart = BTreeMap::new();
+    for group in rule["spec"]["groups"]
+        .as_array()
+        .expect("the rule's groups")
+    {
+        let name = group["name"].as_str().expect("a group's name");
+        for alert in group["rules"].as_array().expect("a group's rules") {
+            let alert_name = alert["alert"].as_str().expect("only alerting rules");
+            assert!(
+                in_chart.insert(alert_name, (name, alert)).is_none(),
+                "{alert_name} twice in the rule"
+            );
+        }
+    }
+    let core: BTreeSet<&str> = RULES.iter().map(|r| r.name).collect();
+    assert_eq!(
+        in_chart.keys().copied().collect::<BTreeSet<_>>(),
+        core,
+        "the chart's alerts are the alerter core's"
+    );
+    for core in RULES {
+        let (group, alert) = in_chart[core.name];
+        let name = core.name;
+        assert_eq!(group, core.group, "{name}'s group");
+        assert_eq!(
+            alert["labels"]["severity"],
+            core.severity.as_str(),
+            "{name}'s severity"
+        );
+        assert_eq!(
+            alert["annotations"]["summary"], core.summary,
+            "{name}'s summary"
+        );
+        let expr = core.expr_with(&threshold).unwrap_or_else(|e| panic!("{e}"));
+        parser::parse(&expr).unwrap_or_else(|e| panic!("{name}'s PromQL: {e}: {expr}"));
+        assert_eq!(
+            promql(alert["expr"].as_str().expect("an expr")),
+            promql(&expr),
+            "{name}'s expr"
+        );
+        assert_eq!(
+            alert.get("for").and_then(Value::as_str).map(str::to_string),
+            core.for_.as_ref().map(&threshold),
+            "{name}'s for"
+        );
+    }
+}
+
+#[test]
+fn the_rule_the_alerter_s_delays_and_the_docs_are_the_alerter_core_s_alerts() {
+    assert_rule_is_the_core_s(&rendered_rule(&[]), |t| t.default.to_string());
+    // Every threshold set to another value than its default.
+    let set = |t: &Threshold| match t.key {
+        "logLagRecords" => "250".to_string(),
+        _ => format!("{}s", rules::seconds(t.default).expect("a duration") + 17),
+    };
+    let sets: Vec<String> = THRESHOLDS
+        .iter()
+        .map(|t| format!("prometheusRule.thresholds.{}={}", t.key, set(t)))
+        .collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    assert_rule_is_the_core_s(&rendered_rule(&sets), set);
+
+    // The chart's values hold the core's thresholds and defaults.
+    let values: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.yaml")).expect("the chart's values"),
+    )
+    .expect("values.yaml");
+    let in_values: BTreeMap<String, String> = values["prometheusRule"]["thresholds"]
+        .as_object()
+        .expect("prometheusRule.thresholds")
+        .iter()
+        .map(|(k, v)| {
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+            (k.clone(), v)
+        })
+        .collect();
+    let core: BTreeMap<String, String> = THRESHOLDS
+        .iter()
+        .map(|t| (t.key.to_string(), t.default.to_string()))
+        .collect();
+    assert_eq!(in_values, core, "prometheusRule.thresholds");
+
+    // The module status waits each alert's for: the alerts of the log with
+    // one, as the chart gives them to the alerter.
+    let delays: Vec<String> = rules::from_log()
+        .filter_map(|r| r.for_.map(|t| format!("{}={}", r.name, t.default)))
+        .collect();
+    let alerter = container_env(&render(&[NATS_URL]))
+        .into_iter()
+        .find(|(container, _)| container == "alerter")
+        .map(|(_, env)| env)
+        .expect("the alerter's container");
+    assert!(
+        alerter.contains(&("SWITCHYARD_ALERTS_FOR".to_string(), delays.join(","))),
+        "{alerter:?}"
+    );
+
+    // The operator's table names every alert, the critical ones so.
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/operations/metrics-and-alerts.md"),
+    )
+    .expect("docs/operations/metrics-and-alerts.md");
+    let table = docs
+        .split_once("| alert | fires when |")
+        .expect("the alerts' table")
+        .1;
+    let mut documented = BTreeMap::new();
+    for row in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let cell = row.split('|').nth(1).unwrap_or_default();
+        let critical = cell.contains("(critical)");
+        for name in cell.split('`').skip(1).step_by(2) {
+            documented.insert(name.to_string(), critical);
+        }
+    }
+    let core: BTreeMap<String, bool> = RULES
+        .iter()
+        .map(|r| (r.name.to_string(), r.severity == Severity::Critical))
+        .collect();
+    assert_eq!(
+        documented, core,
+        "the alerts docs/operations/metrics-and-alerts.md lists"
+    );
 }
 
 #[test]

@@ -29,10 +29,10 @@ use switchyard_proto::v1::{
 /// completion.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClaimAllocator {
-    pub cluster: Cluster,
-    pub moves: AppMoves,
-    pub completion: Completion,
-    pub migrations: Migrations,
+    pub(crate) cluster: Cluster,
+    pub(crate) moves: AppMoves,
+    pub(crate) completion: Completion,
+    pub(crate) migrations: Migrations,
 }
 
 /// An input of the claim-allocator.
@@ -54,6 +54,24 @@ pub enum Input<'a> {
 }
 
 impl ClaimAllocator {
+    // Read-only views: what the alerter, `status`, `/metrics` and the
+    // checks read. The state itself is the core's own.
+
+    /// The cluster as this core has folded it.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The application moves, active and finished.
+    pub fn moves(&self) -> &AppMoves {
+        &self.moves
+    }
+
+    /// The migrations, active and ended.
+    pub fn migrations(&self) -> &Migrations {
+        &self.migrations
+    }
+
     /// Folds an event recorded (or decided) at `at`.
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
         self.cluster.apply(event);

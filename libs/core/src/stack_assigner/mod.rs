@@ -57,39 +57,39 @@ pub struct Assignment {
 /// stack it last decided for each node, and the node handovers.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackAssigner {
-    pub cluster: Cluster,
-    pub held: BTreeSet<String>,
+    pub(crate) cluster: Cluster,
+    pub(crate) held: BTreeSet<String>,
     /// Groups the first run's upgrade hold covers whose hold is not in the log
     /// yet, with the module version that took it: decided right after the
     /// first settings observation, or on a restart that finds it missing
     /// (the settings were recorded before this service started, or it stopped
     /// before recording its decisions).
-    pub holds_due: BTreeMap<String, String>,
-    pub assignments: BTreeMap<String, Assignment>,
-    pub handovers: Handovers,
+    pub(crate) holds_due: BTreeMap<String, String>,
+    pub(crate) assignments: BTreeMap<String, Assignment>,
+    pub(crate) handovers: Handovers,
     /// Handovers a migration's wave asks for (`WaveStarted`, decided by the
     /// claim-allocator) that are not started or refused yet, by handover id,
     /// with the workloads the wave moves once its nodes are handed over.
-    pub waves_due: BTreeMap<String, (StartHandover, Vec<WorkloadRef>)>,
+    pub(crate) waves_due: BTreeMap<String, (StartHandover, Vec<WorkloadRef>)>,
     /// Workloads asking for `nvidia.com/gpu`, with their replicas: what the
     /// last device-plugin node serves.
-    pub device_plugin_workloads: BTreeMap<WorkloadKey, u32>,
+    pub(crate) device_plugin_workloads: BTreeMap<WorkloadKey, u32>,
     /// Nodes whose switch to the device plugin is held, with the claims
     /// allocated on them as last recorded (`StackSwitchHeld`).
-    pub switch_holds: BTreeMap<String, Vec<String>>,
+    pub(crate) switch_holds: BTreeMap<String, Vec<String>>,
     /// The readiness selectors this service was started with (its flags);
     /// recorded when they differ from the log's. Not folded.
-    pub configured: Option<ReadinessSelectors>,
+    pub(crate) configured: Option<ReadinessSelectors>,
     /// The backend this service was started with (its flags); recorded when
     /// it differs from the log's. Not folded.
-    pub configured_backend: Option<Backend>,
+    pub(crate) configured_backend: Option<Backend>,
     /// nvidia-operator: DRA nodes whose exclusivity gate failed
     /// (`ExclusivityLost`), with whether Switchyard cordoned them and what
     /// was seen.
-    pub exclusivity_lost: BTreeMap<String, (bool, String)>,
+    pub(crate) exclusivity_lost: BTreeMap<String, (bool, String)>,
     /// Nodes Switchyard cordoned for a lost gate that holds again, until
     /// they read schedulable.
-    pub uncordon_due: BTreeSet<String>,
+    pub(crate) uncordon_due: BTreeSet<String>,
 }
 
 /// An input of the stack-assigner.
@@ -110,6 +110,49 @@ pub enum Input<'a> {
 const MAX_CASCADE: usize = 8;
 
 impl StackAssigner {
+    // Read-only views: what the alerter, `status`, `/metrics`, doctor and
+    // the checks read. The state itself is the core's own.
+
+    /// The cluster as this core has folded it.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The node groups held on DRA.
+    pub fn held(&self) -> &BTreeSet<String> {
+        &self.held
+    }
+
+    /// The stack last decided for each node, by node.
+    pub fn assignments(&self) -> &BTreeMap<String, Assignment> {
+        &self.assignments
+    }
+
+    /// The node handovers, active and completed.
+    pub fn handovers(&self) -> &Handovers {
+        &self.handovers
+    }
+
+    /// Nodes whose switch to the device plugin is held, with the claims
+    /// allocated on them.
+    pub fn switch_holds(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.switch_holds
+    }
+
+    /// nvidia-operator: DRA nodes whose exclusivity gate failed, with
+    /// whether Switchyard cordoned them and what was seen.
+    pub fn exclusivity_lost(&self) -> &BTreeMap<String, (bool, String)> {
+        &self.exclusivity_lost
+    }
+
+    /// What the log decides: this state without the configuration the
+    /// service was started with (its flags, which a replay does not have).
+    pub fn decided(mut self) -> Self {
+        self.configured = None;
+        self.configured_backend = None;
+        self
+    }
+
     /// Folds any event of the log: facts and this core's own decisions.
     /// `at` is the event's recorded time.
     pub fn apply(&mut self, event: &DomainEvent, at: i64) {
