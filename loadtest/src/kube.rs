@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use switchyard_api::{ModuleConfig, NodeGroup};
 use switchyard_eventlog::EventLog;
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
-use switchyard_kube::inventory::{self, InventoryOptions};
+use switchyard_inventory::edge::{self as inventory, InventoryOptions};
 use switchyard_kube::write::Writer;
 use switchyard_runtime::ServiceName;
 use switchyard_runtime::host::{self, HostOptions};

@@ -49,6 +49,19 @@ pub enum Layout {
     Shared { replicas: u32 },
 }
 
+/// A [`Layout`] as a flag names it: `static`, `partitionable` or `shared:N`.
+pub fn parse_layout(s: &str) -> Result<Layout, String> {
+    match s.split_once(':') {
+        None if s == "static" => Ok(Layout::Static),
+        None if s == "partitionable" => Ok(Layout::Partitionable),
+        Some(("shared", n)) => match n.parse::<u32>() {
+            Ok(replicas) if replicas >= 2 => Ok(Layout::Shared { replicas }),
+            _ => Err(format!("shared:{n}: expected shared:N with N >= 2")),
+        },
+        _ => Err(format!("{s:?}: expected static, partitionable or shared:N")),
+    }
+}
+
 /// MIG profiles by product: (profile, compute slices, memory slices, how many fit).
 fn profiles(product: &str) -> &'static [(&'static str, u32, u32, u32)] {
     const A100_40: &[(&str, u32, u32, u32)] = &[

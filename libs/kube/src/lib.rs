@@ -1,10 +1,9 @@
 //! The Kubernetes adapter of Switchyard, shared by the services' crates.
 //!
-//! - [`facts`]: Kubernetes objects as fact events (pure).
-//! - [`inventory`]: watchers over Nodes, NodeGroups, the ModuleConfig,
-//!   GPUClasses, PhysicalGPUs, Pods, workloads, quotas, ResourceSlices and
-//!   DeviceClasses that append what changed to the log, once — across watch
-//!   restarts, re-lists and restarts of the process.
+//! - [`facts`]: Kubernetes objects as fact events (pure); inventory's
+//!   watchers (`services/inventory/src/edge.rs`) append them to the log.
+//! - [`platform`]: what the API server gives the module — its version, the
+//!   feature gates, whether it serves the DRA API.
 //! - [`watch`]: watches that re-list at once after 410 Gone and try again
 //!   within a second while the API server is away.
 //! - [`write`]: what every service's writers share — one field manager per
@@ -16,7 +15,6 @@
 #![forbid(unsafe_code)]
 
 pub mod facts;
-pub mod inventory;
 pub mod platform;
 pub mod watch;
 pub mod write;

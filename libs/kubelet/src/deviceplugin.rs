@@ -87,6 +87,21 @@ pub enum Sharing {
     Mig,
 }
 
+/// A [`Sharing`] as a flag names it: `exclusive`, `time-slicing:N` or `mig`.
+pub fn parse_sharing(s: &str) -> Result<Sharing, String> {
+    match s.split_once(':') {
+        None if s == "exclusive" => Ok(Sharing::Exclusive),
+        None if s == "mig" => Ok(Sharing::Mig),
+        Some(("time-slicing", n)) => match n.parse::<u32>() {
+            Ok(replicas) if replicas >= 2 => Ok(Sharing::TimeSlicing { replicas }),
+            _ => Err(format!(
+                "time-slicing:{n}: expected time-slicing:N with N >= 2"
+            )),
+        },
+        _ => Err(format!("{s:?}: expected exclusive, time-slicing:N or mig")),
+    }
+}
+
 /// The resources a machine offers under `sharing`, with each device ID and
 /// the card or MIG device UUID it stands for.
 pub fn resources(

@@ -1,27 +1,26 @@
-//! The node agent's kubelet-facing side.
+//! The node agent's kubelet-facing side: the protocols it speaks to kubelet,
+//! reusable on their own (the node agent's process, which runs them and
+//! switches between them, is `services/node-agent/src/edge/`).
 //!
 //! - [`pluginregistration`] and [`dra`]: the kubelet's gRPC APIs, generated
 //!   from `proto/kubelet/` (package names and field numbers as kubelet speaks
 //!   them).
 //! - [`authority`]: the plugin sockets' connections, their `:authority`
 //!   made one h2 accepts (kubelet dials registration sockets by path).
-//! - [`agent`]: serving exactly one stack, switching only when the old one
-//!   is unused and stopped.
 //! - [`cdi`]: Container Device Interface specs, written atomically.
 //! - [`deviceplugin`]: the device-plugin API (`deviceplugin.v1beta1`) for the
 //!   NodeGroup sharing modes: exclusive cards, time-slicing replicas, MIG
 //!   profiles as resources.
 //! - [`podresources`]: the devices containers hold, from kubelet's pod
 //!   resources API.
-//! - [`run`]: the node agent as a process.
-//! - [`slices`]: the node's ResourceSlices on the API server.
+//! - [`stack`]: the stack a node is assigned, as its label names it.
+//! - [`metrics`]: the node agent's metrics.
 //! - [`fake`]: a stand-in kubelet for tests and load runs.
 //! - [`plugin`]: the DRA kubelet plugin — registration, NodePrepareResources
 //!   and NodeUnprepareResources over unix sockets, a CDI spec per prepared
 //!   claim, and a checkpoint of prepared claims so that prepare and unprepare
 //!   are idempotent and survive a crash between steps.
 
-pub mod agent;
 pub mod authority;
 pub mod cdi;
 pub mod deviceplugin;
@@ -29,8 +28,6 @@ pub mod fake;
 pub mod metrics;
 pub mod plugin;
 pub mod podresources;
-pub mod run;
-pub mod slices;
 pub mod stack;
 
 /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).

@@ -4,11 +4,32 @@
 
 use std::path::PathBuf;
 
-use crate::agent::{DeviceUsage, UsageError};
-
 /// `v1`, generated from `proto/kubelet/podresources/v1`.
 pub mod api {
     tonic::include_proto!("v1");
+}
+
+/// Which device-plugin devices containers hold (kubelet's pod-resources API
+/// in production).
+#[async_trait::async_trait]
+pub trait DeviceUsage: Send + Sync {
+    async fn in_use(&self) -> Result<Vec<String>, UsageError>;
+}
+
+/// Why the devices containers hold could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("connect to kubelet's pod resources API at {}: {source}", socket.display())]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("list pod resources: {source}")]
+    List {
+        #[source]
+        source: tonic::Status,
+    },
 }
 
 /// Devices of resources starting with `prefix` (`nvidia.com/`) held by

@@ -1,12 +1,11 @@
 //! What blocks leaving the device-plugin stack, read from a fake kubelet's
 //! pod resources API over its unix socket.
 
-use switchyard_kubelet::agent::DeviceUsage;
-use switchyard_kubelet::podresources::PodResourcesUsage;
 use switchyard_kubelet::podresources::api::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use switchyard_kubelet::podresources::api::*;
+use switchyard_kubelet::podresources::{DeviceUsage, PodResourcesUsage};
 use tonic::{Request, Response, Status};
 
 struct FakeKubelet;

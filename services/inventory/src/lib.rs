@@ -3,17 +3,19 @@
 //! DeviceClasses, ResourceClaims — watched and recorded in the log as facts,
 //! each change once.
 //!
-//! The watchers and the facts are the Kubernetes adapter's
-//! (`switchyard_kube::inventory`); the dedupe is the pure core
-//! `switchyard_core::inventory`. This crate is the service around them: its
-//! flags and its process.
+//! The dedupe is the pure core `switchyard_core::inventory`, the facts are
+//! built by the Kubernetes adapter (`switchyard_kube::facts`); this crate is
+//! the service around them: its watchers ([`edge`]), its flags and its
+//! process.
 
 #![forbid(unsafe_code)]
 
+pub mod edge;
+
+use edge::InventoryOptions;
 use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_eventlog::LogError;
-use switchyard_kube::inventory::{self, InventoryOptions};
 use switchyard_runtime::connect::NatsArgs;
 use switchyard_runtime::host::{Progress, ServeError};
 
@@ -105,7 +107,7 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
         module_version: args.module_version,
         without_module_config: args.backend == "nvidia-operator",
     };
-    inventory::run(kube, log, options, Some(appended))
+    edge::run(kube, log, options, Some(appended))
         .await
         .map_err(|e| service(e.into()))?;
     drop(progress);

@@ -26,7 +26,7 @@ enum Command {
     /// label): the DRA kubelet plugin and the node's ResourceSlices, or the
     /// device-plugin API; switch when the label changes and the old stack is
     /// unused.
-    Serve(crate::ServeArgs),
+    Serve(crate::Args),
 }
 
 impl Cli {
@@ -40,7 +40,7 @@ impl Cli {
                     Ok(rt.block_on(async {
                         // In the runtime: traces are exported from a task of it.
                         let telemetry = switchyard_runtime::init_tracing("node-agent", "info");
-                        let served = crate::serve(args).await;
+                        let served = crate::run(args).await;
                         telemetry.flush().await;
                         served
                     })?)

@@ -5,8 +5,7 @@
 use std::process::ExitCode;
 
 use clap::ValueEnum;
-use switchyard_gpu::publish::{self, Layout};
-use switchyard_kubelet::run::parse_layout;
+use switchyard_gpu::publish::{self, Layout, parse_layout};
 
 #[derive(clap::Args)]
 pub struct DiscoverArgs {

@@ -3,25 +3,26 @@
 //! and serves exactly one stack — the DRA kubelet plugin and the node's
 //! ResourceSlices, or the device-plugin API — the one its Node's
 //! `node.deckhouse.io/gpu-stack` label names, switching when the label
-//! changes and the old stack is unused. The machinery is `switchyard_gpu`
-//! and `switchyard_kubelet`; this crate is the service around it: its flags
-//! and its process (`switchyard-node-agent serve`, the chart's DaemonSet).
+//! changes and the old stack is unused. The machine is `switchyard_gpu`'s,
+//! the kubelet protocols `switchyard_kubelet`'s; this crate is the service
+//! around them: its edge ([`edge`]: the node's watchers, its writers, the
+//! stack it serves), its flags and its process (`switchyard-node-agent
+//! serve`, the chart's DaemonSet; [`cli`], with `discover`).
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 mod discover;
+pub mod edge;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use edge::{NodeOptions, RunError, serve_node};
 use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
-use switchyard_gpu::publish::Layout;
-use switchyard_kubelet::deviceplugin::Sharing;
-use switchyard_kubelet::run::{
-    NodeOptions, RunError, parse_layout, parse_pod_uid, parse_sharing, serve_node,
-};
+use switchyard_gpu::publish::{Layout, parse_layout};
+use switchyard_kubelet::deviceplugin::{Sharing, parse_sharing};
 use switchyard_runtime::host::Progress;
 
 pub const SERVICE: ServiceName = ServiceName::NodeAgent;
@@ -52,7 +53,7 @@ pub const EVENT_PERMISSIONS: &[Permission] = &[Permission::new(
 
 /// The flags of `switchyard-node-agent serve` (and `switchyard serve node-agent`).
 #[derive(clap::Args, Debug, Clone)]
-pub struct ServeArgs {
+pub struct Args {
     /// The node this agent runs on (NODE_NAME from the downward API).
     #[arg(long = "node-name", alias = "node", env = "NODE_NAME")]
     pub node: String,
@@ -93,6 +94,18 @@ pub struct ServeArgs {
     pub metrics_listen: Option<SocketAddr>,
 }
 
+/// A pod UID as the downward API gives it (`metadata.uid`): letters, digits
+/// and `-`, which go into socket names.
+pub fn parse_pod_uid(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?}: expected a pod UID (letters, digits and '-'), as the downward API's metadata.uid gives it"
+        ))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NodeAgentError {
     #[error("find the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
@@ -104,7 +117,7 @@ pub enum NodeAgentError {
 }
 
 /// Serves the node's assigned stack until the agent fails.
-pub async fn serve(args: ServeArgs) -> Result<(), NodeAgentError> {
+pub async fn run(args: Args) -> Result<(), NodeAgentError> {
     let config = kube::Config::infer().await?;
     let client = kube::Client::try_from(switchyard_kube::watch::client_config(config))?;
     let (progress, watching) = tokio::sync::watch::channel(Progress::default());

@@ -13,8 +13,7 @@ use clap::Args;
 use switchyard_core::ServiceName;
 use switchyard_core::command::{wave_handover_id, wave_move_id};
 use switchyard_core::rollback::{plan_node_rollback, plan_workload_rollback};
-use switchyard_gpu::publish::Layout;
-use switchyard_kubelet::run::parse_layout;
+use switchyard_gpu::publish::{Layout, parse_layout};
 use switchyard_planner::{self as plan, PlanRequest};
 use switchyard_proto::v1::{
     DomainEvent, MigrationControlCommand, MigrationStarted, PlannedWave, WorkloadRef,

@@ -17,8 +17,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use switchyard_api::{GPUClass, NodeGroup, PhysicalGPU};
 use switchyard_core::backend::Backend;
-use switchyard_gpu::publish::Layout;
-use switchyard_kubelet::run::parse_layout;
+use switchyard_gpu::publish::{Layout, parse_layout};
 use switchyard_planner::{self as plan, Plan, PlanRequest, Snapshot};
 
 use crate::kube_args::{KubeArgs, NamespaceArgs};

@@ -19,7 +19,7 @@ pub enum Service {
     /// = switchyard-alerter
     Alerter(switchyard_alerter::Args),
     /// = switchyard-node-agent serve
-    NodeAgent(switchyard_node_agent::ServeArgs),
+    NodeAgent(switchyard_node_agent::Args),
 }
 
 impl Service {
@@ -43,7 +43,7 @@ pub async fn serve(service: Service) -> anyhow::Result<ExitCode> {
         Service::ClassCompiler(args) => switchyard_class_compiler::run(args).await?,
         Service::ClaimAllocator(args) => switchyard_claim_allocator::run(args).await?,
         Service::Alerter(args) => switchyard_alerter::run(args).await?,
-        Service::NodeAgent(args) => switchyard_node_agent::serve(args).await?,
+        Service::NodeAgent(args) => switchyard_node_agent::run(args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

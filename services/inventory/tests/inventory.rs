@@ -12,7 +12,7 @@ use serde_json::json;
 use switchyard_api::{PhysicalGPU, crds};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{Decoded, EventLog, ReadRequest};
-use switchyard_kube::inventory::{self, InventoryOptions};
+use switchyard_inventory::edge::{self as inventory, InventoryOptions};
 use switchyard_proto::v1::DomainEvent;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, create_namespace, fake_node, install_crds};

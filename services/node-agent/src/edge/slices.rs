@@ -8,14 +8,12 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use switchyard_gpu::publish::DRIVER;
 
-use crate::agent::{SliceError, SlicePublisher};
+use super::FIELD_MANAGER;
+use super::agent::{SliceError, SlicePublisher};
 
 /// How long a switch to DRA waits for kubelet to write the Node's status
 /// without the device plugins' devices.
 const UNADVERTISE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The field manager of the node agent's writes.
-pub const FIELD_MANAGER: &str = "switchyard-node-agent";
 
 /// Slices of one node, through the API server.
 pub struct ApiSlices {

@@ -1,8 +1,8 @@
-//! inventory: watches the cluster and appends what changed as fact events.
+//! inventory's edge: its watchers, which append what changed as fact events.
 //!
 //! One kube-runtime watcher per kind, merged into one ordered stream. Each
-//! object becomes its fact ([`crate::facts`]); the [`Observer`] drops a fact
-//! that repeats the last report of its object, so a watch restart or a
+//! object becomes its fact ([`switchyard_kube::facts`]); the [`Observer`] drops
+//! a fact that repeats the last report of its object, so a watch restart or a
 //! re-list appends nothing for objects that did not change. After a re-list
 //! (`InitDone`), objects reported before but absent from the list are reported
 //! removed — a deletion missed while the watch was down is not lost. On start
@@ -13,9 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::facts;
-use crate::platform::Platform;
-use futures::{Stream, StreamExt, stream::BoxStream};
+use futures::{FutureExt, Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -28,6 +26,8 @@ use switchyard_core::ServiceName;
 use switchyard_core::inventory::Observer;
 use switchyard_core::subjects::subject_of;
 use switchyard_eventlog::{EventLog, LogError, append_facts, now_nanos};
+use switchyard_kube::facts;
+use switchyard_kube::platform::Platform;
 use switchyard_proto::v1::{
     DeviceClassRemoved, DomainEvent, GpuClassRemoved, NodeGroupRemoved, NodeRemoved,
     PhysicalGpuRemoved, PodRemoved, ResourceClaimRemoved, ResourceSliceRemoved, WorkloadObserved,
@@ -228,7 +228,7 @@ fn watch<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let events = watcher(api, crate::watch::config()).filter_map(move |event| {
+    let events = watcher(api, switchyard_kube::watch::config()).filter_map(move |event| {
         let seen = match event {
             Ok(watcher::Event::Init) => Some(Ok(Seen::Init(kind))),
             Ok(watcher::Event::InitDone) => Some(Ok(Seen::InitDone(kind))),
@@ -240,7 +240,7 @@ where
         };
         futures::future::ready(seen)
     });
-    crate::watch::resilient(events, kind.to_string()).boxed()
+    switchyard_kube::watch::resilient(events, kind.to_string()).boxed()
 }
 
 /// How often inventory reads the platform again: a gate turned off and the
@@ -491,5 +491,3 @@ pub async fn run(
     }
     Ok(())
 }
-
-use futures::FutureExt;

@@ -1,9 +1,17 @@
-//! The node agent as a process: reads the machine, reports its PhysicalGPUs,
-//! watches its Node's `node.deckhouse.io/gpu-stack` label and serves that
-//! stack, switching when the label changes and the old stack is unused, and
-//! follows the cards' health. What people should see is recorded as Events:
-//! `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node. Used by `switchyard-node-agent serve` (the chart's
-//! DaemonSet) and its alias `switchyard serve node-agent`.
+//! The node agent's edge: it reads the machine, reports its PhysicalGPUs
+//! (`physical_gpus`), watches its Node's `node.deckhouse.io/gpu-stack`
+//! label and serves that stack ([`agent`]) — the DRA kubelet plugin with the
+//! node's ResourceSlices ([`slices`]), or the device-plugin API — switching
+//! when the label changes and the old stack is unused, and follows the
+//! cards' health. What people should see is recorded as Events (`events`).
+//! The servers kubelet talks to are `switchyard_kubelet`'s. [`serve_node`]
+//! is what `switchyard-node-agent serve` (the chart's DaemonSet) and its
+//! alias `switchyard serve node-agent` run.
+
+pub mod agent;
+mod events;
+mod physical_gpus;
+pub mod slices;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,19 +19,24 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use switchyard_core::names::TRACEPARENT_ANNOTATION;
 use switchyard_gpu::publish::{self, Layout};
+use switchyard_kubelet::deviceplugin::Sharing;
+use switchyard_kubelet::metrics;
+use switchyard_kubelet::plugin::ApiClaims;
+use switchyard_kubelet::podresources::PodResourcesUsage;
 use switchyard_proto::v1::TraceContext;
 use tracing::Instrument;
 
-use crate::agent::{Agent, AgentConfig, AgentError, HandoverBlocked, Stack};
-use crate::deviceplugin::Sharing;
-use crate::plugin::ApiClaims;
-use crate::podresources::PodResourcesUsage;
-use crate::slices::ApiSlices;
+use agent::{Agent, AgentConfig, AgentError, Span, Stack, now_unix_us};
+use events::Events;
+use physical_gpus::report;
+use slices::ApiSlices;
+
+/// The field manager of the node agent's writes.
+pub const FIELD_MANAGER: &str = "switchyard-node-agent";
 
 /// Why the agent could not run: the machine could not be read. (Once it
 /// runs, what fails is logged and tried again.)
@@ -43,30 +56,6 @@ pub enum RunError {
     Signal(#[source] std::io::Error),
 }
 
-/// Why the node's PhysicalGPUs could not be reported (logged; the agent
-/// serves without them).
-#[derive(Debug, thiserror::Error)]
-enum ReportError {
-    #[error("encode PhysicalGPU {name}: {source}")]
-    Encode {
-        name: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("apply PhysicalGPU {name}: {source}")]
-    Apply {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("apply the status of PhysicalGPU {name}: {source}")]
-    ApplyStatus {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
 /// How the agent runs on its node.
 pub struct NodeOptions {
     pub node: String,
@@ -82,188 +71,9 @@ pub struct NodeOptions {
     pub instance: Option<String>,
 }
 
-/// A pod UID as the downward API gives it (`metadata.uid`): letters, digits
-/// and `-`, which go into socket names.
-pub fn parse_pod_uid(s: &str) -> Result<String, String> {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?}: expected a pod UID (letters, digits and '-'), as the downward API's metadata.uid gives it"
-        ))
-    }
-}
-
-/// `static`, `partitionable` or `shared:N`.
-pub fn parse_layout(s: &str) -> Result<Layout, String> {
-    match s.split_once(':') {
-        None if s == "static" => Ok(Layout::Static),
-        None if s == "partitionable" => Ok(Layout::Partitionable),
-        Some(("shared", n)) => match n.parse::<u32>() {
-            Ok(replicas) if replicas >= 2 => Ok(Layout::Shared { replicas }),
-            _ => Err(format!("shared:{n}: expected shared:N with N >= 2")),
-        },
-        _ => Err(format!("{s:?}: expected static, partitionable or shared:N")),
-    }
-}
-
-/// `exclusive`, `time-slicing:N` or `mig`.
-pub fn parse_sharing(s: &str) -> Result<Sharing, String> {
-    match s.split_once(':') {
-        None if s == "exclusive" => Ok(Sharing::Exclusive),
-        None if s == "mig" => Ok(Sharing::Mig),
-        Some(("time-slicing", n)) => match n.parse::<u32>() {
-            Ok(replicas) if replicas >= 2 => Ok(Sharing::TimeSlicing { replicas }),
-            _ => Err(format!(
-                "time-slicing:{n}: expected time-slicing:N with N >= 2"
-            )),
-        },
-        _ => Err(format!("{s:?}: expected exclusive, time-slicing:N or mig")),
-    }
-}
-
 /// The stack a node's label assigns.
 fn assigned(node: &Node) -> Option<Stack> {
     Stack::from_label(node.labels().get("node.deckhouse.io/gpu-stack")?)
-}
-
-/// Applies the node's PhysicalGPU reports (spec and labels, then status) by
-/// Server-Side Apply under the agent's field manager; returns references to
-/// them (with their UIDs, for events), keyed by card UUID.
-async fn report(
-    client: &kube::Client,
-    node: &str,
-    machine: &switchyard_gpu::Machine,
-) -> Result<BTreeMap<String, ObjectReference>, ReportError> {
-    let api: kube::Api<switchyard_api::PhysicalGPU> = kube::Api::all(client.clone());
-    let params = kube::api::PatchParams::apply(crate::slices::FIELD_MANAGER).force();
-    let mut reported = BTreeMap::new();
-    for gpu in publish::physical_gpus(node, machine) {
-        let name = gpu.name_any();
-        let mut object = serde_json::to_value(&gpu).map_err(|source| ReportError::Encode {
-            name: name.clone(),
-            source,
-        })?;
-        object["apiVersion"] = "gpu.deckhouse.io/v1alpha1".into();
-        object["kind"] = "PhysicalGPU".into();
-        let status = object.as_object_mut().and_then(|o| o.remove("status"));
-        let applied = api
-            .patch(&name, &params, &kube::api::Patch::Apply(&object))
-            .await
-            .map_err(|source| ReportError::Apply {
-                name: name.clone(),
-                source,
-            })?;
-        if let Some(status) = status {
-            let patch = serde_json::json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "status": status});
-            api.patch_status(&name, &params, &kube::api::Patch::Apply(&patch))
-                .await
-                .map_err(|source| ReportError::ApplyStatus {
-                    name: name.clone(),
-                    source,
-                })?;
-        }
-        reported.insert(gpu.spec.uuid.clone(), applied.object_ref(&()));
-    }
-    Ok(reported)
-}
-
-/// What the agent tells people through Kubernetes Events (events.k8s.io/v1,
-/// in `default`, where events about cluster-scoped objects live):
-/// `GpuHealthChanged` on a PhysicalGPU, `HandoverBlocked` on the Node.
-struct Events {
-    recorder: Recorder,
-    node: String,
-}
-
-impl Events {
-    fn new(client: kube::Client, node: &str) -> Events {
-        Events {
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: "switchyard-node-agent".into(),
-                    instance: Some(node.to_string()),
-                },
-            ),
-            node: node.to_string(),
-        }
-    }
-
-    async fn publish(&self, event: Event, regarding: &ObjectReference) {
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(error = %e, reason = %event.reason, "recording an event");
-        }
-    }
-
-    async fn gpu_health_changed(
-        &self,
-        gpu: &switchyard_gpu::Gpu,
-        reason: &str,
-        reported: &BTreeMap<String, ObjectReference>,
-    ) {
-        let regarding = reported
-            .get(&gpu.uuid)
-            .cloned()
-            .unwrap_or_else(|| ObjectReference {
-                api_version: Some("gpu.deckhouse.io/v1alpha1".into()),
-                kind: Some("PhysicalGPU".into()),
-                name: Some(publish::physical_gpu_name(&self.node, gpu.index)),
-                ..ObjectReference::default()
-            });
-        let (type_, action, note) = if gpu.healthy {
-            (
-                EventType::Normal,
-                "Untaint",
-                format!(
-                    "GPU {} ({}, index {}) is healthy again ({reason}); its devices no longer carry the {} taint",
-                    gpu.uuid,
-                    gpu.product_name,
-                    gpu.index,
-                    publish::UNHEALTHY_TAINT
-                ),
-            )
-        } else {
-            (
-                EventType::Warning,
-                "Taint",
-                format!(
-                    "GPU {} ({}, index {}) is unhealthy ({reason}); its devices carry the {}:NoSchedule taint and the device plugins list them Unhealthy",
-                    gpu.uuid,
-                    gpu.product_name,
-                    gpu.index,
-                    publish::UNHEALTHY_TAINT
-                ),
-            )
-        };
-        let event = Event {
-            type_,
-            reason: "GpuHealthChanged".into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        self.publish(event, &regarding).await;
-    }
-
-    async fn handover_blocked(
-        &self,
-        blocked: &HandoverBlocked,
-        to: Option<Stack>,
-        node: &ObjectReference,
-    ) {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "HandoverBlocked".into(),
-            note: Some(format!(
-                "{blocked}; the switch to {} waits until they are released",
-                to.map_or("no stack", Stack::label)
-            )),
-            action: "SwitchStack".into(),
-            secondary: None,
-        };
-        self.publish(event, node).await;
-    }
 }
 
 /// Runs the agent until the node watch ends or the process is interrupted;
@@ -285,7 +95,7 @@ pub async fn serve_node(
         .await
         .map_err(RunError::MachineTask)?
         .map_err(RunError::Machine)?;
-    crate::metrics::gpus(&machine.gpus);
+    metrics::gpus(&machine.gpus);
     // The reports are inventory's; serving the stack does not wait for them.
     let mut reported = match report(&client, &args.node, &machine).await {
         Ok(reported) => reported,
@@ -371,7 +181,7 @@ pub async fn serve_node(
         tokio::select! {
             event = watch.next() => match event {
                 Some(node) => {
-                    seen_unix_us = crate::agent::now_unix_us();
+                    seen_unix_us = now_unix_us();
                     wanted = Some(assigned(&node));
                     trace = node
                         .annotations()
@@ -411,7 +221,7 @@ pub async fn serve_node(
                     // Another error on a card already marked: nothing changes.
                     continue;
                 }
-                crate::metrics::gpus(&machine.gpus);
+                metrics::gpus(&machine.gpus);
                 if let Err(e) = agent.update(machine.clone()).await {
                     tracing::warn!(error = %e, "publishing the health change");
                 }
@@ -460,16 +270,15 @@ pub async fn serve_node(
                     // what it waited on (the API server, kubelet): the
                     // benchmarks take the agent's own part from it.
                     let waits = agent.waits();
-                    let span = |s: Option<crate::agent::Span>| {
-                        s.map_or((0, 0), |s| (s.started_unix_us, s.took_us))
-                    };
+                    let span =
+                        |s: Option<Span>| s.map_or((0, 0), |s| (s.started_unix_us, s.took_us));
                     let (api_started, api) = span(waits.api);
                     let (kubelet_started, kubelet) = span(waits.kubelet);
                     tracing::info!(
                         parent: &switch,
                         ?stack,
                         seen_unix_us,
-                        done_unix_us = crate::agent::now_unix_us(),
+                        done_unix_us = now_unix_us(),
                         api_started_unix_us = api_started,
                         api_us = api,
                         kubelet_started_unix_us = kubelet_started,

@@ -13,10 +13,6 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::json;
 use switchyard_gpu::publish::Layout;
 use switchyard_gpu::{Fixture, GpuSource, Machine};
-use switchyard_kubelet::agent::{
-    Agent, AgentConfig, AgentError, DeviceUsage, HandoverBlocked, SliceError, SlicePublisher,
-    Stack, UsageError,
-};
 use switchyard_kubelet::deviceplugin::Sharing;
 use switchyard_kubelet::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use switchyard_kubelet::deviceplugin::api::registration_server::{
@@ -27,6 +23,10 @@ use switchyard_kubelet::deviceplugin::api::{Empty, RegisterRequest};
 use switchyard_kubelet::dra::dra_plugin_client::DraPluginClient;
 use switchyard_kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use switchyard_kubelet::plugin::{Checkpoint, ClaimError, ClaimSource};
+use switchyard_kubelet::podresources::{DeviceUsage, UsageError};
+use switchyard_node_agent::edge::agent::{
+    Agent, AgentConfig, AgentError, HandoverBlocked, SliceError, SlicePublisher, Stack,
+};
 use switchyard_testkit::eventually;
 use tonic::{Request, Response, Status};
 

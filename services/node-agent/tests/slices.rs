@@ -7,8 +7,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 use switchyard_gpu::publish::{Layout, resource_slices};
 use switchyard_gpu::{Fixture, GpuSource};
-use switchyard_kubelet::agent::SlicePublisher;
-use switchyard_kubelet::slices::ApiSlices;
+use switchyard_node_agent::edge::agent::SlicePublisher;
+use switchyard_node_agent::edge::slices::ApiSlices;
 use switchyard_testkit::kube::ControlPlane;
 
 async fn names(api: &Api<ResourceSlice>) -> Vec<(String, i64)> {

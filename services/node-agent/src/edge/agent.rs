@@ -22,9 +22,11 @@ use switchyard_gpu::publish::{self, Layout};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::deviceplugin::{self, DevicePlugin, Gate, Sharing};
-use crate::plugin::{self, ClaimSource, DraPlugin};
-pub use crate::stack::Stack;
+use switchyard_kubelet::deviceplugin::{self, DevicePlugin, Gate, Sharing};
+use switchyard_kubelet::plugin::{self, ClaimSource, DraPlugin};
+use switchyard_kubelet::podresources::{DeviceUsage, UsageError};
+pub use switchyard_kubelet::stack::Stack;
+use switchyard_kubelet::{cdi, metrics};
 
 /// Where the node's ResourceSlices go (the API server in production).
 #[async_trait::async_trait]
@@ -73,29 +75,6 @@ pub enum SliceError {
     },
     #[error("watch the Node: {0}")]
     WatchNode(String),
-}
-
-/// Which device-plugin devices containers hold (kubelet's pod-resources API
-/// in production).
-#[async_trait::async_trait]
-pub trait DeviceUsage: Send + Sync {
-    async fn in_use(&self) -> Result<Vec<String>, UsageError>;
-}
-
-/// Why the devices containers hold could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum UsageError {
-    #[error("connect to kubelet's pod resources API at {}: {source}", socket.display())]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
-    },
-    #[error("list pod resources: {source}")]
-    List {
-        #[source]
-        source: tonic::Status,
-    },
 }
 
 /// A switch refused: the old stack is still in use.
@@ -430,8 +409,8 @@ impl Agent {
                     server.stop().await;
                 }
                 // Nothing holds a device: no container needs its CDI names.
-                let path = self.config.cdi_dir.join(crate::cdi::DEVICE_PLUGIN_SPEC);
-                crate::cdi::remove(&path).map_err(|source| AgentError::CdiSpec {
+                let path = self.config.cdi_dir.join(cdi::DEVICE_PLUGIN_SPEC);
+                cdi::remove(&path).map_err(|source| AgentError::CdiSpec {
                     action: "remove",
                     path,
                     source,
@@ -443,7 +422,7 @@ impl Agent {
             Some(Stack::Dra) => self.start_dra().await?,
             Some(Stack::DevicePlugin) => self.start_device_plugins().await?,
         }
-        crate::metrics::serving(self.serving());
+        metrics::serving(self.serving());
         Ok(())
     }
 
@@ -507,11 +486,11 @@ impl Agent {
 
     async fn start_device_plugins(&mut self) -> Result<(), AgentError> {
         // The names Allocate answers with resolve before kubelet can ask.
-        let path = self.config.cdi_dir.join(crate::cdi::DEVICE_PLUGIN_SPEC);
-        let spec = crate::cdi::device_plugin_spec(&self.machine);
+        let path = self.config.cdi_dir.join(cdi::DEVICE_PLUGIN_SPEC);
+        let spec = cdi::device_plugin_spec(&self.machine);
         serde_json::to_vec_pretty(&spec)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| crate::cdi::write_atomically(&path, &bytes))
+            .and_then(|bytes| cdi::write_atomically(&path, &bytes))
             .map_err(|source| AgentError::CdiSpec {
                 action: "write",
                 path,
@@ -588,6 +567,6 @@ impl Agent {
                 }
             }
         }
-        crate::metrics::serving(None);
+        metrics::serving(None);
     }
 }
