@@ -173,26 +173,34 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let facts = cluster_facts(&args);
     let total_gpus = args.nodes as u64 * u64::from(args.gpus_per_node);
     // Memory of the projections alone: the two cores of one process that hold
-    // cluster facts (stack-assigner, claim-allocator), without the log.
-    let (projection_bytes_per_gpu, projection_rss_per_gpu) = {
+    // cluster facts (stack-assigner, claim-allocator), without the log; and
+    // each core's part (what its folds left allocated).
+    let (projection_bytes_per_gpu, projection_rss_per_gpu, by_core) = {
         crate::count_bytes(true);
         let live_before = crate::live_bytes();
         let rss_before = rss_kib();
         let mut stack = StackAssigner::default();
         let mut claims = ClaimAllocator::default();
+        let (mut stack_bytes, mut claims_bytes) = (0isize, 0isize);
         for fact in &facts {
+            let before = crate::live_bytes();
             stack.handle_fact(fact, 0);
+            let between = crate::live_bytes();
             claims.apply(fact, 0);
+            stack_bytes += between - before;
+            claims_bytes += crate::live_bytes() - between;
         }
         let live = (crate::live_bytes() - live_before).max(0) as u64;
         crate::count_bytes(false);
         let rss = rss_kib().saturating_sub(rss_before) * 1024;
         drop((stack, claims));
-        (live / total_gpus.max(1), rss / total_gpus.max(1))
+        let per_gpu = |bytes: isize| bytes.max(0) as u64 / total_gpus.max(1);
+        (
+            live / total_gpus.max(1),
+            rss / total_gpus.max(1),
+            json!({"stack_assigner": per_gpu(stack_bytes), "claim_allocator": per_gpu(claims_bytes)}),
+        )
     };
-    if std::env::var_os("BREAKDOWN").is_some() {
-        breakdown(&facts, total_gpus);
-    }
     let mut stack = StackAssigner::default();
     let mut claims = ClaimAllocator::default();
     let mut log: Vec<DomainEvent> = Vec::with_capacity(facts.len() * 2);
@@ -337,7 +345,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "handover_wave_size": args.wave,
         "replay_events": folded,
         "replay_s": replay_s,
-                "projection_bytes_per_gpu": projection_bytes_per_gpu,
+        "projection_bytes_per_gpu": projection_bytes_per_gpu,
+        "projection_bytes_per_gpu_by_core": by_core,
         "projection_rss_bytes_per_gpu": projection_rss_per_gpu,
         "peak_rss_kib": crate::peak_rss_kib(),
     }))
@@ -410,41 +419,4 @@ fn step_facts(stack: &StackAssigner, node: &str, gpus: u32) -> Vec<DomainEvent> 
         gpus,
     ));
     facts
-}
-
-fn kind_name(e: &DomainEvent) -> &'static str {
-    match &e.kind {
-        Some(Kind::NodeObserved(_)) => "node",
-        Some(Kind::PhysicalGpuObserved(_)) => "gpu",
-        Some(Kind::WorkloadObserved(_)) => "workload",
-        Some(Kind::PodObserved(_)) => "pod",
-        _ => "other",
-    }
-}
-
-fn breakdown(facts: &[DomainEvent], total_gpus: u64) {
-    for which in ["stack", "claims"] {
-        let mut per: BTreeMap<&str, i64> = BTreeMap::new();
-        crate::count_bytes(true);
-        let base = crate::live_bytes();
-        let mut stack = StackAssigner::default();
-        let mut claims = ClaimAllocator::default();
-        for fact in facts {
-            let before = crate::live_bytes();
-            if which == "stack" {
-                let d = stack.handle_fact(fact, 0);
-                drop(d);
-            } else {
-                claims.apply(fact, 0);
-            }
-            *per.entry(kind_name(fact)).or_default() += (crate::live_bytes() - before) as i64;
-        }
-        let total = crate::live_bytes() - base;
-        crate::count_bytes(false);
-        eprintln!("{which}: total {} B/GPU", total as u64 / total_gpus);
-        for (k, v) in &per {
-            eprintln!("  {k}: {} B/GPU ({} B total)", *v as u64 / total_gpus, v);
-        }
-        drop((stack, claims));
-    }
 }

@@ -1,6 +1,8 @@
 //! Cluster facts as the cores see them, folded from fact events.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+use std::sync::Arc;
 
 use switchyard_proto::v1::{
     DomainEvent, GpuPhase, GpuSpec, NodeObserved, NodeProvisioning, PhysicalGpuObserved,
@@ -8,6 +10,7 @@ use switchyard_proto::v1::{
     WorkloadPlacement, WorkloadRef, domain_event::Kind,
 };
 
+use crate::joined;
 use crate::names::{
     CONTROL_PLANE_LABEL, GPU_ENABLED_LABEL, GPU_SETUP_COMPLETE_LABEL, GPU_STACK_LABEL,
     NODE_AGENT_SELECTOR, STACK_DRA, VENDOR_ADAPTER_SELECTOR,
@@ -194,8 +197,9 @@ pub struct Pod {
     pub owner_kind: Box<str>,
     pub owner_name: Box<str>,
     pub phase: PodPhase,
-    /// The labels of a DaemonSet's pod (the stacks' pods); empty for others.
-    pub labels: Box<[(Box<str>, Box<str>)]>,
+    /// The labels of a DaemonSet's pod (the stacks' pods) or of a pod no
+    /// controller owns; empty for others.
+    pub labels: PodLabels,
     pub claims_allocated: u32,
     pub claims_needed: u32,
     /// Device-plugin GPU resources it asks for that the device plugin serves.
@@ -205,7 +209,82 @@ pub struct Pod {
     pub bridged_gpus: u32,
     /// The restart of its workload that made it (the template's
     /// `kubectl.kubernetes.io/restartedAt` it was created from); empty if none.
-    pub restarted_at: Box<str>,
+    pub restarted_at: RareStr,
+}
+
+/// A string most records leave empty: a pointer's width, and nothing
+/// allocated while empty.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RareStr(Option<Box<Box<str>>>);
+
+impl std::ops::Deref for RareStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.0.as_deref().map_or("", |s| s)
+    }
+}
+
+impl From<String> for RareStr {
+    fn from(s: String) -> Self {
+        RareStr((!s.is_empty()).then(|| Box::new(s.into_boxed_str())))
+    }
+}
+
+impl From<&str> for RareStr {
+    fn from(s: &str) -> Self {
+        RareStr((!s.is_empty()).then(|| Box::new(s.into())))
+    }
+}
+
+impl std::fmt::Debug for RareStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl std::fmt::Display for RareStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
+
+/// A pod's labels, which most pods the cores hold do not keep: a pointer's
+/// width when there are none.
+#[derive(Clone, Default, PartialEq)]
+pub struct PodLabels(Option<Box<Box<[Label]>>>);
+
+/// A label's key and value.
+pub type Label = (Box<str>, Box<str>);
+
+impl PodLabels {
+    pub fn iter(&self) -> std::slice::Iter<'_, Label> {
+        self.0.as_deref().map_or(&[][..], |l| &l[..]).iter()
+    }
+
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Label> {
+        self.0
+            .as_deref_mut()
+            .map_or(&mut [][..], |l| &mut l[..])
+            .iter_mut()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl std::fmt::Debug for PodLabels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<Label> for PodLabels {
+    fn from_iter<I: IntoIterator<Item = Label>>(labels: I) -> Self {
+        let labels: Box<[_]> = labels.into_iter().collect();
+        PodLabels((!labels.is_empty()).then(|| Box::new(labels)))
+    }
 }
 
 impl crate::selector::Labelled for Pod {
@@ -220,7 +299,8 @@ impl Pod {
         &*self.owner_kind == "DaemonSet"
     }
 
-    /// The value of one of the pod's labels (DaemonSet pods only).
+    /// The value of one of the pod's labels (kept for a DaemonSet's pods,
+    /// the stacks' pods, and pods no controller owns).
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()
@@ -258,10 +338,10 @@ impl Pod {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PhysicalGpu {
     pub name: Box<str>,
-    pub device: Box<str>,
     pub phase: GpuPhase,
     pub uuid: Box<str>,
-    pub product: Box<str>,
+    /// Shared with the node's other cards of the same model.
+    pub product: Arc<str>,
     pub memory_mib: u64,
 }
 
@@ -293,13 +373,58 @@ pub struct Claim {
 pub struct Workload {
     pub replicas: u32,
     pub placement: Placement,
+    /// What many workloads lack, apart: [`Workload::managed_by`],
+    /// [`Workload::cron_job`], [`Workload::restarted_at`].
+    details: Option<Box<WorkloadDetails>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct WorkloadDetails {
+    managed_by: Box<str>,
+    cron_job: Option<Box<str>>,
+    restarted_at: Box<str>,
+}
+
+impl Workload {
+    /// `managed_by`, `cron_job` and `restarted_at` as [`Workload::managed_by`],
+    /// [`Workload::cron_job`] and [`Workload::restarted_at`] give them.
+    pub fn new(
+        replicas: u32,
+        placement: Placement,
+        managed_by: &str,
+        cron_job: Option<&str>,
+        restarted_at: &str,
+    ) -> Self {
+        let details = (!managed_by.is_empty() || cron_job.is_some() || !restarted_at.is_empty())
+            .then(|| {
+                Box::new(WorkloadDetails {
+                    managed_by: managed_by.into(),
+                    cron_job: cron_job.map(Into::into),
+                    restarted_at: restarted_at.into(),
+                })
+            });
+        Workload {
+            replicas,
+            placement,
+            details,
+        }
+    }
+
     /// What keeps the manifest (a Helm release, a GitOps controller, an
     /// operator); empty when nothing is known to.
-    pub managed_by: Box<str>,
+    pub fn managed_by(&self) -> &str {
+        self.details.as_ref().map_or("", |d| &d.managed_by)
+    }
+
     /// The CronJob a Job was made by, in the Job's namespace.
-    pub cron_job: Option<Box<str>>,
+    pub fn cron_job(&self) -> Option<&str> {
+        self.details.as_ref().and_then(|d| d.cron_job.as_deref())
+    }
+
     /// The pod template's `kubectl.kubernetes.io/restartedAt`; empty: none.
-    pub restarted_at: Box<str>,
+    pub fn restarted_at(&self) -> &str {
+        self.details.as_ref().map_or("", |d| &d.restarted_at)
+    }
 }
 
 /// A workload's placement kept encoded: a few dozen bytes instead of nested
@@ -342,6 +467,36 @@ impl Placement {
 
 /// (namespace, kind, name) of a workload.
 pub type WorkloadKey = (String, String, String);
+
+/// An index of pods: one entry per pod, the names it is found by and the
+/// pod's own [`joined`](crate::joined) (a node's: node, namespace, name; an owner's:
+/// namespace, kind, owner, name), so the pods under a prefix are one range,
+/// in the order of their tuples. One small allocation per pod: a map of
+/// per-owner sets spent a B-tree node (eleven key slots) on each owner's one
+/// or few pods, and a map of per-node vectors a copy of each pod's key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct PodIndex(BTreeSet<Box<str>>);
+
+impl PodIndex {
+    fn insert(&mut self, parts: &[&str]) {
+        self.0.insert(joined::join(parts));
+    }
+
+    fn remove(&mut self, parts: &[&str]) {
+        self.0.remove(&*joined::join(parts));
+    }
+
+    /// What follows `prefix` in the entries that start with it, in order:
+    /// their further parts, still joined.
+    fn under<'a>(&'a self, prefix: &[&str]) -> impl Iterator<Item = &'a str> + use<'a> {
+        let start = joined::prefix(prefix);
+        let skip = start.len();
+        self.0
+            .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
+            .take_while(move |entry| entry.starts_with(&start))
+            .map(move |entry| &entry[skip..])
+    }
+}
 
 pub fn workload_key(workload: &WorkloadRef) -> WorkloadKey {
     (
@@ -506,14 +661,22 @@ pub struct Cluster {
     /// Group name -> nodes labelled with it (groups need not exist as objects).
     pub members: BTreeMap<String, BTreeSet<String>>,
     pub module: ModuleSettings,
-    pub pods: BTreeMap<ObjectKey, Pod>,
-    /// Node -> pods scheduled on it, sorted.
-    pub pods_by_node: BTreeMap<String, Vec<ObjectKey>>,
-    /// The workload that owns them (namespace, kind, name) -> pods.
-    pub pods_by_owner: BTreeMap<WorkloadKey, BTreeSet<ObjectKey>>,
+    /// Boxed: a B-tree keeps its nodes' slots about half empty, and a
+    /// pointer's slot is cheaper to leave empty than a whole pod's.
+    pub pods: BTreeMap<ObjectKey, Box<Pod>>,
+    /// Node -> pods scheduled on it, sorted: [`Cluster::pods_on`].
+    pods_by_node: PodIndex,
+    /// The workload that owns them (namespace, kind, name) -> pods:
+    /// [`Cluster::named_pods_of`]. Empty in a cluster
+    /// [`Cluster::without_owner_index`].
+    pods_by_owner: PodIndex,
+    /// Set by [`Cluster::without_owner_index`]: no `pods_by_owner` is kept
+    /// and [`Cluster::named_pods_of`] reads the namespace's pods instead.
+    owners_unindexed: bool,
     /// Node -> its PhysicalGPUs, by name. GPUs never move between nodes.
     pub gpus: BTreeMap<String, Vec<PhysicalGpu>>,
-    pub workloads: BTreeMap<WorkloadKey, Workload>,
+    /// Boxed, as [`Cluster::pods`] are.
+    pub workloads: BTreeMap<WorkloadKey, Box<Workload>>,
     /// GPUClass name -> its DeviceClass names.
     pub gpu_classes: BTreeMap<String, Vec<String>>,
     /// ResourceQuota spec.hard.
@@ -536,6 +699,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster for a core that never asks for a workload's pods (the
+    /// stack-assigner): it keeps no index of pods by owner, one entry per
+    /// pod, and [`Cluster::named_pods_of`] reads the namespace's pods.
+    pub fn without_owner_index() -> Self {
+        Cluster {
+            owners_unindexed: true,
+            ..Cluster::default()
+        }
+    }
+
     /// Folds a fact event; other events leave the facts alone.
     pub fn apply(&mut self, event: &DomainEvent) {
         match &event.kind {
@@ -588,10 +761,7 @@ impl Cluster {
         let key = (fact.namespace, fact.name);
         self.unindex_pod(&key);
         if !fact.node.is_empty() {
-            let on_node = self.pods_by_node.entry(fact.node.clone()).or_default();
-            if let Err(i) = on_node.binary_search(&key) {
-                on_node.insert(i, key.clone());
-            }
+            self.pods_by_node.insert(&[&fact.node, &key.0, &key.1]);
         }
         let (owner_kind, owner_name): (Box<str>, Box<str>) = fact
             .owner
@@ -599,17 +769,16 @@ impl Cluster {
         // Only a DaemonSet's pods, and pods no controller owns, are matched
         // against the readiness selectors. A fact recorded before pods
         // carried labels has the `app` label alone: upcast to it.
-        let labels: Box<[(Box<str>, Box<str>)]> =
-            if !owner_kind.is_empty() && &*owner_kind != "DaemonSet" {
-                Box::default()
-            } else if fact.labels.is_empty() && !fact.app.is_empty() {
-                Box::new([("app".into(), fact.app.into())])
-            } else {
-                fact.labels
-                    .into_iter()
-                    .map(|(k, v)| (k.into(), v.into()))
-                    .collect()
-            };
+        let labels: PodLabels = if !owner_kind.is_empty() && &*owner_kind != "DaemonSet" {
+            PodLabels::default()
+        } else if fact.labels.is_empty() && !fact.app.is_empty() {
+            [("app".into(), fact.app.into())].into_iter().collect()
+        } else {
+            fact.labels
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect()
+        };
         let pod = Pod {
             node: fact.node.into(),
             owner_kind,
@@ -622,23 +791,28 @@ impl Cluster {
             bridged_gpus: fact.bridged_gpus,
             restarted_at: fact.restarted_at.into(),
         };
-        self.pods_by_owner
-            .entry(pod.owner_key(&key.0))
-            .or_default()
-            .insert(key.clone());
-        self.pods.insert(key, pod);
+        if !self.owners_unindexed {
+            self.pods_by_owner
+                .insert(&[&key.0, &pod.owner_kind, &pod.owner_name, &key.1]);
+        }
+        self.pods.insert(key, Box::new(pod));
     }
 
     fn observe_gpu(&mut self, fact: PhysicalGpuObserved) {
+        let phase = fact.phase();
+        let on_node = self.gpus.entry(fact.node).or_default();
+        // A node's cards are mostly of one model: its name is held once.
+        let product = on_node
+            .iter()
+            .find(|g| *g.product == *fact.product)
+            .map_or_else(|| fact.product.into(), |g| g.product.clone());
         let gpu = PhysicalGpu {
-            phase: fact.phase(),
-            device: fact.device.into(),
+            phase,
             name: fact.name.into(),
             uuid: fact.uuid.into(),
-            product: fact.product.into(),
+            product,
             memory_mib: fact.memory_mib,
         };
-        let on_node = self.gpus.entry(fact.node).or_default();
         match on_node.binary_search_by(|g| g.name.cmp(&gpu.name)) {
             Ok(i) => on_node[i] = gpu,
             Err(i) => on_node.insert(i, gpu),
@@ -650,16 +824,16 @@ impl Cluster {
             let placement = Placement::new(&fact.placement.unwrap_or_default());
             self.workloads.insert(
                 workload_key(workload),
-                Workload {
-                    replicas: fact.replicas,
+                Box::new(Workload::new(
+                    fact.replicas,
                     placement,
-                    managed_by: fact.managed_by.into(),
-                    cron_job: fact
-                        .owner
+                    &fact.managed_by,
+                    fact.owner
+                        .as_ref()
                         .filter(|o| o.kind == "CronJob")
-                        .map(|o| o.name.as_str().into()),
-                    restarted_at: fact.restarted_at.into(),
-                },
+                        .map(|o| o.name.as_str()),
+                    &fact.restarted_at,
+                )),
             );
         }
     }
@@ -830,20 +1004,31 @@ impl Cluster {
                     .take_while(|((namespace, kind, _), _)| {
                         *namespace == workload.0 && kind == "Job"
                     })
-                    .filter(|(_, job)| job.cron_job.as_deref() == Some(workload.2.as_str()))
+                    .filter(|(_, job)| job.cron_job() == Some(workload.2.as_str()))
                     .map(|(key, _)| key),
             );
         }
-        let mut pods: Vec<(&str, &Pod)> = owners
-            .into_iter()
-            .filter_map(|owner| self.pods_by_owner.get(owner))
-            .flatten()
-            .filter_map(|key| {
-                self.pods
-                    .get_key_value(key)
-                    .map(|((_, name), pod)| (name.as_str(), pod))
-            })
-            .collect();
+        let mut pods: Vec<(&str, &Pod)> = if self.owners_unindexed {
+            self.pods
+                .range((workload.0.clone(), String::new())..)
+                .take_while(|((namespace, _), _)| *namespace == workload.0)
+                .filter(|((namespace, _), pod)| owners.iter().any(|o| pod.owned_by(namespace, o)))
+                .map(|((_, name), pod)| (name.as_str(), &**pod))
+                .collect()
+        } else {
+            owners
+                .into_iter()
+                .flat_map(|(namespace, kind, name)| {
+                    self.pods_by_owner.under(&[namespace, kind, name])
+                })
+                .filter_map(|name| {
+                    let name = joined::split(name).next()?.into_owned();
+                    self.pods
+                        .get_key_value(&(workload.0.clone(), name))
+                        .map(|((_, name), pod)| (name.as_str(), &**pod))
+                })
+                .collect()
+        };
         if workload.1 == "CronJob" {
             pods.sort_unstable_by_key(|(name, _)| *name);
         }
@@ -854,21 +1039,10 @@ impl Cluster {
         let Some(pod) = self.pods.get(key) else {
             return;
         };
-        let node = pod.node.to_string();
-        let owner = pod.owner_key(&key.0);
-        if let Some(pods) = self.pods_by_owner.get_mut(&owner) {
-            pods.remove(key);
-            if pods.is_empty() {
-                self.pods_by_owner.remove(&owner);
-            }
-        }
-        if let Some(pods) = self.pods_by_node.get_mut(&node) {
-            if let Ok(i) = pods.binary_search(key) {
-                pods.remove(i);
-            }
-            if pods.is_empty() {
-                self.pods_by_node.remove(&node);
-            }
+        self.pods_by_owner
+            .remove(&[&key.0, &pod.owner_kind, &pod.owner_name, &key.1]);
+        if !pod.node.is_empty() {
+            self.pods_by_node.remove(&[&pod.node, &key.0, &key.1]);
         }
     }
 
@@ -877,11 +1051,15 @@ impl Cluster {
         &'a self,
         node: &str,
     ) -> impl Iterator<Item = (&'a ObjectKey, &'a Pod)> + 'a {
-        self.pods_by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .map(|key| (key, &self.pods[key]))
+        self.pods_by_node.under(&[node]).map(|rest| {
+            let mut parts = joined::split(rest);
+            let mut part = || parts.next().unwrap_or_default().into_owned();
+            let (key, pod) = self
+                .pods
+                .get_key_value(&(part(), part()))
+                .expect("an indexed pod is held");
+            (key, &**pod)
+        })
     }
 
     fn unindex_claim(&mut self, key: &ObjectKey) {

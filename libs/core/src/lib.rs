@@ -25,6 +25,7 @@ pub mod command;
 pub mod cores;
 pub mod effects;
 pub mod inventory;
+mod joined;
 pub mod names;
 pub mod placement;
 pub mod rollback;

@@ -107,7 +107,7 @@ impl Completion {
             .filter(|(_, w)| w.placement.requests_nvidia_gpu())
             // A Job follows its CronJob's template, or has finished and needs
             // nothing more.
-            .filter(|((_, kind, _), w)| kind != "Job" || (w.cron_job.is_none() && w.replicas > 0))
+            .filter(|((_, kind, _), w)| kind != "Job" || (w.cron_job().is_none() && w.replicas > 0))
             .map(|((ns, kind, name), _)| format!("{kind} {ns}/{name}"))
             .collect();
         if !waiting.is_empty() {

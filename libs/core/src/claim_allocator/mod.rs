@@ -401,7 +401,7 @@ impl ClaimAllocator {
         if self.moves.active.contains_key(&owner) {
             return Some(owner);
         }
-        let cron_job = self.cluster.workloads.get(&owner)?.cron_job.as_deref()?;
+        let cron_job = self.cluster.workloads.get(&owner)?.cron_job()?;
         let parent = (key.0.clone(), "CronJob".to_string(), cron_job.to_string());
         self.moves.active.contains_key(&parent).then_some(parent)
     }

@@ -263,10 +263,7 @@ impl AppMoves {
         let name = format!("{} {}/{}", w.kind, w.namespace, w.name);
         let key = workload_key(w);
         if w.kind == "Job" {
-            let made_by = cluster
-                .workloads
-                .get(&key)
-                .and_then(|j| j.cron_job.as_deref());
+            let made_by = cluster.workloads.get(&key).and_then(|j| j.cron_job());
             return refuse(match made_by {
                 Some(cron_job) => format!(
                     "{name} was made by CronJob {}/{cron_job}: a Job's pod template cannot be \
@@ -306,12 +303,12 @@ impl AppMoves {
                 cmd.gpu_class
             ));
         }
-        if !workload.managed_by.is_empty() && !cmd.allow_managed {
+        if !workload.managed_by().is_empty() && !cmd.allow_managed {
             return refuse(format!(
                 "{name} is managed by {}, which would undo an edit made here: change the manifest \
                  where it lives (`switchyard move --dry-run -o patch` prints the change), or move \
                  it in place anyway with --allow-managed",
-                workload.managed_by
+                workload.managed_by()
             ));
         }
         if !workload.placement.requests_nvidia_gpu() {
@@ -393,7 +390,7 @@ impl AppMoves {
         let restarted = event(Kind::WorkloadRestarted(WorkloadRestarted {
             move_id: m.id.clone(),
             workload: Some(m.workload.clone()),
-            restarted_at_before: workload.restarted_at.to_string(),
+            restarted_at_before: workload.restarted_at().to_string(),
             restarted_at: m.id.clone(),
         }));
         // A CronJob is not restarted: its next run is made from the template.
@@ -409,7 +406,7 @@ impl AppMoves {
         // `restartedAt` is the move's): until then the pods running are the
         // ones it replaces — also after the template shows it, while its
         // controller rolls the pods.
-        let restart_shown = *workload.restarted_at == *m.id;
+        let restart_shown = workload.restarted_at() == m.id;
         let made_by_restart = |p: &crate::cluster::Pod| *p.restarted_at == *m.id;
         match (m.step, m.compensates) {
             (MoveStep::Rewrite, None) if rewritten && scheduled => {
@@ -527,7 +524,7 @@ impl AppMoves {
                     placement: m.after.clone(),
                 });
             }
-            if m.step == MoveStep::Verify && *workload.restarted_at != *m.id {
+            if m.step == MoveStep::Verify && workload.restarted_at() != m.id {
                 effects.push(Effect::RestartWorkload {
                     workload: m.workload.clone(),
                     restarted_at: m.id.clone(),

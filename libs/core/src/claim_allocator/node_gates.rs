@@ -61,17 +61,12 @@ pub fn dual_advertisement(
     // DRA: the same cards have two allocators.
     let holding: Vec<String> = if published > 0 {
         cluster
-            .pods_by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .filter(|key| {
-                cluster.pods.get(*key).is_some_and(|p| {
-                    p.device_plugin_gpus > 0
-                        && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
-                })
+            .pods_on(node)
+            .filter(|(_, p)| {
+                p.device_plugin_gpus > 0
+                    && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
             })
-            .map(|(ns, name)| format!("{ns}/{name}"))
+            .map(|((ns, name), _)| format!("{ns}/{name}"))
             .collect()
     } else {
         Vec::new()

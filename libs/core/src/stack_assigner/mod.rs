@@ -39,9 +39,10 @@ use switchyard_proto::v1::{
 pub mod handover;
 
 use crate::backend::Backend;
-use crate::cluster::{Cluster, ReadinessSelectors, WorkloadKey, workload_key};
+use crate::cluster::{Cluster, ReadinessSelectors};
 use crate::command::{StartHandover, wave_handover_id};
 use crate::effects::Effect;
+use crate::joined;
 use crate::stack_rules::rule;
 use handover::Handovers;
 
@@ -55,7 +56,7 @@ pub struct Assignment {
 
 /// What the stack-assigner knows: the cluster facts, the held groups, the
 /// stack it last decided for each node, and the node handovers.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StackAssigner {
     pub(crate) cluster: Cluster,
     pub(crate) held: BTreeSet<String>,
@@ -71,9 +72,10 @@ pub struct StackAssigner {
     /// claim-allocator) that are not started or refused yet, by handover id,
     /// with the workloads the wave moves once its nodes are handed over.
     pub(crate) waves_due: BTreeMap<String, (StartHandover, Vec<WorkloadRef>)>,
-    /// Workloads asking for `nvidia.com/gpu`, with their replicas: what the
-    /// last device-plugin node serves.
-    pub(crate) device_plugin_workloads: BTreeMap<WorkloadKey, u32>,
+    /// Workloads asking for `nvidia.com/gpu` with at least one replica: what
+    /// the last device-plugin node serves. Their namespace, kind and name
+    /// [`joined`](crate::joined): one allocation each, as tens of thousands are held.
+    pub(crate) device_plugin_workloads: BTreeSet<Box<str>>,
     /// Nodes whose switch to the device plugin is held, with the claims
     /// allocated on them as last recorded (`StackSwitchHeld`).
     pub(crate) switch_holds: BTreeMap<String, Vec<String>>,
@@ -90,6 +92,26 @@ pub struct StackAssigner {
     /// Nodes Switchyard cordoned for a lost gate that holds again, until
     /// they read schedulable.
     pub(crate) uncordon_due: BTreeSet<String>,
+}
+
+impl Default for StackAssigner {
+    fn default() -> Self {
+        StackAssigner {
+            // This core never asks for a workload's pods.
+            cluster: Cluster::without_owner_index(),
+            held: BTreeSet::new(),
+            holds_due: BTreeMap::new(),
+            assignments: BTreeMap::new(),
+            handovers: Handovers::default(),
+            waves_due: BTreeMap::new(),
+            device_plugin_workloads: BTreeSet::new(),
+            switch_holds: BTreeMap::new(),
+            configured: None,
+            configured_backend: None,
+            exclusivity_lost: BTreeMap::new(),
+            uncordon_due: BTreeSet::new(),
+        }
+    }
 }
 
 /// An input of the stack-assigner.
@@ -242,18 +264,18 @@ impl StackAssigner {
     }
 
     /// Keeps [`Self::device_plugin_workloads`]: only the workloads that ask
-    /// for `nvidia.com/gpu`, and their replicas.
+    /// for `nvidia.com/gpu` and have replicas.
     fn track_device_plugin_workloads(&mut self, event: &DomainEvent) {
         if let Some(Kind::WorkloadObserved(w)) = &event.kind
             && let Some(workload) = &w.workload
         {
-            let key = workload_key(workload);
+            let key = joined::join(&[&workload.namespace, &workload.kind, &workload.name]);
             let asks = w
                 .placement
                 .as_ref()
                 .is_some_and(crate::placement::requests_nvidia_gpu);
             if asks && w.replicas > 0 {
-                self.device_plugin_workloads.insert(key, w.replicas);
+                self.device_plugin_workloads.insert(key);
             } else {
                 self.device_plugin_workloads.remove(&key);
             }
@@ -261,7 +283,11 @@ impl StackAssigner {
         if let Some(Kind::WorkloadRemoved(w)) = &event.kind
             && let Some(workload) = &w.workload
         {
-            self.device_plugin_workloads.remove(&workload_key(workload));
+            self.device_plugin_workloads.remove(&*joined::join(&[
+                &workload.namespace,
+                &workload.kind,
+                &workload.name,
+            ]));
         }
     }
 
@@ -296,11 +322,15 @@ impl StackAssigner {
             return Vec::new();
         }
         self.device_plugin_workloads
-            .keys()
-            .map(|(namespace, kind, name)| WorkloadRef {
-                namespace: namespace.clone(),
-                kind: kind.clone(),
-                name: name.clone(),
+            .iter()
+            .map(|key| {
+                let mut parts = joined::split(key);
+                let mut part = || parts.next().unwrap_or_default().into_owned();
+                WorkloadRef {
+                    namespace: part(),
+                    kind: part(),
+                    name: part(),
+                }
             })
             .collect()
     }
