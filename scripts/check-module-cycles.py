@@ -5,7 +5,7 @@ For each crate of the workspace (a directory holding src/lib.rs or
 src/main.rs), every file is a module (src/a.rs or src/a/mod.rs is `a`,
 src/a/b.rs is `a::b`). A file imports another when it names it by path —
 `crate::..`, `super::..`, `self::..`, in a `use` tree or in the code — after
-comments and string literals are stripped. A path resolves to the longest
+comments and string literals are blanked (rust_source.blank). A path resolves to the longest
 module it starts with; a file naming itself, one of its ancestors or one of
 its own descendants is not an import between files (Rust's module tree ties
 those together anyway). Any strongly connected set of two or more files is
@@ -14,51 +14,16 @@ printed, with the imports that close it, and the script exits 1.
 Usage: scripts/check-module-cycles.py [CRATE_DIR...] (default: every crate
 under libs/, services/, loadtest/ and tests/).
 """
+import os
 import pathlib
 import re
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from rust_source import blank  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-
-
-def strip(text):
-    """Source without comments, string and char literals (kept line count)."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    out.append("\n" if text[i] == "\n" else "")
-                    i += 1
-        elif re.match(r'r#*"', text[i:i + 8]) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
-            hashes = len(re.match(r"r(#*)", text[i:]).group(1))
-            end = text.find('"' + "#" * hashes, i + 2 + hashes)
-            out.append('""')
-            i = n if end < 0 else end + 1 + hashes
-        elif c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            out.append('""')
-            i += 1
-        elif c == "'" and re.match(r"'(\\.|[^\\'])'", text[i:i + 4]) or text.startswith("'\\u{", i):
-            end = text.find("'", i + 2)
-            out.append("' '")
-            i = end + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 
 def use_paths(tree, prefix=()):
@@ -117,7 +82,7 @@ def imports(crate):
     path_re = re.compile(rf"\b(crate|super|self)((?:\s*::\s*{IDENT})+)")
     use_re = re.compile(r"\buse\s+([^;]+);", re.S)
     for module, f in modules.items():
-        text = strip(f.read_text())
+        text = blank(f.read_text())
         paths = []
         for m in use_re.finditer(text):
             for p in use_paths(m.group(1)):
@@ -146,6 +111,11 @@ def imports(crate):
                 continue
             edges[module].setdefault(target, line)
     return modules, edges
+
+
+def shown(path):
+    """A path as printed: relative to the working directory."""
+    return os.path.relpath(path)
 
 
 def circles(edges):
@@ -191,11 +161,11 @@ def main(args):
         files += len(modules)
         for scc in circles(edges):
             found += 1
-            print(f"{crate.relative_to(ROOT)}: import circle between {len(scc)} files:")
+            print(f"{shown(crate)}: import circle between {len(scc)} files:")
             for m in scc:
                 for t, line in sorted(edges[m].items()):
                     if t in scc:
-                        print(f"  {modules[m].relative_to(ROOT)}:{line} -> {modules[t].relative_to(ROOT)}")
+                        print(f"  {shown(modules[m])}:{line} -> {shown(modules[t])}")
     if found:
         print(f"{found} import circle(s)", file=sys.stderr)
         return 1

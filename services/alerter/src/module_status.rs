@@ -303,7 +303,7 @@ pub fn compute(
 
 /// Per GPU node: its stack and why DRA is or is not deployed there.
 fn node_statuses(state: &MigrationState, views: &[GpuNodeView]) -> Vec<NodeStackStatus> {
-    let cluster = &state.stack.cluster();
+    let cluster = state.stack.cluster();
     let mut nodes = Vec::new();
     for view in views {
         let stack = view.stack();

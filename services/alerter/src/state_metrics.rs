@@ -146,7 +146,7 @@ impl MigrationState {
     /// Whether the claim is pending or unused now; a state it newly enters
     /// is dated `at`, one it stays in keeps its date.
     fn reassess(&mut self, key: ObjectKey, at: i64) {
-        let cluster = &self.claims.cluster();
+        let cluster = self.claims.cluster();
         let (pending, unused) = match cluster.claims.get(&key) {
             None => (false, false),
             Some(claim) if claim.node.is_empty() => (true, false),
@@ -343,7 +343,7 @@ impl GpuNodeView<'_> {
 impl MigrationState {
     /// Every GPU node (see [`is_gpu_node`]), by name.
     pub(crate) fn gpu_nodes(&self) -> Vec<GpuNodeView<'_>> {
-        let cluster = &self.stack.cluster();
+        let cluster = self.stack.cluster();
         let mut slice_devices: BTreeMap<&str, usize> = BTreeMap::new();
         for slice in cluster.slices.values() {
             *slice_devices.entry(slice.node.as_str()).or_default() += slice.devices.len();
@@ -499,7 +499,7 @@ fn handover_series(
     s: &MigrationState,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let handovers = &s.stack.handovers();
+    let handovers = s.stack.handovers();
     let mut f = family(
         encoder,
         "handover_step_started_timestamp_seconds",
@@ -570,7 +570,7 @@ fn migration_series(
     s: &MigrationState,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let migrations = &s.claims.migrations();
+    let migrations = s.claims.migrations();
     let all = migrations
         .active
         .values()
@@ -661,7 +661,7 @@ fn allocated_gpu_series(
     s: &MigrationState,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let cluster = &s.claims.cluster();
+    let cluster = s.claims.cluster();
     // (driver, node, device) -> the GPU's UUID.
     let mut uuids: BTreeMap<(&str, &str, &str), &str> = BTreeMap::new();
     for slice in cluster.slices.values() {
@@ -734,7 +734,7 @@ fn claim_series(
     s: &MigrationState,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let cluster = &s.claims.cluster();
+    let cluster = s.claims.cluster();
     let mut f = family(
         encoder,
         "resource_claim_pending_since_timestamp_seconds",
@@ -776,7 +776,7 @@ fn physical_gpu_series(
     s: &MigrationState,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let cluster = &s.claims.cluster();
+    let cluster = s.claims.cluster();
     let mut f = family(
         encoder,
         "physical_gpu",

@@ -157,7 +157,7 @@ impl Folded {
     }
 
     fn migrations_json(&self) -> Vec<Value> {
-        let migrations = &self.states.claims.migrations();
+        let migrations = self.states.claims.migrations();
         let active = migrations.active.values().map(|m| (m, false));
         let ended = migrations.ended.values().map(|m| (m, true));
         active
@@ -185,7 +185,7 @@ impl Folded {
 
     /// The migrations' lines of the status table.
     fn migration_lines(&self) -> Vec<String> {
-        let migrations = &self.states.claims.migrations();
+        let migrations = self.states.claims.migrations();
         let mut lines = Vec::new();
         for m in migrations.active.values() {
             let p = &m.plan;

@@ -90,7 +90,7 @@ impl ClaimAllocator {
     }
 
     /// Whether a migration is in progress (its breaker reads the time).
-    pub fn migrating(&self) -> bool {
+    pub(crate) fn migrating(&self) -> bool {
         !self.migrations.active.is_empty()
     }
 
