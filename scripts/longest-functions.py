@@ -20,6 +20,7 @@ import pathlib
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the clone
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from rust_source import blank  # noqa: E402
 
