@@ -7,14 +7,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use switchyard_core::events::Stack;
 use switchyard_core::names;
 use switchyard_dra::alloc::{AllocatedState, Allocator, is_allocated, report};
 use switchyard_dra::cel::Compiler;
 
 use super::pod::{explain_pod, pod_claims};
-use super::{
-    Finding, Row, View, advertised_gpus, is_control_plane, label, name_of, namespace_of, sh,
-};
+use super::{Finding, Row, View, advertised_gpus, label, name_of, namespace_of, sh};
 
 /// "The Pod is Pending": a pod waiting for DRA devices that no node of the
 /// cluster can give it — the allocator's reasons per node.
@@ -154,10 +153,10 @@ fn next_handover(v: &View<'_>) -> Option<String> {
             .iter()
             .filter(|n| !v.slices_on(name_of(&n.metadata)).is_empty())
             .find_map(|n| v.group_of(n).filter(|g| !v.spec_gpu.contains(*g)))?;
-    // A node the device plugin still serves: in a spec.gpu group, not on DRA.
+    // A node the device plugin still serves: the stack rules give it the
+    // device plugin, and it is not on DRA.
     let node = v.s.nodes.iter().find(|n| {
-        !is_control_plane(n)
-            && v.group_of(n).is_some_and(|g| v.spec_gpu.contains(g))
+        matches!(v.stack_of(n), Some((Stack::DevicePlugin, _)))
             && label(&n.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DRA)
             && v.slices_on(name_of(&n.metadata)).is_empty()
             && v.is_gpu_node(n)
@@ -288,7 +287,8 @@ pub(crate) fn claim_selector_matches_no_device(v: &View<'_>) -> Vec<Finding> {
 }
 
 /// NVIDIA guide, "DeviceClasses Exist but No ResourceSlices Appear": DRA nodes
-/// (gpu-stack=dra) that publish no slice while DeviceClasses exist.
+/// (gpu-stack=dra, and DRA's by the stack rules) that publish no slice while
+/// DeviceClasses exist.
 pub(crate) fn no_resource_slices(v: &View<'_>) -> Vec<Finding> {
     if v.s.device_classes.is_empty() {
         return Vec::new();
@@ -296,8 +296,8 @@ pub(crate) fn no_resource_slices(v: &View<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for node in &v.s.nodes {
         let name = name_of(&node.metadata);
-        if is_control_plane(node)
-            || label(&node.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DRA)
+        if label(&node.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DRA)
+            || !matches!(v.stack_of(node), Some((Stack::Dra, _)))
             || !v.slices_on(name).is_empty()
         {
             continue;

@@ -9,6 +9,7 @@
 
 mod access;
 mod dra;
+mod facts;
 mod nvidia;
 pub mod pod;
 mod stack;
@@ -28,7 +29,10 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use switchyard_api::{GPUClass, ModuleConfig, NodeGroup, PhysicalGPU};
-use switchyard_core::names;
+use switchyard_core::backend::dispatch::strategy;
+use switchyard_core::cluster::{self, Cluster};
+use switchyard_core::events::{Stack, StackReason};
+use switchyard_core::{names, stack_rules};
 
 pub use access::ADMIN_ACCESS_LABEL;
 pub use pod::{NodeFit, PodExplanation, explain_pod};
@@ -43,8 +47,9 @@ pub struct Snapshot {
     pub node_groups: Vec<NodeGroup>,
     /// The `gpu` ModuleConfig, if it exists.
     pub module_config: Option<ModuleConfig>,
-    /// Whether the API server serves `resource.k8s.io/v1` (the DRA feature
-    /// gates are ready — what the inventory reports to the stack rules).
+    /// Whether the API server serves `resource.k8s.io/v1`; the stack rules
+    /// take it as the DRA feature gates ready (the snapshot reads neither
+    /// the API server's version nor its gates).
     pub dra_api_served: bool,
     pub physical_gpus: Vec<PhysicalGPU>,
     pub gpu_classes: Vec<GPUClass>,
@@ -269,23 +274,24 @@ pub fn diagnose(s: &Snapshot) -> Vec<Finding> {
 /// The snapshot with what several rows ask of it.
 pub(crate) struct View<'a> {
     pub s: &'a Snapshot,
-    /// `dra.enabled` in the gpu ModuleConfig.
-    pub dra_enabled: bool,
     /// The module is not switched off (`spec.enabled: false`).
     pub module_enabled: bool,
     /// Groups with spec.gpu.
     pub spec_gpu: BTreeSet<String>,
+    /// The snapshot as the cores' facts ([`facts::cluster`]).
+    pub facts: Cluster,
+    /// Groups held on DRA by the upgrade hold, as far as the objects show:
+    /// a group with spec.gpu a node of which DRA serves (`gpu-stack=dra`),
+    /// where the backend holds upgrades and `dra.enabled` is on (turning it
+    /// off releases every hold).
+    pub held: BTreeSet<String>,
 }
 
 impl<'a> View<'a> {
     fn new(s: &'a Snapshot) -> View<'a> {
         let config = s.module_config.as_ref();
-        View {
+        let mut view = View {
             s,
-            dra_enabled: config
-                .and_then(|c| c.spec.settings.as_ref())
-                .and_then(|s| s.dra.as_ref())
-                .is_some_and(|d| d.enabled),
             module_enabled: config.is_some_and(|c| c.spec.enabled != Some(false)),
             spec_gpu: s
                 .node_groups
@@ -293,7 +299,41 @@ impl<'a> View<'a> {
                 .filter(|g| g.spec.gpu.is_some())
                 .map(|g| name_of(&g.metadata).to_string())
                 .collect(),
+            facts: facts::cluster(s),
+            held: BTreeSet::new(),
+        };
+        if view.facts.module.dra_enabled && strategy(&view.facts.backend).holds_upgrades() {
+            view.held = view
+                .spec_gpu
+                .iter()
+                .filter(|g| {
+                    view.nodes_of(g).any(|n| {
+                        label(&n.metadata, names::GPU_STACK_LABEL) == Some(names::STACK_DRA)
+                    })
+                })
+                .cloned()
+                .collect();
         }
+        view
+    }
+
+    /// The node as the cores see it.
+    pub fn fact(&self, node: &Node) -> Option<&cluster::Node> {
+        self.facts.nodes.get(name_of(&node.metadata))
+    }
+
+    /// Which stack serves the node, and why: the core's stack rules on the
+    /// facts, with its group's hold as [`View::held`] reads it. The hold
+    /// reaches a node as the stack-assigner relabels it, so a node of a held
+    /// group still labelled `gpu-stack=device-plugin` is read as the device
+    /// plugin's (what the cluster shows now; it is the one to hand over).
+    /// The rules assume the module runs; with it off no stack is deployed.
+    pub fn stack_of(&self, node: &Node) -> Option<(Stack, StackReason)> {
+        let fact = self.fact(node)?;
+        let relabelled =
+            label(&node.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DEVICE_PLUGIN);
+        let held = relabelled && fact.group().is_some_and(|g| self.held.contains(g));
+        Some(stack_rules::rule(fact, &self.facts, held))
     }
 
     /// The node's group (its `node.deckhouse.io/group` label).
@@ -365,13 +405,6 @@ pub(crate) fn namespace_of(meta: &ObjectMeta) -> &str {
 
 pub(crate) fn label<'m>(meta: &'m ObjectMeta, key: &str) -> Option<&'m str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-pub(crate) fn is_control_plane(node: &Node) -> bool {
-    node.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(names::CONTROL_PLANE_LABEL))
 }
 
 /// Quotes a word for a shell if it needs it.

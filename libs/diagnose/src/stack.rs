@@ -1,31 +1,36 @@
-//! The rows about nodes and groups: which stack serves a node (reference,
-//! "How the stacks are split across nodes"), the upgrade hold, and Step 1's
-//! warning about the target group's template.
+//! The rows about nodes and groups: which stack serves a node (the core's
+//! stack rules, reference "How the stacks are split across nodes"), the
+//! upgrade hold, and Step 1's warning about the target group's template.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 use switchyard_api::NodeGroup;
+use switchyard_core::cluster;
+use switchyard_core::events::StackReason;
 use switchyard_core::names;
 
 use super::workloads::workloads;
-use super::{Finding, Row, View, is_control_plane, label, name_of, sh};
+use super::{Finding, Row, View, label, name_of, sh};
 
-/// "No stack manages the node": a GPU node whose group has no spec.gpu while
-/// dra.enabled is off (or the module is off). One finding per group.
+/// "No stack manages the node": a GPU node the stack rules give no stack
+/// because its group has no spec.gpu while dra.enabled is off, or any GPU
+/// node while the module is off (nothing is deployed). One finding per group.
 pub(crate) fn no_stack(v: &View<'_>) -> Vec<Finding> {
-    if v.dra_enabled && v.module_enabled {
-        return Vec::new();
-    }
     let mut by_group: BTreeMap<Option<&str>, Vec<String>> = BTreeMap::new();
     for node in &v.s.nodes {
+        if !v.is_gpu_node(node) {
+            continue;
+        }
+        let idle = !v.module_enabled
+            || matches!(
+                v.stack_of(node),
+                Some((_, StackReason::NoSpecGpuDraDisabled))
+            );
+        if !idle {
+            continue;
+        }
         let group = v.group_of(node);
-        if is_control_plane(node) || !v.is_gpu_node(node) {
-            continue;
-        }
-        if group.is_some_and(|g| v.spec_gpu.contains(g)) && v.module_enabled {
-            continue;
-        }
         by_group
             .entry(group)
             .or_default()
@@ -62,24 +67,25 @@ pub(crate) fn no_stack(v: &View<'_>) -> Vec<Finding> {
 }
 
 /// "DRA is not deployed on the group's nodes": with dra.enabled on, a GPU node
-/// of a group without spec.gpu that DRA does not serve — opted out by label,
-/// the feature gates not ready, or no gpu-stack=dra label for another reason
-/// (the module status says it); and DRA requests pinned to a group with spec.gpu.
+/// the stack rules keep off DRA — opted out by label, the feature gates not
+/// ready — or give DRA (its group has no spec.gpu) while it has no
+/// gpu-stack=dra label for another reason (the module status says it); and
+/// DRA requests pinned to a group with spec.gpu.
 pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
-    if !v.dra_enabled || !v.module_enabled {
+    if !v.facts.module.dra_enabled || !v.module_enabled {
         return Vec::new();
     }
     let mut out = Vec::new();
     let mut gates: Vec<String> = Vec::new();
     let mut unexplained: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for node in &v.s.nodes {
-        let group = v.group_of(node);
-        if is_control_plane(node)
-            || !v.is_gpu_node(node)
-            || group.is_some_and(|g| v.spec_gpu.contains(g))
-        {
+        if !v.is_gpu_node(node) {
             continue;
         }
+        let Some((_, reason)) = v.stack_of(node) else {
+            continue;
+        };
+        let group = v.group_of(node);
         let name = name_of(&node.metadata);
         let objects = |extra: Vec<String>| {
             let mut o = Vec::new();
@@ -90,8 +96,8 @@ pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
             o.extend(extra);
             o
         };
-        if label(&node.metadata, names::GPU_ENABLED_LABEL) == Some("false") {
-            out.push(Finding::new(
+        match reason {
+            StackReason::GpuDisabledLabel => out.push(Finding::new(
                 Row::DraNotDeployed,
                 objects(Vec::new()),
                 format!("the node is labeled {}=false", names::GPU_ENABLED_LABEL),
@@ -100,14 +106,17 @@ pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
                     sh(name),
                     names::GPU_ENABLED_LABEL
                 ),
-            ));
-        } else if !v.s.dra_api_served {
-            gates.push(format!("Node/{name}"));
-        } else if label(&node.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DRA) {
-            unexplained
-                .entry(group.unwrap_or_default())
-                .or_default()
-                .push(format!("Node/{name}"));
+            )),
+            StackReason::FeatureGatesNotReady => gates.push(format!("Node/{name}")),
+            StackReason::DraEnabled
+                if label(&node.metadata, names::GPU_STACK_LABEL) != Some(names::STACK_DRA) =>
+            {
+                unexplained
+                    .entry(group.unwrap_or_default())
+                    .or_default()
+                    .push(format!("Node/{name}"))
+            }
+            _ => {}
         }
     }
     if !gates.is_empty() {
@@ -146,10 +155,7 @@ pub(crate) fn dra_not_deployed(v: &View<'_>) -> Vec<Finding> {
         else {
             continue;
         };
-        let held = v
-            .nodes_of(group)
-            .any(|n| label(&n.metadata, names::GPU_STACK_LABEL) == Some(names::STACK_DRA));
-        if !v.spec_gpu.contains(group.as_str()) || held {
+        if !v.spec_gpu.contains(group.as_str()) || v.held.contains(group) {
             continue;
         }
         let wants_dra = w
@@ -208,8 +214,9 @@ pub(crate) fn target_group_differs(v: &View<'_>) -> Vec<Finding> {
         .filter(|g| {
             let mut nodes = v.nodes_of(name_of(&g.metadata)).peekable();
             nodes.peek().is_none()
-                || v.nodes_of(name_of(&g.metadata))
-                    .any(|n| v.is_gpu_node(n) && !is_control_plane(n))
+                || v.nodes_of(name_of(&g.metadata)).any(|n| {
+                    v.is_gpu_node(n) && !v.fact(n).is_some_and(cluster::Node::is_control_plane)
+                })
         })
         .collect();
     let mut out = Vec::new();

@@ -276,6 +276,62 @@ fn held_on_dra_is_a_spec_gpu_group_whose_nodes_dra_serves() {
     );
 }
 
+/// The stack rows ask the core's stack rules, on the facts inventory's
+/// builders make of the objects: a control-plane node gets no DRA, so no row
+/// says DRA is missing there; an opted-out node of a group held on DRA gets
+/// no stack; and with dra.enabled off no stack serves a group without
+/// spec.gpu, whatever its nodes are (the rules decide that first).
+#[test]
+fn the_stack_rows_follow_the_cores_stack_rules() {
+    let mut s = healthy();
+    let gpu_present = |node| with_label(node, "nvidia.com/gpu.present", "true");
+    s.nodes.push(gpu_present(with_label(
+        mk_node("master-0", "master", None),
+        "node-role.kubernetes.io/control-plane",
+        "",
+    )));
+    assert_eq!(diagnose(&s), Vec::new());
+    s.dra_api_served = false;
+    let f = diagnose(&s);
+    let [gates] = only(&f, Row::DraNotDeployed)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(gates.objects, ["Node/gpu-1"]);
+    s.dra_api_served = true;
+
+    // Group gpu is held on DRA (a node of it is on DRA): its opted-out node
+    // gets no stack.
+    s.nodes.push(mk_node("gpu-legacy-0", "gpu", Some("dra")));
+    s.slices.push(mk_slice("gpu-legacy-0", &["a100-sxm4-40gb"]));
+    s.nodes.push(with_label(
+        gpu_present(mk_node("gpu-legacy-1", "gpu", None)),
+        "gpu.deckhouse.io/enabled",
+        "false",
+    ));
+    let f = diagnose(&s);
+    let [opted_out] = only(&f, Row::DraNotDeployed)[..] else {
+        panic!("{f:#?}")
+    };
+    assert_eq!(opted_out.objects, ["NodeGroup/gpu", "Node/gpu-legacy-1"]);
+    assert_eq!(only(&f, Row::HeldOnDra).len(), 1, "{f:#?}");
+
+    s.module_config = Some(mk_module(false));
+    let f = diagnose(&s);
+    let master = only(&f, Row::NoStackManagesNode)
+        .into_iter()
+        .find(|r| r.objects[0] == "NodeGroup/master")
+        .cloned();
+    assert_eq!(
+        master.map(|r| r.objects),
+        Some(vec![
+            "NodeGroup/master".to_string(),
+            "Node/master-0".into(),
+            "ModuleConfig/gpu".into()
+        ]),
+        "{f:#?}"
+    );
+}
+
 #[test]
 fn the_pod_stays_on_the_old_nodes_for_its_request_or_its_binding() {
     let mut s = healthy();
@@ -354,6 +410,19 @@ fn the_pod_is_pending_when_no_device_of_its_kind_is_free() {
         "{}",
         rows[0].fix
     );
+    // Group gpu held on DRA by one of its nodes: the node still labelled
+    // device-plugin is the device plugin's, and still the one to hand over.
+    s.nodes.push(mk_node("gpu-legacy-0", "gpu", Some("dra")));
+    let f = diagnose(&s);
+    assert_eq!(only(&f, Row::HeldOnDra).len(), 1, "{f:#?}");
+    let rows = only(&f, Row::PodPending);
+    assert!(
+        rows[0]
+            .fix
+            .starts_with("switchyard handover --node gpu-0 --to gpu-dra"),
+        "{f:#?}"
+    );
+    s.nodes.pop();
 
     let e = explain_pod(&s, &s.pods[1]).unwrap();
     assert!(e.fits.is_empty());
