@@ -2,30 +2,26 @@
 #
 #   docker build -t localhost/switchyard:0.1.0 .
 #
-# The same image as scripts/build-image.sh builds without a daemon: the seven
-# binaries in /usr/local/bin, glibc and libgcc, CA certificates, the non-root
-# user 65532, `switchyard` as the entrypoint (the chart runs each service's
-# binary by name). No shell at run time.
+# The same image as scripts/build-image.sh builds without a daemon: one
+# multi-call binary, `switchyard`, in /usr/local/bin with a link to it under
+# each service's name (the chart runs each service by its name), glibc and
+# libgcc, CA certificates, the non-root user 65532, `switchyard` as the
+# entrypoint. No shell at run time.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 # protox compiles the protos in Rust: nothing to install beyond the toolchain.
-RUN cargo build --release --locked --bins \
-        -p switchyard \
-        -p switchyard-inventory \
-        -p switchyard-stack-assigner \
-        -p switchyard-class-compiler \
-        -p switchyard-claim-allocator \
-        -p switchyard-alerter \
-    && cargo build --profile node-agent --locked --bins -p switchyard-node-agent \
+# The image profile: for size, whole-program (Cargo.toml).
+RUN cargo build --locked --profile image -p switchyard --bin switchyard \
     && mkdir /out \
-    && for b in switchyard switchyard-inventory switchyard-stack-assigner \
-                switchyard-class-compiler switchyard-claim-allocator \
-                switchyard-alerter; do \
-           strip --strip-debug -o "/out/$b" "target/release/$b"; \
-       done \
-    && strip --strip-debug -o /out/switchyard-node-agent target/node-agent/switchyard-node-agent
+    && strip --strip-debug -o /out/switchyard target/image/switchyard \
+    && ln -s switchyard /out/switchyard-inventory \
+    && ln -s switchyard /out/switchyard-stack-assigner \
+    && ln -s switchyard /out/switchyard-class-compiler \
+    && ln -s switchyard /out/switchyard-claim-allocator \
+    && ln -s switchyard /out/switchyard-alerter \
+    && ln -s switchyard /out/switchyard-node-agent
 
 # glibc, libgcc, CA certificates and the user nonroot (65532); no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot

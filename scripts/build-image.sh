@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Switchyard's OCI image without a Docker daemon and without pulling a
-# base image: the seven binaries, the shared libraries they link (as ldd finds
-# them here), the CA certificates, and an /etc/passwd with the non-root user
+# base image: one multi-call binary, `switchyard`, with a link to it under
+# each service's name (run by that name it is that service; the chart runs
+# them so), the shared libraries it links (as ldd finds them here), the CA certificates, and an /etc/passwd with the non-root user
 # 65532, packed with umoci into an OCI layout and copied by skopeo into a
 # docker-archive that `docker load`, `kind load image-archive` and
 # `ctr -n k8s.io images import` take. The same image as the Dockerfile's, for
@@ -10,11 +11,10 @@
 #   scripts/build-image.sh [--profile release|dev] [--bin-dir DIR] [--no-build]
 #                          [--image NAME] [--tag TAG] [--out DIR]
 #
-# --profile   cargo profile to build (release by default; the node agent, which
-#             runs on every GPU node, is then built with the `node-agent`
-#             profile: for size, whole-program, panics abort)
-# --bin-dir   take the binaries from DIR (default: the profile's target folder)
-# --no-build  do not run cargo (the binaries must be in --bin-dir)
+# --profile   cargo profile to build: image (the default: for size,
+#             whole-program; every GPU node pulls the image), release or dev
+# --bin-dir   take the binary from DIR (default: the profile's target folder)
+# --no-build  do not run cargo (`switchyard` must be in --bin-dir)
 # --image     repository name (default: localhost/switchyard, the chart's default)
 # --tag       tag (default: the chart's appVersion)
 # --out       where the OCI layout `oci/` and `switchyard-<tag>.tar` go
@@ -27,8 +27,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BINARIES=(
-    switchyard
+# The names the binary answers to besides its own (services/switchyard/src/main.rs).
+SERVICES=(
     switchyard-inventory
     switchyard-stack-assigner
     switchyard-class-compiler
@@ -39,7 +39,7 @@ BINARIES=(
 export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
 
-profile=release
+profile=image
 bin_dir=""
 build=1
 image=localhost/switchyard
@@ -57,16 +57,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 case "$profile" in
-    release) profile_dir=release ;;
+    image | release) profile_dir=$profile ;;
     dev) profile_dir=debug ;;
-    *) echo "build-image.sh: --profile is release or dev, not $profile" >&2; exit 2 ;;
+    *) echo "build-image.sh: --profile is image, release or dev, not $profile" >&2; exit 2 ;;
 esac
-# The node agent's binary: the node-agent profile's when release builds here.
-agent_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
-if [ -z "$bin_dir" ] && [ "$profile" = release ]; then
-    agent_dir="$CARGO_TARGET_DIR/node-agent"
-fi
 bin_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
+binary="$bin_dir/switchyard"
 for tool in umoci skopeo ldd strip; do
     command -v "$tool" >/dev/null || {
         echo "build-image.sh: $tool is missing (scripts/install-image-tools.sh installs umoci and skopeo)" >&2
@@ -77,18 +73,8 @@ certs=/etc/ssl/certs/ca-certificates.crt
 [ -f "$certs" ] || { echo "build-image.sh: $certs is missing (Debian: ca-certificates)" >&2; exit 1; }
 
 if [ "$build" = 1 ]; then
-    packages=()
-    for b in "${BINARIES[@]}"; do
-        [ "$b" = switchyard-node-agent ] && [ "$agent_dir" != "$bin_dir" ] && continue
-        packages+=(-p "$b")
-    done
-    cargo build --locked --profile "$profile" "${packages[@]}" --bins
-    if [ "$agent_dir" != "$bin_dir" ]; then
-        cargo build --locked --profile node-agent -p switchyard-node-agent --bins
-    fi
+    cargo build --locked --profile "$profile" -p switchyard --bin switchyard
 fi
-# Where each binary is taken from.
-from() { if [ "$1" = switchyard-node-agent ]; then echo "$agent_dir/$1"; else echo "$bin_dir/$1"; fi; }
 
 epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
@@ -100,21 +86,20 @@ trap 'rm -rf "$work"' EXIT
 root="$work/rootfs"
 mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/home/nonroot" "$root/tmp"
 chmod 1777 "$root/tmp"
-for b in "${BINARIES[@]}"; do
-    [ -x "$(from "$b")" ] || { echo "build-image.sh: $(from "$b") is missing (build it, or drop --no-build)" >&2; exit 1; }
-    # Debug info off, symbols kept (a panic's backtrace still names functions).
-    strip --strip-debug -o "$root/usr/local/bin/$b" "$(from "$b")"
-    chmod 0755 "$root/usr/local/bin/$b"
+[ -x "$binary" ] || { echo "build-image.sh: $binary is missing (build it, or drop --no-build)" >&2; exit 1; }
+# Debug info off, symbols kept (a panic's backtrace still names functions).
+strip --strip-debug -o "$root/usr/local/bin/switchyard" "$binary"
+chmod 0755 "$root/usr/local/bin/switchyard"
+for name in "${SERVICES[@]}"; do
+    ln -s switchyard "$root/usr/local/bin/$name"
 done
-# The shared libraries and the dynamic loader, at the paths the binaries ask for.
-for b in "${BINARIES[@]}"; do
-    ldd "$(from "$b")" | awk '/=> \// {print $3} /^\t\// {print $1}'
-done | sort -u | while read -r lib; do
+# The shared libraries and the dynamic loader, at the paths the binary asks for.
+ldd "$binary" | awk '/=> \// {print $3} /^\t\// {print $1}' | sort -u | while read -r lib; do
     cp -L --parents "$lib" "$root/"
 done
 # NVIDIA's libnvidia-ml.so.1, which the node agent loads at run time (the
 # NVIDIA container runtime mounts it), links these; glibc keeps them beside libc.
-libc_dir=$(ldd "$(from switchyard-node-agent)" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
+libc_dir=$(ldd "$binary" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
 for lib in libpthread.so.0 libdl.so.2 librt.so.1; do
     cp -L --parents "$libc_dir/$lib" "$root/"
 done

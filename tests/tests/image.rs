@@ -2,11 +2,12 @@
 //! `localhost/switchyard`): packed from this test's binaries, its config read
 //! back from the OCI layout (entrypoint, the non-root user, labels), its
 //! docker-archive tagged with the name, and its root filesystem unpacked by
-//! umoci and run from: every binary answers `--version` as the image's user
-//! 65532 with nothing but the image's files (chroot), and a service started
-//! there follows the log of a real nats-server, serves its metrics and logs
-//! JSON lines that name it. The
-//! Dockerfile builds the same binaries and runs them the same way.
+//! umoci and run from: one binary, `switchyard`, and a link to it under each
+//! service's name; every name answers `--version` as itself, as the image's
+//! user 65532 with nothing but the image's files (chroot), and a service
+//! started by its name there follows the log of a real nats-server, serves
+//! its metrics and logs JSON lines that name it. The Dockerfile builds the
+//! same binary and links.
 //!
 //! umoci and skopeo come from `scripts/install-image-tools.sh` (Debian's
 //! packages), the control plane from `scripts/control-plane.sh`; chroot needs
@@ -20,8 +21,9 @@ use serde_json::Value;
 use switchyard_testkit::kube::ControlPlane;
 use switchyard_testkit::nats::NatsServer;
 
-/// What the image carries, in `scripts/build-image.sh`'s order.
-const BINARIES: [&str; 7] = [
+/// The names the image's binary answers to: its own, then the services'
+/// links to it, in `scripts/build-image.sh`'s order.
+const NAMES: [&str; 7] = [
     "switchyard",
     "switchyard-inventory",
     "switchyard-stack-assigner",
@@ -88,12 +90,9 @@ fn strings(value: &Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_every_binary_as_its_non_root_user() {
-    // This test's binaries, up to date, in its profile's folder.
-    let paths: Vec<PathBuf> = BINARIES
-        .iter()
-        .map(|b| switchyard_testkit::bins::binary(b))
-        .collect();
-    let bin_dir = paths[0].parent().expect("the profile's folder");
+    // This test's binary, up to date, in its profile's folder.
+    let binary = switchyard_testkit::bins::binary("switchyard");
+    let bin_dir = binary.parent().expect("the profile's folder");
     let profile = if bin_dir.ends_with("release") {
         "release"
     } else {
@@ -174,7 +173,29 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
         .arg(&bundle)
         .stdout(Stdio::null()));
     let rootfs = bundle.join("rootfs");
-    for b in BINARIES {
+    let bin = rootfs.join("usr/local/bin");
+    let mut files: Vec<String> = std::fs::read_dir(&bin)
+        .expect("/usr/local/bin")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    files.sort();
+    let mut names = NAMES.map(String::from).to_vec();
+    names.sort();
+    assert_eq!(files, names);
+    assert!(bin.join("switchyard").symlink_metadata().unwrap().is_file());
+    for service in &NAMES[1..] {
+        assert_eq!(
+            std::fs::read_link(bin.join(service)).ok(),
+            Some(PathBuf::from("switchyard")),
+            "{service} is a link to the one binary"
+        );
+    }
+    for b in NAMES {
         let out = run(&mut in_image(
             root,
             &rootfs,
@@ -264,15 +285,23 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     }
 }
 
-/// The Dockerfile builds and strips the same seven binaries and runs them
-/// as the same user with the same entrypoint.
+/// The Dockerfile builds and strips the same one binary with the same
+/// profile, links the same names to it, and runs it as the same user with
+/// the same entrypoint.
 #[test]
 fn the_dockerfile_builds_the_same_image() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
-    for b in BINARIES {
+    assert!(
+        dockerfile.contains(
+            "cargo build --release --locked --profile image -p switchyard --bin switchyard"
+        ) || dockerfile
+            .contains("cargo build --locked --profile image -p switchyard --bin switchyard"),
+        "the Dockerfile builds the one binary with the image profile"
+    );
+    for service in &NAMES[1..] {
         assert!(
-            dockerfile.contains(&format!("-p {b} ")) || dockerfile.contains(&format!("-p {b}\n")),
-            "the Dockerfile does not build {b}"
+            dockerfile.contains(&format!("ln -s switchyard /out/{service}")),
+            "the Dockerfile does not link {service}"
         );
     }
     assert!(dockerfile.contains("USER 65532:65532"));
@@ -284,11 +313,15 @@ fn the_dockerfile_builds_the_same_image() {
     let script =
         std::fs::read_to_string(repo().join("scripts/build-image.sh")).expect("build-image.sh");
     let listed: Vec<&str> = script
-        .split("BINARIES=(")
+        .split("SERVICES=(")
         .nth(1)
         .and_then(|rest| rest.split(')').next())
-        .expect("the script's BINARIES")
+        .expect("the script's SERVICES")
         .split_whitespace()
         .collect();
-    assert_eq!(listed, BINARIES);
+    assert_eq!(listed, NAMES[1..]);
+    assert!(
+        script.contains("profile=image\n"),
+        "the script's default profile"
+    );
 }

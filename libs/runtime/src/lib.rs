@@ -26,10 +26,12 @@ pub mod health;
 pub mod host;
 pub mod logging;
 pub mod metrics;
+pub mod process;
 pub mod telemetry;
 
 pub use actors::{Actors, MAX_RESTARTS};
 pub use logging::init_tracing;
+pub use process::service_main;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
 pub use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
 pub use telemetry::Telemetry;

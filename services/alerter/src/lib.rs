@@ -62,6 +62,12 @@ pub struct Args {
     pub status: module_status::StatusArgs,
 }
 
+/// `switchyard-alerter` as a process: its flags, logs and traces, and
+/// [`run`]. Its own binary and the image's multi-call `switchyard` call it.
+pub fn main() -> std::process::ExitCode {
+    switchyard_runtime::service_main("switchyard-alerter", "Switchyard's alerter", run)
+}
+
 /// Runs the service on the JetStream log until the log fails. It also
 /// publishes the log as CloudEvents for integrations
 /// ([`switchyard_runtime::cloudevents`]), serves the migration's state as

@@ -47,6 +47,16 @@ pub const PERMISSIONS: &[Permission] = &[
 /// The flags of `switchyard-claim-allocator` (and `switchyard serve claim-allocator`).
 pub type Args = ServiceArgs;
 
+/// `switchyard-claim-allocator` as a process: its flags, logs and traces, and
+/// [`run`]. Its own binary and the image's multi-call `switchyard` call it.
+pub fn main() -> std::process::ExitCode {
+    switchyard_runtime::service_main(
+        "switchyard-claim-allocator",
+        "Switchyard's claim-allocator",
+        run,
+    )
+}
+
 /// Runs the service against the cluster (in-cluster config or KUBECONFIG)
 /// and the JetStream log until the log fails.
 pub async fn run(args: Args) -> Result<(), ServeError<EdgeError>> {

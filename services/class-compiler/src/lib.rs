@@ -47,6 +47,16 @@ pub const PERMISSIONS: &[Permission] = &[
 /// The flags of `switchyard-class-compiler` (and `switchyard serve class-compiler`).
 pub type Args = ServiceArgs;
 
+/// `switchyard-class-compiler` as a process: its flags, logs and traces, and
+/// [`run`]. Its own binary and the image's multi-call `switchyard` call it.
+pub fn main() -> std::process::ExitCode {
+    switchyard_runtime::service_main(
+        "switchyard-class-compiler",
+        "Switchyard's class-compiler",
+        run,
+    )
+}
+
 /// Runs the service against the cluster (in-cluster config or KUBECONFIG)
 /// and the JetStream log until the log fails.
 pub async fn run(args: Args) -> Result<(), ServeError<EdgeError>> {

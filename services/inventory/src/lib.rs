@@ -77,6 +77,12 @@ pub enum InventoryError {
     Log(#[from] LogError),
 }
 
+/// `switchyard-inventory` as a process: its flags, logs and traces, and
+/// [`run`]. Its own binary and the image's multi-call `switchyard` call it.
+pub fn main() -> std::process::ExitCode {
+    switchyard_runtime::service_main("switchyard-inventory", "Switchyard's inventory", run)
+}
+
 /// Runs inventory against the cluster (in-cluster config or KUBECONFIG) and
 /// the JetStream log until the log fails.
 pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {

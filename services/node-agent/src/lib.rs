@@ -116,6 +116,13 @@ pub enum NodeAgentError {
     Agent(#[source] RunError),
 }
 
+/// `switchyard-node-agent` as a process: `serve` or `discover`
+/// ([`cli::Cli`]). Its own binary and the image's multi-call `switchyard`
+/// call it.
+pub fn main() -> std::process::ExitCode {
+    <cli::Cli as clap::Parser>::parse().run()
+}
+
 /// Serves the node's assigned stack until the agent fails.
 pub async fn run(args: Args) -> Result<(), NodeAgentError> {
     let config = kube::Config::infer().await?;

@@ -1,11 +1,6 @@
 //! `switchyard-node-agent`: `serve` the node's assigned stack, or `discover`
-//! what the node would publish ([`switchyard_node_agent::cli`]).
+//! what the node would publish ([`switchyard_node_agent::main`]).
 
-use std::process::ExitCode;
-
-use clap::Parser;
-use switchyard_node_agent::cli::Cli;
-
-fn main() -> ExitCode {
-    Cli::parse().run()
+fn main() -> std::process::ExitCode {
+    switchyard_node_agent::main()
 }

@@ -189,6 +189,16 @@ impl ReadinessArgs {
     }
 }
 
+/// `switchyard-stack-assigner` as a process: its flags, logs and traces, and
+/// [`run`]. Its own binary and the image's multi-call `switchyard` call it.
+pub fn main() -> std::process::ExitCode {
+    switchyard_runtime::service_main(
+        "switchyard-stack-assigner",
+        "Switchyard's stack-assigner",
+        run,
+    )
+}
+
 /// Runs the service against the cluster (in-cluster config or KUBECONFIG)
 /// and the JetStream log until the log fails. The readiness selectors are
 /// recorded in the log when they differ from the last record.

@@ -106,7 +106,7 @@ async fn printed_by(world: &World, node: &RealNode, app: &str) -> String {
 /// The project's image, `localhost/switchyard:test`, from the binaries
 /// cargo built for this test (`scripts/build-image.sh --no-build`).
 fn project_image() -> tempfile::TempDir {
-    let bin = switchyard_testkit::bins::binary("switchyard-node-agent");
+    let bin = switchyard_testkit::bins::binary("switchyard");
     let bin_dir = bin.parent().expect("the profile's folder");
     let profile = if bin_dir.ends_with("release") {
         "release"
