@@ -169,38 +169,12 @@ fn percentile(sorted: &[u128], p: f64) -> u128 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
+/// Runs the cores' benchmarks on synthetic facts and reports their figures.
 pub async fn run(args: Args) -> anyhow::Result<Value> {
     let facts = cluster_facts(&args);
     let total_gpus = args.nodes as u64 * u64::from(args.gpus_per_node);
-    // Memory of the projections alone: the two cores of one process that hold
-    // cluster facts (stack-assigner, claim-allocator), without the log; and
-    // each core's part (what its folds left allocated).
-    let (projection_bytes_per_gpu, projection_rss_per_gpu, by_core) = {
-        crate::count_bytes(true);
-        let live_before = crate::live_bytes();
-        let rss_before = rss_kib();
-        let mut stack = StackAssigner::default();
-        let mut claims = ClaimAllocator::default();
-        let (mut stack_bytes, mut claims_bytes) = (0isize, 0isize);
-        for fact in &facts {
-            let before = crate::live_bytes();
-            stack.handle_fact(fact, 0);
-            let between = crate::live_bytes();
-            claims.apply(fact, 0);
-            stack_bytes += between - before;
-            claims_bytes += crate::live_bytes() - between;
-        }
-        let live = (crate::live_bytes() - live_before).max(0) as u64;
-        crate::count_bytes(false);
-        let rss = rss_kib().saturating_sub(rss_before) * 1024;
-        drop((stack, claims));
-        let per_gpu = |bytes: isize| bytes.max(0) as u64 / total_gpus.max(1);
-        (
-            live / total_gpus.max(1),
-            rss / total_gpus.max(1),
-            json!({"stack_assigner": per_gpu(stack_bytes), "claim_allocator": per_gpu(claims_bytes)}),
-        )
-    };
+    let (projection_bytes_per_gpu, projection_rss_per_gpu, by_core) =
+        projection_memory(&facts, total_gpus);
     let mut stack = StackAssigner::default();
     let mut claims = ClaimAllocator::default();
     let mut log: Vec<DomainEvent> = Vec::with_capacity(facts.len() * 2);
@@ -214,87 +188,9 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let load_s = load_start.elapsed().as_secs_f64();
     drop(facts);
 
-    // 1. Full stack assignment: DRA turned on, every node decided again.
-    let flip = ev(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
-        dra_enabled: true,
-        feature_gates_ready: true,
-        module_version: "2.0.0".into(),
-        previous_module_version: String::new(),
-        ..Default::default()
-    }));
-    let start = Instant::now();
-    let decisions = stack.handle_fact(&flip, 1);
-    let full_assignment_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let reassigned = decisions.len();
-    log.push(flip);
-    log.extend(decisions);
-
-    // 2. Decision latency per event: node relabels, pod churn, GPU health.
-    let mut latencies = Vec::with_capacity(20_000);
-    for i in 0..20_000usize {
-        let n = (i * 7919) % args.nodes;
-        let name = format!("node-{n:05}");
-        let fact = match i % 3 {
-            0 => node_fact(&name, &group_of(n + i), false, &[], args.gpus_per_node),
-            1 => ev(Kind::PodRemoved(PodRemoved {
-                namespace: format!("ns-{}", n % 100),
-                name: format!("gone-{i}"),
-            })),
-            _ => ev(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
-                name: format!("{name}-gpu-0"),
-                node: name.clone(),
-                device: "a100-sxm4-40gb".into(),
-                phase: GpuPhase::Ready as i32,
-                ..Default::default()
-            })),
-        };
-        let start = Instant::now();
-        let d = stack.handle_fact(&fact, 2);
-        claims.handle(claim_allocator::Input::Fact(&fact), 0);
-        latencies.push(start.elapsed().as_nanos());
-        log.push(fact);
-        log.extend(d);
-    }
-    latencies.sort_unstable();
-
-    // 3. Handover waves: `wave` nodes handed over together, step by step.
-    let waves = 5usize;
-    let start = Instant::now();
-    for wave in 0..waves {
-        let nodes: Vec<String> = (0..args.wave)
-            .map(|k| format!("node-{:05}", wave * args.wave + k))
-            .collect();
-        for node in &nodes {
-            let cmd = StartHandover {
-                handover_id: format!("w{wave}-{node}"),
-                node: node.clone(),
-                target_group: "gpu-dra".into(),
-                force: false,
-            };
-            log.extend(stack.handle(Input::StartHandover(&cmd), 3));
-        }
-        for node in &nodes {
-            for fact in step_facts(&stack, node, args.gpus_per_node) {
-                log.extend(stack.handle_fact(&fact, 4));
-                log.push(fact);
-            }
-        }
-        let done = nodes
-            .iter()
-            .filter(|n| {
-                stack
-                    .handovers()
-                    .completed
-                    .contains_key(&format!("w{wave}-{n}"))
-            })
-            .count();
-        anyhow::ensure!(
-            done == nodes.len(),
-            "wave {wave}: {done} of {} handovers completed",
-            nodes.len()
-        );
-    }
-    let waves_per_s = waves as f64 / start.elapsed().as_secs_f64();
+    let (full_assignment_ms, reassigned) = full_assignment(&mut stack, &mut log);
+    let latencies = decision_latencies(&args, &mut stack, &mut claims, &mut log);
+    let waves_per_s = handover_waves(&args, &mut stack, &mut log)?;
 
     // 4. Replay: a log of `replay_events` events on disk, read, decoded and folded.
     let dir = tempfile::tempdir()?;
@@ -305,23 +201,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             ..Default::default()
         },
     )?;
-    let subject = Subject::new("replay.bench")?;
-    let mut batch = Vec::with_capacity(1000);
-    for (written, event) in log.iter().cycle().take(args.replay_events).enumerate() {
-        batch.push(NewEvent::new(
-            format!("e{written}"),
-            written as i64,
-            event.clone(),
-        ));
-        if batch.len() == 1000 {
-            disk.append(&subject, Expected::Any, std::mem::take(&mut batch))
-                .await?;
-        }
-    }
-    if !batch.is_empty() {
-        disk.append(&subject, Expected::Any, batch).await?;
-    }
-    drop(log);
+    write_replay_log(&disk, log, args.replay_events).await?;
     let start = Instant::now();
     let mut replayed = StackAssigner::default();
     let folded = switchyard_eventlog::replay(&disk, 1, |stored| {
@@ -350,6 +230,165 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "projection_rss_bytes_per_gpu": projection_rss_per_gpu,
         "peak_rss_kib": crate::peak_rss_kib(),
     }))
+}
+
+/// Memory phase: the projections' bytes per GPU (live, RSS, and live by core).
+fn projection_memory(facts: &[DomainEvent], total_gpus: u64) -> (u64, u64, Value) {
+    // Memory of the projections alone: the two cores of one process that hold
+    // cluster facts (stack-assigner, claim-allocator), without the log; and
+    // each core's part (what its folds left allocated).
+    crate::count_bytes(true);
+    let live_before = crate::live_bytes();
+    let rss_before = rss_kib();
+    let mut stack = StackAssigner::default();
+    let mut claims = ClaimAllocator::default();
+    let (mut stack_bytes, mut claims_bytes) = (0isize, 0isize);
+    for fact in facts {
+        let before = crate::live_bytes();
+        stack.handle_fact(fact, 0);
+        let between = crate::live_bytes();
+        claims.apply(fact, 0);
+        stack_bytes += between - before;
+        claims_bytes += crate::live_bytes() - between;
+    }
+    let live = (crate::live_bytes() - live_before).max(0) as u64;
+    crate::count_bytes(false);
+    let rss = rss_kib().saturating_sub(rss_before) * 1024;
+    drop((stack, claims));
+    let per_gpu = |bytes: isize| bytes.max(0) as u64 / total_gpus.max(1);
+    (
+        live / total_gpus.max(1),
+        rss / total_gpus.max(1),
+        json!({"stack_assigner": per_gpu(stack_bytes), "claim_allocator": per_gpu(claims_bytes)}),
+    )
+}
+
+/// Step 1, full stack assignment: returns its time (ms) and its decisions.
+fn full_assignment(stack: &mut StackAssigner, log: &mut Vec<DomainEvent>) -> (f64, usize) {
+    // 1. Full stack assignment: DRA turned on, every node decided again.
+    let flip = ev(Kind::ModuleSettingsObserved(ModuleSettingsObserved {
+        dra_enabled: true,
+        feature_gates_ready: true,
+        module_version: "2.0.0".into(),
+        previous_module_version: String::new(),
+        ..Default::default()
+    }));
+    let start = Instant::now();
+    let decisions = stack.handle_fact(&flip, 1);
+    let full_assignment_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let reassigned = decisions.len();
+    log.push(flip);
+    log.extend(decisions);
+    (full_assignment_ms, reassigned)
+}
+
+/// Step 2, decision latency per event: returns the latencies (ns), sorted.
+fn decision_latencies(
+    args: &Args,
+    stack: &mut StackAssigner,
+    claims: &mut ClaimAllocator,
+    log: &mut Vec<DomainEvent>,
+) -> Vec<u128> {
+    // 2. Decision latency per event: node relabels, pod churn, GPU health.
+    let mut latencies = Vec::with_capacity(20_000);
+    for i in 0..20_000usize {
+        let n = (i * 7919) % args.nodes;
+        let name = format!("node-{n:05}");
+        let fact = match i % 3 {
+            0 => node_fact(&name, &group_of(n + i), false, &[], args.gpus_per_node),
+            1 => ev(Kind::PodRemoved(PodRemoved {
+                namespace: format!("ns-{}", n % 100),
+                name: format!("gone-{i}"),
+            })),
+            _ => ev(Kind::PhysicalGpuObserved(PhysicalGpuObserved {
+                name: format!("{name}-gpu-0"),
+                node: name.clone(),
+                device: "a100-sxm4-40gb".into(),
+                phase: GpuPhase::Ready as i32,
+                ..Default::default()
+            })),
+        };
+        let start = Instant::now();
+        let d = stack.handle_fact(&fact, 2);
+        claims.handle(claim_allocator::Input::Fact(&fact), 0);
+        latencies.push(start.elapsed().as_nanos());
+        log.push(fact);
+        log.extend(d);
+    }
+    latencies.sort_unstable();
+    latencies
+}
+
+/// Step 3, handover waves: returns the waves per second.
+fn handover_waves(
+    args: &Args,
+    stack: &mut StackAssigner,
+    log: &mut Vec<DomainEvent>,
+) -> anyhow::Result<f64> {
+    // 3. Handover waves: `wave` nodes handed over together, step by step.
+    let waves = 5usize;
+    let start = Instant::now();
+    for wave in 0..waves {
+        let nodes: Vec<String> = (0..args.wave)
+            .map(|k| format!("node-{:05}", wave * args.wave + k))
+            .collect();
+        for node in &nodes {
+            let cmd = StartHandover {
+                handover_id: format!("w{wave}-{node}"),
+                node: node.clone(),
+                target_group: "gpu-dra".into(),
+                force: false,
+            };
+            log.extend(stack.handle(Input::StartHandover(&cmd), 3));
+        }
+        for node in &nodes {
+            for fact in step_facts(stack, node, args.gpus_per_node) {
+                log.extend(stack.handle_fact(&fact, 4));
+                log.push(fact);
+            }
+        }
+        let done = nodes
+            .iter()
+            .filter(|n| {
+                stack
+                    .handovers()
+                    .completed
+                    .contains_key(&format!("w{wave}-{n}"))
+            })
+            .count();
+        anyhow::ensure!(
+            done == nodes.len(),
+            "wave {wave}: {done} of {} handovers completed",
+            nodes.len()
+        );
+    }
+    Ok(waves as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Step 4 setup: `replay_events` events of `log` appended to `disk` in batches.
+async fn write_replay_log(
+    disk: &EmbeddedLog,
+    log: Vec<DomainEvent>,
+    replay_events: usize,
+) -> anyhow::Result<()> {
+    let subject = Subject::new("replay.bench")?;
+    let mut batch = Vec::with_capacity(1000);
+    for (written, event) in log.iter().cycle().take(replay_events).enumerate() {
+        batch.push(NewEvent::new(
+            format!("e{written}"),
+            written as i64,
+            event.clone(),
+        ));
+        if batch.len() == 1000 {
+            disk.append(&subject, Expected::Any, std::mem::take(&mut batch))
+                .await?;
+        }
+    }
+    if !batch.is_empty() {
+        disk.append(&subject, Expected::Any, batch).await?;
+    }
+    drop(log);
+    Ok(())
 }
 
 fn group_of_node(node: &str) -> String {

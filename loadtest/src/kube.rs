@@ -191,9 +191,49 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
         progress,
     ));
 
-    // 1. N nodes of a spec.gpu group, created at once: creation → device-plugin label.
-    let names: Vec<String> = (0..args.nodes).map(|i| format!("gpu-{i:05}")).collect();
     let nodes: Api<Node> = Api::all(client.clone());
+    let created = create_at_once(args, &nodes, &seen).await?;
+    let (turned_on, wave_done) = wave_to_dra(args, &client, &nodes, &seen, &log).await?;
+    let single = one_at_a_time(args, &nodes, &seen).await?;
+
+    inventory.abort();
+    assigner.abort();
+    watching.abort();
+    let events = log.last_sequence(None).await?;
+    Ok(json!({
+        "sync": sync,
+        "control_plane_startup_ms": startup.as_millis(),
+        "nodes": args.nodes,
+        "create_to_label_ms": {
+            "p50": percentile(&created.latencies, 0.50),
+            "p99": percentile(&created.latencies, 0.99),
+            "max": percentile(&created.latencies, 1.0),
+        },
+        "all_nodes_labelled_after_first_create_ms": created.all_labelled.duration_since(created.first).as_millis(),
+        "one_at_a_time_create_to_label_ms": {
+            "nodes": args.single,
+            "p50": percentile(&single, 0.50),
+            "p99": percentile(&single, 0.99),
+        },
+        "wave": args.wave,
+        "wave_relabel_ms": wave_done.duration_since(turned_on).as_millis(),
+        "log_events": events,
+    }))
+}
+
+/// What creating the nodes at once measured.
+struct AtOnce {
+    /// Each node's creation to its device-plugin label, sorted.
+    latencies: Vec<Duration>,
+    /// The first creation.
+    first: Instant,
+    /// The last node labelled.
+    all_labelled: Instant,
+}
+
+/// Step 1: N nodes of a spec.gpu group, created at once: creation → device-plugin label.
+async fn create_at_once(args: &Args, nodes: &Api<Node>, seen: &Seen) -> anyhow::Result<AtOnce> {
+    let names: Vec<String> = (0..args.nodes).map(|i| format!("gpu-{i:05}")).collect();
     let created_at: Vec<(String, Instant)> = futures::stream::iter(names.iter().cloned())
         .map(|name| {
             let nodes = nodes.clone();
@@ -211,7 +251,7 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
         .try_collect()
         .await?;
     let first = created_at.iter().map(|(_, t)| *t).min().expect("nodes");
-    wait_labelled(&seen, &names, "device-plugin", Duration::from_secs(600)).await?;
+    wait_labelled(seen, &names, "device-plugin", Duration::from_secs(600)).await?;
     let mut latencies: Vec<Duration> = {
         let seen = seen.lock().unwrap();
         created_at
@@ -230,7 +270,21 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
             .max()
             .expect("nodes")
     };
+    Ok(AtOnce {
+        latencies,
+        first,
+        all_labelled,
+    })
+}
 
+/// Step 2, a wave turned to DRA: returns when DRA was turned on and all were labelled.
+async fn wave_to_dra(
+    args: &Args,
+    client: &Client,
+    nodes: &Api<Node>,
+    seen: &Seen,
+    log: &Arc<dyn EventLog>,
+) -> anyhow::Result<(Instant, Instant)> {
     // 2. A wave: W nodes of a group without spec.gpu, no stack while DRA is
     //    off; DRA on → every one labelled dra.
     let wave: Vec<String> = (0..args.wave).map(|i| format!("wave-{i:04}")).collect();
@@ -265,8 +319,8 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
     .await
     .map_err(|e| anyhow::anyhow!(e))?;
     let turned_on = Instant::now();
-    module(&client, true).await?;
-    wait_labelled(&seen, &wave, "dra", Duration::from_secs(600)).await?;
+    module(client, true).await?;
+    wait_labelled(seen, &wave, "dra", Duration::from_secs(600)).await?;
     let wave_done = {
         let seen = seen.lock().unwrap();
         wave.iter()
@@ -274,7 +328,15 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
             .max()
             .expect("wave")
     };
+    Ok((turned_on, wave_done))
+}
 
+/// Step 3, one node at a time: returns each node's create-to-label latency, sorted.
+async fn one_at_a_time(
+    args: &Args,
+    nodes: &Api<Node>,
+    seen: &Seen,
+) -> anyhow::Result<Vec<Duration>> {
     // 3. One node at a time on the loaded cluster: the latency without a queue.
     let mut single = Vec::with_capacity(args.single);
     for i in 0..args.single {
@@ -287,7 +349,7 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
             )
             .await?;
         wait_labelled(
-            &seen,
+            seen,
             std::slice::from_ref(&name),
             "device-plugin",
             Duration::from_secs(60),
@@ -296,28 +358,5 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
         single.push(seen.lock().unwrap()[&(name, "device-plugin".to_string())].duration_since(at));
     }
     single.sort();
-
-    inventory.abort();
-    assigner.abort();
-    watching.abort();
-    let events = log.last_sequence(None).await?;
-    Ok(json!({
-        "sync": sync,
-        "control_plane_startup_ms": startup.as_millis(),
-        "nodes": args.nodes,
-        "create_to_label_ms": {
-            "p50": percentile(&latencies, 0.50),
-            "p99": percentile(&latencies, 0.99),
-            "max": percentile(&latencies, 1.0),
-        },
-        "all_nodes_labelled_after_first_create_ms": all_labelled.duration_since(first).as_millis(),
-        "one_at_a_time_create_to_label_ms": {
-            "nodes": args.single,
-            "p50": percentile(&single, 0.50),
-            "p99": percentile(&single, 0.99),
-        },
-        "wave": args.wave,
-        "wave_relabel_ms": wave_done.duration_since(turned_on).as_millis(),
-        "log_events": events,
-    }))
+    Ok(single)
 }

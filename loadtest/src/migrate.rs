@@ -43,10 +43,10 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use switchyard_eventlog::ReadRequest;
+use switchyard_eventlog::{EventLog, ReadRequest};
 use switchyard_testkit::KillOnDrop;
 use switchyard_testkit::migration::{
-    ClusterOptions, GROUP, MigrationCluster, SERVICES, SETUP, STACK, beside_current_exe,
+    ClusterOptions, GROUP, MigrationCluster, SERVICES, SETUP, STACK, World, beside_current_exe,
     gpu_deployment,
 };
 
@@ -614,6 +614,7 @@ fn not_ready(n: &Node, cards: &str) -> Option<String> {
     })
 }
 
+/// Waits for the setup, runs the migration and measures what it cost.
 async fn measure(
     args: &Args,
     cluster: &MigrationCluster,
@@ -621,10 +622,93 @@ async fn measure(
 ) -> anyhow::Result<Value> {
     let world = &cluster.world;
     let c = world.client.clone();
+    let setup_timeout = Duration::from_secs(120) + Duration::from_millis(500) * args.nodes as u32;
+    wait_for_nodes(args, &c, setup_started, setup_timeout).await?;
+    let workloads_running_s = start_workloads(args, &c, setup_timeout).await?;
+    let log = world.log().await;
+    let log_before = wait_for_log_still(&log, setup_timeout).await?;
+    let setup_s = setup_started.elapsed().as_secs_f64();
+
+    let agent_times = Arc::new(Mutex::new(AgentTimes::default()));
+    let (watching, listed) = watch_agents(c.clone(), agent_times.clone());
+    tokio::time::timeout(setup_timeout, listed)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("the node and slice watches did not list in {setup_timeout:?}")
+        })?
+        .map_err(|_| anyhow::anyhow!("the node and slice watches ended"))?;
+
+    let ticks = clock_ticks();
+    let run = run_migration(args, world, setup_started).await?;
+    watching.abort();
+    let output = std::fs::read_to_string(&run.out_path).unwrap_or_default();
+    let errors = std::fs::read_to_string(run.out_path.with_extension("err")).unwrap_or_default();
+
+    let cpu = cpu_seconds(&run, ticks);
+    let switchyard_cpu: f64 = cpu
+        .iter()
+        .filter(|(n, _)| is_switchyard(n))
+        .map(|(_, s)| s)
+        .sum();
+    let all_cpu: f64 = cpu.values().sum();
+    let reacting = reacting(world, &run, &agent_times);
+    let outcome = outcome(&c, &log, log_before, &output).await?;
+    let mut rss: BTreeMap<String, Value> = BTreeMap::new();
+    for (name, kib) in &run.peak_rss {
+        rss.insert(name.clone(), json!(kib / 1024));
+    }
+    let wall = run.wall;
+    let share = |s: f64| round(s / wall * 100.0);
+    Ok(json!({
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "workloads": args.workloads,
+        "max_unavailable": args.max_unavailable,
+        "strategy": args.strategy,
+        "setup_s": round(setup_s),
+        "workloads_running_s": round(workloads_running_s),
+        "migration": {
+            "exit": run.status.code(),
+            "wall_s": round(wall),
+            "waves_completed_lines": outcome.waves,
+            "last_line": output.lines().last().unwrap_or_default(),
+            "stderr": errors.lines().take(5).collect::<Vec<_>>(),
+            "nodes_on_dra": outcome.on_dra,
+            "workloads_moved": outcome.moved,
+            "pods_running": outcome.running,
+            "log_records": outcome.records,
+            "log_records_by_actor": outcome.by_actor,
+        },
+        "cpu_s": cpu.iter().map(|(k, v)| (k.clone(), json!(round(*v)))).collect::<serde_json::Map<_, _>>(),
+        "cpu_share_of_wall_pct": {
+            "switchyard": share(switchyard_cpu),
+            "all_processes": share(all_cpu),
+            "note": "CPU seconds over the wall time (100 = one core busy; this machine has 2)",
+        },
+        "switchyard_own_latency": reacting.latency,
+        "write_round_trips": reacting.write_round_trips,
+        "reaction_time_by_part": reacting.breakdown,
+        "decisions_on_a_tick": reacting.on_tick,
+        "switchyard_reacting_share_of_wall_pct": {
+            "own": share(reacting.busy_us as f64 / 1e6),
+            "own_from_the_service_free": share(reacting.busy_from_free_us as f64 / 1e6),
+            "own_from_the_service_free_services_only": share(reacting.services_from_free_us as f64 / 1e6),
+            "with_the_writes_round_trips": share(reacting.busy_with_writes_us as f64 / 1e6),
+        },
+        "peak_rss_mib": rss,
+    }))
+}
+
+/// Setup phase: every node on the device plugin with its cards, and the DeviceClass.
+async fn wait_for_nodes(
+    args: &Args,
+    c: &Client,
+    setup_started: Instant,
+    setup_timeout: Duration,
+) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(c.clone());
     let cards = args.gpus_per_node.to_string();
     let last_waiting = Mutex::new(String::new());
-    let setup_timeout = Duration::from_secs(120) + Duration::from_millis(500) * args.nodes as u32;
     until(
         "every node on the device plugin, prepared, its cards allocatable",
         setup_timeout,
@@ -656,7 +740,11 @@ async fn measure(
         Duration::from_secs(1),
         || async { Ok(!classes.list(&ListParams::default()).await?.items.is_empty()) },
     )
-    .await?;
+    .await
+}
+
+/// Setup phase: creates the workloads and waits for their pods; returns the seconds.
+async fn start_workloads(args: &Args, c: &Client, setup_timeout: Duration) -> anyhow::Result<f64> {
     let created = Instant::now();
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
     futures::stream::iter(0..args.workloads)
@@ -683,7 +771,7 @@ async fn measure(
         "every workload's pod running",
         setup_timeout + Duration::from_millis(200) * args.workloads as u32,
         Duration::from_secs(2),
-        || async { Ok(count_running(&c).await? == args.workloads) },
+        || async { Ok(count_running(c).await? == args.workloads) },
     )
     .await?;
     let workloads_running_s = created.elapsed().as_secs_f64();
@@ -691,9 +779,16 @@ async fn measure(
         "{} workloads running ({workloads_running_s:.1} s)",
         args.workloads
     );
+    Ok(workloads_running_s)
+}
+
+/// Setup phase: waits for the log to stand still; returns its last sequence.
+async fn wait_for_log_still(
+    log: &Arc<dyn EventLog>,
+    setup_timeout: Duration,
+) -> anyhow::Result<u64> {
     // Inventory has recorded the cluster once the log stands still: the
     // same last sequence read 3 s running.
-    let log = world.log().await;
     let last: Mutex<(Option<u64>, u32)> = Mutex::new((None, 0));
     until(
         "the log standing still for 3 s",
@@ -710,19 +805,34 @@ async fn measure(
         },
     )
     .await?;
-    let setup_s = setup_started.elapsed().as_secs_f64();
-    let log_before = last.lock().expect("last sequence").0.unwrap_or_default();
+    Ok(last.lock().expect("last sequence").0.unwrap_or_default())
+}
 
-    let agent_times = Arc::new(Mutex::new(AgentTimes::default()));
-    let (watching, listed) = watch_agents(c.clone(), agent_times.clone());
-    tokio::time::timeout(setup_timeout, listed)
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!("the node and slice watches did not list in {setup_timeout:?}")
-        })?
-        .map_err(|_| anyhow::anyhow!("the node and slice watches ended"))?;
+/// The migration CLI's run, and the processes as sampled around it.
+struct MigrationRun {
+    status: std::process::ExitStatus,
+    /// The CLI's wall time (s).
+    wall: f64,
+    started_us: i64,
+    ended_us: i64,
+    cli_pid: u32,
+    /// The CLI's own CPU ticks, read while it was a zombie.
+    cli_ticks: u64,
+    /// CPU ticks by process before and after the migration.
+    before: BTreeMap<u32, (String, u64)>,
+    after: BTreeMap<u32, (String, u64)>,
+    /// Peak resident memory by component (KiB), sampled every 5 s.
+    peak_rss: BTreeMap<String, u64>,
+    /// Where the CLI's stdout went (its stderr: the same with `.err`).
+    out_path: PathBuf,
+}
 
-    let ticks = clock_ticks();
+/// Migration phase: runs `switchyard migrate ... --wait` to its exit, sampling processes.
+async fn run_migration(
+    args: &Args,
+    world: &World,
+    setup_started: Instant,
+) -> anyhow::Result<MigrationRun> {
     let out_path = world.dir.path().join("migrate.out");
     let before = cpu_by_process();
     eprintln!(
@@ -747,6 +857,27 @@ async fn measure(
             .spawn()?,
     );
     let cli_pid = cli.0.id();
+    let (cli_ticks, peak_rss) = follow_cli(cli_pid).await;
+    let after = cpu_by_process();
+    let status = cli.0.wait()?;
+    let wall = started.elapsed().as_secs_f64();
+    let ended_us = unix_us();
+    Ok(MigrationRun {
+        status,
+        wall,
+        started_us,
+        ended_us,
+        cli_pid,
+        cli_ticks,
+        before,
+        after,
+        peak_rss,
+        out_path,
+    })
+}
+
+/// Migration phase: follows the CLI to its exit; returns its CPU ticks and the peak RSS.
+async fn follow_cli(cli_pid: u32) -> (u64, BTreeMap<String, u64>) {
     // The CLI's CPU time is read while it is a zombie, before it is reaped.
     let mut cli_ticks = 0;
     let mut peak_rss: BTreeMap<String, u64> = BTreeMap::new();
@@ -773,77 +904,42 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let after = cpu_by_process();
-    let status = cli.0.wait()?;
-    let wall = started.elapsed().as_secs_f64();
-    let ended_us = unix_us();
-    watching.abort();
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let errors = std::fs::read_to_string(out_path.with_extension("err")).unwrap_or_default();
+    (cli_ticks, peak_rss)
+}
 
-    // CPU seconds by component over the migration (processes that came and
-    // went meanwhile are not in both readings: only the CLI, counted apart).
+/// Analysis phase: CPU seconds by component over the migration.
+fn cpu_seconds(run: &MigrationRun, ticks: f64) -> BTreeMap<String, f64> {
+    // Processes that came and went meanwhile are not in both readings: only
+    // the CLI, counted apart.
     let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
-    for (pid, (name, t)) in &after {
-        if *pid == cli_pid {
+    for (pid, (name, t)) in &run.after {
+        if *pid == run.cli_pid {
             continue;
         }
-        let was = before.get(pid).map_or(0, |(_, t)| *t);
+        let was = run.before.get(pid).map_or(0, |(_, t)| *t);
         *cpu.entry(name.clone()).or_default() += t.saturating_sub(was) as f64 / ticks;
     }
-    *cpu.entry("switchyard CLI".into()).or_default() += cli_ticks as f64 / ticks;
-    let switchyard_cpu: f64 = cpu
-        .iter()
-        .filter(|(n, _)| is_switchyard(n))
-        .map(|(_, s)| s)
-        .sum();
-    let all_cpu: f64 = cpu.values().sum();
+    *cpu.entry("switchyard CLI".into()).or_default() += run.cli_ticks as f64 / ticks;
+    cpu
+}
 
-    // Reactions within the migration.
-    let mut all = Vec::new();
-    let mut on_tick = BTreeMap::new();
-    for service in &world.services {
-        let (found, ticked) = reactions(service.name(), service.log_path());
-        all.extend(found);
-        on_tick.insert(service.name(), ticked);
-    }
-    all.retain(|r| r.done >= started_us && r.done <= ended_us);
-    all.sort_by_key(|r| (r.service.clone(), r.done));
-    // From the later of the recording and the service's previous reaction
-    // done: a service reacts to one batch at a time, so until then it was
-    // at that reaction (counted there) or waiting on its writes (Kubernetes').
-    // Records that changed nothing count from their reading.
-    let mut from_free: Vec<(i64, i64)> = Vec::new();
-    let mut breakdown: BTreeMap<String, Parts> = BTreeMap::new();
-    for (i, r) in all.iter().enumerate() {
-        let free = match i.checked_sub(1).map(|p| &all[p]) {
-            Some(previous) if previous.service == r.service => previous.done,
-            _ => 0,
-        };
-        let parts = breakdown.entry(r.service.clone()).or_default();
-        if !r.acted {
-            // Effects issued again (their first answer not seen yet) are
-            // the API server's time, as for any reaction.
-            from_free.extend(r.own_intervals(r.received));
-            parts.writing += r.writing;
-            if r.input == "records" {
-                parts.unchanged += r.done - r.received - r.writing;
-            } else {
-                parts.ticks += r.done - r.received - r.writing;
-            }
-            continue;
-        }
-        from_free.extend(r.own_intervals(free));
-        let waiting = if r.received > 0 {
-            r.received - (r.done - r.since_recorded).max(free)
-        } else {
-            0
-        };
-        parts.waiting += waiting;
-        parts.appending += r.appending;
-        parts.writing += r.writing;
-        parts.deciding += r.done - r.received.max(free) - r.appending - r.writing;
-    }
+/// When and for how long Switchyard was at it over the migration.
+struct Reacting {
+    latency: Value,
+    write_round_trips: Value,
+    breakdown: Value,
+    on_tick: BTreeMap<&'static str, usize>,
+    busy_us: i64,
+    busy_from_free_us: i64,
+    services_from_free_us: i64,
+    busy_with_writes_us: i64,
+}
+
+/// Analysis phase: Switchyard's latencies, time by part and busy time over the migration.
+fn reacting(world: &World, run: &MigrationRun, agent_times: &Mutex<AgentTimes>) -> Reacting {
+    let (started_us, ended_us) = (run.started_us, run.ended_us);
+    let (mut all, on_tick) = reactions_within(world, started_us, ended_us);
+    let (mut from_free, breakdown) = time_by_part(&all);
     all.retain(|r| r.acted);
     // From each record's recording: time a service spent on earlier
     // reactions (their writes included) counts again.
@@ -890,24 +986,7 @@ async fn measure(
     }
     let busy_us = union_us(intervals, (started_us, ended_us));
     let busy_from_free_us = union_us(from_free, (started_us, ended_us));
-    let breakdown: Value = breakdown
-        .iter()
-        .map(|(service, parts)| {
-            let s = |us: i64| round(us as f64 / 1e6);
-            (
-                service.clone(),
-                json!({
-                    "free_to_read_s": s(parts.waiting),
-                    "appending_to_the_log_s": s(parts.appending),
-                    "kubernetes_writes_s": s(parts.writing),
-                    "deciding_and_the_rest_s": s(parts.deciding),
-                    "records_that_changed_nothing_s": s(parts.unchanged),
-                    "ticks_and_commands_s": s(parts.ticks),
-                }),
-            )
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into();
+    let breakdown = parts_json(&breakdown);
     let busy_with_writes_us = union_us(with_writes, (started_us, ended_us));
     let write_round_trips: Value = writes_by_service
         .iter()
@@ -930,9 +1009,118 @@ async fn measure(
         ])
         .collect::<serde_json::Map<_, _>>()
         .into();
+    Reacting {
+        latency,
+        write_round_trips,
+        breakdown,
+        on_tick,
+        busy_us,
+        busy_from_free_us,
+        services_from_free_us,
+        busy_with_writes_us,
+    }
+}
 
+/// Analysis phase: the services' reactions within the migration, and decisions on a tick.
+fn reactions_within(
+    world: &World,
+    started_us: i64,
+    ended_us: i64,
+) -> (Vec<Reaction>, BTreeMap<&'static str, usize>) {
+    let mut all = Vec::new();
+    let mut on_tick = BTreeMap::new();
+    for service in &world.services {
+        let (found, ticked) = reactions(service.name(), service.log_path());
+        all.extend(found);
+        on_tick.insert(service.name(), ticked);
+    }
+    all.retain(|r| r.done >= started_us && r.done <= ended_us);
+    all.sort_by_key(|r| (r.service.clone(), r.done));
+    (all, on_tick)
+}
+
+/// Analysis phase: reactions' intervals from the service free, and each service's parts.
+fn time_by_part(all: &[Reaction]) -> (Vec<(i64, i64)>, BTreeMap<String, Parts>) {
+    // From the later of the recording and the service's previous reaction
+    // done: a service reacts to one batch at a time, so until then it was
+    // at that reaction (counted there) or waiting on its writes (Kubernetes').
+    // Records that changed nothing count from their reading.
+    let mut from_free: Vec<(i64, i64)> = Vec::new();
+    let mut breakdown: BTreeMap<String, Parts> = BTreeMap::new();
+    for (i, r) in all.iter().enumerate() {
+        let free = match i.checked_sub(1).map(|p| &all[p]) {
+            Some(previous) if previous.service == r.service => previous.done,
+            _ => 0,
+        };
+        let parts = breakdown.entry(r.service.clone()).or_default();
+        if !r.acted {
+            // Effects issued again (their first answer not seen yet) are
+            // the API server's time, as for any reaction.
+            from_free.extend(r.own_intervals(r.received));
+            parts.writing += r.writing;
+            if r.input == "records" {
+                parts.unchanged += r.done - r.received - r.writing;
+            } else {
+                parts.ticks += r.done - r.received - r.writing;
+            }
+            continue;
+        }
+        from_free.extend(r.own_intervals(free));
+        let waiting = if r.received > 0 {
+            r.received - (r.done - r.since_recorded).max(free)
+        } else {
+            0
+        };
+        parts.waiting += waiting;
+        parts.appending += r.appending;
+        parts.writing += r.writing;
+        parts.deciding += r.done - r.received.max(free) - r.appending - r.writing;
+    }
+    (from_free, breakdown)
+}
+
+/// Report phase: each service's time by part, in seconds.
+fn parts_json(breakdown: &BTreeMap<String, Parts>) -> Value {
+    breakdown
+        .iter()
+        .map(|(service, parts)| {
+            let s = |us: i64| round(us as f64 / 1e6);
+            (
+                service.clone(),
+                json!({
+                    "free_to_read_s": s(parts.waiting),
+                    "appending_to_the_log_s": s(parts.appending),
+                    "kubernetes_writes_s": s(parts.writing),
+                    "deciding_and_the_rest_s": s(parts.deciding),
+                    "records_that_changed_nothing_s": s(parts.unchanged),
+                    "ticks_and_commands_s": s(parts.ticks),
+                }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// What the migration left: nodes, workloads and the log's new records.
+struct Outcome {
+    on_dra: usize,
+    moved: usize,
+    running: usize,
+    records: usize,
+    by_actor: BTreeMap<String, usize>,
+    waves: usize,
+}
+
+/// Outcome phase: nodes on DRA, workloads moved and running, records logged meanwhile.
+async fn outcome(
+    c: &Client,
+    log: &Arc<dyn EventLog>,
+    log_before: u64,
+    output: &str,
+) -> anyhow::Result<Outcome> {
     // The outcome: every node on the target group serving DRA, every
     // workload rewritten and running.
+    let nodes: Api<Node> = Api::all(c.clone());
     let list = nodes.list(&ListParams::default()).await?;
     let on_dra = list
         .items
@@ -954,7 +1142,7 @@ async fn measure(
                 .contains("gpu.deckhouse.io/h100")
         })
         .count();
-    let running = count_running(&c).await?;
+    let running = count_running(c).await?;
     let records = log
         .read(ReadRequest {
             from: log_before + 1,
@@ -969,47 +1157,12 @@ async fn measure(
         .lines()
         .filter(|l| l.contains("wave") && l.contains("completed"))
         .count();
-    let mut rss: BTreeMap<String, Value> = BTreeMap::new();
-    for (name, kib) in &peak_rss {
-        rss.insert(name.clone(), json!(kib / 1024));
-    }
-    let share = |s: f64| round(s / wall * 100.0);
-    Ok(json!({
-        "nodes": args.nodes,
-        "gpus_per_node": args.gpus_per_node,
-        "workloads": args.workloads,
-        "max_unavailable": args.max_unavailable,
-        "strategy": args.strategy,
-        "setup_s": round(setup_s),
-        "workloads_running_s": round(workloads_running_s),
-        "migration": {
-            "exit": status.code(),
-            "wall_s": round(wall),
-            "waves_completed_lines": waves,
-            "last_line": output.lines().last().unwrap_or_default(),
-            "stderr": errors.lines().take(5).collect::<Vec<_>>(),
-            "nodes_on_dra": on_dra,
-            "workloads_moved": moved,
-            "pods_running": running,
-            "log_records": records.len(),
-            "log_records_by_actor": by_actor,
-        },
-        "cpu_s": cpu.iter().map(|(k, v)| (k.clone(), json!(round(*v)))).collect::<serde_json::Map<_, _>>(),
-        "cpu_share_of_wall_pct": {
-            "switchyard": share(switchyard_cpu),
-            "all_processes": share(all_cpu),
-            "note": "CPU seconds over the wall time (100 = one core busy; this machine has 2)",
-        },
-        "switchyard_own_latency": latency,
-        "write_round_trips": write_round_trips,
-        "reaction_time_by_part": breakdown,
-        "decisions_on_a_tick": on_tick,
-        "switchyard_reacting_share_of_wall_pct": {
-            "own": share(busy_us as f64 / 1e6),
-            "own_from_the_service_free": share(busy_from_free_us as f64 / 1e6),
-            "own_from_the_service_free_services_only": share(services_from_free_us as f64 / 1e6),
-            "with_the_writes_round_trips": share(busy_with_writes_us as f64 / 1e6),
-        },
-        "peak_rss_mib": rss,
-    }))
+    Ok(Outcome {
+        on_dra,
+        moved,
+        running,
+        records: records.len(),
+        by_actor,
+        waves,
+    })
 }

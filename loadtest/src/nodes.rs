@@ -160,23 +160,8 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     for node in [&dra, &dp, &nvidia] {
         node.make_device_nodes(&DEVICE_NODES);
     }
-    let agent = |node: &RealNode| -> anyhow::Result<KillOnDrop> {
-        Ok(KillOnDrop(
-            std::process::Command::new(&binary)
-                .args(["serve", "--gpu-source", &format!("fixture:{FIXTURE}")])
-                .args(["--node", node.name()])
-                .arg("--kubelet-dir")
-                .arg(node.kubelet_dir())
-                .arg("--cdi-dir")
-                .arg(node.cdi_dir())
-                .env("KUBECONFIG", plane.kubeconfig())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()?,
-        ))
-    };
-    let agent_dra = agent(&dra)?;
-    let agent_dp = agent(&dp)?;
+    let agent_dra = start_agent(&binary, &plane, &dra)?;
+    let agent_dp = start_agent(&binary, &plane, &dp)?;
     let library = std::env::current_exe()?
         .parent()
         .expect("the binary's folder")
@@ -189,77 +174,9 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     )
     .await;
 
-    Api::<DeviceClass>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": {"name": "gpu"},
-                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.deckhouse.io\""}}]}
-            }))?,
-        )
-        .await?;
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), "default")
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "one-gpu"},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}}
-            }))?,
-        )
-        .await?;
-    // Every kind ready: slices published, both plugins' cards offered.
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    for node in ["bench-dp", "bench-nvidia"] {
-        let offered = await_condition(
-            nodes.clone(),
-            node,
-            |n: Option<&k8s_openapi::api::core::v1::Node>| {
-                n.and_then(|n| {
-                    n.status
-                        .as_ref()?
-                        .allocatable
-                        .as_ref()?
-                        .get("nvidia.com/gpu")
-                        .cloned()
-                })
-                .is_some_and(|q| q.0 == "8")
-            },
-        );
-        tokio::time::timeout(Duration::from_secs(120), offered).await??;
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    // One pod of each kind first, not measured: images and caches warm.
-    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    for round in 0..=args.pods {
-        for kind in KINDS {
-            let node = match kind {
-                "plain" | "dra_claim_switchyard" => "bench-dra",
-                "device_plugin_switchyard" => "bench-dp",
-                _ => "bench-nvidia",
-            };
-            let name = format!("{}-{round}", kind.replace('_', "-"));
-            let started = Instant::now();
-            pods.create(&PostParams::default(), &pod(&name, node, kind))
-                .await?;
-            let running = await_condition(pods.clone(), &name, |p: Option<&Pod>| {
-                p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
-            });
-            tokio::time::timeout(Duration::from_secs(120), running)
-                .await
-                .map_err(|_| anyhow::anyhow!("{name} not Running within 120 s"))??;
-            let took = started.elapsed().as_secs_f64() * 1000.0;
-            if round > 0 {
-                times.entry(kind).or_default().push(took);
-            }
-            let uid = pods.get(&name).await?.metadata.uid.unwrap_or_default();
-            pods.delete(&name, &DeleteParams::default().grace_period(0))
-                .await?;
-            let gone = await_condition(pods.clone(), &name, conditions::is_deleted(&uid));
-            tokio::time::timeout(Duration::from_secs(120), gone).await??;
-        }
-    }
+    create_class_and_template(&client).await?;
+    wait_offered(&client).await?;
+    let mut times = time_pods(&args, &client).await?;
     let metrics = dra.kubelet_metrics().await.map_err(anyhow::Error::msg)?;
     let (prepares, prepare_s) = grpc_seconds(&metrics, "NodePrepareResources");
     let (unprepares, unprepare_s) = grpc_seconds(&metrics, "NodeUnprepareResources");
@@ -289,4 +206,114 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             "nvidia_device_plugin": memory_of("nvidia-device-p"),
         },
     }))
+}
+
+/// Setup phase: a node agent serving `node` from the fixture.
+fn start_agent(
+    binary: &std::path::Path,
+    plane: &ControlPlane,
+    node: &RealNode,
+) -> anyhow::Result<KillOnDrop> {
+    Ok(KillOnDrop(
+        std::process::Command::new(binary)
+            .args(["serve", "--gpu-source", &format!("fixture:{FIXTURE}")])
+            .args(["--node", node.name()])
+            .arg("--kubelet-dir")
+            .arg(node.kubelet_dir())
+            .arg("--cdi-dir")
+            .arg(node.cdi_dir())
+            .env("KUBECONFIG", plane.kubeconfig())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?,
+    ))
+}
+
+/// Setup phase: the `gpu` DeviceClass and the `one-gpu` ResourceClaimTemplate.
+async fn create_class_and_template(client: &kube::Client) -> anyhow::Result<()> {
+    Api::<DeviceClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": "gpu"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.deckhouse.io\""}}]}
+            }))?,
+        )
+        .await?;
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}}
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Setup phase: waits for both device plugins' cards offered.
+async fn wait_offered(client: &kube::Client) -> anyhow::Result<()> {
+    // Every kind ready: slices published, both plugins' cards offered.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for node in ["bench-dp", "bench-nvidia"] {
+        let offered = await_condition(
+            nodes.clone(),
+            node,
+            |n: Option<&k8s_openapi::api::core::v1::Node>| {
+                n.and_then(|n| {
+                    n.status
+                        .as_ref()?
+                        .allocatable
+                        .as_ref()?
+                        .get("nvidia.com/gpu")
+                        .cloned()
+                })
+                .is_some_and(|q| q.0 == "8")
+            },
+        );
+        tokio::time::timeout(Duration::from_secs(120), offered).await??;
+    }
+    Ok(())
+}
+
+/// Measuring phase: each kind's pods timed from creation to Running (ms), by kind.
+async fn time_pods(
+    args: &Args,
+    client: &kube::Client,
+) -> anyhow::Result<std::collections::BTreeMap<&'static str, Vec<f64>>> {
+    // One pod of each kind first, not measured: images and caches warm.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for round in 0..=args.pods {
+        for kind in KINDS {
+            let node = match kind {
+                "plain" | "dra_claim_switchyard" => "bench-dra",
+                "device_plugin_switchyard" => "bench-dp",
+                _ => "bench-nvidia",
+            };
+            let name = format!("{}-{round}", kind.replace('_', "-"));
+            let started = Instant::now();
+            pods.create(&PostParams::default(), &pod(&name, node, kind))
+                .await?;
+            let running = await_condition(pods.clone(), &name, |p: Option<&Pod>| {
+                p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+            });
+            tokio::time::timeout(Duration::from_secs(120), running)
+                .await
+                .map_err(|_| anyhow::anyhow!("{name} not Running within 120 s"))??;
+            let took = started.elapsed().as_secs_f64() * 1000.0;
+            if round > 0 {
+                times.entry(kind).or_default().push(took);
+            }
+            let uid = pods.get(&name).await?.metadata.uid.unwrap_or_default();
+            pods.delete(&name, &DeleteParams::default().grace_period(0))
+                .await?;
+            let gone = await_condition(pods.clone(), &name, conditions::is_deleted(&uid));
+            tokio::time::timeout(Duration::from_secs(120), gone).await??;
+        }
+    }
+    Ok(times)
 }

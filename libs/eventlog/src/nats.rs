@@ -1022,6 +1022,172 @@ fn to_stored(message: &jetstream::Message, prefix: &str) -> Result<StoredEvent, 
     ))
 }
 
+/// An `append_batch` under way: the batch and what it checks.
+struct Append<'a> {
+    subjects: &'a [Subject],
+    label: &'a str,
+    batch: &'a Outgoing<'a>,
+    /// The head sequence each subject must have, where one is expected.
+    required: &'a [Option<u64>],
+    deadline: Instant,
+}
+
+impl Append<'_> {
+    /// The conflict on subject `j`, whose head is at `actual`.
+    fn conflict(&self, j: usize, actual: u64) -> LogError {
+        LogError::Conflict {
+            subject: self.subjects[j].to_string(),
+            expected: self.required[j].unwrap_or(actual),
+            actual: actual.to_string(),
+        }
+    }
+}
+
+/// What a refused or unanswered publish leads to.
+enum Next {
+    /// The batch is stored after all.
+    Stored(AppendAck),
+    /// Try again on these heads (`None`: ask the server).
+    Retry(Vec<Option<(Head, bool)>>),
+}
+
+impl NatsLog {
+    /// The error of an append to `label` that ran out of time.
+    fn gave_up(&self, label: &str, err: &dyn std::fmt::Display) -> LogError {
+        LogError::nats(
+            format!(
+                "append to {label} (gave up after {:?})",
+                self.options.retry_for
+            ),
+            err,
+        )
+    }
+
+    /// Heads phase: loads from the server each subject's head not known.
+    async fn load_missing_heads(
+        &self,
+        subjects: &[Subject],
+        heads: &mut [Option<(Head, bool)>],
+        deadline: Instant,
+    ) -> Result<(), LogError> {
+        let missing: Vec<usize> = (0..subjects.len())
+            .filter(|&j| heads[j].is_none())
+            .collect();
+        let loaded = self
+            .load_heads_until(missing.iter().map(|&j| &subjects[j]), deadline)
+            .await?;
+        for (&j, (head, _)) in missing.iter().zip(loaded) {
+            heads[j] = Some((head, false));
+        }
+        Ok(())
+    }
+
+    /// Check phase: a head is not the required one: the batch found stored, or a conflict.
+    async fn refused_before_publish(
+        &self,
+        append: &Append<'_>,
+        j: usize,
+        first_chained: Option<&[Head]>,
+    ) -> Result<AppendAck, LogError> {
+        // A retry of a batch that was stored although its ack was lost finds
+        // the subjects moved on by exactly that batch.
+        let latest = self
+            .load_heads_until(append.subjects, append.deadline)
+            .await?;
+        if let Some(ack) = self.stored_as_batch(append.batch, &latest).await? {
+            return Ok(ack);
+        }
+        if let Some(since) = first_chained
+            && let Some(ack) = self.stored_since(append.batch, since).await?
+        {
+            return Ok(ack);
+        }
+        Err(append.conflict(j, latest[j].0.seq))
+    }
+
+    /// Refusal phase: a refused or unanswered publish: stored after all, a retry, or an error.
+    async fn after_refusal(
+        &self,
+        append: &Append<'_>,
+        err: PublishError,
+        attempt: u32,
+        since: &[Head],
+    ) -> Result<Next, LogError> {
+        let Append {
+            subjects,
+            label,
+            batch,
+            required,
+            deadline,
+        } = *append;
+        let refused = refusal(&err);
+        if refused == Refusal::TooLarge {
+            let (i, size) = batch
+                .encoded
+                .iter()
+                .map(|e| e.finish(None).len())
+                .enumerate()
+                .max_by_key(|(_, size)| *size)
+                .unwrap_or((0, 0));
+            return Err(LogError::Oversize {
+                id: batch.ids[i].to_string(),
+                size,
+                limit: MAX_RECORD_BYTES,
+            });
+        }
+        if refused == Refusal::MovedHead {
+            // Another writer got in first on some subject, or an earlier
+            // attempt of this very batch was stored before its ack was lost.
+            tracing::debug!(batch = %label, attempt, "append refused on a moved head; reading the heads");
+            let latest = self.load_heads_until(subjects, deadline).await?;
+            if let Some(ack) = self.stored_as_batch(batch, &latest).await? {
+                return Ok(Next::Stored(ack));
+            }
+            // Unchecked subjects: try again on the new heads. Also where the
+            // check still holds: on a clustered stream 10164 can mean a write
+            // in flight rather than a moved subject.
+            if let Some(j) =
+                (0..subjects.len()).find(|&j| required[j].is_some_and(|r| r != latest[j].0.seq))
+            {
+                return Err(append.conflict(j, latest[j].0.seq));
+            }
+            return Ok(Next::Retry(
+                latest.into_iter().map(|(h, _)| Some((h, false))).collect(),
+            ));
+        }
+        if refused == Refusal::DuplicateInBatch {
+            // Some id of the batch is stored already. Fine if the whole batch
+            // is stored as it is (a retry); anything else is refused whole.
+            let latest = self.load_heads_until(subjects, deadline).await?;
+            if let Some(ack) = self.stored_as_batch(batch, &latest).await? {
+                return Ok(Next::Stored(ack));
+            }
+            if let Some(ack) = self.stored_since(batch, since).await? {
+                return Ok(Next::Stored(ack));
+            }
+            return Err(LogError::InvalidBatch {
+                subject: label.to_string(),
+                count: batch.ids.len(),
+                expected: "events that are not stored yet; some of these ids are already stored \
+                           (a retry is recognised while the batch is still a subject's latest events)"
+                    .into(),
+            });
+        }
+        if refused == Refusal::Fatal {
+            return Err(LogError::nats(format!("append to {label}"), err));
+        }
+        // Timeout, lost connection, abandoned or throttled batch: it may or may
+        // not be stored. Retry with the same ids, on the server's heads;
+        // de-duplication keeps it single.
+        if Instant::now() >= deadline {
+            return Err(self.gave_up(label, &err));
+        }
+        tracing::debug!(batch = %label, attempt, error = %err, "append retried");
+        self.retried.fetch_add(1, Ordering::Relaxed);
+        Ok(Next::Retry(vec![None; subjects.len()]))
+    }
+}
+
 #[async_trait]
 impl EventLog for NatsLog {
     async fn append_batch(
@@ -1053,19 +1219,12 @@ impl EventLog for NatsLog {
             .map(|s| expectation_of(expected, s).required())
             .collect();
         let deadline = Instant::now() + self.options.retry_for;
-        let gave_up = |err: &dyn std::fmt::Display| {
-            LogError::nats(
-                format!(
-                    "append to {label} (gave up after {:?})",
-                    self.options.retry_for
-                ),
-                err,
-            )
-        };
-        let conflict = |j: usize, actual: u64| LogError::Conflict {
-            subject: subjects[j].to_string(),
-            expected: required[j].unwrap_or(actual),
-            actual: actual.to_string(),
+        let append = Append {
+            subjects: &subjects,
+            label: &label,
+            batch: &batch,
+            required: &required,
+            deadline,
         };
         let mut attempt = 0u32;
         // The heads the first attempt chained on: a batch stored by an
@@ -1079,17 +1238,10 @@ impl EventLog for NatsLog {
             .collect();
         loop {
             if attempt > 0 && Instant::now() >= deadline {
-                return Err(gave_up(&"still conflicting or unreachable"));
+                return Err(self.gave_up(&label, &"still conflicting or unreachable"));
             }
-            let missing: Vec<usize> = (0..subjects.len())
-                .filter(|&j| heads[j].is_none())
-                .collect();
-            let loaded = self
-                .load_heads_until(missing.iter().map(|&j| &subjects[j]), deadline)
+            self.load_missing_heads(&subjects, &mut heads, deadline)
                 .await?;
-            for (&j, (head, _)) in missing.iter().zip(loaded) {
-                heads[j] = Some((head, false));
-            }
             let current: Vec<(Head, bool)> = heads.iter().map(|h| h.expect("loaded")).collect();
             let mut refused = None;
             for (j, &(head, from_cache)) in current.iter().enumerate() {
@@ -1104,18 +1256,9 @@ impl EventLog for NatsLog {
                 continue;
             }
             if let Some(j) = refused {
-                // A retry of a batch that was stored although its ack was lost
-                // finds the subjects moved on by exactly that batch.
-                let latest = self.load_heads_until(&subjects, deadline).await?;
-                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
-                    return Ok(ack);
-                }
-                if let Some(since) = &first_chained
-                    && let Some(ack) = self.stored_since(&batch, since).await?
-                {
-                    return Ok(ack);
-                }
-                return Err(conflict(j, latest[j].0.seq));
+                return self
+                    .refused_before_publish(&append, j, first_chained.as_deref())
+                    .await;
             }
             let chained: Vec<Head> = current.iter().map(|(h, _)| *h).collect();
             let since = first_chained.get_or_insert_with(|| chained.clone()).clone();
@@ -1135,69 +1278,10 @@ impl EventLog for NatsLog {
                 Err(err) => err,
             };
             attempt += 1;
-            let refused = refusal(&err);
-            if refused == Refusal::TooLarge {
-                let (i, size) = encoded
-                    .iter()
-                    .map(|e| e.finish(None).len())
-                    .enumerate()
-                    .max_by_key(|(_, size)| *size)
-                    .unwrap_or((0, 0));
-                return Err(LogError::Oversize {
-                    id: batch.ids[i].to_string(),
-                    size,
-                    limit: MAX_RECORD_BYTES,
-                });
+            match self.after_refusal(&append, err, attempt, &since).await? {
+                Next::Stored(ack) => return Ok(ack),
+                Next::Retry(next) => heads = next,
             }
-            if refused == Refusal::MovedHead {
-                // Another writer got in first on some subject, or an earlier
-                // attempt of this very batch was stored before its ack was lost.
-                tracing::debug!(batch = %label, attempt, "append refused on a moved head; reading the heads");
-                let latest = self.load_heads_until(&subjects, deadline).await?;
-                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
-                    return Ok(ack);
-                }
-                // Unchecked subjects: try again on the new heads. Also where the
-                // check still holds: on a clustered stream 10164 can mean a write
-                // in flight rather than a moved subject.
-                if let Some(j) =
-                    (0..subjects.len()).find(|&j| required[j].is_some_and(|r| r != latest[j].0.seq))
-                {
-                    return Err(conflict(j, latest[j].0.seq));
-                }
-                heads = latest.into_iter().map(|(h, _)| Some((h, false))).collect();
-                continue;
-            }
-            if refused == Refusal::DuplicateInBatch {
-                // Some id of the batch is stored already. Fine if the whole batch
-                // is stored as it is (a retry); anything else is refused whole.
-                let latest = self.load_heads_until(&subjects, deadline).await?;
-                if let Some(ack) = self.stored_as_batch(&batch, &latest).await? {
-                    return Ok(ack);
-                }
-                if let Some(ack) = self.stored_since(&batch, &since).await? {
-                    return Ok(ack);
-                }
-                return Err(LogError::InvalidBatch {
-                    subject: label.clone(),
-                    count: batch.ids.len(),
-                    expected: "events that are not stored yet; some of these ids are already stored \
-                               (a retry is recognised while the batch is still a subject's latest events)"
-                        .into(),
-                });
-            }
-            if refused == Refusal::Fatal {
-                return Err(LogError::nats(format!("append to {label}"), err));
-            }
-            // Timeout, lost connection, abandoned or throttled batch: it may or may
-            // not be stored. Retry with the same ids, on the server's heads;
-            // de-duplication keeps it single.
-            if Instant::now() >= deadline {
-                return Err(gave_up(&err));
-            }
-            tracing::debug!(batch = %label, attempt, error = %err, "append retried");
-            self.retried.fetch_add(1, Ordering::Relaxed);
-            heads = vec![None; subjects.len()];
         }
     }
 

@@ -247,97 +247,120 @@ pub fn resource_slices(
                 devices.extend(gpu.mig_devices.iter().map(|m| mig(machine, gpu, m)));
             }
             Layout::Static => devices.push(whole(machine, gpu)),
-            Layout::Shared { replicas } => {
-                let mut device = whole(machine, gpu);
-                let share = gpu.memory_mib / u64::from(replicas.max(1));
-                device.allow_multiple_allocations = Some(true);
-                device.capacity = Some(BTreeMap::from([(
-                    "memory".to_string(),
-                    DeviceCapacity {
-                        value: mebibytes(gpu.memory_mib),
-                        request_policy: Some(CapacityRequestPolicy {
-                            default: Some(mebibytes(share)),
-                            valid_range: Some(CapacityRequestPolicyRange {
-                                min: mebibytes(share),
-                                // The API server wants max = min + k × step.
-                                max: Some(mebibytes(share * u64::from(replicas.max(1)))),
-                                step: Some(mebibytes(share)),
-                            }),
-                            valid_values: None,
-                        }),
-                    },
-                )]));
-                devices.push(device);
-            }
+            Layout::Shared { replicas } => devices.push(shared(machine, gpu, replicas)),
             Layout::Partitionable => {
-                let catalogue = profiles(&gpu.product_name);
-                if !gpu.mig_capable || catalogue.is_empty() {
-                    devices.push(whole(machine, gpu));
-                    continue;
-                }
-                let set = format!("gpu-{}-counters", gpu.index);
-                let counters = |compute: u32, memory: u32| {
-                    Some(vec![DeviceCounterConsumption {
-                        counter_set: set.clone(),
-                        counters: BTreeMap::from([
-                            (
-                                "compute-slices".to_string(),
-                                Counter {
-                                    value: Quantity(compute.to_string()),
-                                },
-                            ),
-                            (
-                                "memory-slices".to_string(),
-                                Counter {
-                                    value: Quantity(memory.to_string()),
-                                },
-                            ),
-                        ]),
-                    }])
-                };
-                counter_sets.push(CounterSet {
-                    name: set.clone(),
-                    counters: BTreeMap::from([
-                        (
-                            "compute-slices".to_string(),
-                            Counter {
-                                value: Quantity("7".into()),
-                            },
-                        ),
-                        (
-                            "memory-slices".to_string(),
-                            Counter {
-                                value: Quantity("8".into()),
-                            },
-                        ),
-                    ]),
-                });
-                let mut card = whole(machine, gpu);
-                card.consumes_counters = counters(7, 8);
-                devices.push(card);
-                for (profile, compute, memory, count) in catalogue {
-                    let (_, gb) = profile_parts(profile).unwrap_or_default();
-                    for i in 0..*count {
-                        let mut attributes = card_attributes(machine, gpu, "mig");
-                        attributes.insert("profile".into(), string(*profile));
-                        attributes.insert("parentUUID".into(), string(&gpu.uuid));
-                        attributes.insert("parentIndex".into(), int(i64::from(gpu.index)));
-                        devices.push(Device {
-                            name: mig_name(gpu.index, profile, i),
-                            attributes: Some(attributes),
-                            capacity: Some(BTreeMap::from([(
-                                "memory".to_string(),
-                                capacity(Quantity(format!("{gb}Gi"))),
-                            )])),
-                            consumes_counters: counters(*compute, *memory),
-                            taints: taints(gpu),
-                            ..Default::default()
-                        });
-                    }
-                }
+                partitionable(machine, gpu, &mut devices, &mut counter_sets);
             }
         }
     }
+    into_slices(node, devices, counter_sets, generation)
+}
+
+/// Shared layout: the whole card, allocated many times, each a share of its memory.
+fn shared(machine: &Machine, gpu: &Gpu, replicas: u32) -> Device {
+    let mut device = whole(machine, gpu);
+    let share = gpu.memory_mib / u64::from(replicas.max(1));
+    device.allow_multiple_allocations = Some(true);
+    device.capacity = Some(BTreeMap::from([(
+        "memory".to_string(),
+        DeviceCapacity {
+            value: mebibytes(gpu.memory_mib),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(mebibytes(share)),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: mebibytes(share),
+                    // The API server wants max = min + k × step.
+                    max: Some(mebibytes(share * u64::from(replicas.max(1)))),
+                    step: Some(mebibytes(share)),
+                }),
+                valid_values: None,
+            }),
+        },
+    )]));
+    device
+}
+
+/// Partitionable layout: the whole card and its MIG devices, with their counters.
+fn partitionable(
+    machine: &Machine,
+    gpu: &Gpu,
+    devices: &mut Vec<Device>,
+    counter_sets: &mut Vec<CounterSet>,
+) {
+    let catalogue = profiles(&gpu.product_name);
+    if !gpu.mig_capable || catalogue.is_empty() {
+        devices.push(whole(machine, gpu));
+        return;
+    }
+    let set = format!("gpu-{}-counters", gpu.index);
+    let counters = |compute: u32, memory: u32| {
+        Some(vec![DeviceCounterConsumption {
+            counter_set: set.clone(),
+            counters: BTreeMap::from([
+                (
+                    "compute-slices".to_string(),
+                    Counter {
+                        value: Quantity(compute.to_string()),
+                    },
+                ),
+                (
+                    "memory-slices".to_string(),
+                    Counter {
+                        value: Quantity(memory.to_string()),
+                    },
+                ),
+            ]),
+        }])
+    };
+    counter_sets.push(CounterSet {
+        name: set.clone(),
+        counters: BTreeMap::from([
+            (
+                "compute-slices".to_string(),
+                Counter {
+                    value: Quantity("7".into()),
+                },
+            ),
+            (
+                "memory-slices".to_string(),
+                Counter {
+                    value: Quantity("8".into()),
+                },
+            ),
+        ]),
+    });
+    let mut card = whole(machine, gpu);
+    card.consumes_counters = counters(7, 8);
+    devices.push(card);
+    for (profile, compute, memory, count) in catalogue {
+        let (_, gb) = profile_parts(profile).unwrap_or_default();
+        for i in 0..*count {
+            let mut attributes = card_attributes(machine, gpu, "mig");
+            attributes.insert("profile".into(), string(*profile));
+            attributes.insert("parentUUID".into(), string(&gpu.uuid));
+            attributes.insert("parentIndex".into(), int(i64::from(gpu.index)));
+            devices.push(Device {
+                name: mig_name(gpu.index, profile, i),
+                attributes: Some(attributes),
+                capacity: Some(BTreeMap::from([(
+                    "memory".to_string(),
+                    capacity(Quantity(format!("{gb}Gi"))),
+                )])),
+                consumes_counters: counters(*compute, *memory),
+                taints: taints(gpu),
+                ..Default::default()
+            });
+        }
+    }
+}
+
+/// Slicing phase: the devices and counter sets as the slices of one pool.
+fn into_slices(
+    node: &str,
+    devices: Vec<Device>,
+    counter_sets: Vec<CounterSet>,
+    generation: i64,
+) -> Vec<ResourceSlice> {
     let limited = !counter_sets.is_empty() || devices.iter().any(|d| d.taints.is_some());
     let per_slice = if limited {
         MAX_DEVICES_WITH_COUNTERS_OR_TAINTS

@@ -426,14 +426,31 @@ fn found<'a>(snapshot: &'a Snapshot) -> Vec<(Key<'a>, Found<'a>)> {
         + snapshot.daemon_sets.len()
         + snapshot.jobs.len()
         + snapshot.cron_jobs.len();
-    let mut found: Vec<(Key<'a>, Found<'a>)> = Vec::with_capacity(controllers);
-    let mut index: HashMap<Key<'a>, usize> =
-        HashMap::with_capacity_and_hasher(controllers, Default::default());
-    let mut add = |kind: &'static str,
-                   meta: &'a ObjectMeta,
-                   template: Option<&'a PodTemplateSpec>,
-                   replicas: Option<u32>,
-                   path: &'static str| {
+    let mut finder = Finder {
+        found: Vec::with_capacity(controllers),
+        index: HashMap::with_capacity_and_hasher(controllers, Default::default()),
+    };
+    finder.add_controllers(snapshot);
+    finder.add_pods(snapshot);
+    finder.found
+}
+
+/// The workloads found so far, in the order found, and where each key is.
+struct Finder<'a> {
+    found: Vec<(Key<'a>, Found<'a>)>,
+    index: HashMap<Key<'a>, usize>,
+}
+
+impl<'a> Finder<'a> {
+    /// Adds a controller's workload; a later object of the same key replaces the earlier.
+    fn add(
+        &mut self,
+        kind: &'static str,
+        meta: &'a ObjectMeta,
+        template: Option<&'a PodTemplateSpec>,
+        replicas: Option<u32>,
+        path: &'static str,
+    ) {
         let (ns, name) = ns_name(meta);
         let key = (ns, kind, name);
         let workload = Found {
@@ -448,120 +465,163 @@ fn found<'a>(snapshot: &'a Snapshot) -> Vec<(Key<'a>, Found<'a>)> {
             pod_count: 0,
             path,
         };
-        // A later object of the same key replaces the earlier.
-        match index.get(&key) {
-            Some(&i) => found[i].1 = workload,
+        match self.index.get(&key) {
+            Some(&i) => self.found[i].1 = workload,
             None => {
-                index.insert(key, found.len());
-                found.push((key, workload));
+                self.index.insert(key, self.found.len());
+                self.found.push((key, workload));
             }
         }
-    };
-    let replicas = |r: Option<i32>| Some(r.unwrap_or(1).max(0) as u32);
-    for d in &snapshot.deployments {
-        let spec = d.spec.as_ref();
-        add(
-            "Deployment",
-            &d.metadata,
-            spec.map(|s| &s.template),
-            replicas(spec.and_then(|s| s.replicas)),
-            "spec.template.spec",
-        );
-    }
-    for rs in &snapshot.replica_sets {
-        if controller(&rs.metadata).is_some_and(|o| o.kind == "Deployment") {
-            continue;
-        }
-        let spec = rs.spec.as_ref();
-        add(
-            "ReplicaSet",
-            &rs.metadata,
-            spec.and_then(|s| s.template.as_ref()),
-            replicas(spec.and_then(|s| s.replicas)),
-            "spec.template.spec",
-        );
-    }
-    for s in &snapshot.stateful_sets {
-        let spec = s.spec.as_ref();
-        add(
-            "StatefulSet",
-            &s.metadata,
-            spec.map(|s| &s.template),
-            replicas(spec.and_then(|s| s.replicas)),
-            "spec.template.spec",
-        );
-    }
-    for d in &snapshot.daemon_sets {
-        let desired = d
-            .status
-            .as_ref()
-            .map(|s| s.desired_number_scheduled.max(0) as u32);
-        add(
-            "DaemonSet",
-            &d.metadata,
-            d.spec.as_ref().map(|s| &s.template),
-            desired.filter(|n| *n > 0),
-            "spec.template.spec",
-        );
-    }
-    for j in &snapshot.jobs {
-        if controller(&j.metadata).is_some_and(|o| o.kind == "CronJob") {
-            continue;
-        }
-        let done = j
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter().flatten())
-            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
-        let spec = j.spec.as_ref();
-        add(
-            "Job",
-            &j.metadata,
-            spec.map(|s| &s.template),
-            if done {
-                Some(0)
-            } else {
-                replicas(spec.and_then(|s| s.parallelism))
-            },
-            "spec.template.spec",
-        );
-    }
-    for c in &snapshot.cron_jobs {
-        let job = c.spec.job_template.spec.as_ref();
-        add(
-            "CronJob",
-            &c.metadata,
-            job.map(|j| &j.template),
-            replicas(job.and_then(|j| j.parallelism)),
-            "spec.jobTemplate.spec.template.spec",
-        );
     }
 
-    // Pods to their workloads: a ReplicaSet's to its Deployment, a Job's to
-    // its CronJob; a pod without controller is its own workload, and so are
-    // the pods an operator controls directly (by the owner).
-    let rs_owner: HashMap<(&str, &str), &str> = snapshot
-        .replica_sets
-        .iter()
-        .filter_map(|rs| {
-            let o = controller(&rs.metadata).filter(|o| o.kind == "Deployment")?;
-            Some((ns_name(&rs.metadata), o.name.as_str()))
-        })
-        .collect();
-    let job_owner: HashMap<(&str, &str), &str> = snapshot
-        .jobs
-        .iter()
-        .filter_map(|j| {
-            let o = controller(&j.metadata).filter(|o| o.kind == "CronJob")?;
-            Some((ns_name(&j.metadata), o.name.as_str()))
-        })
-        .collect();
-    for pod in &snapshot.pods {
-        if !live(pod) {
-            continue;
+    /// Controllers phase: adds the snapshot's workload controllers, kind by kind.
+    fn add_controllers(&mut self, snapshot: &'a Snapshot) {
+        let replicas = |r: Option<i32>| Some(r.unwrap_or(1).max(0) as u32);
+        for d in &snapshot.deployments {
+            let spec = d.spec.as_ref();
+            self.add(
+                "Deployment",
+                &d.metadata,
+                spec.map(|s| &s.template),
+                replicas(spec.and_then(|s| s.replicas)),
+                "spec.template.spec",
+            );
         }
+        for rs in &snapshot.replica_sets {
+            if controller(&rs.metadata).is_some_and(|o| o.kind == "Deployment") {
+                continue;
+            }
+            let spec = rs.spec.as_ref();
+            self.add(
+                "ReplicaSet",
+                &rs.metadata,
+                spec.and_then(|s| s.template.as_ref()),
+                replicas(spec.and_then(|s| s.replicas)),
+                "spec.template.spec",
+            );
+        }
+        for s in &snapshot.stateful_sets {
+            let spec = s.spec.as_ref();
+            self.add(
+                "StatefulSet",
+                &s.metadata,
+                spec.map(|s| &s.template),
+                replicas(spec.and_then(|s| s.replicas)),
+                "spec.template.spec",
+            );
+        }
+        for d in &snapshot.daemon_sets {
+            let desired = d
+                .status
+                .as_ref()
+                .map(|s| s.desired_number_scheduled.max(0) as u32);
+            self.add(
+                "DaemonSet",
+                &d.metadata,
+                d.spec.as_ref().map(|s| &s.template),
+                desired.filter(|n| *n > 0),
+                "spec.template.spec",
+            );
+        }
+        for j in &snapshot.jobs {
+            if controller(&j.metadata).is_some_and(|o| o.kind == "CronJob") {
+                continue;
+            }
+            let done = j
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+            let spec = j.spec.as_ref();
+            self.add(
+                "Job",
+                &j.metadata,
+                spec.map(|s| &s.template),
+                if done {
+                    Some(0)
+                } else {
+                    replicas(spec.and_then(|s| s.parallelism))
+                },
+                "spec.template.spec",
+            );
+        }
+        for c in &snapshot.cron_jobs {
+            let job = c.spec.job_template.spec.as_ref();
+            self.add(
+                "CronJob",
+                &c.metadata,
+                job.map(|j| &j.template),
+                replicas(job.and_then(|j| j.parallelism)),
+                "spec.jobTemplate.spec.template.spec",
+            );
+        }
+    }
+
+    /// Pods phase: adds each live pod to its workload's count and nodes.
+    fn add_pods(&mut self, snapshot: &'a Snapshot) {
+        // Pods to their workloads: a ReplicaSet's to its Deployment, a Job's to
+        // its CronJob; a pod without controller is its own workload, and so are
+        // the pods an operator controls directly (by the owner).
+        let rs_owner: HashMap<(&str, &str), &str> = snapshot
+            .replica_sets
+            .iter()
+            .filter_map(|rs| {
+                let o = controller(&rs.metadata).filter(|o| o.kind == "Deployment")?;
+                Some((ns_name(&rs.metadata), o.name.as_str()))
+            })
+            .collect();
+        let job_owner: HashMap<(&str, &str), &str> = snapshot
+            .jobs
+            .iter()
+            .filter_map(|j| {
+                let o = controller(&j.metadata).filter(|o| o.kind == "CronJob")?;
+                Some((ns_name(&j.metadata), o.name.as_str()))
+            })
+            .collect();
+        for pod in &snapshot.pods {
+            if !live(pod) {
+                continue;
+            }
+            let (_, pod_name) = ns_name(&pod.metadata);
+            let id = self.workload_of(pod, &rs_owner, &job_owner);
+            let found = &mut self.found;
+            let i = *self.index.entry(id).or_insert_with(|| {
+                found.push((
+                    id,
+                    Found {
+                        object: ("Pod", pod_name),
+                        meta: if id.1 == "Pod" {
+                            Meta::Of(&pod.metadata)
+                        } else {
+                            Meta::OwnersOf(&pod.metadata)
+                        },
+                        labels: pod.metadata.labels.as_ref(),
+                        spec: pod.spec.as_ref(),
+                        replicas: None,
+                        pods: Vec::new(),
+                        pod_count: 0,
+                        path: "spec",
+                    },
+                ));
+                found.len() - 1
+            });
+            let entry = &mut found[i].1;
+            entry.pod_count += 1;
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                entry.pods.push(node);
+            }
+        }
+    }
+
+    /// The key of the workload a live pod belongs to.
+    fn workload_of(
+        &self,
+        pod: &'a Pod,
+        rs_owner: &HashMap<(&'a str, &'a str), &'a str>,
+        job_owner: &HashMap<(&'a str, &'a str), &'a str>,
+    ) -> Key<'a> {
         let (ns, pod_name) = ns_name(&pod.metadata);
-        let id: Key<'_> = match controller(&pod.metadata) {
+        match controller(&pod.metadata) {
             None => (ns, "Pod", pod_name),
             Some(o) => match o.kind.as_str() {
                 "ReplicaSet" => match rs_owner.get(&(ns, o.name.as_str())) {
@@ -578,7 +638,7 @@ fn found<'a>(snapshot: &'a Snapshot) -> Vec<(Key<'a>, Found<'a>)> {
                                 .and_then(|d| d.strip_suffix('-'))
                         });
                         match deployment {
-                            Some(d) if index.contains_key(&(ns, "Deployment", d)) => {
+                            Some(d) if self.index.contains_key(&(ns, "Deployment", d)) => {
                                 (ns, "Deployment", d)
                             }
                             _ => (ns, "ReplicaSet", o.name.as_str()),
@@ -591,35 +651,8 @@ fn found<'a>(snapshot: &'a Snapshot) -> Vec<(Key<'a>, Found<'a>)> {
                 },
                 kind => (ns, kind, o.name.as_str()),
             },
-        };
-        let i = *index.entry(id).or_insert_with(|| {
-            found.push((
-                id,
-                Found {
-                    object: ("Pod", pod_name),
-                    meta: if id.1 == "Pod" {
-                        Meta::Of(&pod.metadata)
-                    } else {
-                        Meta::OwnersOf(&pod.metadata)
-                    },
-                    labels: pod.metadata.labels.as_ref(),
-                    spec: pod.spec.as_ref(),
-                    replicas: None,
-                    pods: Vec::new(),
-                    pod_count: 0,
-                    path: "spec",
-                },
-            ));
-            found.len() - 1
-        });
-        let entry = &mut found[i].1;
-        entry.pod_count += 1;
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            entry.pods.push(node);
         }
     }
-
-    found
 }
 
 /// PodDisruptionBudgets by namespace, indexed by their first matchLabels
@@ -701,74 +734,9 @@ impl<'a> Reader<'_, 'a> {
             f.pods.sort_unstable();
             let template_labels = f.labels.unwrap_or(&empty_labels);
 
-            // A set, sorted and deduplicated once (most have one member).
-            let mut groups_of: Vec<&str> = Vec::new();
-            for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
-                groups_of.extend(self.nodes.get(node).and_then(|n| n.group));
-            }
-            groups_of.extend(
-                f.spec
-                    .and_then(|s| s.node_selector.as_ref())
-                    .and_then(|s| s.get(self.request.group_label()))
-                    .map(String::as_str),
-            );
-            groups_of.sort_unstable();
-            groups_of.dedup();
-
-            let group_sharing = groups_of.iter().filter_map(|g| {
-                self.groups
-                    .get(g)
-                    .and_then(|g| g.spec.gpu.as_ref())
-                    .map(|gpu| gpu.sharing)
-            });
-            let mut mode = Mode::Exclusive;
-            for sharing in group_sharing {
-                match sharing {
-                    GpuSharing::TimeSlicing => mode = mode.max(Mode::TimeSliced),
-                    GpuSharing::Mig => mode = mode.max(Mode::Mig),
-                    GpuSharing::Exclusive => {}
-                }
-            }
-            if requests
-                .iter()
-                .any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX))
-            {
-                mode = Mode::Mig;
-            } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
-                mode = Mode::Shared;
-            }
-
-            let mut budgets = Vec::new();
-            let mut entry_budgets = Vec::new();
-            // Candidates: budgets keyed by one of the template's labels, and
-            // those without matchLabels; each is then matched in full.
-            let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
-            if let Some((by_label, others)) = self.budgets.get(id.namespace) {
-                for (k, v) in template_labels {
-                    if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
-                        candidates.extend(list.iter().copied());
-                    }
-                }
-                candidates.extend(others.iter().copied());
-            }
-            candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-            candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
-            for b in candidates {
-                let selects = b
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.selector.as_ref())
-                    .is_some_and(|s| label_selector_matches(s, template_labels));
-                if !selects {
-                    continue;
-                }
-                let budget = budget(b, replicas);
-                budgets.push((
-                    format!("{}/{}", id.namespace, budget.name),
-                    budget.disruptions_allowed,
-                ));
-                entry_budgets.push(budget);
-            }
+            let groups_of = self.groups_of(&f);
+            let mode = self.mode(&groups_of, &requests);
+            let (budgets, entry_budgets) = self.budgets_of(id.namespace, template_labels, replicas);
 
             let namespace_ok = self
                 .request
@@ -829,6 +797,92 @@ impl<'a> Reader<'_, 'a> {
             templates,
             invalid,
         }
+    }
+
+    /// Groups phase: the groups a workload is on, by its pods' nodes and its node selector.
+    fn groups_of(&self, f: &Found<'a>) -> Vec<&'a str> {
+        // A set, sorted and deduplicated once (most have one member).
+        let mut groups_of: Vec<&str> = Vec::new();
+        for node in f.pods.chunk_by(|a, b| a == b).map(|same| same[0]) {
+            groups_of.extend(self.nodes.get(node).and_then(|n| n.group));
+        }
+        groups_of.extend(
+            f.spec
+                .and_then(|s| s.node_selector.as_ref())
+                .and_then(|s| s.get(self.request.group_label()))
+                .map(String::as_str),
+        );
+        groups_of.sort_unstable();
+        groups_of.dedup();
+        groups_of
+    }
+
+    /// Sharing phase: how a workload shares its cards, by its groups and its requests.
+    fn mode(&self, groups_of: &[&str], requests: &[(&str, u64)]) -> Mode {
+        let group_sharing = groups_of.iter().filter_map(|g| {
+            self.groups
+                .get(g)
+                .and_then(|g| g.spec.gpu.as_ref())
+                .map(|gpu| gpu.sharing)
+        });
+        let mut mode = Mode::Exclusive;
+        for sharing in group_sharing {
+            match sharing {
+                GpuSharing::TimeSlicing => mode = mode.max(Mode::TimeSliced),
+                GpuSharing::Mig => mode = mode.max(Mode::Mig),
+                GpuSharing::Exclusive => {}
+            }
+        }
+        if requests
+            .iter()
+            .any(|(r, _)| r.starts_with(NVIDIA_MIG_PREFIX))
+        {
+            mode = Mode::Mig;
+        } else if requests.iter().any(|(r, _)| *r == NVIDIA_GPU_SHARED) {
+            mode = Mode::Shared;
+        }
+        mode
+    }
+
+    /// Budgets phase: the budgets selecting a workload's pods, with their allowances.
+    fn budgets_of(
+        &self,
+        namespace: &str,
+        template_labels: &BTreeMap<String, String>,
+        replicas: u32,
+    ) -> (Vec<(String, u32)>, Vec<Budget<'a>>) {
+        let mut budgets = Vec::new();
+        let mut entry_budgets = Vec::new();
+        // Candidates: budgets keyed by one of the template's labels, and
+        // those without matchLabels; each is then matched in full.
+        let mut candidates: Vec<&PodDisruptionBudget> = Vec::new();
+        if let Some((by_label, others)) = self.budgets.get(namespace) {
+            for (k, v) in template_labels {
+                if let Some(list) = by_label.get(&(k.as_str(), v.as_str())) {
+                    candidates.extend(list.iter().copied());
+                }
+            }
+            candidates.extend(others.iter().copied());
+        }
+        candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        candidates.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+        for b in candidates {
+            let selects = b
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| label_selector_matches(s, template_labels));
+            if !selects {
+                continue;
+            }
+            let budget = budget(b, replicas);
+            budgets.push((
+                format!("{namespace}/{}", budget.name),
+                budget.disruptions_allowed,
+            ));
+            entry_budgets.push(budget);
+        }
+        (budgets, entry_budgets)
     }
 }
 

@@ -662,34 +662,80 @@ impl<S: Services, L: LogSink> Outcome<S, L> {
     }
 }
 
-/// Runs the reference scenario; `progress` hears about every step as it ends.
-pub async fn run_reference<S: Services, L: LogSink>(
-    config: SimConfig,
-    services: S,
-    sink: L,
-    mut progress: impl FnMut(&StepReport),
-) -> Outcome<S, L> {
-    const SOURCE: &str = "gpu";
-    const TARGET: &str = "gpu-dra";
-    let class = config.card.class.clone();
-    let class = class.as_str();
-    let mut m = Migration::new(config, services, sink).await;
-    let mut steps = Vec::new();
-    let mut report = |sim: &Simulator, step: String, result: Result<String, StepFailed>| {
+/// The steps reported so far; `progress` hears about each as it ends.
+struct Steps<P: FnMut(&StepReport)> {
+    reports: Vec<StepReport>,
+    progress: P,
+}
+
+impl<P: FnMut(&StepReport)> Steps<P> {
+    /// No step reported yet.
+    fn new(progress: P) -> Self {
+        Steps {
+            reports: Vec::new(),
+            progress,
+        }
+    }
+
+    /// Reports one step's result at the simulator's time.
+    fn report(&mut self, sim: &Simulator, step: &str, result: Result<String, StepFailed>) {
         let (ok, detail) = match result {
             Ok(detail) => (true, detail),
             Err(failed) => (false, failed.to_string()),
         };
         let report = StepReport {
-            step,
+            step: step.to_string(),
             ok,
             detail,
             at: sim.now(),
         };
-        progress(&report);
-        steps.push(report);
-    };
+        (self.progress)(&report);
+        self.reports.push(report);
+    }
+}
 
+/// The reference's source group.
+const SOURCE: &str = "gpu";
+/// The reference's target group.
+const TARGET: &str = "gpu-dra";
+
+/// Runs the reference scenario; `progress` hears about every step as it ends.
+pub async fn run_reference<S: Services, L: LogSink>(
+    config: SimConfig,
+    services: S,
+    sink: L,
+    progress: impl FnMut(&StepReport),
+) -> Outcome<S, L> {
+    let class = config.card.class.clone();
+    let class = class.as_str();
+    let mut m = Migration::new(config, services, sink).await;
+    let mut steps = Steps::new(progress);
+
+    reference_enable_dra(&mut m, &mut steps).await;
+    // Step 2: a GPU class; the class-compiler publishes its DeviceClass.
+    let result = m.create_class(class).await;
+    steps.report(&m.sim, &format!("step 2: create GPU class {class}"), result);
+    let handed_over = reference_hand_over_and_move(&mut m, &mut steps, class).await;
+    reference_verify(&mut m, &mut steps).await;
+    reference_complete(&mut m, &mut steps, class).await;
+    reference_release_holds(&mut m, &mut steps).await;
+    reference_roll_back(&mut m, &mut steps, &handed_over).await;
+
+    let checks = m.final_checks().await;
+    let states = m.states().await;
+    Outcome {
+        migration: m,
+        steps: steps.reports,
+        checks,
+        states,
+    }
+}
+
+/// Step 1 phase: the target group created and DRA enabled.
+async fn reference_enable_dra<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+) {
     // Step 1: the target group, then DRA on (a cluster upgraded with DRA on has
     // it already, and the groups it served are held on DRA since the first run).
     m.sim.set_group(TARGET, None);
@@ -699,9 +745,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
     m.pump().await;
     let states = m.states().await;
     let held: Vec<String> = states.stack.held().iter().cloned().collect();
-    report(
+    steps.report(
         &m.sim,
-        "step 1: create gpu-dra and enable DRA".into(),
+        "step 1: create gpu-dra and enable DRA",
         Ok(if held.is_empty() {
             "no group held".into()
         } else {
@@ -711,10 +757,14 @@ pub async fn run_reference<S: Services, L: LogSink>(
             )
         }),
     );
-    // Step 2: a GPU class; the class-compiler publishes its DeviceClass.
-    let result = m.create_class(class).await;
-    report(&m.sim, format!("step 2: create GPU class {class}"), result);
+}
 
+/// Steps 3 and 4 phase: nodes handed over, workloads moved; returns the nodes handed over.
+async fn reference_hand_over_and_move<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    class: &str,
+) -> Vec<String> {
     // Steps 3 and 4, repeated: hand over a node, then move what fits on DRA.
     let mut waiting: Vec<WorkloadRef> = m.sim.workloads();
     let mut handed_over = Vec::new();
@@ -726,35 +776,41 @@ pub async fn run_reference<S: Services, L: LogSink>(
         {
             let workload = waiting.remove(i);
             let result = m.move_application(&workload, TARGET, class).await;
-            report(&m.sim, format!("step 4: move {}", workload.name), result);
+            steps.report(&m.sim, &format!("step 4: move {}", workload.name), result);
         }
         let Some(node) = m.sim.nodes_in(SOURCE).first().cloned() else {
             break;
         };
         let result = m.hand_over(&node, TARGET).await;
         let failed = result.is_err();
-        report(&m.sim, format!("step 3: hand over {node}"), result);
+        steps.report(&m.sim, &format!("step 3: hand over {node}"), result);
         if failed {
             break;
         }
         handed_over.push(node);
     }
     for workload in &waiting {
-        report(
+        steps.report(
             &m.sim,
-            format!("step 4: move {}", workload.name),
+            &format!("step 4: move {}", workload.name),
             Err(StepFailed::NotReached("no room on DRA nodes".into())),
         );
     }
+    handed_over
+}
 
-    // Step 5: every application verified on the target group.
+/// Step 5: every application verified on the target group.
+async fn reference_verify<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+) {
     let states = m.states().await;
     let verified = states.claims.moves().verified.len();
     let total = m.sim.workloads().len();
     let pending = m.sim.pending_pods();
-    report(
+    steps.report(
         &m.sim,
-        "step 5: verify".into(),
+        "step 5: verify",
         if verified == total && pending == 0 {
             Ok(format!(
                 "{verified}/{total} applications on {TARGET} with claims allocated"
@@ -765,15 +821,21 @@ pub async fn run_reference<S: Services, L: LogSink>(
             )))
         },
     );
+}
 
-    // Completion; the source group stays for the trial period.
+/// Completion; the source group stays for the trial period.
+async fn reference_complete<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    class: &str,
+) {
     let refusals = m.complete(SOURCE, class, false).await;
     let quota = m.sim.quota("ml", "gpu-quota").cloned().unwrap_or_default();
     let translated = !quota.contains_key("requests.nvidia.com/gpu")
         && quota.contains_key(&format!("requests.gpu.deckhouse.io/{class}"));
-    report(
+    steps.report(
         &m.sim,
-        "completion: quotas and leftover labels".into(),
+        "completion: quotas and leftover labels",
         if translated {
             Ok(refusals.join("; "))
         } else {
@@ -782,7 +844,13 @@ pub async fn run_reference<S: Services, L: LogSink>(
             )))
         },
     );
+}
 
+/// Hold phase: spec.gpu removed from each group held on DRA.
+async fn reference_release_holds<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+) {
     // The upgrade hold ends the way the reference says: spec.gpu removed, the
     // group stays on DRA and the alert clears.
     for group in m.states().await.stack.held().clone() {
@@ -795,9 +863,9 @@ pub async fn run_reference<S: Services, L: LogSink>(
             .all(|n| states.stack.stack_of(n) == Some(Stack::Dra));
         let released = !states.stack.held().contains(&group);
         let cleared = states.alerter.firing().is_empty();
-        report(
+        steps.report(
             &m.sim,
-            format!("hold: remove spec.gpu from {group}"),
+            &format!("hold: remove spec.gpu from {group}"),
             if on_dra && released && cleared {
                 Ok(format!(
                     "released; {} stays on DRA, alert cleared",
@@ -810,7 +878,14 @@ pub async fn run_reference<S: Services, L: LogSink>(
             },
         );
     }
+}
 
+/// Rollback phase: nodes back to the device plugin, then the smallest moved workload.
+async fn reference_roll_back<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    handed_over: &[String],
+) {
     // Rollback: a node back to the device plugin — as many as the smallest moved
     // application needs, since a rollback needs Device Plugin nodes — then that
     // application onto it.
@@ -825,7 +900,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
     for node in handed_over.iter().rev() {
         let result = m.roll_back_node(node).await;
         rolled_back_ok &= result.is_ok();
-        report(&m.sim, format!("rollback: node {node}"), result);
+        steps.report(&m.sim, &format!("rollback: node {node}"), result);
         let need = smallest.as_ref().map_or(0, |w| m.sim.workload_gpus(w));
         if !rolled_back_ok || m.sim.free_gpus_on(STACK_DEVICE_PLUGIN) >= need {
             break;
@@ -833,19 +908,10 @@ pub async fn run_reference<S: Services, L: LogSink>(
     }
     if let Some(workload) = smallest.filter(|_| rolled_back_ok) {
         let result = m.roll_back_application(&workload).await;
-        report(
+        steps.report(
             &m.sim,
-            format!("rollback: application {}", workload.name),
+            &format!("rollback: application {}", workload.name),
             result,
         );
-    }
-
-    let checks = m.final_checks().await;
-    let states = m.states().await;
-    Outcome {
-        migration: m,
-        steps,
-        checks,
-        states,
     }
 }

@@ -27,7 +27,7 @@ use switchyard_proto::v1::{
 use switchyard_runtime::{Command, Services};
 use switchyard_sim::{SimConfig, Simulator};
 
-use crate::{LogSink, Migration, Outcome, StepFailed, StepReport};
+use crate::{LogSink, Migration, Outcome, StepFailed, StepReport, Steps};
 
 /// The pools of the guide: `legacy` on the device plugin, `dra-pilot` on DRA.
 pub fn nvidia_backend() -> NvidiaOperator {
@@ -191,61 +191,88 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     backend: NvidiaOperator,
     services: S,
     sink: L,
-    mut progress: impl FnMut(&StepReport),
+    progress: impl FnMut(&StepReport),
 ) -> Outcome<S, L> {
     let sim = Simulator::nvidia_operator(config, backend.clone());
     let mut m = Migration::on(sim, services, sink).await;
-    let mut steps = Vec::new();
-    let mut report = |sim: &Simulator, step: &str, result: Result<String, StepFailed>| {
-        let (ok, detail) = match result {
-            Ok(detail) => (true, detail),
-            Err(failed) => (false, failed.to_string()),
-        };
-        let report = StepReport {
-            step: step.to_string(),
-            ok,
-            detail,
-            at: sim.now(),
-        };
-        progress(&report);
-        steps.push(report);
-    };
+    let mut steps = Steps::new(progress);
     let nodes: Vec<String> = m.sim.nodes_in_pool(LEGACY);
     let class = m.sim.config().card.class.clone();
 
     // Baseline: what each node offers and where the workloads run, before
     // anything changes.
     let result = m.stage_evidence(Stage::Baseline).await;
-    report(&m.sim, "baseline: register and node capacity", result);
+    steps.report(&m.sim, "baseline: register and node capacity", result);
 
     // A GPU class over the driver's attributes; the class-compiler
     // publishes its DeviceClass.
     let result = m.create_class(&class).await;
-    report(
+    steps.report(
         &m.sim,
         &format!("classes: GPU class {class} over {}", nvidia::DRIVER),
         result,
     );
 
+    let pilot = guide_pilot_pool(&mut m, &mut steps, &nodes).await;
+    guide_exclusivity_gate(&mut m, &mut steps, &pilot[0]).await;
+    guide_rollback(&mut m, &mut steps, &pilot, &backend).await;
+    let toleration = placement::toleration_for(&operands::pilot_taint(&backend));
+    guide_native_claim_pilot(&mut m, &mut steps, &class, &toleration).await;
+    guide_compatibility_bridge(&mut m, &mut steps, &toleration).await;
+    guide_application_waves(&mut m, &mut steps, &class).await;
+
+    // The final cutover: no legacy workload, no device-plugin pod anywhere.
+    let result = m.stage_evidence(Stage::FinalCutover).await;
+    steps.report(
+        &m.sim,
+        "final cutover: no legacy workloads or device-plugin pods",
+        result,
+    );
+    guide_completion(&mut m, &mut steps, &class).await;
+
+    let checks = m.final_checks().await;
+    let states = m.states().await;
+    Outcome {
+        migration: m,
+        steps: steps.reports,
+        checks,
+        states,
+    }
+}
+
+/// Pilot pool phase: hands half the nodes over with the stage's evidence; returns them.
+async fn guide_pilot_pool<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    nodes: &[String],
+) -> Vec<String> {
     // Pilot pool: half the nodes (one at least), handed over one by one.
     let pilot: Vec<String> = nodes[..nodes.len().div_ceil(2).min(nodes.len() - 1).max(1)].to_vec();
     for node in &pilot {
         let result = m.hand_over(node, PILOT).await;
-        report(&m.sim, &format!("pilot pool: hand over {node}"), result);
+        steps.report(&m.sim, &format!("pilot pool: hand over {node}"), result);
     }
     let result = m.stage_evidence(Stage::PilotPool).await;
-    report(
+    steps.report(
         &m.sim,
         "pilot pool: no dual advertisement, plug-in healthy",
         result,
     );
     let result = m.stage_evidence(Stage::DriverValidation).await;
-    report(&m.sim, "driver validation: slices as GFD labelled", result);
+    steps.report(&m.sim, "driver validation: slices as GFD labelled", result);
+    pilot
+}
 
+/// Exclusivity gate phase: the device plugin put back on a DRA node, and caught.
+async fn guide_exclusivity_gate<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    node: &str,
+) {
     // The guide's failed exclusivity gate: the device plugin's label put
     // back on a DRA node. Switchyard records it, fences the node, writes the
     // label back before the pod starts, and lifts the fence.
-    let node = pilot[0].clone();
+    let node = node.to_string();
     let start = m.log.len();
     m.sim
         .set_node_label(&node, nvidia::DEPLOY_DEVICE_PLUGIN, Some("true"));
@@ -258,7 +285,7 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         .any(|e| matches!(&e.kind, Some(Kind::ExclusivityRestored(r)) if r.node == node));
     let cordoned = m.observed(start, &node, |n| n.unschedulable).is_some();
     let serving = m.sim.operands_on(&node);
-    report(
+    steps.report(
         &m.sim,
         &format!("exclusivity gate: device plugin put back on {node}"),
         if lost
@@ -275,13 +302,20 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
             )))
         },
     );
+}
 
-    // A pilot node back to the device plugin, in the guide's order.
+/// Rollback phase: a pilot node back to the device plugin, in the guide's order.
+async fn guide_rollback<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    pilot: &[String],
+    backend: &NvidiaOperator,
+) {
     let node = pilot.last().cloned().unwrap_or_default();
     let start = m.log.len();
     let result = m.roll_back_node(&node).await;
-    let result = result.and_then(|_| m.rollback_order(start, &node, &backend));
-    report(
+    let result = result.and_then(|_| m.rollback_order(start, &node, backend));
+    steps.report(
         &m.sim,
         &format!("rollback: {node} in the guide's order"),
         result,
@@ -289,16 +323,23 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     if pilot.len() == 1 {
         // The pilot pool's only node: handed over again for what follows.
         let result = m.hand_over(&node, PILOT).await;
-        report(
+        steps.report(
             &m.sim,
             &format!("pilot pool: hand over {node} again"),
             result,
         );
     }
+}
 
+/// Native claim pilot phase: one pod with its own claim of the class, then deleted.
+async fn guide_native_claim_pilot<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    class: &str,
+    toleration: &Toleration,
+) {
     // Native claim pilot: one pod with its own claim of the class, on the
     // pilot pool (it tolerates the pilot taint).
-    let toleration = placement::toleration_for(&operands::pilot_taint(&backend));
     let validation = WorkloadRef {
         namespace: "gpu-dra-pilot".into(),
         kind: "Deployment".into(),
@@ -307,11 +348,11 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     m.sim.add_workload(
         &validation,
         1,
-        asking(&format!("{CLASS_RESOURCE_PREFIX}{class}"), &toleration),
+        asking(&format!("{CLASS_RESOURCE_PREFIX}{class}"), toleration),
     );
     m.pump().await;
     let result = m.stage_evidence(Stage::NativeClaimPilot).await;
-    report(
+    steps.report(
         &m.sim,
         "native claim pilot: a claim of the class bound on a DRA node",
         result,
@@ -319,7 +360,14 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     // The validation done, its pod and claim go.
     m.sim.delete_workload(&validation);
     m.pump().await;
+}
 
+/// Compatibility bridge phase: one unchanged nvidia.com/gpu manifest on both pools.
+async fn guide_compatibility_bridge<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    toleration: &Toleration,
+) {
     // Compatibility bridge: one unchanged nvidia.com/gpu manifest, a pod per
     // node — one more than the pilot pool has nodes — tolerating the pilot
     // taint: served by the device plugin on the legacy pool, through the
@@ -331,17 +379,24 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     };
     let replicas = m.sim.nodes_in_pool(PILOT).len() as u32 + 1;
     m.sim
-        .add_workload_one_per_node(&bridge, replicas, asking(NVIDIA_GPU, &toleration));
+        .add_workload_one_per_node(&bridge, replicas, asking(NVIDIA_GPU, toleration));
     m.pump().await;
     let result = m.stage_evidence(Stage::CompatibilityBridge).await;
-    report(
+    steps.report(
         &m.sim,
         "compatibility bridge: one unchanged nvidia.com/gpu manifest on both pools",
         result,
     );
     m.sim.delete_workload(&bridge);
     m.pump().await;
+}
 
+/// Application waves phase: workloads moved to the DRA pool as nodes are handed over.
+async fn guide_application_waves<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    class: &str,
+) {
     // Application waves: move what fits on the DRA pool, hand the next
     // legacy node over, until the legacy pool is empty.
     let mut waiting: Vec<WorkloadRef> = m
@@ -357,11 +412,11 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     loop {
         while let Some(i) = waiting
             .iter()
-            .position(|w| m.sim.fits_on_class(w, PILOT, &class))
+            .position(|w| m.sim.fits_on_class(w, PILOT, class))
         {
             let workload = waiting.remove(i);
-            let result = m.move_application(&workload, PILOT, &class).await;
-            report(
+            let result = m.move_application(&workload, PILOT, class).await;
+            steps.report(
                 &m.sim,
                 &format!("application wave: move {}", workload.name),
                 result,
@@ -372,7 +427,7 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         };
         let result = m.hand_over(&node, PILOT).await;
         let failed = result.is_err();
-        report(
+        steps.report(
             &m.sim,
             &format!("application wave: hand over {node}"),
             result,
@@ -382,30 +437,29 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         }
     }
     for workload in &waiting {
-        report(
+        steps.report(
             &m.sim,
             &format!("application wave: move {}", workload.name),
             Err(StepFailed::NotReached("no room on the DRA pool".into())),
         );
     }
     let result = m.stage_evidence(Stage::ApplicationWave).await;
-    report(&m.sim, "application waves: each move verified", result);
+    steps.report(&m.sim, "application waves: each move verified", result);
+}
 
-    // The final cutover: no legacy workload, no device-plugin pod anywhere.
-    let result = m.stage_evidence(Stage::FinalCutover).await;
-    report(
-        &m.sim,
-        "final cutover: no legacy workloads or device-plugin pods",
-        result,
-    );
-
+/// Completion phase: quotas translated, then the legacy pool retired after the trial.
+async fn guide_completion<S: Services, L: LogSink>(
+    m: &mut Migration<S, L>,
+    steps: &mut Steps<impl FnMut(&StepReport)>,
+    class: &str,
+) {
     // Completion: the quotas, the chart-wide device plugin kept for the
     // trial period, then retired.
-    let refusals = m.complete(LEGACY, &class, false).await;
+    let refusals = m.complete(LEGACY, class, false).await;
     let quota = m.sim.quota("ml", "gpu-quota").cloned().unwrap_or_default();
     let translated = !quota.contains_key("requests.nvidia.com/gpu")
         && quota.contains_key(&format!("requests.{CLASS_RESOURCE_PREFIX}{class}"));
-    report(
+    steps.report(
         &m.sim,
         "completion: quotas translated, the device plugin kept for the trial period",
         if translated && refusals.iter().any(|r| r.contains("trial period")) {
@@ -417,12 +471,12 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
         },
     );
     let start = m.log.len();
-    let refusals = m.complete(LEGACY, &class, true).await;
+    let refusals = m.complete(LEGACY, class, true).await;
     let next = m.logged_since(start).find_map(|e| match &e.kind {
         Some(Kind::SourceGroupRetired(r)) if r.group == LEGACY => Some(r.next_step.clone()),
         _ => None,
     });
-    report(
+    steps.report(
         &m.sim,
         "completion: after the trial period, the legacy pool retired",
         match next {
@@ -430,15 +484,6 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
             _ => Err(StepFailed::NotReached(refusals.join("; "))),
         },
     );
-
-    let checks = m.final_checks().await;
-    let states = m.states().await;
-    Outcome {
-        migration: m,
-        steps,
-        checks,
-        states,
-    }
 }
 
 /// A Deployment's placement asking for one `resource` in its container,

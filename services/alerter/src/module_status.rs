@@ -374,30 +374,58 @@ fn alerts(
     now: i64,
     args: &StatusArgs,
 ) -> Vec<Firing> {
-    let handovers = &state.stack.handovers().active;
-    let mut firing = Vec::new();
-    let mut fire =
-        |rule: &AlertRule, object: &str, regarding: Option<Regarding>, message: String| {
-            firing.push(Firing {
-                alert: rule.name,
-                object: object.to_string(),
-                regarding,
-                message,
-            });
-        };
-    for group in state.stack.held() {
-        fire(
-            &rules::NODE_GROUP_HELD_ON_DRA,
-            group,
-            Some(Regarding {
-                kind: "NodeGroup",
-                api_version: "deckhouse.io/v1",
-                name: group.clone(),
-            }),
-            format!("node group {group} has spec.gpu and is held on DRA after the module upgrade"),
-        );
-    }
+    let mut firing = Firings::default();
+    firing.held_groups(state);
     for (view, status) in views.iter().zip(nodes) {
+        firing.node(state, view, status);
+    }
+    firing.stalled(state, now, args);
+    firing.claims(state, now, args);
+    firing.gpus(state);
+    firing.0
+}
+
+/// The alerts firing, in the order found.
+#[derive(Default)]
+struct Firings(Vec<Firing>);
+
+impl Firings {
+    /// Fires `rule` for `object`.
+    fn fire(
+        &mut self,
+        rule: &AlertRule,
+        object: &str,
+        regarding: Option<Regarding>,
+        message: String,
+    ) {
+        self.0.push(Firing {
+            alert: rule.name,
+            object: object.to_string(),
+            regarding,
+            message,
+        });
+    }
+
+    /// Group phase: every node group held on DRA since the module upgrade.
+    fn held_groups(&mut self, state: &MigrationState) {
+        for group in state.stack.held() {
+            self.fire(
+                &rules::NODE_GROUP_HELD_ON_DRA,
+                group,
+                Some(Regarding {
+                    kind: "NodeGroup",
+                    api_version: "deckhouse.io/v1",
+                    name: group.clone(),
+                }),
+                format!(
+                    "node group {group} has spec.gpu and is held on DRA after the module upgrade"
+                ),
+            );
+        }
+    }
+
+    /// Node phase: the alerts of one GPU node, on its facts and its status.
+    fn node(&mut self, state: &MigrationState, view: &GpuNodeView, status: &NodeStackStatus) {
         let name = view.name;
         let lost = state.stack.exclusivity_lost().get(name);
         let facts = GpuNodeFacts {
@@ -412,7 +440,7 @@ fn alerts(
             exclusivity_lost: lost.is_some(),
         };
         if rules::node_served_by_no_stack(&facts) {
-            fire(
+            self.fire(
                 &rules::NODE_SERVED_BY_NO_STACK,
                 name,
                 Some(Regarding::node(name)),
@@ -420,7 +448,7 @@ fn alerts(
             );
         }
         if rules::node_dra_not_ready(&facts) {
-            fire(
+            self.fire(
                 &rules::NODE_DRA_NOT_READY,
                 name,
                 Some(Regarding::node(name)),
@@ -428,7 +456,7 @@ fn alerts(
             );
         }
         if rules::node_dual_advertisement(&facts) {
-            fire(
+            self.fire(
                 &rules::NODE_DUAL_ADVERTISEMENT,
                 name,
                 Some(Regarding::node(name)),
@@ -451,7 +479,7 @@ fn alerts(
             None => None,
         };
         if let Some(message) = message {
-            fire(
+            self.fire(
                 &rules::DEVICE_PLUGIN_ON_DRA_NODE,
                 name,
                 Some(Regarding::node(name)),
@@ -459,80 +487,92 @@ fn alerts(
             );
         }
     }
-    for h in handovers.values().filter(|h| rules::handover_stalled(h)) {
-        fire(
-            &rules::HANDOVER_STALLED,
-            &h.id,
-            Some(Regarding::node(&h.node)),
-            format!(
-                "handover {} of node {} to {} is stalled at step {}",
-                h.id,
-                h.node,
-                h.target_group,
-                crate::state_metrics::step_name(h.step)
-            ),
-        );
-    }
-    for m in state.claims.moves().active.values() {
-        if let Some(started) = state.move_started.get(&m.id)
-            && rules::older_than(*started, now, nanos(args.move_stalled_after))
-        {
-            fire(
-                &rules::APPLICATION_MOVE_STALLED,
-                &m.id,
-                None,
+
+    /// Process phase: handovers stalled and application moves not verified in time.
+    fn stalled(&mut self, state: &MigrationState, now: i64, args: &StatusArgs) {
+        let handovers = &state.stack.handovers().active;
+        for h in handovers.values().filter(|h| rules::handover_stalled(h)) {
+            self.fire(
+                &rules::HANDOVER_STALLED,
+                &h.id,
+                Some(Regarding::node(&h.node)),
                 format!(
-                    "move {} of {}/{} to {} not verified after {}",
-                    m.id,
-                    m.workload.namespace,
-                    m.workload.name,
-                    m.target_group,
-                    humantime::format_duration(args.move_stalled_after)
+                    "handover {} of node {} to {} is stalled at step {}",
+                    h.id,
+                    h.node,
+                    h.target_group,
+                    crate::state_metrics::step_name(h.step)
                 ),
             );
         }
-    }
-    for ((namespace, claim), since) in &state.pending_since {
-        if rules::older_than(*since, now, nanos(args.claim_pending_after)) {
-            fire(
-                &rules::RESOURCE_CLAIM_PENDING,
-                &format!("{namespace}/{claim}"),
-                None,
-                format!(
-                    "ResourceClaim {namespace}/{claim} is unallocated for more than {}",
-                    humantime::format_duration(args.claim_pending_after)
-                ),
-            );
+        for m in state.claims.moves().active.values() {
+            if let Some(started) = state.move_started.get(&m.id)
+                && rules::older_than(*started, now, nanos(args.move_stalled_after))
+            {
+                self.fire(
+                    &rules::APPLICATION_MOVE_STALLED,
+                    &m.id,
+                    None,
+                    format!(
+                        "move {} of {}/{} to {} not verified after {}",
+                        m.id,
+                        m.workload.namespace,
+                        m.workload.name,
+                        m.target_group,
+                        humantime::format_duration(args.move_stalled_after)
+                    ),
+                );
+            }
         }
     }
-    for ((namespace, claim), since) in &state.unused_since {
-        if rules::older_than(*since, now, nanos(args.claim_unused_after)) {
-            fire(
-                &rules::RESOURCE_CLAIM_UNUSED,
-                &format!("{namespace}/{claim}"),
-                None,
-                format!(
-                    "ResourceClaim {namespace}/{claim} is allocated but reserved for no running pod for more than {}",
-                    humantime::format_duration(args.claim_unused_after)
-                ),
-            );
+
+    /// Claim phase: ResourceClaims unallocated, or allocated but unused, for too long.
+    fn claims(&mut self, state: &MigrationState, now: i64, args: &StatusArgs) {
+        for ((namespace, claim), since) in &state.pending_since {
+            if rules::older_than(*since, now, nanos(args.claim_pending_after)) {
+                self.fire(
+                    &rules::RESOURCE_CLAIM_PENDING,
+                    &format!("{namespace}/{claim}"),
+                    None,
+                    format!(
+                        "ResourceClaim {namespace}/{claim} is unallocated for more than {}",
+                        humantime::format_duration(args.claim_pending_after)
+                    ),
+                );
+            }
+        }
+        for ((namespace, claim), since) in &state.unused_since {
+            if rules::older_than(*since, now, nanos(args.claim_unused_after)) {
+                self.fire(
+                    &rules::RESOURCE_CLAIM_UNUSED,
+                    &format!("{namespace}/{claim}"),
+                    None,
+                    format!(
+                        "ResourceClaim {namespace}/{claim} is allocated but reserved for no running pod for more than {}",
+                        humantime::format_duration(args.claim_unused_after)
+                    ),
+                );
+            }
         }
     }
-    for (node, gpus) in &state.stack.cluster().gpus {
-        for gpu in gpus.iter().filter(|g| rules::gpu_unhealthy(g.phase)) {
-            fire(
-                &rules::GPU_UNHEALTHY,
-                &gpu.name,
-                Some(Regarding {
-                    kind: "PhysicalGPU",
-                    api_version: "gpu.deckhouse.io/v1alpha1",
-                    name: gpu.name.to_string(),
-                }),
-                format!("GPU {} ({}) on node {node} is Failed", gpu.uuid, gpu.name),
-            );
+
+    /// GPU phase: every PhysicalGPU that is Failed.
+    fn gpus(&mut self, state: &MigrationState) {
+        for (node, gpus) in &state.stack.cluster().gpus {
+            for gpu in gpus.iter().filter(|g| rules::gpu_unhealthy(g.phase)) {
+                self.fire(
+                    &rules::GPU_UNHEALTHY,
+                    &gpu.name,
+                    Some(Regarding {
+                        kind: "PhysicalGPU",
+                        api_version: "gpu.deckhouse.io/v1alpha1",
+                        name: gpu.name.to_string(),
+                    }),
+                    format!("GPU {} ({}) on node {node} is Failed", gpu.uuid, gpu.name),
+                );
+            }
         }
     }
-    firing
 }
 
 /// The conditions of `status` with the transition times of `before` where

@@ -335,7 +335,16 @@ pub fn describe(event: &DomainEvent) -> String {
     let Some(kind) = &event.kind else {
         return "(empty event)".into();
     };
-    match kind {
+    describe_handover(kind)
+        .or_else(|| describe_application(kind))
+        .or_else(|| describe_migration(kind))
+        .or_else(|| describe_evidence(kind))
+        .unwrap_or_else(|| kind.type_name().to_string())
+}
+
+/// A handover's or a node's event in words; None for any other.
+fn describe_handover(kind: &Kind) -> Option<String> {
+    let text = match kind {
         Kind::HandoverStarted(e) => format!(
             "handover {} of node {} started: {} -> {}",
             e.handover_id, e.node, e.source_group, e.target_group
@@ -389,6 +398,14 @@ pub fn describe(event: &DomainEvent) -> String {
                 format!(" (PodDisruptionBudget {})", e.disruption_budgets.join(", "))
             }
         ),
+        _ => return None,
+    };
+    Some(text)
+}
+
+/// An application move's, a completion's or a rollback's event in words; None for any other.
+fn describe_application(kind: &Kind) -> Option<String> {
+    let text = match kind {
         Kind::ApplicationMoveStarted(e) => format!(
             "move {} of {} started: group {} -> {}, class {}",
             e.move_id,
@@ -443,6 +460,14 @@ pub fn describe(event: &DomainEvent) -> String {
             format!("rollback {}: undone: {what}", e.rollback_id)
         }
         Kind::RollbackCompleted(e) => format!("rollback {} done", e.rollback_id),
+        _ => return None,
+    };
+    Some(text)
+}
+
+/// A migration's or a wave's event in words; None for any other.
+fn describe_migration(kind: &Kind) -> Option<String> {
+    let text = match kind {
         Kind::MigrationStarted(e) => format!(
             "migration {} started: {} -> {}, class {}, {} wave(s) of at most {} node(s)",
             e.migration_id,
@@ -494,6 +519,14 @@ pub fn describe(event: &DomainEvent) -> String {
         Kind::MigrationCompleted(e) => {
             format!("migration {} done: {} wave(s)", e.migration_id, e.waves)
         }
+        _ => return None,
+    };
+    Some(text)
+}
+
+/// An evidence event in words; None for any other.
+fn describe_evidence(kind: &Kind) -> Option<String> {
+    let text = match kind {
         Kind::EvidenceRecorded(e) => {
             let subject = match &e.workload {
                 Some(_) => workload(&e.workload),
@@ -534,6 +567,7 @@ pub fn describe(event: &DomainEvent) -> String {
             e.workloads,
             e.failed
         ),
-        other => other.type_name().to_string(),
-    }
+        _ => return None,
+    };
+    Some(text)
 }

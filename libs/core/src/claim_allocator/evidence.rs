@@ -90,28 +90,59 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
             _ => true,
         });
     }
-    // A completed run of a CronJob: it counts where it ran; its claims are gone.
-    let completed = |p: &crate::cluster::Pod| scheduled && p.phase == PodPhase::Succeeded;
     let replicas = cluster.workloads.get(&key).map_or(0, |w| w.replicas);
-    let group_of = |node: &str| {
-        cluster
-            .nodes
-            .get(node)
-            .and_then(|n| n.group())
-            .unwrap_or_default()
-            .to_string()
+    let pods = WorkloadPods {
+        cluster,
+        moved,
+        scheduled,
+        pods,
     };
-    let placed = if pods.is_empty() {
-        Err(format!(
-            "{} {}/{} has no pods (replicas {replicas})",
-            w.kind, w.namespace, w.name
-        ))
-    } else {
+    vec![
+        item(PODS_ON_TARGET, pods.placed(replicas)),
+        item(CLAIMS_RESERVED, pods.claims()),
+        item(RESTART_AND_CLEANUP, pods.cleanup()),
+    ]
+}
+
+/// A moved workload's pods, as its evidence reads them (a CronJob's: its
+/// runs in progress and those completed from a template with claims).
+struct WorkloadPods<'c> {
+    cluster: &'c Cluster,
+    moved: &'c Moved,
+    /// Whether the workload is a CronJob.
+    scheduled: bool,
+    pods: Vec<(&'c str, &'c crate::cluster::Pod)>,
+}
+
+impl WorkloadPods<'_> {
+    /// A completed run of a CronJob: it counts where it ran; its claims are gone.
+    fn completed(&self, p: &crate::cluster::Pod) -> bool {
+        self.scheduled && p.phase == PodPhase::Succeeded
+    }
+
+    /// Pods-on-target phase: every pod running on the target group, as many as the replicas.
+    fn placed(&self, replicas: u32) -> Result<String, String> {
+        let (cluster, moved, pods) = (self.cluster, self.moved, &self.pods);
+        let w = &moved.workload;
+        let group_of = |node: &str| {
+            cluster
+                .nodes
+                .get(node)
+                .and_then(|n| n.group())
+                .unwrap_or_default()
+                .to_string()
+        };
+        if pods.is_empty() {
+            return Err(format!(
+                "{} {}/{} has no pods (replicas {replicas})",
+                w.kind, w.namespace, w.name
+            ));
+        }
         let wrong: Vec<String> = pods
             .iter()
             .filter_map(|(name, p)| {
                 let group = group_of(&p.node);
-                if p.phase != PodPhase::Running && !completed(p) {
+                if p.phase != PodPhase::Running && !self.completed(p) {
                     Some(format!("pod {name} is {:?}", p.phase))
                 } else if group != moved.target_group {
                     Some(format!(
@@ -134,7 +165,7 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
             nodes.dedup();
             Ok(format!(
                 "{running} pods {} in group {} on {}",
-                if scheduled {
+                if self.scheduled {
                     "running or completed"
                 } else {
                     "running"
@@ -143,19 +174,53 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
                 nodes.join(", ")
             ))
         }
-    };
-    let classes = cluster.gpu_classes.get(&moved.gpu_class);
-    let mut claims_total = 0usize;
-    let mut wrong = Vec::new();
-    for (name, pod) in &pods {
-        if pod.claims_needed == 0 {
-            wrong.push(format!("pod {name} requests no ResourceClaim"));
-            continue;
+    }
+
+    /// Claims phase: each pod in progress holds its claims, allocated on its node.
+    fn claims(&self) -> Result<String, String> {
+        let pods = &self.pods;
+        let classes = self.cluster.gpu_classes.get(&self.moved.gpu_class);
+        let mut claims_total = 0usize;
+        let mut wrong = Vec::new();
+        for (name, pod) in pods {
+            if pod.claims_needed == 0 {
+                wrong.push(format!("pod {name} requests no ResourceClaim"));
+                continue;
+            }
+            if self.completed(pod) {
+                continue;
+            }
+            claims_total += self.pod_claims(name, pod, classes, &mut wrong);
         }
-        if completed(pod) {
-            continue;
+        let in_progress = pods.iter().filter(|(_, p)| !self.completed(p)).count();
+        if pods.is_empty() {
+            Err("no pods, so no claims to show".into())
+        } else if wrong.is_empty() && in_progress == 0 {
+            Ok(format!(
+                "no run in progress; the {} completed runs from the class's template were bound with \
+                 their claims allocated (released with them)",
+                pods.len()
+            ))
+        } else if wrong.is_empty() {
+            Ok(format!(
+                "{claims_total} claims allocated on their pods' nodes and reserved for them"
+            ))
+        } else {
+            Err(wrong.join("; "))
         }
-        let held: Vec<(&String, &crate::cluster::Claim)> = cluster
+    }
+
+    /// Claims phase of one pod: what is wrong added to `wrong`; returns how many it holds.
+    fn pod_claims(
+        &self,
+        name: &str,
+        pod: &crate::cluster::Pod,
+        classes: Option<&Vec<String>>,
+        wrong: &mut Vec<String>,
+    ) -> usize {
+        let w = &self.moved.workload;
+        let held: Vec<(&String, &crate::cluster::Claim)> = self
+            .cluster
             .claims
             .range((w.namespace.clone(), String::new())..)
             .take_while(|((ns, _), _)| *ns == w.namespace)
@@ -169,8 +234,9 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
                 pod.claims_needed
             ));
         }
+        let mut claims = 0;
         for (claim, c) in held {
-            claims_total += 1;
+            claims += 1;
             if c.devices.is_empty() {
                 wrong.push(format!("claim {claim} of pod {name} is not allocated"));
             } else if c.node != *pod.node {
@@ -195,65 +261,51 @@ pub fn workload_evidence(cluster: &Cluster, moved: &Moved) -> Vec<EvidenceItem> 
                             .map(|s| s.as_str())
                             .collect::<Vec<_>>()
                             .join(", "),
-                        moved.gpu_class
+                        self.moved.gpu_class
                     ));
                 }
             }
         }
+        claims
     }
-    let in_progress = pods.iter().filter(|(_, p)| !completed(p)).count();
-    let claims = if pods.is_empty() {
-        Err("no pods, so no claims to show".into())
-    } else if wrong.is_empty() && in_progress == 0 {
-        Ok(format!(
-            "no run in progress; the {} completed runs from the class's template were bound with \
-             their claims allocated (released with them)",
-            pods.len()
-        ))
-    } else if wrong.is_empty() {
-        Ok(format!(
-            "{claims_total} claims allocated on their pods' nodes and reserved for them"
-        ))
-    } else {
-        Err(wrong.join("; "))
-    };
-    // Claims generated for this workload's pods that are gone.
-    let prefix = format!("{}-", w.name);
-    let leaked: Vec<String> = cluster
-        .claims
-        .range((w.namespace.clone(), String::new())..)
-        .take_while(|((ns, _), _)| *ns == w.namespace)
-        .filter(|(_, c)| c.owner_pod.starts_with(&prefix))
-        .filter(|(_, c)| {
-            !cluster
-                .pods
-                .contains_key(&(w.namespace.clone(), c.owner_pod.clone()))
-        })
-        .map(|((_, claim), c)| format!("{claim} (pod {} is gone)", c.owner_pod))
-        .collect();
-    let cleanup = if pods.is_empty() {
-        Err("no pods, so no restart to show".into())
-    } else if !leaked.is_empty() {
-        Err(format!(
-            "claims of deleted pods are left: {}",
-            leaked.join(", ")
-        ))
-    } else if pods
-        .iter()
-        .any(|(_, p)| p.claims_allocated < p.claims_needed)
-    {
-        Err("a recreated pod has not got its claims again".into())
-    } else {
-        Ok(format!(
-            "the {} pods recreated by the move hold their claims again; no claim of a deleted pod is left",
-            pods.len()
-        ))
-    };
-    vec![
-        item(PODS_ON_TARGET, placed),
-        item(CLAIMS_RESERVED, claims),
-        item(RESTART_AND_CLEANUP, cleanup),
-    ]
+
+    /// Cleanup phase: recreated pods hold claims again, no deleted pod's claim is left.
+    fn cleanup(&self) -> Result<String, String> {
+        let (cluster, pods) = (self.cluster, &self.pods);
+        let w = &self.moved.workload;
+        // Claims generated for this workload's pods that are gone.
+        let prefix = format!("{}-", w.name);
+        let leaked: Vec<String> = cluster
+            .claims
+            .range((w.namespace.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == w.namespace)
+            .filter(|(_, c)| c.owner_pod.starts_with(&prefix))
+            .filter(|(_, c)| {
+                !cluster
+                    .pods
+                    .contains_key(&(w.namespace.clone(), c.owner_pod.clone()))
+            })
+            .map(|((_, claim), c)| format!("{claim} (pod {} is gone)", c.owner_pod))
+            .collect();
+        if pods.is_empty() {
+            Err("no pods, so no restart to show".into())
+        } else if !leaked.is_empty() {
+            Err(format!(
+                "claims of deleted pods are left: {}",
+                leaked.join(", ")
+            ))
+        } else if pods
+            .iter()
+            .any(|(_, p)| p.claims_allocated < p.claims_needed)
+        {
+            Err("a recreated pod has not got its claims again".into())
+        } else {
+            Ok(format!(
+                "the {} pods recreated by the move hold their claims again; no claim of a deleted pod is left",
+                pods.len()
+            ))
+        }
+    }
 }
 
 /// The evidence of `scope` as recorded: one `EvidenceRecorded` per node and

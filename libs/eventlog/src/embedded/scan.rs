@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use super::segment::{
-    self, CursorError, FrameCursor, SEGMENT_HEADER, ZERO_CHAIN, find_intact_frame, next_chain,
+    self, CursorError, Defect, FrameCursor, SEGMENT_HEADER, ZERO_CHAIN, find_intact_frame,
+    next_chain,
 };
 use super::{INDEX_EVERY, Index, IndexPoint, OpenReport, SegmentInfo, SubjectHead};
 use crate::{LogError, Problem, StoredEvent, SubjectChains, VerifyReport, note_undecodable};
@@ -102,67 +103,118 @@ pub(crate) fn recover(
     dedup_window: usize,
 ) -> Result<Recovered, LogError> {
     let paths = list_segments(dir)?;
-    let mut index = Index::default();
-    let mut report = OpenReport::default();
-    let mut chain = ZERO_CHAIN;
-    let mut heads = BTreeMap::new();
-    let mut recent_ids = VecDeque::new();
-    let mut next_seq = 1u64;
-
+    let mut recovery = Recovery {
+        repair,
+        dedup_window,
+        index: Index::default(),
+        report: OpenReport::default(),
+        chain: ZERO_CHAIN,
+        heads: BTreeMap::new(),
+        recent_ids: VecDeque::new(),
+        next_seq: 1,
+    };
     for (i, path) in paths.iter().enumerate() {
         let is_last = i + 1 == paths.len();
         let len = file_len(path)?;
+        if !recovery.segment_header(path, len, is_last)? {
+            break;
+        }
+        recovery.segment(path, len, is_last)?;
+    }
+    Ok(recovery.finish())
+}
+
+/// A recovery under way: what the segments scanned so far hold.
+struct Recovery {
+    repair: bool,
+    dedup_window: usize,
+    index: Index,
+    report: OpenReport,
+    chain: [u8; 32],
+    heads: BTreeMap<String, SubjectHead>,
+    recent_ids: VecDeque<(String, u64)>,
+    /// The sequence the next record must have.
+    next_seq: u64,
+}
+
+/// What scanning a segment's frames left.
+struct Scanned {
+    /// The records of a batch whose end was not seen.
+    pending: Vec<Pending>,
+    /// Where the segment's last complete batch ends.
+    kept_end: u64,
+    /// The damage the last segment's frames stopped at.
+    defect_at: Option<Defect>,
+}
+
+impl Recovery {
+    /// Header phase: checks a segment's first sequence; false for a torn last segment.
+    fn segment_header(&mut self, path: &Path, len: u64, is_last: bool) -> Result<bool, LogError> {
         let header = read_range(path, 0, len.min(SEGMENT_HEADER))?;
         let header_ok = segment::parse_segment_header(&header);
+        let next_seq = self.next_seq;
         match header_ok {
-            Ok(first) if first == next_seq => {}
-            Ok(first) => {
-                return Err(LogError::Corrupt {
-                    segment: path.clone(),
-                    offset: 8,
-                    what: format!(
-                        "segment starts at sequence {first}, expected {next_seq} (a segment is missing or misnamed)"
-                    ),
-                });
-            }
+            Ok(first) if first == next_seq => Ok(true),
+            Ok(first) => Err(LogError::Corrupt {
+                segment: path.to_path_buf(),
+                offset: 8,
+                what: format!(
+                    "segment starts at sequence {first}, expected {next_seq} (a segment is missing or misnamed)"
+                ),
+            }),
             // A crash while a new segment was being started leaves a short, empty
             // or zero-filled file (its header never reached the disk).
             Err(_) if is_last && (len < SEGMENT_HEADER || all_zero(path, len)?) => {
-                report.torn_tail = Some(TornTail {
-                    segment: path.clone(),
+                self.report.torn_tail = Some(TornTail {
+                    segment: path.to_path_buf(),
                     offset: 0,
                     dropped_bytes: len,
                     dropped_records: 0,
                 });
-                if repair {
+                if self.repair {
                     std::fs::remove_file(path)
                         .map_err(LogError::io(format!("remove {}", path.display())))?;
                 }
-                break;
+                Ok(false)
             }
-            Err(what) => {
-                return Err(LogError::Corrupt {
-                    segment: path.clone(),
-                    offset: 0,
-                    what,
-                });
-            }
+            Err(what) => Err(LogError::Corrupt {
+                segment: path.to_path_buf(),
+                offset: 0,
+                what,
+            }),
         }
-        let segment_idx = index.segments.len();
-        index.segments.push(SegmentInfo {
-            path: path.clone(),
+    }
+
+    /// Segment phase: indexes a segment's records, then checks what follows its last batch.
+    fn segment(&mut self, path: &Path, len: u64, is_last: bool) -> Result<(), LogError> {
+        let segment_idx = self.index.segments.len();
+        self.index.segments.push(SegmentInfo {
+            path: path.to_path_buf(),
             len: SEGMENT_HEADER,
         });
-        index.sparse.push(IndexPoint {
-            seq: next_seq,
+        self.index.sparse.push(IndexPoint {
+            seq: self.next_seq,
             segment: segment_idx,
             offset: SEGMENT_HEADER,
         });
+        let scanned = self.frames(path, len, is_last, segment_idx)?;
+        self.tail(path, len, is_last, &scanned)?;
+        self.index.segments[segment_idx].len = scanned.kept_end;
+        Ok(())
+    }
 
+    /// Frames phase: reads and checks a segment's frames, committing each batch as it ends.
+    fn frames(
+        &mut self,
+        path: &Path,
+        len: u64,
+        is_last: bool,
+        segment_idx: usize,
+    ) -> Result<Scanned, LogError> {
         let mut cursor = FrameCursor::open(path, SEGMENT_HEADER, len)
             .map_err(LogError::io(format!("open {}", path.display())))?;
         let mut pending: Vec<Pending> = Vec::new();
-        let mut pending_chain = chain;
+        let mut pending_chain = self.chain;
         let mut kept_end = SEGMENT_HEADER;
         let mut defect_at = None;
         loop {
@@ -175,9 +227,9 @@ pub(crate) fn recover(
                 }
                 Err(err) => return Err(cursor_error(path, err)),
             };
-            let expected_seq = next_seq + pending.len() as u64;
+            let expected_seq = self.next_seq + pending.len() as u64;
             let corrupt = |what: String| LogError::Corrupt {
-                segment: path.clone(),
+                segment: path.to_path_buf(),
                 offset: frame.offset,
                 what,
             };
@@ -206,32 +258,57 @@ pub(crate) fn recover(
                 hash,
             });
             if frame.ends_batch() {
-                for record in pending.drain(..) {
-                    if record.seq % INDEX_EVERY == 0 {
-                        index.sparse.push(IndexPoint {
-                            seq: record.seq,
-                            segment: segment_idx,
-                            offset: record.offset,
-                        });
-                    }
-                    heads.insert(record.subject, (record.seq, record.hash));
-                    recent_ids.push_back((record.id, record.seq));
-                    if recent_ids.len() > dedup_window {
-                        recent_ids.pop_front();
-                    }
-                    next_seq = record.seq + 1;
-                }
-                chain = pending_chain;
+                self.commit(&mut pending, segment_idx);
+                self.chain = pending_chain;
                 kept_end = frame.end();
             }
         }
+        Ok(Scanned {
+            pending,
+            kept_end,
+            defect_at,
+        })
+    }
 
-        if let Some(defect) = &defect_at {
+    /// Commit phase: a complete batch's records indexed, their heads and ids kept.
+    fn commit(&mut self, pending: &mut Vec<Pending>, segment_idx: usize) {
+        for record in pending.drain(..) {
+            if record.seq % INDEX_EVERY == 0 {
+                self.index.sparse.push(IndexPoint {
+                    seq: record.seq,
+                    segment: segment_idx,
+                    offset: record.offset,
+                });
+            }
+            self.heads.insert(record.subject, (record.seq, record.hash));
+            self.recent_ids.push_back((record.id, record.seq));
+            if self.recent_ids.len() > self.dedup_window {
+                self.recent_ids.pop_front();
+            }
+            self.next_seq = record.seq + 1;
+        }
+    }
+
+    /// Tail phase: damage after a segment's last batch, or a torn tail (cut with `repair`).
+    fn tail(
+        &mut self,
+        path: &Path,
+        len: u64,
+        is_last: bool,
+        scanned: &Scanned,
+    ) -> Result<(), LogError> {
+        let Scanned {
+            pending,
+            kept_end,
+            defect_at,
+        } = scanned;
+        let kept_end = *kept_end;
+        if let Some(defect) = defect_at {
             // Damage followed by an intact record is inside the log, not a torn write.
             let rest = read_range(path, defect.offset, len)?;
-            if let Some(pos) = find_intact_frame(&rest, 1, next_seq) {
+            if let Some(pos) = find_intact_frame(&rest, 1, self.next_seq) {
                 return Err(LogError::Corrupt {
-                    segment: path.clone(),
+                    segment: path.to_path_buf(),
                     offset: defect.offset,
                     what: format!(
                         "{}, and an intact record follows at byte offset {}: the log is damaged, not torn",
@@ -244,18 +321,18 @@ pub(crate) fn recover(
         if defect_at.is_some() || !pending.is_empty() {
             if !is_last {
                 return Err(LogError::Corrupt {
-                    segment: path.clone(),
+                    segment: path.to_path_buf(),
                     offset: pending.first().map_or(kept_end, |p| p.offset),
                     what: "segment ends inside a batch".into(),
                 });
             }
-            report.torn_tail = Some(TornTail {
-                segment: path.clone(),
+            self.report.torn_tail = Some(TornTail {
+                segment: path.to_path_buf(),
                 offset: kept_end,
                 dropped_bytes: len - kept_end,
                 dropped_records: pending.len() as u64,
             });
-            if repair {
+            if self.repair {
                 let file = std::fs::OpenOptions::new()
                     .write(true)
                     .open(path)
@@ -266,32 +343,46 @@ pub(crate) fn recover(
                     .map_err(LogError::io(format!("fsync {}", path.display())))?;
             }
         }
-        index.segments[segment_idx].len = kept_end;
+        Ok(())
     }
-    if let Some(torn) = &report.torn_tail {
-        tracing::warn!(
-            segment = %torn.segment.display(),
-            offset = torn.offset,
-            dropped_bytes = torn.dropped_bytes,
-            dropped_records = torn.dropped_records,
-            repaired = repair,
-            "event log had a torn tail (an unacknowledged batch)"
-        );
+
+    /// Final phase: a torn tail logged, the index's and the report's totals set.
+    fn finish(self) -> Recovered {
+        let Recovery {
+            repair,
+            mut index,
+            mut report,
+            chain,
+            heads,
+            recent_ids,
+            next_seq,
+            ..
+        } = self;
+        if let Some(torn) = &report.torn_tail {
+            tracing::warn!(
+                segment = %torn.segment.display(),
+                offset = torn.offset,
+                dropped_bytes = torn.dropped_bytes,
+                dropped_records = torn.dropped_records,
+                repaired = repair,
+                "event log had a torn tail (an unacknowledged batch)"
+            );
+        }
+        index.last_seq = next_seq - 1;
+        index.subject_last = heads
+            .iter()
+            .map(|(s, (seq, _))| (s.clone(), *seq))
+            .collect();
+        report.segments = index.segments.len();
+        report.records = index.last_seq;
+        Recovered {
+            index,
+            report,
+            chain,
+            heads,
+            recent_ids,
+        }
     }
-    index.last_seq = next_seq - 1;
-    index.subject_last = heads
-        .iter()
-        .map(|(s, (seq, _))| (s.clone(), *seq))
-        .collect();
-    report.segments = index.segments.len();
-    report.records = index.last_seq;
-    Ok(Recovered {
-        index,
-        report,
-        chain,
-        heads,
-        recent_ids,
-    })
 }
 
 /// Checks a log directory without opening it for writing: checksums, sequences,

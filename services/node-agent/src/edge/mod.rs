@@ -83,21 +83,10 @@ pub async fn serve_node(
     args: NodeOptions,
     started: impl FnOnce(),
 ) -> Result<(), RunError> {
-    let source: Arc<dyn switchyard_gpu::GpuSource> = Arc::from(
-        switchyard_gpu::source(&args.gpu_source).map_err(|source| RunError::Source {
-            spec: args.gpu_source.clone(),
-            source,
-        })?,
-    );
-    // NVML blocks: off the async runtime.
-    let read = source.clone();
-    let mut machine = tokio::task::spawn_blocking(move || read.machine())
-        .await
-        .map_err(RunError::MachineTask)?
-        .map_err(RunError::Machine)?;
+    let (source, machine) = read_machine(&args.gpu_source).await?;
     metrics::gpus(&machine.gpus);
     // The reports are inventory's; serving the stack does not wait for them.
-    let mut reported = match report(&client, &args.node, &machine).await {
+    let reported = match report(&client, &args.node, &machine).await {
         Ok(reported) => reported,
         Err(e) => {
             tracing::warn!(error = %e, "reporting PhysicalGPUs");
@@ -105,10 +94,101 @@ pub async fn serve_node(
         }
     };
     let events = Events::new(client.clone(), &args.node);
-    let (health_tx, mut health) = tokio::sync::mpsc::channel::<switchyard_gpu::HealthChange>(16);
-    let watch = source.clone();
+    let mut health = watch_health(source.clone());
+    let agent = new_agent(&client, &args, machine.clone());
+    // SIGTERM (a DaemonSet pod stopped) ends serving as SIGINT does.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RunError::Signal)?;
+    let mut watch = std::pin::pin!(node_watch(&client, &args.node));
+    // The node's own slices: one deleted while DRA is served (kubelet wipes
+    // a node's slices when it starts) is published again.
+    let mut slice_watch = std::pin::pin!(slice_watch(&client, &args.node));
+    let mut seen = NodeSeen::new(&args.node);
+    let mut serving = Serving {
+        client,
+        node: args.node,
+        agent,
+        events,
+        machine,
+        reported,
+    };
+    // A refused switch is tried again on the next change or retry tick.
+    let mut retry = tokio::time::interval(std::time::Duration::from_secs(30));
+    let mut started = Some(started);
+    loop {
+        tokio::select! {
+            event = watch.next() => match event {
+                Some(node) => seen.saw(&node),
+                None => {
+                    serving.agent.shutdown().await;
+                    return Ok(());
+                }
+            },
+            _ = retry.tick() => {}
+            Some(event) = slice_watch.next() => {
+                if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone)
+                    && serving.agent.serving() == Some(Stack::Dra)
+                    && let Err(e) = serving.agent.republish().await
+                {
+                    tracing::warn!(error = %e, "publishing the node's slices again");
+                }
+                continue;
+            }
+            Some(change) = health.recv() => {
+                if !serving.health_changed(change).await {
+                    // Another error on a card already marked: nothing changes.
+                    continue;
+                }
+            }
+            _ = tokio::signal::ctrl_c() => {
+                serving.agent.shutdown().await;
+                return Ok(());
+            }
+            _ = terminate.recv() => {
+                serving.agent.shutdown().await;
+                return Ok(());
+            }
+        }
+        if let Some(stack) = seen.wanted
+            && serving.agent.serving() != stack
+        {
+            serving.switch(stack, &seen).await;
+        }
+        // Ready once the node's assignment has been acted on.
+        if seen.wanted.is_some()
+            && let Some(started) = started.take()
+        {
+            started();
+        }
+    }
+}
+
+/// Startup phase: opens the GPU source `spec` and reads the machine.
+async fn read_machine(
+    spec: &str,
+) -> Result<(Arc<dyn switchyard_gpu::GpuSource>, switchyard_gpu::Machine), RunError> {
+    let source: Arc<dyn switchyard_gpu::GpuSource> = Arc::from(
+        switchyard_gpu::source(spec).map_err(|source| RunError::Source {
+            spec: spec.to_string(),
+            source,
+        })?,
+    );
+    // NVML blocks: off the async runtime.
+    let read = source.clone();
+    let machine = tokio::task::spawn_blocking(move || read.machine())
+        .await
+        .map_err(RunError::MachineTask)?
+        .map_err(RunError::Machine)?;
+    Ok((source, machine))
+}
+
+/// Startup phase: follows the cards' health off the async runtime, into a channel.
+fn watch_health(
+    source: Arc<dyn switchyard_gpu::GpuSource>,
+) -> tokio::sync::mpsc::Receiver<switchyard_gpu::HealthChange> {
+    let (health_tx, health) = tokio::sync::mpsc::channel::<switchyard_gpu::HealthChange>(16);
     tokio::task::spawn_blocking(move || {
-        let result = watch.watch_health(&mut |change| {
+        let result = source.watch_health(&mut |change| {
             if change.is_probe() {
                 // A liveness probe from the source: is the watch still wanted?
                 return !health_tx.is_closed();
@@ -119,8 +199,13 @@ pub async fn serve_node(
             tracing::error!(error = %e, "watching GPU health");
         }
     });
+    health
+}
+
+/// Startup phase: the agent for `machine`, on kubelet's directories and the API.
+fn new_agent(client: &kube::Client, args: &NodeOptions, machine: switchyard_gpu::Machine) -> Agent {
     let k = &args.kubelet_dir;
-    let mut agent = Agent::new(
+    Agent::new(
         AgentConfig {
             node: args.node.clone(),
             plugins_registry: k.join("plugins_registry"),
@@ -131,173 +216,186 @@ pub async fn serve_node(
             sharing: args.sharing,
             instance: args.instance.clone(),
         },
-        machine.clone(),
+        machine,
         Arc::new(ApiClaims(client.clone())),
         Arc::new(ApiSlices::new(client.clone(), &args.node)),
         Arc::new(PodResourcesUsage {
             socket: k.join("pod-resources/kubelet.sock"),
             prefix: "nvidia.com/".into(),
         }),
-    );
-    // SIGTERM (a DaemonSet pod stopped) ends serving as SIGINT does.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(RunError::Signal)?;
+    )
+}
+
+/// Startup phase: the watch of the agent's own Node.
+fn node_watch(
+    client: &kube::Client,
+    node: &str,
+) -> impl futures::Stream<Item = Node> + Send + use<> {
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
-    let config = switchyard_kube::watch::config().fields(&format!("metadata.name={}", args.node));
-    let mut watch = std::pin::pin!(switchyard_kube::watch::resilient(
+    let config = switchyard_kube::watch::config().fields(&format!("metadata.name={node}"));
+    switchyard_kube::watch::resilient(
         watcher(nodes, config).applied_objects(),
-        format!("Node {}", args.node),
-    ));
-    // The node's own slices: one deleted while DRA is served (kubelet wipes
-    // a node's slices when it starts) is published again.
+        format!("Node {node}"),
+    )
+}
+
+/// Startup phase: the watch of the node's own ResourceSlices of the driver.
+fn slice_watch(
+    client: &kube::Client,
+    node: &str,
+) -> impl futures::Stream<Item = watcher::Event<k8s_openapi::api::resource::v1::ResourceSlice>>
++ Send
++ use<> {
     let slices_api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
         kube::Api::all(client.clone());
-    let mut slice_watch = std::pin::pin!(switchyard_kube::watch::resilient(
+    switchyard_kube::watch::resilient(
         watcher(
             slices_api,
             switchyard_kube::watch::config().fields(&format!(
                 "spec.nodeName={},spec.driver={}",
-                args.node,
+                node,
                 publish::DRIVER
             )),
         ),
-        format!("ResourceSlices of {}", args.node),
-    ));
-    let mut node_ref = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(args.node.clone()),
-        ..ObjectReference::default()
-    };
-    // A refused switch is tried again on the next change or retry tick.
-    let mut retry = tokio::time::interval(std::time::Duration::from_secs(30));
-    let mut wanted = None;
-    // When the node last changed, as this agent saw it (µs since the epoch).
-    let mut seen_unix_us = 0;
-    let mut started = Some(started);
-    // The trace the node's stack was last assigned in.
-    let mut trace: Option<TraceContext> = None;
-    loop {
-        tokio::select! {
-            event = watch.next() => match event {
-                Some(node) => {
-                    seen_unix_us = now_unix_us();
-                    wanted = Some(assigned(&node));
-                    trace = node
-                        .annotations()
-                        .get(TRACEPARENT_ANNOTATION)
-                        .map(|traceparent| TraceContext {
-                            traceparent: traceparent.clone(),
-                            tracestate: String::new(),
-                        });
-                    node_ref = node.object_ref(&());
-                }
-                None => {
-                    agent.shutdown().await;
-                    return Ok(());
-                }
+        format!("ResourceSlices of {node}"),
+    )
+}
+
+/// What the agent last saw of its Node.
+struct NodeSeen {
+    /// The stack the node's label assigns, once the node has been seen.
+    wanted: Option<Option<Stack>>,
+    /// When the node last changed, as this agent saw it (µs since the epoch).
+    seen_unix_us: i64,
+    /// The trace the node's stack was last assigned in.
+    trace: Option<TraceContext>,
+    /// The Node, for its events.
+    node_ref: ObjectReference,
+}
+
+impl NodeSeen {
+    /// Before the node is seen: nothing wanted, a reference by name.
+    fn new(node: &str) -> NodeSeen {
+        NodeSeen {
+            wanted: None,
+            seen_unix_us: 0,
+            trace: None,
+            node_ref: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_string()),
+                ..ObjectReference::default()
             },
-            _ = retry.tick() => {}
-            Some(event) = slice_watch.next() => {
-                if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone)
-                    && agent.serving() == Some(Stack::Dra)
-                    && let Err(e) = agent.republish().await
-                {
-                    tracing::warn!(error = %e, "publishing the node's slices again");
-                }
-                continue;
+        }
+    }
+
+    /// Loop phase: the node changed: the stack it assigns, its trace and its reference.
+    fn saw(&mut self, node: &Node) {
+        self.seen_unix_us = now_unix_us();
+        self.wanted = Some(assigned(node));
+        self.trace = node
+            .annotations()
+            .get(TRACEPARENT_ANNOTATION)
+            .map(|traceparent| TraceContext {
+                traceparent: traceparent.clone(),
+                tracestate: String::new(),
+            });
+        self.node_ref = node.object_ref(&());
+    }
+}
+
+/// The agent serving its node, and the machine it reports.
+struct Serving {
+    client: kube::Client,
+    node: String,
+    agent: Agent,
+    events: Events,
+    machine: switchyard_gpu::Machine,
+    /// The node's PhysicalGPUs as last reported, by card UUID.
+    reported: BTreeMap<String, ObjectReference>,
+}
+
+impl Serving {
+    /// Loop phase: applies a health change, reports and records it; false if nothing changes.
+    async fn health_changed(&mut self, change: switchyard_gpu::HealthChange) -> bool {
+        let before = self.machine.clone();
+        if change.uuid.is_empty() {
+            // NVML cannot say which card was lost: all are suspect.
+            for gpu in &mut self.machine.gpus {
+                gpu.healthy = false;
             }
-            Some(change) = health.recv() => {
-                let before = machine.clone();
-                if change.uuid.is_empty() {
-                    // NVML cannot say which card was lost: all are suspect.
-                    for gpu in &mut machine.gpus {
-                        gpu.healthy = false;
-                    }
-                } else {
-                    machine.apply(&change);
-                }
-                if machine == before {
-                    // Another error on a card already marked: nothing changes.
-                    continue;
-                }
-                metrics::gpus(&machine.gpus);
-                if let Err(e) = agent.update(machine.clone()).await {
-                    tracing::warn!(error = %e, "publishing the health change");
-                }
-                match report(&client, &args.node, &machine).await {
-                    Ok(now) => reported = now,
-                    Err(e) => tracing::warn!(error = %e, "reporting PhysicalGPUs"),
-                }
-                for (gpu, was) in machine.gpus.iter().zip(&before.gpus) {
-                    if gpu.healthy != was.healthy {
-                        tracing::warn!(uuid = %gpu.uuid, healthy = gpu.healthy, reason = %change.reason, "GpuHealthChanged");
-                        events.gpu_health_changed(gpu, &change.reason, &reported).await;
-                    }
-                }
-            }
-            _ = tokio::signal::ctrl_c() => {
-                agent.shutdown().await;
-                return Ok(());
-            }
-            _ = terminate.recv() => {
-                agent.shutdown().await;
-                return Ok(());
+        } else {
+            self.machine.apply(&change);
+        }
+        if self.machine == before {
+            return false;
+        }
+        metrics::gpus(&self.machine.gpus);
+        if let Err(e) = self.agent.update(self.machine.clone()).await {
+            tracing::warn!(error = %e, "publishing the health change");
+        }
+        match report(&self.client, &self.node, &self.machine).await {
+            Ok(now) => self.reported = now,
+            Err(e) => tracing::warn!(error = %e, "reporting PhysicalGPUs"),
+        }
+        for (gpu, was) in self.machine.gpus.iter().zip(&before.gpus) {
+            if gpu.healthy != was.healthy {
+                tracing::warn!(uuid = %gpu.uuid, healthy = gpu.healthy, reason = %change.reason, "GpuHealthChanged");
+                self.events
+                    .gpu_health_changed(gpu, &change.reason, &self.reported)
+                    .await;
             }
         }
-        if let Some(stack) = wanted
-            && agent.serving() != stack
-        {
-            let parent = trace
-                .as_ref()
-                .and_then(switchyard_eventlog::trace::from_w3c);
-            let switch = switchyard_eventlog::trace::span_in(parent.as_ref(), || {
-                tracing::info_span!(
-                    "switch",
-                    otel.name = %format_args!("switch to {}", stack.map_or("no stack", Stack::label)),
-                    node = args.node,
-                    otel.status_code = tracing::field::Empty,
-                )
-            })
-            .span;
-            let switched = agent.serve(stack).instrument(switch.clone()).await;
-            if switched.is_err() {
-                switch.record("otel.status_code", "ERROR");
-            }
-            match switched {
-                Ok(()) => {
-                    // From the node's change seen to the switch done, with
-                    // what it waited on (the API server, kubelet): the
-                    // benchmarks take the agent's own part from it.
-                    let waits = agent.waits();
-                    let span =
-                        |s: Option<Span>| s.map_or((0, 0), |s| (s.started_unix_us, s.took_us));
-                    let (api_started, api) = span(waits.api);
-                    let (kubelet_started, kubelet) = span(waits.kubelet);
-                    tracing::info!(
-                        parent: &switch,
-                        ?stack,
-                        seen_unix_us,
-                        done_unix_us = now_unix_us(),
-                        api_started_unix_us = api_started,
-                        api_us = api,
-                        kubelet_started_unix_us = kubelet_started,
-                        kubelet_us = kubelet,
-                        "serving"
-                    );
-                }
-                Err(AgentError::Blocked(blocked)) => {
-                    tracing::warn!(parent: &switch, error = %blocked, "HandoverBlocked: the switch waits");
-                    events.handover_blocked(&blocked, stack, &node_ref).await;
-                }
-                Err(e) => tracing::warn!(parent: &switch, error = %e, "switching stacks"),
-            }
+        true
+    }
+
+    /// Loop phase: switches the agent to `stack` in the trace it was assigned in.
+    async fn switch(&mut self, stack: Option<Stack>, seen: &NodeSeen) {
+        let parent = seen
+            .trace
+            .as_ref()
+            .and_then(switchyard_eventlog::trace::from_w3c);
+        let switch = switchyard_eventlog::trace::span_in(parent.as_ref(), || {
+            tracing::info_span!(
+                "switch",
+                otel.name = %format_args!("switch to {}", stack.map_or("no stack", Stack::label)),
+                node = self.node,
+                otel.status_code = tracing::field::Empty,
+            )
+        })
+        .span;
+        let switched = self.agent.serve(stack).instrument(switch.clone()).await;
+        if switched.is_err() {
+            switch.record("otel.status_code", "ERROR");
         }
-        // Ready once the node's assignment has been acted on.
-        if wanted.is_some()
-            && let Some(started) = started.take()
-        {
-            started();
+        match switched {
+            Ok(()) => {
+                // From the node's change seen to the switch done, with
+                // what it waited on (the API server, kubelet): the
+                // benchmarks take the agent's own part from it.
+                let waits = self.agent.waits();
+                let span = |s: Option<Span>| s.map_or((0, 0), |s| (s.started_unix_us, s.took_us));
+                let (api_started, api) = span(waits.api);
+                let (kubelet_started, kubelet) = span(waits.kubelet);
+                tracing::info!(
+                    parent: &switch,
+                    ?stack,
+                    seen_unix_us = seen.seen_unix_us,
+                    done_unix_us = now_unix_us(),
+                    api_started_unix_us = api_started,
+                    api_us = api,
+                    kubelet_started_unix_us = kubelet_started,
+                    kubelet_us = kubelet,
+                    "serving"
+                );
+            }
+            Err(AgentError::Blocked(blocked)) => {
+                tracing::warn!(parent: &switch, error = %blocked, "HandoverBlocked: the switch waits");
+                self.events
+                    .handover_blocked(&blocked, stack, &seen.node_ref)
+                    .await;
+            }
+            Err(e) => tracing::warn!(parent: &switch, error = %e, "switching stacks"),
         }
     }
 }

@@ -189,15 +189,7 @@ impl<'a> Run<'a> {
                     )
                 }
             };
-        let mut cel = Vec::with_capacity(selectors.len());
-        for (i, selector) in selectors.iter().enumerate() {
-            let Some(expr) = &selector.cel else {
-                return Err(fatal(format!(
-                    "claim {claim}, request {name}, selector #{i}: CEL expression empty (unsupported selector type?)"
-                )));
-            };
-            cel.push(expr.expression.as_str());
-        }
+        let cel = selector_expressions(claim, name, selectors)?;
         if class_name.is_empty() {
             return Err(fatal(format!(
                 "claim {claim}, request {name}: missing device class name (unsupported request type?)"
@@ -249,38 +241,7 @@ impl<'a> Run<'a> {
             }
             "All" => {
                 data.all = true;
-                for p in 0..self.pools.len() {
-                    let pool = &self.pools[p];
-                    if pool.incomplete {
-                        return Err(fatal(format!(
-                            "claim {claim}, request {name}: asks for all devices, but resource pool {} is currently being updated",
-                            pool.id()
-                        )));
-                    }
-                    if pool.invalid.is_some() {
-                        return Err(fatal(format!(
-                            "claim {claim}, request {name}: asks for all devices, but resource pool {} is currently invalid",
-                            pool.id()
-                        )));
-                    }
-                    for si in 0..pool.slices.len() {
-                        let slice = self.pools[p].slices[si];
-                        for d in 0..self.a.slices[slice].devices.len() {
-                            let loc = Loc {
-                                pool: p,
-                                slice,
-                                device: d,
-                            };
-                            if !self.selectable((c, r, s), &data, loc)? {
-                                continue;
-                            }
-                            if self.capacity_fits(&data, loc).is_err() {
-                                continue;
-                            }
-                            data.all_devices.push(loc);
-                        }
-                    }
-                }
+                data.all_devices = self.all_devices((c, r, s), claim, &data)?;
                 data.num_devices = data.all_devices.len();
             }
             other => {
@@ -291,4 +252,66 @@ impl<'a> Run<'a> {
         }
         Ok(data)
     }
+
+    /// For an `All` request: every device it selects that fits; an error for a pool not ready.
+    fn all_devices(
+        &self,
+        (c, r, s): (usize, usize, usize),
+        claim: &str,
+        data: &RequestData<'a>,
+    ) -> Result<Vec<Loc>, AllocateError> {
+        let name = data.name;
+        let mut all_devices = Vec::new();
+        for p in 0..self.pools.len() {
+            let pool = &self.pools[p];
+            if pool.incomplete {
+                return Err(fatal(format!(
+                    "claim {claim}, request {name}: asks for all devices, but resource pool {} is currently being updated",
+                    pool.id()
+                )));
+            }
+            if pool.invalid.is_some() {
+                return Err(fatal(format!(
+                    "claim {claim}, request {name}: asks for all devices, but resource pool {} is currently invalid",
+                    pool.id()
+                )));
+            }
+            for si in 0..pool.slices.len() {
+                let slice = self.pools[p].slices[si];
+                for d in 0..self.a.slices[slice].devices.len() {
+                    let loc = Loc {
+                        pool: p,
+                        slice,
+                        device: d,
+                    };
+                    if !self.selectable((c, r, s), data, loc)? {
+                        continue;
+                    }
+                    if self.capacity_fits(data, loc).is_err() {
+                        continue;
+                    }
+                    all_devices.push(loc);
+                }
+            }
+        }
+        Ok(all_devices)
+    }
+}
+
+/// A request's selectors as CEL expressions; an error for a selector without one.
+fn selector_expressions<'a>(
+    claim: &str,
+    name: &str,
+    selectors: &'a [k8s_openapi::api::resource::v1::DeviceSelector],
+) -> Result<Vec<&'a str>, AllocateError> {
+    let mut cel = Vec::with_capacity(selectors.len());
+    for (i, selector) in selectors.iter().enumerate() {
+        let Some(expr) = &selector.cel else {
+            return Err(fatal(format!(
+                "claim {claim}, request {name}, selector #{i}: CEL expression empty (unsupported selector type?)"
+            )));
+        };
+        cel.push(expr.expression.as_str());
+    }
+    Ok(cel)
 }
