@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use prost::Message;
-use switchyard_core::claim_allocator::stages::Stage;
+use switchyard_core::claim_allocator::Stage;
 use switchyard_core::command::{
     CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication, StartHandover,
 };

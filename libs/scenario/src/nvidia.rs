@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use switchyard_core::backend::operands;
 use switchyard_core::backend::{Backend, NvidiaOperator, nvidia};
-use switchyard_core::claim_allocator::stages::Stage;
+use switchyard_core::claim_allocator::Stage;
 use switchyard_core::command::CheckEvidence;
 use switchyard_core::names::{CLASS_RESOURCE_PREFIX, NVIDIA_GPU};
 use switchyard_core::placement;

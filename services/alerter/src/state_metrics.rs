@@ -26,7 +26,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use switchyard_core::claim_allocator::ClaimAllocator;
 use switchyard_core::cluster::{Cluster, Node, ObjectKey};
-use switchyard_core::stack_assigner::handover::Handover;
+use switchyard_core::stack_assigner::Handover;
 use switchyard_core::stack_assigner::{Assignment, StackAssigner};
 use switchyard_eventlog::{Decoded, EventLog, LogError};
 use switchyard_proto::v1::{
@@ -77,7 +77,7 @@ impl MigrationState {
         self.claims.apply(event, at);
         match &event.kind {
             Some(Kind::EvidenceChecked(c)) => {
-                let key = switchyard_core::claim_allocator::evidence::check_key(c);
+                let key = switchyard_core::claim_allocator::check_key(c);
                 self.evidence.insert(key, c.clone());
             }
             Some(Kind::ApplicationMoveStarted(m)) => {

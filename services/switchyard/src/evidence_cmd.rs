@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use switchyard_core::ServiceName;
-use switchyard_core::claim_allocator::stages::Stage;
+use switchyard_core::claim_allocator::Stage;
 use switchyard_proto::v1::{CheckEvidenceCommand, domain_event::Kind, service_command};
 
 use crate::operator::OperatorArgs;

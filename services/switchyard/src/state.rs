@@ -63,7 +63,7 @@ impl Folded {
                 self.rollbacks.insert(r.rollback_id.clone(), true);
             }
             Some(Kind::EvidenceChecked(c)) => {
-                let key = switchyard_core::claim_allocator::evidence::check_key(c);
+                let key = switchyard_core::claim_allocator::check_key(c);
                 self.evidence.insert(key, c.clone());
             }
             _ => {}
@@ -73,7 +73,7 @@ impl Folded {
     /// The drain of a handover in progress: its pods the Eviction API refused.
     fn blocked_evictions(
         &self,
-        h: &switchyard_core::stack_assigner::handover::Handover,
+        h: &switchyard_core::stack_assigner::Handover,
     ) -> Vec<(String, String)> {
         if h.step != HandoverStep::Drain {
             return Vec::new();

@@ -14,7 +14,7 @@
 use switchyard_proto::v1::{GpuPhase, Stack, StackReason};
 
 use crate::names::ALERT_HELD_ON_DRA;
-use crate::stack_assigner::handover::Handover;
+use crate::stack_assigner::Handover;
 
 /// How urgent an alert is: its `severity` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,6 +8,10 @@ pub mod moves;
 pub mod node_gates;
 pub mod stages;
 
+pub use completion::Completion;
+pub use evidence::check_key;
+pub use stages::Stage;
+
 use std::collections::BTreeSet;
 
 use switchyard_proto::v1::{
@@ -18,7 +22,6 @@ use switchyard_proto::v1::{
 use crate::cluster::{Cluster, WorkloadKey, workload_key};
 use crate::command::{CheckEvidence, Complete, ControlMigration, MigrationAction, MoveApplication};
 use crate::effects::Effect;
-use completion::Completion;
 use migration::Migrations;
 use moves::AppMoves;
 use switchyard_proto::v1::{

@@ -38,6 +38,8 @@ use switchyard_proto::v1::{
 
 pub mod handover;
 
+pub use handover::Handover;
+
 use crate::backend::Backend;
 use crate::cluster::{Cluster, ReadinessSelectors};
 use crate::command::{StartHandover, wave_handover_id};
