@@ -82,6 +82,12 @@ pub struct Components {
     /// The API server's `--feature-gates` (e.g. `DRAConsumableCapacity=false`),
     /// empty for its defaults.
     pub apiserver_feature_gates: &'static str,
+    /// Where the API server listens and what it advertises (the `kubernetes`
+    /// Service's endpoint): loopback by default; a [`ClusterNetwork`]'s host
+    /// address for real nodes whose pods reach it through a Service.
+    ///
+    /// [`ClusterNetwork`]: crate::network::ClusterNetwork
+    pub bind_address: Option<std::net::Ipv4Addr>,
 }
 
 /// etcd and kube-apiserver (and on request kube-scheduler and
@@ -92,6 +98,8 @@ pub struct ControlPlane {
     apiserver: Option<Child>,
     others: Vec<Child>,
     apiserver_port: u16,
+    /// The address it listens on.
+    address: std::net::Ipv4Addr,
     /// How the API server was started, to start it again.
     apiserver_command: (PathBuf, Vec<String>),
     /// How long etcd and the API server took to become ready.
@@ -154,11 +162,14 @@ impl ControlPlane {
         .expect("tokens");
 
         let apiserver_port = free_port();
+        let address = components
+            .bind_address
+            .unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         let apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{client_port}"),
             format!("--secure-port={apiserver_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
             format!("--cert-dir={}", path("certs").display()),
             "--authorization-mode=RBAC".into(),
             format!("--token-auth-file={}", path("tokens.csv").display()),
@@ -199,6 +210,7 @@ impl ControlPlane {
             apiserver: Some(apiserver),
             others: Vec::new(),
             apiserver_port,
+            address,
             apiserver_command: (bin.join("kube-apiserver"), apiserver_args),
             startup: Duration::ZERO,
         };
@@ -318,6 +330,8 @@ impl ControlPlane {
                 "--service-account-private-key-file={}",
                 self.dir.path().join("sa.key").display()
             ));
+            // kube-root-ca.crt, which pods' in-cluster config trusts.
+            args.push(format!("--root-ca-file={}", self.ca_file().display()));
             let log = self.dir.path().join("kube-controller-manager.log");
             let child = spawn(&bin.join("kube-controller-manager"), &args, &log)
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -344,7 +358,14 @@ impl ControlPlane {
     }
 
     pub fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.apiserver_port)
+        format!("https://{}:{}", self.address, self.apiserver_port)
+    }
+
+    /// The CA bundle of the API server's self-signed serving certificate
+    /// (valid for its address, `kubernetes.default.svc` and the Service's
+    /// 10.96.0.1): what pods get as `ca.crt` through `kube-root-ca.crt`.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("certs/apiserver.crt")
     }
 
     /// A client with cluster-admin rights (system:masters).

@@ -18,6 +18,8 @@ pub mod kwok;
 pub mod migration;
 pub mod nats;
 #[cfg(feature = "kube")]
+pub mod network;
+#[cfg(feature = "kube")]
 pub mod node;
 #[cfg(feature = "kube")]
 pub mod nvidia;

@@ -36,6 +36,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::kube::ControlPlane;
 use crate::kwok::node_is_ready;
+use crate::network::Attachment;
 
 pub const KUBELET_VERSION: &str = "1.36.3";
 pub const CONTAINERD_VERSION: &str = "2.4.2";
@@ -203,6 +204,9 @@ pub struct RealNode {
     bridge: String,
     cgroup_root: String,
     kubelet_port: u16,
+    /// The cluster network the node joined, if any (its bridge is the
+    /// network's; kubelet serves on the network's node address).
+    network: Option<Attachment>,
 }
 
 /// How a [`RealNode`] starts.
@@ -213,6 +217,12 @@ pub struct NodeOptions {
     pub labels: Vec<(String, String)>,
     /// Extra images (docker-archives) to import before kubelet starts.
     pub images: Vec<PathBuf>,
+    /// A [`ClusterNetwork`](crate::network::ClusterNetwork) to join
+    /// (`network.attach()`): kubelet and containerd run in its namespace,
+    /// pods get an address of its pods' network and reach Services and
+    /// CoreDNS. Without one, pods get a bridge of the node's own that leads
+    /// nowhere.
+    pub network: Option<Attachment>,
 }
 
 impl RealNode {
@@ -245,7 +255,10 @@ impl RealNode {
         }
         // A short, unique bridge name (15 bytes at most).
         let tag = short_tag(&format!("{}:{name}", root.display()));
-        let bridge = format!("sy{tag}");
+        let bridge = match &options.network {
+            Some(network) => network.bridge.to_string(),
+            None => format!("sy{tag}"),
+        };
         let cgroup_root = format!("switchyard-{name}-{tag}");
         sysctls_hold();
         // From here on, Drop undoes what was made.
@@ -253,13 +266,14 @@ impl RealNode {
             name: name.to_string(),
             dir: Some(dir),
             runtime: runtime.clone(),
-            holder: Self::hold_namespace(&root),
+            holder: Self::hold_namespace(&root, options.network.as_ref()),
             containerd: None,
             kubelet: None,
             kubeconfig: plane.kubeconfig(),
             bridge,
             cgroup_root,
             kubelet_port: crate::free_port(),
+            network: options.network.clone(),
         };
         node.make_cgroups();
         node.write_configs(&options);
@@ -277,7 +291,7 @@ impl RealNode {
 
     /// Starts the process holding the node's mount namespace, with its
     /// mounts made; returns once they are.
-    fn hold_namespace(root: &Path) -> Child {
+    fn hold_namespace(root: &Path, network: Option<&Attachment>) -> Child {
         let r = root.display();
         let script = format!(
             "set -e
@@ -290,7 +304,17 @@ mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 echo mounted
 exec sleep infinity"
         );
-        let mut child = Command::new("unshare")
+        // In the cluster network's namespace, if there is one.
+        let mut command = match network {
+            Some(network) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", network.netns.display()))
+                    .args(["--", "unshare"]);
+                c
+            }
+            None => Command::new("unshare"),
+        };
+        let mut child = command
             .args([
                 "--mount",
                 "--propagation",
@@ -366,16 +390,20 @@ state = "/run/containerd"
             etc = root.join("etc").display(),
         );
         std::fs::write(root.join("containerd.toml"), containerd).expect("containerd config");
-        let cni = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": format!("switchyard-{}", self.name),
-            "plugins": [{
+        let plugin = match &self.network {
+            Some(network) => network.cni_plugin(),
+            None => serde_json::json!({
                 "type": "bridge",
                 "bridge": self.bridge,
                 "isGateway": false,
                 "ipMasq": false,
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}
-            }]
+            }),
+        };
+        let cni = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": format!("switchyard-{}", self.name),
+            "plugins": [plugin]
         });
         std::fs::write(
             root.join("etc/cni/net.d/10-switchyard.conflist"),
@@ -388,7 +416,7 @@ kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: /{cgroup_root}
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzPort: 0
@@ -410,7 +438,16 @@ serializeImagePulls: false
 ",
             cgroup_root = self.cgroup_root,
             port = self.kubelet_port,
+            address = self.kubelet_address(),
         );
+        let kubelet = match &self.network {
+            Some(_) => format!(
+                "{kubelet}clusterDNS: [{}]\nclusterDomain: {}\n",
+                crate::network::DNS_SERVICE_IP,
+                crate::network::CLUSTER_DOMAIN
+            ),
+            None => kubelet,
+        };
         std::fs::write(root.join("kubelet.yaml"), kubelet).expect("kubelet config");
         let labels = options
             .labels
@@ -421,10 +458,19 @@ serializeImagePulls: false
         std::fs::write(root.join("node-labels"), labels).expect("labels");
     }
 
-    /// A command run inside the node's mount namespace.
+    /// Where kubelet serves: loopback, or the cluster network's node address.
+    fn kubelet_address(&self) -> std::net::Ipv4Addr {
+        self.network
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.node_ip)
+    }
+
+    /// A command run inside the node's mount namespace (and network
+    /// namespace: the host's, or its cluster network's).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
         c.arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+            .arg(format!("--net=/proc/{}/ns/net", self.holder.id()))
             .arg("--")
             .arg(program)
             .env(
@@ -505,6 +551,9 @@ serializeImagePulls: false
         if !labels.is_empty() {
             args.push(format!("--node-labels={labels}"));
         }
+        if self.network.is_some() {
+            args.push(format!("--node-ip={}", self.kubelet_address()));
+        }
         self.kubelet = Some(self.spawn_logged(&self.runtime.join("kubelet"), &args, "kubelet.log"));
     }
 
@@ -552,7 +601,7 @@ serializeImagePulls: false
     /// kubelet's own metrics (`/metrics` on its loopback port, read
     /// anonymously: the test node allows it), in Prometheus' text format.
     pub async fn kubelet_metrics(&self) -> Result<String, String> {
-        let url: http::Uri = format!("https://127.0.0.1:{}", self.kubelet_port)
+        let url: http::Uri = format!("https://{}:{}", self.kubelet_address(), self.kubelet_port)
             .parse()
             .map_err(|e| format!("{e}"))?;
         let mut config = kube::Config::new(url);
@@ -748,7 +797,8 @@ impl Drop for RealNode {
         for h in cgroup_hierarchies(true) {
             remove_cgroup(&h.join(&self.cgroup_root));
         }
-        if Path::new("/sys/class/net").join(&self.bridge).exists() {
+        // A cluster network's bridge is the network's, in its namespace.
+        if self.network.is_none() && Path::new("/sys/class/net").join(&self.bridge).exists() {
             let _ = Command::new("ip")
                 .args(["link", "del", &self.bridge])
                 .status();
