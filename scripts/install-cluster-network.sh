@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the cluster's own plumbing that real nodes need for Services and
 # DNS: kube-proxy from k8s.io/kubernetes (with the control plane's wrapper
-# module: its staging modules replaced by their published versions) and
-# CoreDNS from github.com/coredns/coredns, from their Go modules through the
+# module: its staging modules replaced by their published versions), kubectl
+# from the same module (a user's `kubectl port-forward` through the API
+# server), and CoreDNS from github.com/coredns/coredns, from their Go modules through the
 # module proxy, into the Switchyard cache ($SWITCHYARD_CACHE or
 # ~/.cache/switchyard), keyed by versions; then packs CoreDNS as the image
 # `localhost/coredns:v<version>` (a docker-archive beside the binaries, no
@@ -22,7 +23,7 @@ CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 OUT="$CACHE/cluster-network/k8s-v$K8S_VERSION-coredns-v$COREDNS_VERSION"
 
 have_all() {
-    [ -x "$OUT/kube-proxy" ] && [ -x "$OUT/coredns" ] && [ -f "$OUT/coredns.tar" ]
+    [ -x "$OUT/kube-proxy" ] && [ -x "$OUT/kubectl" ] && [ -x "$OUT/coredns" ] && [ -f "$OUT/coredns.tar" ]
 }
 if have_all; then
     if [ "$print_dir" = 1 ]; then echo "$OUT"; else echo "cluster network already built in $OUT"; fi
@@ -45,8 +46,8 @@ export GOFLAGS=-mod=mod CGO_ENABLED=0
 started=$(date +%s)
 say() { echo "   $* ($(( $(date +%s) - started ))s)"; }
 
-if [ ! -x "$OUT/kube-proxy" ]; then
-    say "kube-proxy v$K8S_VERSION"
+if [ ! -x "$OUT/kube-proxy" ] || [ ! -x "$OUT/kubectl" ]; then
+    say "kube-proxy and kubectl v$K8S_VERSION"
     minor="${K8S_VERSION#*.}"; staging_version="v0.$minor"
     mkdir -p "$work/k8s" && (
         cd "$work/k8s"
@@ -61,10 +62,12 @@ if [ ! -x "$OUT/kube-proxy" ]; then
         for var in gitVersion=v$K8S_VERSION gitMajor=1 gitMinor=${minor%%.*} gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
             ldflags="$ldflags -X k8s.io/component-base/version.$var -X k8s.io/client-go/pkg/version.$var"
         done
-        printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-proxy"\n' > tools.go
+        printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > tools.go
         go mod tidy >/dev/null
-        go build -trimpath -ldflags "$ldflags" -o "$OUT/kube-proxy.tmp" k8s.io/kubernetes/cmd/kube-proxy
-        mv "$OUT/kube-proxy.tmp" "$OUT/kube-proxy"
+        for cmd in kube-proxy kubectl; do
+            go build -trimpath -ldflags "$ldflags" -o "$OUT/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+            mv "$OUT/$cmd.tmp" "$OUT/$cmd"
+        done
     )
 fi
 
@@ -106,5 +109,6 @@ if [ ! -f "$OUT/coredns.tar" ]; then
 fi
 
 "$OUT/kube-proxy" --version
+"$OUT/kubectl" version --client | head -1
 "$OUT/coredns" -version | head -1
 echo "cluster network built in $OUT in $(( $(date +%s) - started ))s"

@@ -24,6 +24,7 @@ scripts/install-nats-py.sh
 scripts/install-image-tools.sh
 scripts/build-node-images.sh
 scripts/install-cluster-network.sh
+scripts/build-nats-image.sh >/dev/null
 scripts/install-nvidia-device-plugin.sh >/dev/null
 scripts/build-oracles.sh >/dev/null
 cargo test --workspace --locked "$@"

@@ -192,6 +192,11 @@ impl ControlPlane {
             "--disable-admission-plugins=TaintNodesByCondition".into(),
         ];
         let mut apiserver_args = apiserver_args;
+        if components.bind_address.is_some() {
+            // Real nodes of a cluster network serve on their InternalIP, and
+            // their names resolve nowhere (logs, exec, port-forward).
+            apiserver_args.push("--kubelet-preferred-address-types=InternalIP".into());
+        }
         if !components.apiserver_feature_gates.is_empty() {
             apiserver_args.push(format!(
                 "--feature-gates={}",

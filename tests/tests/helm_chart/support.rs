@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use switchyard_testkit::{eventually, helm_binary};
 
 pub(crate) const NAMESPACE: &str = "switchyard-system";
@@ -135,14 +134,9 @@ pub(crate) async fn apply(
 /// Creates the release namespace and the chart's CRDs, waits until the CRDs
 /// and every kind in `docs` are served, and returns discovery as it is then.
 pub(crate) async fn prepare_cluster(client: &kube::Client, docs: &[Value]) -> Discovery {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap(),
-        )
-        .await
-        .expect("create the release namespace");
+    // With its `default` ServiceAccount, as the controller manager (not
+    // run here) makes it: the chart's test pod runs as it.
+    switchyard_testkit::kube::create_namespace(client, NAMESPACE).await;
     let crds = chart_crds();
     let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in &crds {

@@ -104,7 +104,7 @@ containers:
       - --node-name
       - $(NODE_NAME)
       - --gpu-source
-      - {{ $root.Values.nodeAgent.gpuSource | quote }}
+      - {{ include "switchyard.nodeAgentGpuSource" $root | quote }}
       - --layout
       - {{ $root.Values.nodeAgent.layout | quote }}
       - --sharing
@@ -263,6 +263,11 @@ containers:
       - name: pod-resources
         mountPath: /var/lib/kubelet/pod-resources
         readOnly: true
+      {{- if $root.Values.nodeAgent.fixture }}
+      - name: fixture
+        mountPath: /etc/switchyard/fixture
+        readOnly: true
+      {{- end }}
       {{- end }}
 volumes:
   - name: tmp
@@ -302,6 +307,11 @@ volumes:
     hostPath:
       path: /var/lib/kubelet/pod-resources
       type: Directory
+  {{- if $root.Values.nodeAgent.fixture }}
+  - name: fixture
+    configMap:
+      name: {{ include "switchyard.componentName" (dict "root" $root "component" "node-agent-fixture") }}
+  {{- end }}
   {{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
@@ -450,5 +460,21 @@ A client's NATS security flags, volume mounts and volumes: (dict "root" $ "ident
     items:
       - key: ca.crt
         path: ca.crt
+{{- end }}
+{{- end }}
+
+{{- /*
+The node agent's --gpu-source: `nvml`, `fixture:FILE` as given, or
+`fixture` for the machine in nodeAgent.fixture (mounted from a ConfigMap).
+*/ -}}
+{{- define "switchyard.nodeAgentGpuSource" -}}
+{{- $values := .Values.nodeAgent }}
+{{- if eq $values.gpuSource "fixture" }}
+{{- if not $values.fixture }}
+{{- fail "nodeAgent.gpuSource=fixture needs the machine in nodeAgent.fixture (--set-file nodeAgent.fixture=FILE, a fixture YAML)" }}
+{{- end }}
+{{- print "fixture:/etc/switchyard/fixture/machine.yaml" }}
+{{- else }}
+{{- $values.gpuSource }}
 {{- end }}
 {{- end }}
