@@ -202,7 +202,7 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     let helm = switchyard_testkit::helm_binary().unwrap_or_else(|e| panic!("{e}"));
     let fixture = repo().join("deploy/fixtures/h100-8x.yaml");
     let installed = Instant::now();
-    run(Command::new(&helm)
+    let install = run(Command::new(&helm)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(["install", RELEASE])
         .arg(repo().join("deploy/helm/switchyard"))
@@ -215,6 +215,15 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         .args(["--set", "nodeAgent.gpuSource=fixture"])
         .arg("--set-file")
         .arg(format!("nodeAgent.fixture={}", fixture.display())));
+    // NOTES: how to check it, and how to load the image where pulls fail.
+    let notes = String::from_utf8_lossy(&install.stdout);
+    for line in [
+        "helm test switchyard -n switchyard-system",
+        "ctr -n k8s.io images import switchyard-test.tar",
+        "port-forward svc/switchyard-nats :4222",
+    ] {
+        assert!(notes.contains(line), "{line} in\n{notes}");
+    }
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("deckhouse.io", "v1", "NodeGroup"));
     let mut group = DynamicObject::new("gpu", &ar);
     group.data = json!({"spec": {"nodeType": "Static", "gpu": {"sharing": "Exclusive"}}});
@@ -305,8 +314,122 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     run(Command::new(&helm)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]));
+
+    // Bad input: an image no node has, and a NATS server that is not there.
+    missing_image_is_named(&helm, &kubeconfig, &client).await;
+    unreachable_nats_is_named(&helm, &kubeconfig, &client, [&gpu, &worker]).await;
     drop(gpu);
     drop(worker);
     drop(plane);
     drop(network);
+}
+
+/// `helm install` that does not finish (its post-install hook cannot), with
+/// `sets`; helm's output.
+fn install_failing(helm: &Path, kubeconfig: &Path, sets: &[&str]) -> Output {
+    let mut command = Command::new(helm);
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["install", RELEASE])
+        .arg(repo().join("deploy/helm/switchyard"))
+        .args(["-n", NAMESPACE, "--timeout", "20s"]);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = command.output().expect("helm install");
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn uninstall(helm: &Path, kubeconfig: &Path) {
+    run(Command::new(helm)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]));
+}
+
+/// With `image.tag=missing` (no node has it, no registry serves it) the
+/// pods' Events name the image they cannot pull.
+async fn missing_image_is_named(helm: &Path, kubeconfig: &Path, client: &kube::Client) {
+    use k8s_openapi::api::core::v1::Event;
+    install_failing(
+        helm,
+        kubeconfig,
+        &["nats.url=nats://nats.example:4222", "image.tag=missing"],
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    switchyard_testkit::eventually(
+        "an Event naming the missing image",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                events.list(&ListParams::default()).await.is_ok_and(|l| {
+                    l.items.iter().any(|e| {
+                        e.reason.as_deref() == Some("Failed")
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains("localhost/switchyard:missing"))
+                    })
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    uninstall(helm, kubeconfig);
+}
+
+/// With a NATS URL nothing answers, the services run but are not Ready,
+/// and their logs name the URL.
+async fn unreachable_nats_is_named(
+    helm: &Path,
+    kubeconfig: &Path,
+    client: &kube::Client,
+    nodes: [&RealNode; 2],
+) {
+    const URL: &str = "nats://nats-gone.switchyard-system.svc:4222";
+    install_failing(
+        helm,
+        kubeconfig,
+        &[&format!("nats.url={URL}"), "image.tag=test"],
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = "app.kubernetes.io/component=class-compiler";
+    let named = |pod: &Pod| {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        nodes.iter().any(|n| {
+            n.container_log(NAMESPACE, &name, "class-compiler")
+                .is_some_and(|log| log.contains(&format!("NATS at {URL}")))
+        })
+    };
+    switchyard_testkit::eventually(
+        "the class-compiler's log naming the NATS URL",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                pods.list(&ListParams::default().labels(selector))
+                    .await
+                    .is_ok_and(|l| l.items.iter().any(named))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let compilers = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap();
+    let ready = compilers.items.iter().any(|p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    });
+    assert!(!ready, "the class-compiler is not Ready without its log");
+    uninstall(helm, kubeconfig);
 }

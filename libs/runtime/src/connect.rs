@@ -162,7 +162,15 @@ impl NatsArgs {
     async fn connect(&self, name: &str, retry: bool) -> Result<async_nats::Client, ConnectError> {
         let mut options = async_nats::ConnectOptions::new().name(format!("switchyard-{name}"));
         if retry {
-            options = options.retry_on_initial_connect();
+            // A service waits for its server: say which, each time it fails
+            // (a pod that is not Ready says why in its log).
+            let url = self.nats_url.clone();
+            options = options
+                .retry_on_initial_connect()
+                .event_callback(move |event| {
+                    let url = url.clone();
+                    async move { log_event(&url, &event) }
+                });
         }
         self.auth
             .apply(options)
@@ -239,5 +247,22 @@ impl StreamArgs {
                 stream: self.stream.clone(),
                 source,
             })
+    }
+}
+
+/// A service's connection event, naming the server: failures and lost
+/// connections as warnings, the rest as information.
+fn log_event(url: &str, event: &async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => {
+            tracing::info!(nats_url = url, "connected to NATS at {url}")
+        }
+        async_nats::Event::Disconnected
+        | async_nats::Event::ClientError(_)
+        | async_nats::Event::ServerError(_)
+        | async_nats::Event::SlowConsumer(_) => {
+            tracing::warn!(nats_url = url, "NATS at {url}: {event}")
+        }
+        _ => tracing::info!(nats_url = url, "NATS at {url}: {event}"),
     }
 }
