@@ -3,33 +3,27 @@
 //! node's containerd, `helm install` with the bundled NATS and the node
 //! agent over a fixture machine, every pod Running and Ready, `helm test`
 //! passing, and `switchyard status` on the host reaching the release's NATS
-//! through `kubectl port-forward` as a user would.
+//! through `kubectl port-forward` as a user would; then bad input named.
 //!
 //! The nodes are real kubelets with containerd and runc in a cluster network
-//! of the test's own (kube-proxy and CoreDNS from their Go modules), so the
-//! pods use in-cluster config through the `kubernetes` Service and find the
-//! NATS server by its Service's name. The cluster has no volume provisioner:
-//! the NATS server's claim binds a local PersistentVolume the test makes, as
-//! on a cluster without a default StorageClass.
+//! of the test's own (kube-proxy and CoreDNS from their Go modules:
+//! `switchyard_testkit::chart`), so the pods use in-cluster config through
+//! the `kubernetes` Service and find the NATS server by its Service's name.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use serde_json::json;
-use switchyard_testkit::kube::{Components, ControlPlane};
-use switchyard_testkit::network::{self, ClusterNetwork};
-use switchyard_testkit::node::{NodeOptions, RealNode};
+use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, NodeSpec, RELEASE};
+use switchyard_testkit::node::RealNode;
 
-const NAMESPACE: &str = "switchyard-system";
-const RELEASE: &str = "switchyard";
 /// Every pod Running and Ready within this, from `helm install` (the bound
-/// the README's Install section states).
+/// the Install section states).
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
 fn repo() -> PathBuf {
@@ -52,169 +46,54 @@ fn run(command: &mut Command) -> Output {
     out
 }
 
-/// The project's image from this test's `switchyard` binary
-/// (`scripts/build-image.sh --no-build`), as a docker-archive.
-fn project_image(out: &Path) -> PathBuf {
-    let binary = switchyard_testkit::bins::binary("switchyard");
-    let bin_dir = binary.parent().expect("the profile's folder");
-    let profile = if bin_dir.ends_with("release") {
-        "release"
-    } else {
-        "dev"
-    };
-    run(Command::new(repo().join("scripts/build-image.sh"))
-        .args(["--profile", profile, "--no-build", "--tag", "test"])
-        .arg("--bin-dir")
-        .arg(bin_dir)
-        .arg("--out")
-        .arg(out));
-    out.join("switchyard-test.tar")
-}
-
-/// The bundled NATS's image (`scripts/build-nats-image.sh`).
-fn nats_image() -> PathBuf {
-    let out = run(&mut Command::new(
-        repo().join("scripts/build-nats-image.sh"),
-    ));
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-fn kubectl() -> PathBuf {
-    network::binaries_dir()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .join("kubectl")
-}
-
-/// `kubectl port-forward` to the release's NATS Service on a free local
-/// port; returns the process and the port once it forwards.
-fn port_forward(kubeconfig: &Path) -> (Child, u16) {
-    let mut child = Command::new(kubectl())
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["-n", NAMESPACE, "port-forward"])
-        .arg(format!("svc/{RELEASE}-nats"))
-        .arg(":4222")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start kubectl port-forward");
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    stdout.read_line(&mut line).expect("read kubectl");
-    // It says "Handling connection" for each: keep its stdout open.
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    // Forwarding from 127.0.0.1:PORT -> 4222
-    let port = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"));
-    (child, port)
-}
-
-/// Pods of the release that are not yet Running and Ready (finished hook
-/// pods aside), with what they wait on.
-async fn not_ready(pods: &Api<Pod>) -> Vec<String> {
-    let list = pods.list(&ListParams::default()).await.expect("list pods");
-    if list.items.is_empty() {
-        return vec!["no pod yet".into()];
-    }
-    list.items
-        .iter()
-        .filter_map(|p| {
-            let name = p.metadata.name.clone().unwrap_or_default();
-            let status = p.status.clone().unwrap_or_default();
-            let phase = status.phase.clone().unwrap_or_default();
-            if phase == "Succeeded" {
-                return None;
-            }
-            let ready = status
-                .conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            (phase != "Running" || !ready).then(|| format!("{name}: {phase}, ready {ready}"))
-        })
-        .collect()
+/// The values of the trial install on nodes without GPUs.
+fn trial_values(fixture: &Path) -> Vec<String> {
+    [
+        "nats.bundled.enabled=true",
+        "nats.bundled.image.repository=localhost/nats",
+        "nats.bundled.image.tag=2.15.2",
+        "image.tag=test",
+        "nodeAgent.enabled=true",
+        "nodeAgent.gpuSource=fixture",
+    ]
+    .iter()
+    .flat_map(|set| ["--set".to_string(), set.to_string()])
+    .chain([
+        "--set-file".to_string(),
+        format!("nodeAgent.fixture={}", fixture.display()),
+    ])
+    .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() {
     let images = tempfile::tempdir().expect("image dir");
-    let project = project_image(images.path());
-    let nats = nats_image();
-
-    let network = ClusterNetwork::new();
-    let plane = ControlPlane::start_with(Components {
-        scheduler: true,
-        controller_manager: true,
-        bind_address: Some(network.host_ip()),
-        ..Components::default()
-    })
-    .await;
-    network.start_kube_proxy(&plane);
-    let options = |labels: &[(&str, &str)]| NodeOptions {
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        images: vec![ClusterNetwork::dns_image(), project.clone(), nats.clone()],
-        network: Some(network.attach()),
-    };
+    let binary = switchyard_testkit::bins::binary("switchyard");
+    let project = chart::project_image(binary.parent().unwrap(), images.path());
     // A GPU node of group `gpu` (spec.gpu: the device plugin's), and a worker.
-    let gpu = RealNode::start_with(
-        &plane,
-        "gpu-1",
-        options(&[
-            ("node.deckhouse.io/group", "gpu"),
-            ("node.deckhouse.io/gpu-stack", "device-plugin"),
-        ]),
+    let cluster = ChartCluster::start(
+        &project,
+        &[
+            NodeSpec {
+                name: "gpu-1",
+                labels: &[
+                    ("node.deckhouse.io/group", "gpu"),
+                    ("node.deckhouse.io/gpu-stack", "device-plugin"),
+                ],
+            },
+            NodeSpec {
+                name: "worker-1",
+                labels: &[],
+            },
+        ],
     )
     .await;
-    let worker = RealNode::start_with(&plane, "worker-1", options(&[])).await;
-    let client = plane.client();
-    network.deploy_dns(&client).await;
+    let client = cluster.plane.client();
+    cluster.local_volume("worker-1", 1000).await;
 
-    // The NATS server's volume: a local directory of worker-1, its user's.
-    let data = worker.path("/var/lib/switchyard-nats");
-    std::fs::create_dir_all(&data).expect("the volume's directory");
-    run(Command::new("chown").arg("1000:1000").arg(&data));
-    let volume: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "nats-data"},
-        "spec": {
-            "capacity": {"storage": "10Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "local": {"path": "/var/lib/switchyard-nats"},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["worker-1"]}]}]}}
-        }
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(client.clone())
-        .create(&PostParams::default(), &volume)
-        .await
-        .expect("create the volume");
-
-    // The chart's CRDs come with it; the group's NodeGroup after them.
-    let kubeconfig = plane.kubeconfig();
-    let helm = switchyard_testkit::helm_binary().unwrap_or_else(|e| panic!("{e}"));
-    let fixture = repo().join("deploy/fixtures/h100-8x.yaml");
-    let installed = Instant::now();
-    let install = run(Command::new(&helm)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["install", RELEASE])
-        .arg(repo().join("deploy/helm/switchyard"))
-        .args(["-n", NAMESPACE, "--create-namespace"])
-        .args(["--set", "nats.bundled.enabled=true"])
-        .args(["--set", "nats.bundled.image.repository=localhost/nats"])
-        .args(["--set", "nats.bundled.image.tag=2.15.2"])
-        .args(["--set", "image.tag=test"])
-        .args(["--set", "nodeAgent.enabled=true"])
-        .args(["--set", "nodeAgent.gpuSource=fixture"])
-        .arg("--set-file")
-        .arg(format!("nodeAgent.fixture={}", fixture.display())));
+    let values = trial_values(&repo().join("deploy/fixtures/h100-8x.yaml"));
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    let install = cluster.install(&values);
     // NOTES: how to check it, and how to load the image where pulls fail.
     let notes = String::from_utf8_lossy(&install.stdout);
     for line in [
@@ -224,6 +103,7 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     ] {
         assert!(notes.contains(line), "{line} in\n{notes}");
     }
+    // The group's NodeGroup, once the chart's CRDs are in.
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("deckhouse.io", "v1", "NodeGroup"));
     let mut group = DynamicObject::new("gpu", &ar);
     group.data = json!({"spec": {"nodeType": "Static", "gpu": {"sharing": "Exclusive"}}});
@@ -236,34 +116,18 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         .await
         .expect("apply NodeGroup gpu");
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let waiting = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let ready = switchyard_testkit::eventually(
-        "every pod of the release Running and Ready",
-        READY_WITHIN,
-        || {
-            let pods = pods.clone();
-            let waiting = waiting.clone();
-            async move {
-                let left = not_ready(&pods).await;
-                let done = left.is_empty();
-                *waiting.lock().unwrap() = left;
-                done
-            }
-        },
-    )
-    .await;
-    let took = installed.elapsed();
-    if let Err(e) = ready {
-        let logs = [&gpu, &worker]
+    let took = cluster.until_ready(READY_WITHIN).await.unwrap_or_else(|e| {
+        let logs = cluster
+            .nodes
             .iter()
             .map(|n| n.log_tail("kubelet"))
             .collect::<Vec<_>>()
             .join("\n---\n");
-        panic!("{e}: {:#?}\n--- kubelets\n{logs}", waiting.lock().unwrap());
-    }
+        panic!("{e}\n--- kubelets\n{logs}")
+    });
     eprintln!("helm install: every pod Ready after {took:?}");
-    // The node agent runs on the GPU node only.
+    // The node agent runs on the GPU node only, and serves its cards.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let agents = pods
         .list(&ListParams::default().labels("app.kubernetes.io/component=node-agent"))
         .await
@@ -274,7 +138,6 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect();
     assert_eq!(on, ["gpu-1"]);
-    // Its cards, published from the fixture.
     let nodes: Api<Node> = Api::all(client.clone());
     switchyard_testkit::eventually("gpu-1's nvidia.com/gpu", Duration::from_secs(60), || {
         let nodes = nodes.clone();
@@ -289,14 +152,20 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+    // Each pod's memory, as kubelet reports it, is there to be read.
+    let memory = cluster.pod_memory().await;
+    assert!(
+        memory.keys().any(|p| p.contains("class-compiler")) && memory.values().all(|b| *b > 0),
+        "{memory:?}"
+    );
 
     // `helm test`: `switchyard status` from the image, in the cluster.
-    run(Command::new(&helm)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+    run(cluster
+        .helm()
         .args(["test", RELEASE, "-n", NAMESPACE, "--timeout", "2m"]));
 
     // The CLI on the host, through a port-forward.
-    let (mut forward, port) = port_forward(&kubeconfig);
+    let (mut forward, port) = cluster.port_forward_nats();
     let status = Command::new(switchyard_testkit::bins::binary("switchyard"))
         .args(["status", "--nats-url", &format!("nats://127.0.0.1:{port}")])
         .output()
@@ -310,26 +179,18 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         String::from_utf8_lossy(&status.stderr)
     );
     assert!(printed.contains("gpu-1"), "{printed}");
-
-    run(Command::new(&helm)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]));
+    uninstall(&cluster);
 
     // Bad input: an image no node has, and a NATS server that is not there.
-    missing_image_is_named(&helm, &kubeconfig, &client).await;
-    unreachable_nats_is_named(&helm, &kubeconfig, &client, [&gpu, &worker]).await;
-    drop(gpu);
-    drop(worker);
-    drop(plane);
-    drop(network);
+    missing_image_is_named(&cluster).await;
+    unreachable_nats_is_named(&cluster).await;
 }
 
 /// `helm install` that does not finish (its post-install hook cannot), with
 /// `sets`; helm's output.
-fn install_failing(helm: &Path, kubeconfig: &Path, sets: &[&str]) -> Output {
-    let mut command = Command::new(helm);
+fn install_failing(cluster: &ChartCluster, sets: &[&str]) -> Output {
+    let mut command = cluster.helm();
     command
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(["install", RELEASE])
         .arg(repo().join("deploy/helm/switchyard"))
         .args(["-n", NAMESPACE, "--timeout", "20s"]);
@@ -345,19 +206,19 @@ fn install_failing(helm: &Path, kubeconfig: &Path, sets: &[&str]) -> Output {
     out
 }
 
-fn uninstall(helm: &Path, kubeconfig: &Path) {
-    run(Command::new(helm)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+fn uninstall(cluster: &ChartCluster) {
+    run(cluster
+        .helm()
         .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]));
 }
 
 /// With `image.tag=missing` (no node has it, no registry serves it) the
 /// pods' Events name the image they cannot pull.
-async fn missing_image_is_named(helm: &Path, kubeconfig: &Path, client: &kube::Client) {
+async fn missing_image_is_named(cluster: &ChartCluster) {
     use k8s_openapi::api::core::v1::Event;
+    let client = cluster.plane.client();
     install_failing(
-        helm,
-        kubeconfig,
+        cluster,
         &["nats.url=nats://nats.example:4222", "image.tag=missing"],
     );
     let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
@@ -380,23 +241,16 @@ async fn missing_image_is_named(helm: &Path, kubeconfig: &Path, client: &kube::C
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    uninstall(helm, kubeconfig);
+    uninstall(cluster);
 }
 
 /// With a NATS URL nothing answers, the services run but are not Ready,
 /// and their logs name the URL.
-async fn unreachable_nats_is_named(
-    helm: &Path,
-    kubeconfig: &Path,
-    client: &kube::Client,
-    nodes: [&RealNode; 2],
-) {
+async fn unreachable_nats_is_named(cluster: &ChartCluster) {
     const URL: &str = "nats://nats-gone.switchyard-system.svc:4222";
-    install_failing(
-        helm,
-        kubeconfig,
-        &[&format!("nats.url={URL}"), "image.tag=test"],
-    );
+    let client = cluster.plane.client();
+    let nodes: Vec<&RealNode> = cluster.nodes.iter().collect();
+    install_failing(cluster, &[&format!("nats.url={URL}"), "image.tag=test"]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let selector = "app.kubernetes.io/component=class-compiler";
     let named = |pod: &Pod| {
@@ -431,5 +285,5 @@ async fn unreachable_nats_is_named(
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     });
     assert!(!ready, "the class-compiler is not Ready without its log");
-    uninstall(helm, kubeconfig);
+    uninstall(cluster);
 }

@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod bins;
+#[cfg(feature = "kube")]
+pub mod chart;
 #[cfg(feature = "grpc")]
 pub mod health;
 pub mod jaeger;

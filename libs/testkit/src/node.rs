@@ -124,7 +124,7 @@ fn images_dir(repo: &Path) -> Result<PathBuf, String> {
 }
 
 /// The repository root (for the scripts), from this crate's manifest dir.
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
@@ -601,13 +601,19 @@ serializeImagePulls: false
     /// kubelet's own metrics (`/metrics` on its loopback port, read
     /// anonymously: the test node allows it), in Prometheus' text format.
     pub async fn kubelet_metrics(&self) -> Result<String, String> {
+        self.kubelet_get("/metrics").await
+    }
+
+    /// A path of kubelet's API (`/metrics`, `/stats/summary`), read
+    /// anonymously as the test node allows.
+    pub async fn kubelet_get(&self, path: &str) -> Result<String, String> {
         let url: http::Uri = format!("https://{}:{}", self.kubelet_address(), self.kubelet_port)
             .parse()
             .map_err(|e| format!("{e}"))?;
         let mut config = kube::Config::new(url);
         config.accept_invalid_certs = true;
         let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-        let request = http::Request::get("/metrics")
+        let request = http::Request::get(path)
             .body(Vec::new())
             .map_err(|e| e.to_string())?;
         client

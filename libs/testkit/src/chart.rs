@@ -1,0 +1,292 @@
+//! The chart on real nodes: a [`ChartCluster`] is a control plane with its
+//! scheduler and controller manager, a [`ClusterNetwork`] with kube-proxy
+//! and CoreDNS, and real nodes that have imported the project's image and
+//! the bundled NATS server's image, ready for `helm install` of
+//! `deploy/helm/switchyard` as docs/getting-started.md's Install says.
+//! The cluster has no volume provisioner: [`ChartCluster::local_volume`]
+//! makes the PersistentVolume the bundled server's claim binds.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+use crate::kube::{Components, ControlPlane};
+use crate::network::{self, ClusterNetwork};
+use crate::node::{NodeOptions, RealNode};
+
+pub const NAMESPACE: &str = "switchyard-system";
+pub const RELEASE: &str = "switchyard";
+/// The tag [`project_image`] gives the image.
+pub const IMAGE_TAG: &str = "test";
+
+fn repo() -> PathBuf {
+    crate::node::repo_root()
+}
+
+fn run(command: &mut Command) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The project's image `localhost/switchyard:test` packed by
+/// `scripts/build-image.sh --no-build` from the `switchyard` binary in
+/// `bin_dir`, into `out`; the docker-archive's path.
+pub fn project_image(bin_dir: &Path, out: &Path) -> PathBuf {
+    let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
+        Some("release") => "release",
+        Some("image") => "image",
+        _ => "dev",
+    };
+    run(Command::new(repo().join("scripts/build-image.sh"))
+        .args(["--profile", profile, "--no-build", "--tag", IMAGE_TAG])
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .arg("--out")
+        .arg(out));
+    out.join(format!("switchyard-{IMAGE_TAG}.tar"))
+}
+
+/// The bundled NATS server's image (`scripts/build-nats-image.sh`).
+pub fn nats_image() -> PathBuf {
+    let out = run(&mut Command::new(
+        repo().join("scripts/build-nats-image.sh"),
+    ));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A node to start: its name and labels.
+pub struct NodeSpec<'a> {
+    pub name: &'a str,
+    pub labels: &'a [(&'a str, &'a str)],
+}
+
+/// The cluster, its network and its nodes. Dropped in that order's reverse.
+pub struct ChartCluster {
+    // Field order is drop order: nodes before the plane, the plane before
+    // the network whose address it listens on.
+    pub nodes: Vec<RealNode>,
+    pub plane: ControlPlane,
+    pub network: ClusterNetwork,
+    /// How long each node took to import the images, by node.
+    pub imports: BTreeMap<String, Duration>,
+}
+
+impl ChartCluster {
+    /// The plane, the network with kube-proxy, `nodes` with CoreDNS's, the
+    /// project's (`project`) and NATS's images imported, and CoreDNS Ready.
+    pub async fn start(project: &Path, nodes: &[NodeSpec<'_>]) -> ChartCluster {
+        let nats = nats_image();
+        let network = ClusterNetwork::new();
+        let plane = ControlPlane::start_with(Components {
+            scheduler: true,
+            controller_manager: true,
+            bind_address: Some(network.host_ip()),
+            ..Components::default()
+        })
+        .await;
+        network.start_kube_proxy(&plane);
+        let mut started = Vec::new();
+        let mut imports = BTreeMap::new();
+        for spec in nodes {
+            let node = RealNode::start_with(
+                &plane,
+                spec.name,
+                NodeOptions {
+                    labels: spec
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    images: vec![ClusterNetwork::dns_image()],
+                    network: Some(network.attach()),
+                },
+            )
+            .await;
+            let t0 = Instant::now();
+            node.import(project);
+            node.import(&nats);
+            imports.insert(spec.name.to_string(), t0.elapsed());
+            started.push(node);
+        }
+        network.deploy_dns(&plane.client()).await;
+        ChartCluster {
+            nodes: started,
+            plane,
+            network,
+            imports,
+        }
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> &RealNode {
+        self.nodes
+            .iter()
+            .find(|n| n.name() == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// A local PersistentVolume of 10 GiB on `node`, a directory owned by
+    /// `uid` (the bundled NATS server's user is 1000): what the server's
+    /// claim binds on a cluster without a default StorageClass.
+    pub async fn local_volume(&self, node: &str, uid: u32) {
+        let inside = "/var/lib/switchyard-volume";
+        let data = self.node(node).path(inside);
+        std::fs::create_dir_all(&data).expect("the volume's directory");
+        run(Command::new("chown").arg(format!("{uid}:{uid}")).arg(&data));
+        let volume: PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("local-{node}")},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "local": {"path": inside},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}
+            }
+        }))
+        .unwrap();
+        Api::<PersistentVolume>::all(self.plane.client())
+            .create(&PostParams::default(), &volume)
+            .await
+            .expect("create the volume");
+    }
+
+    /// `helm` with the plane's kubeconfig.
+    pub fn helm(&self) -> Command {
+        let helm = crate::helm_binary().unwrap_or_else(|e| panic!("{e}"));
+        let mut command = Command::new(helm);
+        command.arg(format!(
+            "--kubeconfig={}",
+            self.plane.kubeconfig().display()
+        ));
+        command
+    }
+
+    /// `helm install` of the chart as [`RELEASE`] in [`NAMESPACE`] with
+    /// `args` (`--set ...`); helm's output, which must be a success.
+    pub fn install(&self, args: &[&str]) -> Output {
+        run(self
+            .helm()
+            .args(["install", RELEASE])
+            .arg(repo().join("deploy/helm/switchyard"))
+            .args(["-n", NAMESPACE, "--create-namespace"])
+            .args(args))
+    }
+
+    /// Waits until every pod of [`NAMESPACE`] is Running and Ready (pods
+    /// that finished aside), `within`; how long it took, or what still
+    /// waits.
+    pub async fn until_ready(&self, within: Duration) -> Result<Duration, String> {
+        let pods: Api<Pod> = Api::namespaced(self.plane.client(), NAMESPACE);
+        let started = Instant::now();
+        loop {
+            let waiting = not_ready(&pods).await;
+            if waiting.is_empty() {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > within {
+                return Err(format!("not Ready within {within:?}: {waiting:#?}"));
+            }
+            // The pods' readiness has no event of its own to wait on here.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `kubectl port-forward` to the release's bundled NATS on a free local
+    /// port, as a user reaches it: the process (kill it when done) and the
+    /// port.
+    pub fn port_forward_nats(&self) -> (Child, u16) {
+        let kubectl = network::binaries_dir()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .join("kubectl");
+        let mut child = Command::new(kubectl)
+            .arg(format!(
+                "--kubeconfig={}",
+                self.plane.kubeconfig().display()
+            ))
+            .args(["-n", NAMESPACE, "port-forward"])
+            .arg(format!("svc/{RELEASE}-nats"))
+            .arg(":4222")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start kubectl port-forward");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("read kubectl");
+        // It says "Handling connection" for each: keep its stdout open.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        // Forwarding from 127.0.0.1:PORT -> 4222
+        let port = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"));
+        (child, port)
+    }
+
+    /// Each running pod's memory in [`NAMESPACE`], as kubelet's summary API
+    /// gives it (the working set of its containers, bytes), by pod name.
+    pub async fn pod_memory(&self) -> BTreeMap<String, u64> {
+        let mut memory = BTreeMap::new();
+        for node in &self.nodes {
+            let summary = node
+                .kubelet_get("/stats/summary")
+                .await
+                .unwrap_or_else(|e| panic!("{}'s summary: {e}", node.name()));
+            let summary: serde_json::Value =
+                serde_json::from_str(&summary).expect("the summary's JSON");
+            for pod in summary["pods"].as_array().into_iter().flatten() {
+                if pod["podRef"]["namespace"] != NAMESPACE {
+                    continue;
+                }
+                let bytes = pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
+                let name = pod["podRef"]["name"].as_str().unwrap_or_default();
+                memory.insert(name.to_string(), bytes);
+            }
+        }
+        memory
+    }
+}
+
+/// Pods that are not yet Running and Ready (finished ones aside), with
+/// their phase; "no pod yet" before the first.
+pub async fn not_ready(pods: &Api<Pod>) -> Vec<String> {
+    let list = pods.list(&ListParams::default()).await.expect("list pods");
+    if list.items.is_empty() {
+        return vec!["no pod yet".into()];
+    }
+    list.items
+        .iter()
+        .filter_map(|p| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let status = p.status.clone().unwrap_or_default();
+            let phase = status.phase.clone().unwrap_or_default();
+            if phase == "Succeeded" {
+                return None;
+            }
+            let ready = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (phase != "Running" || !ready).then(|| format!("{name}: {phase}, ready {ready}"))
+        })
+        .collect()
+}
