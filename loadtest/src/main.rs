@@ -75,6 +75,7 @@ pub fn reset_peak() {
 }
 
 mod allocate;
+mod chart;
 mod cores;
 mod eventlog;
 mod kube;
@@ -125,6 +126,9 @@ enum Command {
     /// device plugin and from NVIDIA's on the same mock NVML; kubelet's DRA
     /// call times; the agent's memory next to NVIDIA's plugin's.
     Nodes(nodes::Args),
+    /// The chart on real nodes: the image's size, its import on each node, a
+    /// cold `helm install` until every pod is Ready, each pod's memory.
+    Chart(chart::Args),
     /// `switchyard plan` at scale: the register and the waves for N nodes x G
     /// GPUs and W workloads, from the snapshot.
     Plan(plan::Args),
@@ -163,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         Command::Kubelet(args) => Box::pin(kubelet::run(args)),
         Command::NodeAgent(args) => Box::pin(node_agent::run(args)),
         Command::Nodes(args) => Box::pin(nodes::run(args)),
+        Command::Chart(args) => Box::pin(chart::run(args)),
         Command::Plan(args) => Box::pin(plan::run(args)),
         Command::Migrate(args) => Box::pin(migrate::run(args)),
         Command::Soak(args) => Box::pin(soak::run(args)),

@@ -15,11 +15,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
-use serde_json::json;
-use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, NodeSpec, RELEASE};
+use kube::api::{Api, ListParams};
+use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, RELEASE};
 use switchyard_testkit::node::RealNode;
 
 /// Every pod Running and Ready within this, from `helm install` (the bound
@@ -46,52 +43,16 @@ fn run(command: &mut Command) -> Output {
     out
 }
 
-/// The values of the trial install on nodes without GPUs.
-fn trial_values(fixture: &Path) -> Vec<String> {
-    [
-        "nats.bundled.enabled=true",
-        "nats.bundled.image.repository=localhost/nats",
-        "nats.bundled.image.tag=2.15.2",
-        "image.tag=test",
-        "nodeAgent.enabled=true",
-        "nodeAgent.gpuSource=fixture",
-    ]
-    .iter()
-    .flat_map(|set| ["--set".to_string(), set.to_string()])
-    .chain([
-        "--set-file".to_string(),
-        format!("nodeAgent.fixture={}", fixture.display()),
-    ])
-    .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() {
     let images = tempfile::tempdir().expect("image dir");
     let binary = switchyard_testkit::bins::binary("switchyard");
     let project = chart::project_image(binary.parent().unwrap(), images.path());
-    // A GPU node of group `gpu` (spec.gpu: the device plugin's), and a worker.
-    let cluster = ChartCluster::start(
-        &project,
-        &[
-            NodeSpec {
-                name: "gpu-1",
-                labels: &[
-                    ("node.deckhouse.io/group", "gpu"),
-                    ("node.deckhouse.io/gpu-stack", "device-plugin"),
-                ],
-            },
-            NodeSpec {
-                name: "worker-1",
-                labels: &[],
-            },
-        ],
-    )
-    .await;
+    let cluster = ChartCluster::start(&project, &chart::TRIAL_NODES).await;
     let client = cluster.plane.client();
     cluster.local_volume("worker-1", 1000).await;
 
-    let values = trial_values(&repo().join("deploy/fixtures/h100-8x.yaml"));
+    let values = chart::trial_values(&repo().join("deploy/fixtures/h100-8x.yaml"));
     let values: Vec<&str> = values.iter().map(String::as_str).collect();
     let install = cluster.install(&values);
     // NOTES: how to check it, and how to load the image where pulls fail.
@@ -104,17 +65,7 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         assert!(notes.contains(line), "{line} in\n{notes}");
     }
     // The group's NodeGroup, once the chart's CRDs are in.
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("deckhouse.io", "v1", "NodeGroup"));
-    let mut group = DynamicObject::new("gpu", &ar);
-    group.data = json!({"spec": {"nodeType": "Static", "gpu": {"sharing": "Exclusive"}}});
-    Api::<DynamicObject>::all_with(client.clone(), &ar)
-        .patch(
-            "gpu",
-            &PatchParams::apply("switchyard-test").force(),
-            &Patch::Apply(&group),
-        )
-        .await
-        .expect("apply NodeGroup gpu");
+    cluster.node_group("gpu", true).await;
 
     let took = cluster.until_ready(READY_WITHIN).await.unwrap_or_else(|e| {
         let logs = cluster

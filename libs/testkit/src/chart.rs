@@ -68,11 +68,50 @@ pub fn nats_image() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// The `helm install` arguments of the trial on nodes without GPUs, as the
+/// Install section gives them: the bundled NATS from the image
+/// `scripts/build-nats-image.sh` packs, the project's image [`IMAGE_TAG`],
+/// and the node agent over the fixture machine `fixture`.
+pub fn trial_values(fixture: &Path) -> Vec<String> {
+    [
+        "nats.bundled.enabled=true",
+        "nats.bundled.image.repository=localhost/nats",
+        "nats.bundled.image.tag=2.15.2",
+        "image.tag=test",
+        "nodeAgent.enabled=true",
+        "nodeAgent.gpuSource=fixture",
+    ]
+    .iter()
+    .flat_map(|set| ["--set".to_string(), set.to_string()])
+    .chain([
+        "--set-file".to_string(),
+        format!("nodeAgent.fixture={}", fixture.display()),
+    ])
+    .collect()
+}
+
 /// A node to start: its name and labels.
 pub struct NodeSpec<'a> {
     pub name: &'a str,
     pub labels: &'a [(&'a str, &'a str)],
 }
+
+/// The trial's nodes: a GPU node of group `gpu` (whose NodeGroup has
+/// `spec.gpu`, so the device plugin's: the node agent runs there), and a
+/// worker.
+pub const TRIAL_NODES: [NodeSpec<'static>; 2] = [
+    NodeSpec {
+        name: "gpu-1",
+        labels: &[
+            ("node.deckhouse.io/group", "gpu"),
+            ("node.deckhouse.io/gpu-stack", "device-plugin"),
+        ],
+    },
+    NodeSpec {
+        name: "worker-1",
+        labels: &[],
+    },
+];
 
 /// The cluster, its network and its nodes. Dropped in that order's reverse.
 pub struct ChartCluster {
@@ -164,6 +203,27 @@ impl ChartCluster {
             .create(&PostParams::default(), &volume)
             .await
             .expect("create the volume");
+    }
+
+    /// The NodeGroup `name` (the chart's CRD must be in), with `spec.gpu`
+    /// when `gpu` (its nodes are the device plugin's).
+    pub async fn node_group(&self, name: &str, gpu: bool) {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("deckhouse.io", "v1", "NodeGroup"));
+        let mut group = DynamicObject::new(name, &ar);
+        group.data = if gpu {
+            json!({"spec": {"nodeType": "Static", "gpu": {"sharing": "Exclusive"}}})
+        } else {
+            json!({"spec": {"nodeType": "Static"}})
+        };
+        Api::<DynamicObject>::all_with(self.plane.client(), &ar)
+            .patch(
+                name,
+                &PatchParams::apply("switchyard-testkit").force(),
+                &Patch::Apply(&group),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply NodeGroup {name}: {e}"));
     }
 
     /// `helm` with the plane's kubeconfig.

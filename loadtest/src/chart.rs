@@ -1,0 +1,108 @@
+//! The chart on real nodes (`switchyard_testkit::chart`: kubelet, containerd
+//! and runc in a cluster network with kube-proxy and CoreDNS): the image's
+//! size compressed and unpacked, each node's import of the image, a cold
+//! `helm install` of the trial (bundled NATS, node agent over the fixture
+//! machine) until every pod is Running and Ready, and each pod's memory as
+//! kubelet's summary API gives it once they are.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchyard_testkit::chart::{self, ChartCluster};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The folder of the `switchyard` binary the image packs (default: the
+    /// image profile's beside this binary's: `cargo build --profile image -p
+    /// switchyard`).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+/// The image profile's folder of the target directory this binary runs from.
+fn image_profile_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let target = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow::anyhow!("{} is in no target folder", exe.display()))?;
+    Ok(target.join("image"))
+}
+
+/// The OCI layout's one layer: its size as stored (gzip) and unpacked.
+fn layer_sizes(layout: &Path) -> anyhow::Result<(u64, u64)> {
+    let blob = |digest: &str| {
+        layout
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let index: Value = serde_json::from_slice(&std::fs::read(layout.join("index.json"))?)?;
+    let manifest: Value = serde_json::from_slice(&std::fs::read(blob(
+        index["manifests"][0]["digest"].as_str().unwrap_or_default(),
+    ))?)?;
+    let layer = &manifest["layers"][0];
+    let compressed = layer["size"].as_u64().unwrap_or(0);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -dc {} | wc -c",
+            blob(layer["digest"].as_str().unwrap_or_default()).display()
+        ))
+        .output()?;
+    let unpacked = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+    Ok((compressed, unpacked))
+}
+
+fn mib(bytes: u64) -> f64 {
+    (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Value> {
+    let bin_dir = match args.bin_dir {
+        Some(dir) => dir,
+        None => image_profile_dir()?,
+    };
+    anyhow::ensure!(
+        bin_dir.join("switchyard").is_file(),
+        "{} has no switchyard binary: cargo build --profile image -p switchyard, or --bin-dir",
+        bin_dir.display()
+    );
+    let out = tempfile::tempdir()?;
+    let project = chart::project_image(&bin_dir, out.path());
+    let (compressed, unpacked) = layer_sizes(&out.path().join("oci"))?;
+
+    let cluster = ChartCluster::start(&project, &chart::TRIAL_NODES).await;
+    cluster.local_volume("worker-1", 1000).await;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let values = chart::trial_values(&repo.join("deploy/fixtures/h100-8x.yaml"));
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    let started = std::time::Instant::now();
+    cluster.install(&values);
+    let helm_returned = started.elapsed();
+    cluster.node_group("gpu", true).await;
+    let ready = cluster
+        .until_ready(Duration::from_secs(300))
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?
+        + helm_returned;
+    let memory = cluster.pod_memory().await;
+
+    Ok(json!({
+        "image": {
+            "compressed_mb": (compressed as f64 / 1e6 * 10.0).round() / 10.0,
+            "unpacked_mb": (unpacked as f64 / 1e6 * 10.0).round() / 10.0,
+            "binary_dir": bin_dir.display().to_string(),
+        },
+        "nodes": cluster.nodes.len(),
+        "image_import_seconds": cluster.imports.iter()
+            .map(|(node, took)| (node.clone(), json!(took.as_secs_f64())))
+            .collect::<serde_json::Map<_, _>>(),
+        "helm_install_returned_seconds": helm_returned.as_secs_f64(),
+        "helm_install_to_every_pod_ready_seconds": ready.as_secs_f64(),
+        "pod_memory_working_set_mib": memory.iter()
+            .map(|(pod, bytes)| (pod.clone(), json!(mib(*bytes))))
+            .collect::<serde_json::Map<_, _>>(),
+    }))
+}
