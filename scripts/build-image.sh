@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds Switchyard's OCI image without a Docker daemon and without pulling a
-# base image: one multi-call binary, `switchyard`, with a link to it under
-# each service's name (run by that name it is that service; the chart runs
-# them so), the shared libraries it links (as ldd finds them here), the CA certificates, and an /etc/passwd with the non-root user
+# base image: the multi-call binary `switchyard` with a link to it under each
+# service's name (run by that name it is that service; the chart runs them
+# so), the node agent's own binary `switchyard-node-agent` (it runs on every
+# GPU node: built small, see Cargo.toml's node-agent profile), the shared
+# libraries they link (as ldd finds them here), the CA certificates, and an /etc/passwd with the non-root user
 # 65532, packed with umoci into an OCI layout and copied by skopeo into a
 # docker-archive that `docker load`, `kind load image-archive` and
 # `ctr -n k8s.io images import` take. The same image as the Dockerfile's, for
@@ -12,9 +14,11 @@
 #                          [--image NAME] [--tag TAG] [--out DIR]
 #
 # --profile   cargo profile to build: image (the default: for size,
-#             whole-program; every GPU node pulls the image), release or dev
-# --bin-dir   take the binary from DIR (default: the profile's target folder)
-# --no-build  do not run cargo (`switchyard` must be in --bin-dir)
+#             whole-program, the node agent with the node-agent profile;
+#             every GPU node pulls the image), release or dev
+# --bin-dir   take both binaries from DIR (default: the profile's target
+#             folder; with image, the agent from the node-agent profile's)
+# --no-build  do not run cargo (the binaries must be there)
 # --image     repository name (default: localhost/switchyard, the chart's default)
 # --tag       tag (default: the chart's appVersion)
 # --out       where the OCI layout `oci/` and `switchyard-<tag>.tar` go
@@ -27,14 +31,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The names the binary answers to besides its own (services/switchyard/src/main.rs).
+# The names the multi-call binary answers to besides its own, linked to it
+# (services/switchyard/src/main.rs).
 SERVICES=(
     switchyard-inventory
     switchyard-stack-assigner
     switchyard-class-compiler
     switchyard-claim-allocator
     switchyard-alerter
-    switchyard-node-agent
 )
 export SWITCHYARD_CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SWITCHYARD_CACHE/target}"
@@ -61,8 +65,13 @@ case "$profile" in
     dev) profile_dir=debug ;;
     *) echo "build-image.sh: --profile is image, release or dev, not $profile" >&2; exit 2 ;;
 esac
+agent_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
+if [ -z "$bin_dir" ] && [ "$profile" = image ]; then
+    agent_dir="$CARGO_TARGET_DIR/node-agent"
+fi
 bin_dir="${bin_dir:-$CARGO_TARGET_DIR/$profile_dir}"
 binary="$bin_dir/switchyard"
+agent="$agent_dir/switchyard-node-agent"
 for tool in umoci skopeo ldd strip; do
     command -v "$tool" >/dev/null || {
         echo "build-image.sh: $tool is missing (scripts/install-image-tools.sh installs umoci and skopeo)" >&2
@@ -74,6 +83,9 @@ certs=/etc/ssl/certs/ca-certificates.crt
 
 if [ "$build" = 1 ]; then
     cargo build --locked --profile "$profile" -p switchyard --bin switchyard
+    agent_profile=$profile
+    [ "$profile" = image ] && agent_profile=node-agent
+    cargo build --locked --profile "$agent_profile" -p switchyard-node-agent --bin switchyard-node-agent
 fi
 
 epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
@@ -86,20 +98,24 @@ trap 'rm -rf "$work"' EXIT
 root="$work/rootfs"
 mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/home/nonroot" "$root/tmp"
 chmod 1777 "$root/tmp"
-[ -x "$binary" ] || { echo "build-image.sh: $binary is missing (build it, or drop --no-build)" >&2; exit 1; }
-# Debug info off, symbols kept (a panic's backtrace still names functions).
-strip --strip-debug -o "$root/usr/local/bin/switchyard" "$binary"
-chmod 0755 "$root/usr/local/bin/switchyard"
+for b in "$binary" "$agent"; do
+    [ -x "$b" ] || { echo "build-image.sh: $b is missing (build it, or drop --no-build)" >&2; exit 1; }
+    # Debug info off, symbols kept (a panic's backtrace still names functions).
+    strip --strip-debug -o "$root/usr/local/bin/$(basename "$b")" "$b"
+    chmod 0755 "$root/usr/local/bin/$(basename "$b")"
+done
 for name in "${SERVICES[@]}"; do
     ln -s switchyard "$root/usr/local/bin/$name"
 done
-# The shared libraries and the dynamic loader, at the paths the binary asks for.
-ldd "$binary" | awk '/=> \// {print $3} /^\t\// {print $1}' | sort -u | while read -r lib; do
+# The shared libraries and the dynamic loader, at the paths the binaries ask for.
+for b in "$binary" "$agent"; do
+    ldd "$b" | awk '/=> \// {print $3} /^\t\// {print $1}'
+done | sort -u | while read -r lib; do
     cp -L --parents "$lib" "$root/"
 done
 # NVIDIA's libnvidia-ml.so.1, which the node agent loads at run time (the
 # NVIDIA container runtime mounts it), links these; glibc keeps them beside libc.
-libc_dir=$(ldd "$binary" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
+libc_dir=$(ldd "$agent" | awk '/libc\.so\.6 => / {print $3}' | xargs dirname)
 for lib in libpthread.so.0 libdl.so.2 librt.so.1; do
     cp -L --parents "$libc_dir/$lib" "$root/"
 done

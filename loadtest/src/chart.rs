@@ -2,8 +2,8 @@
 //! and runc in a cluster network with kube-proxy and CoreDNS): the image's
 //! size compressed and unpacked, each node's import of the image, a cold
 //! `helm install` of the trial (bundled NATS, node agent over the fixture
-//! machine) until every pod is Running and Ready, and each pod's memory as
-//! kubelet's summary API gives it once they are.
+//! machine) until every pod is Running and Ready, and each pod's processes'
+//! memory from /proc once they are.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,21 +14,13 @@ use switchyard_testkit::chart::{self, ChartCluster};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The folder of the `switchyard` binary the image packs (default: the
-    /// image profile's beside this binary's: `cargo build --profile image -p
-    /// switchyard`).
+    /// The folder of the `switchyard` and `switchyard-node-agent` binaries
+    /// the image packs (default: the image and node-agent profiles' folders
+    /// beside this binary's, as the image ships: `cargo build --profile
+    /// image -p switchyard` and `cargo build --profile node-agent -p
+    /// switchyard-node-agent`).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-}
-
-/// The image profile's folder of the target directory this binary runs from.
-fn image_profile_dir() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow::anyhow!("{} is in no target folder", exe.display()))?;
-    Ok(target.join("image"))
 }
 
 /// The OCI layout's one layer: its size as stored (gzip) and unpacked.
@@ -60,17 +52,8 @@ fn mib(bytes: u64) -> f64 {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
-    let bin_dir = match args.bin_dir {
-        Some(dir) => dir,
-        None => image_profile_dir()?,
-    };
-    anyhow::ensure!(
-        bin_dir.join("switchyard").is_file(),
-        "{} has no switchyard binary: cargo build --profile image -p switchyard, or --bin-dir",
-        bin_dir.display()
-    );
     let out = tempfile::tempdir()?;
-    let project = chart::project_image(&bin_dir, out.path());
+    let project = chart::project_image(args.bin_dir.as_deref(), out.path());
     let (compressed, unpacked) = layer_sizes(&out.path().join("oci"))?;
 
     let cluster = ChartCluster::start(&project, &chart::TRIAL_NODES).await;
@@ -87,13 +70,13 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         .await
         .map_err(|e| anyhow::anyhow!(e))?
         + helm_returned;
-    let memory = cluster.pod_memory().await;
+    let processes = cluster.pod_processes_memory().await;
 
     Ok(json!({
         "image": {
             "compressed_mb": (compressed as f64 / 1e6 * 10.0).round() / 10.0,
             "unpacked_mb": (unpacked as f64 / 1e6 * 10.0).round() / 10.0,
-            "binary_dir": bin_dir.display().to_string(),
+            "binaries": args.bin_dir.map_or("the image and node-agent profiles".into(), |d| d.display().to_string()),
         },
         "nodes": cluster.nodes.len(),
         "image_import_seconds": cluster.imports.iter()
@@ -101,8 +84,9 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             .collect::<serde_json::Map<_, _>>(),
         "helm_install_returned_seconds": helm_returned.as_secs_f64(),
         "helm_install_to_every_pod_ready_seconds": ready.as_secs_f64(),
-        "pod_memory_working_set_mib": memory.iter()
-            .map(|(pod, bytes)| (pod.clone(), json!(mib(*bytes))))
+        // The pod's processes' resident and anonymous memory, from /proc.
+        "pod_processes_resident_anonymous_mib": processes.iter()
+            .map(|(pod, m)| (pod.clone(), json!([mib(m.resident), mib(m.anonymous)])))
             .collect::<serde_json::Map<_, _>>(),
     }))
 }

@@ -47,7 +47,8 @@ fn run(command: &mut Command) -> Output {
 async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() {
     let images = tempfile::tempdir().expect("image dir");
     let binary = switchyard_testkit::bins::binary("switchyard");
-    let project = chart::project_image(binary.parent().unwrap(), images.path());
+    switchyard_testkit::bins::binary("switchyard-node-agent");
+    let project = chart::project_image(binary.parent(), images.path());
     let cluster = ChartCluster::start(&project, &chart::TRIAL_NODES).await;
     let client = cluster.plane.client();
     cluster.local_volume("worker-1", 1000).await;
@@ -103,10 +104,13 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    // Each pod's memory, as kubelet reports it, is there to be read.
-    let memory = cluster.pod_memory().await;
+    // Each pod's processes' memory is there to be read.
+    let memory = cluster.pod_processes_memory().await;
     assert!(
-        memory.keys().any(|p| p.contains("class-compiler")) && memory.values().all(|b| *b > 0),
+        memory.keys().any(|p| p.contains("class-compiler"))
+            && memory
+                .values()
+                .all(|m| m.resident > m.anonymous && m.anonymous > 0),
         "{memory:?}"
     );
 

@@ -2,8 +2,9 @@
 //! `localhost/switchyard`): packed from this test's binaries, its config read
 //! back from the OCI layout (entrypoint, the non-root user, labels), its
 //! docker-archive tagged with the name, and its root filesystem unpacked by
-//! umoci and run from: one binary, `switchyard`, and a link to it under each
-//! service's name; every name answers `--version` as itself, as the image's
+//! umoci and run from: the multi-call `switchyard` with a link to it under
+//! each service's name, and the node agent's own binary; every name answers
+//! `--version` as itself, as the image's
 //! user 65532 with nothing but the image's files (chroot), and a service
 //! started by its name there follows the log of a real nats-server, serves
 //! its metrics and logs JSON lines that name it. The Dockerfile builds the
@@ -21,8 +22,8 @@ use serde_json::Value;
 use switchyard_testkit::kube::ControlPlane;
 use switchyard_testkit::nats::NatsServer;
 
-/// The names the image's binary answers to: its own, then the services'
-/// links to it, in `scripts/build-image.sh`'s order.
+/// The names the image answers to: the multi-call binary, the services'
+/// links to it in `scripts/build-image.sh`'s order, and the node agent.
 const NAMES: [&str; 7] = [
     "switchyard",
     "switchyard-inventory",
@@ -90,8 +91,9 @@ fn strings(value: &Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_every_binary_as_its_non_root_user() {
-    // This test's binary, up to date, in its profile's folder.
+    // This test's binaries, up to date, in its profile's folder.
     let binary = switchyard_testkit::bins::binary("switchyard");
+    switchyard_testkit::bins::binary("switchyard-node-agent");
     let bin_dir = binary.parent().expect("the profile's folder");
     let profile = if bin_dir.ends_with("release") {
         "release"
@@ -187,8 +189,10 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     let mut names = NAMES.map(String::from).to_vec();
     names.sort();
     assert_eq!(files, names);
-    assert!(bin.join("switchyard").symlink_metadata().unwrap().is_file());
-    for service in &NAMES[1..] {
+    for own in ["switchyard", "switchyard-node-agent"] {
+        assert!(bin.join(own).symlink_metadata().unwrap().is_file(), "{own}");
+    }
+    for service in &NAMES[1..6] {
         assert_eq!(
             std::fs::read_link(bin.join(service)).ok(),
             Some(PathBuf::from("switchyard")),
@@ -285,9 +289,9 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     }
 }
 
-/// The Dockerfile builds and strips the same one binary with the same
-/// profile, links the same names to it, and runs it as the same user with
-/// the same entrypoint.
+/// The Dockerfile builds and strips the same two binaries with the same
+/// profiles, links the same names to the multi-call one, and runs it as the
+/// same user with the same entrypoint.
 #[test]
 fn the_dockerfile_builds_the_same_image() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
@@ -296,9 +300,15 @@ fn the_dockerfile_builds_the_same_image() {
             "cargo build --release --locked --profile image -p switchyard --bin switchyard"
         ) || dockerfile
             .contains("cargo build --locked --profile image -p switchyard --bin switchyard"),
-        "the Dockerfile builds the one binary with the image profile"
+        "the Dockerfile builds the multi-call binary with the image profile"
     );
-    for service in &NAMES[1..] {
+    assert!(
+        dockerfile.contains(
+            "cargo build --locked --profile node-agent -p switchyard-node-agent --bin switchyard-node-agent"
+        ),
+        "the Dockerfile builds the node agent with its profile"
+    );
+    for service in &NAMES[1..6] {
         assert!(
             dockerfile.contains(&format!("ln -s switchyard /out/{service}")),
             "the Dockerfile does not link {service}"
@@ -319,7 +329,7 @@ fn the_dockerfile_builds_the_same_image() {
         .expect("the script's SERVICES")
         .split_whitespace()
         .collect();
-    assert_eq!(listed, NAMES[1..]);
+    assert_eq!(listed, NAMES[1..6]);
     assert!(
         script.contains("profile=image\n"),
         "the script's default profile"

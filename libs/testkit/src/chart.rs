@@ -43,20 +43,24 @@ fn run(command: &mut Command) -> Output {
 }
 
 /// The project's image `localhost/switchyard:test` packed by
-/// `scripts/build-image.sh --no-build` from the `switchyard` binary in
-/// `bin_dir`, into `out`; the docker-archive's path.
-pub fn project_image(bin_dir: &Path, out: &Path) -> PathBuf {
-    let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
-        Some("release") => "release",
-        Some("image") => "image",
-        _ => "dev",
-    };
-    run(Command::new(repo().join("scripts/build-image.sh"))
-        .args(["--profile", profile, "--no-build", "--tag", IMAGE_TAG])
-        .arg("--bin-dir")
-        .arg(bin_dir)
-        .arg("--out")
-        .arg(out));
+/// `scripts/build-image.sh --no-build` into `out`: from the `switchyard` and
+/// `switchyard-node-agent` binaries in `bin_dir`, or with `None` from the
+/// image and node-agent profiles' folders (as the image ships). The
+/// docker-archive's path.
+pub fn project_image(bin_dir: Option<&Path>, out: &Path) -> PathBuf {
+    let mut command = Command::new(repo().join("scripts/build-image.sh"));
+    command.args(["--no-build", "--tag", IMAGE_TAG]);
+    if let Some(bin_dir) = bin_dir {
+        let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
+            Some("release") => "release",
+            _ => "dev",
+        };
+        command
+            .args(["--profile", profile])
+            .arg("--bin-dir")
+            .arg(bin_dir);
+    }
+    run(command.arg("--out").arg(out));
     out.join(format!("switchyard-{IMAGE_TAG}.tar"))
 }
 
@@ -300,26 +304,55 @@ impl ChartCluster {
             .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"));
         (child, port)
     }
+}
 
-    /// Each running pod's memory in [`NAMESPACE`], as kubelet's summary API
-    /// gives it (the working set of its containers, bytes), by pod name.
-    pub async fn pod_memory(&self) -> BTreeMap<String, u64> {
+/// A pod's processes' memory from `/proc`: resident (code included, however
+/// many pods share its pages) and anonymous, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMemory {
+    pub resident: u64,
+    pub anonymous: u64,
+}
+
+impl ChartCluster {
+    /// Each running pod's processes' memory in [`NAMESPACE`], by pod name:
+    /// the processes whose memory cgroup is the pod's (`pod<uid>`), summed.
+    /// Each process's own resident set counts, shared code included
+    /// (a memory cgroup charges a shared page to one pod only).
+    pub async fn pod_processes_memory(&self) -> BTreeMap<String, ProcessMemory> {
+        let pods: Api<Pod> = Api::namespaced(self.plane.client(), NAMESPACE);
+        let uids: Vec<(String, String)> = pods
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter_map(|p| Some((format!("pod{}", p.metadata.uid?), p.metadata.name?)))
+            .collect();
         let mut memory = BTreeMap::new();
-        for node in &self.nodes {
-            let summary = node
-                .kubelet_get("/stats/summary")
-                .await
-                .unwrap_or_else(|e| panic!("{}'s summary: {e}", node.name()));
-            let summary: serde_json::Value =
-                serde_json::from_str(&summary).expect("the summary's JSON");
-            for pod in summary["pods"].as_array().into_iter().flatten() {
-                if pod["podRef"]["namespace"] != NAMESPACE {
-                    continue;
-                }
-                let bytes = pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
-                let name = pod["podRef"]["name"].as_str().unwrap_or_default();
-                memory.insert(name.to_string(), bytes);
-            }
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let dir = entry.path();
+            let Ok(cgroups) = std::fs::read_to_string(dir.join("cgroup")) else {
+                continue;
+            };
+            let Some(line) = cgroups.lines().find(|l| l.contains(":memory:")) else {
+                continue;
+            };
+            let Some((_, name)) = uids.iter().find(|(uid, _)| line.contains(uid.as_str())) else {
+                continue;
+            };
+            let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+            let kib = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    * 1024
+            };
+            let total: &mut ProcessMemory = memory.entry(name.clone()).or_default();
+            total.resident += kib("VmRSS:");
+            total.anonymous += kib("RssAnon:");
         }
         memory
     }

@@ -107,6 +107,7 @@ async fn printed_by(world: &World, node: &RealNode, app: &str) -> String {
 /// cargo built for this test (`scripts/build-image.sh --no-build`).
 fn project_image() -> tempfile::TempDir {
     let bin = switchyard_testkit::bins::binary("switchyard");
+    switchyard_testkit::bins::binary("switchyard-node-agent");
     let bin_dir = bin.parent().expect("the profile's folder");
     let profile = if bin_dir.ends_with("release") {
         "release"
