@@ -10,38 +10,18 @@
 //! `switchyard_testkit::chart`), so the pods use in-cluster config through
 //! the `kubernetes` Service and find the NATS server by its Service's name.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, RELEASE};
 use switchyard_testkit::node::RealNode;
+use switchyard_testkit::{repo_root, run};
 
 /// Every pod Running and Ready within this, from `helm install` (the bound
 /// the Install section states).
 const READY_WITHIN: Duration = Duration::from_secs(180);
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace")
-        .to_path_buf()
-}
-
-fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() {
@@ -53,7 +33,7 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
     let client = cluster.plane.client();
     cluster.local_volume("worker-1", 1000).await;
 
-    let values = chart::trial_values(&repo().join("deploy/fixtures/h100-8x.yaml"));
+    let values = chart::trial_values(&repo_root().join("deploy/fixtures/h100-8x.yaml"));
     let values: Vec<&str> = values.iter().map(String::as_str).collect();
     let install = cluster.install(&values);
     // NOTES: how to check it, and how to load the image where pulls fail.
@@ -148,7 +128,7 @@ fn install_broken(cluster: &ChartCluster, sets: &[&str]) {
     let mut command = cluster.helm();
     command
         .args(["install", RELEASE])
-        .arg(repo().join("deploy/helm/switchyard"))
+        .arg(repo_root().join("deploy/helm/switchyard"))
         .args(["-n", NAMESPACE, "--no-hooks"]);
     for set in sets {
         command.args(["--set", set]);

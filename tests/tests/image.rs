@@ -15,12 +15,13 @@
 //! root (CI's user), or an unprivileged user namespace (`unshare -r`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_testkit::kube::ControlPlane;
 use switchyard_testkit::nats::NatsServer;
+use switchyard_testkit::{repo_root, run};
 
 /// The names the image answers to: the multi-call binary, the services'
 /// links to it in `scripts/build-image.sh`'s order, and the node agent.
@@ -33,26 +34,6 @@ const NAMES: [&str; 7] = [
     "switchyard-alerter",
     "switchyard-node-agent",
 ];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace")
-        .to_path_buf()
-}
-
-fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn root() -> bool {
     let out = run(Command::new("id").arg("-u"));
@@ -101,7 +82,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
         "dev"
     };
     let out = tempfile::tempdir().expect("temp dir");
-    run(Command::new(repo().join("scripts/build-image.sh"))
+    run(Command::new(repo_root().join("scripts/build-image.sh"))
         .args(["--profile", profile, "--no-build", "--tag", "test"])
         .arg("--bin-dir")
         .arg(bin_dir)
@@ -143,7 +124,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
     );
     let revision = run(Command::new("git")
         .args(["rev-parse", "HEAD"])
-        .current_dir(repo()));
+        .current_dir(repo_root()));
     assert_eq!(
         labels["org.opencontainers.image.revision"],
         String::from_utf8_lossy(&revision.stdout).trim()
@@ -294,7 +275,7 @@ async fn the_image_runs_every_binary_as_its_non_root_user() {
 /// same user with the same entrypoint.
 #[test]
 fn the_dockerfile_builds_the_same_image() {
-    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).expect("Dockerfile");
     assert!(
         dockerfile.contains(
             "cargo build --release --locked --profile image -p switchyard --bin switchyard"
@@ -320,8 +301,8 @@ fn the_dockerfile_builds_the_same_image() {
         "org.opencontainers.image.version=\"{}\"",
         env!("CARGO_PKG_VERSION")
     )));
-    let script =
-        std::fs::read_to_string(repo().join("scripts/build-image.sh")).expect("build-image.sh");
+    let script = std::fs::read_to_string(repo_root().join("scripts/build-image.sh"))
+        .expect("build-image.sh");
     let listed: Vec<&str> = script
         .split("SERVICES=(")
         .nth(1)

@@ -677,6 +677,19 @@ impl<P: FnMut(&StepReport)> Steps<P> {
         }
     }
 
+    /// The run's outcome: the steps reported, then the migration's final
+    /// checks and the cores' states.
+    async fn outcome<S: Services, L: LogSink>(self, mut m: Migration<S, L>) -> Outcome<S, L> {
+        let checks = m.final_checks().await;
+        let states = m.states().await;
+        Outcome {
+            migration: m,
+            steps: self.reports,
+            checks,
+            states,
+        }
+    }
+
     /// Reports one step's result at the simulator's time.
     fn report(&mut self, sim: &Simulator, step: &str, result: Result<String, StepFailed>) {
         let (ok, detail) = match result {
@@ -721,14 +734,7 @@ pub async fn run_reference<S: Services, L: LogSink>(
     reference_release_holds(&mut m, &mut steps).await;
     reference_roll_back(&mut m, &mut steps, &handed_over).await;
 
-    let checks = m.final_checks().await;
-    let states = m.states().await;
-    Outcome {
-        migration: m,
-        steps: steps.reports,
-        checks,
-        states,
-    }
+    steps.outcome(m).await
 }
 
 /// Step 1 phase: the target group created and DRA enabled.

@@ -230,14 +230,7 @@ pub async fn run_nvidia_guide<S: Services, L: LogSink>(
     );
     guide_completion(&mut m, &mut steps, &class).await;
 
-    let checks = m.final_checks().await;
-    let states = m.states().await;
-    Outcome {
-        migration: m,
-        steps: steps.reports,
-        checks,
-        states,
-    }
+    steps.outcome(m).await
 }
 
 /// Pilot pool phase: hands half the nodes over with the stage's evidence; returns them.

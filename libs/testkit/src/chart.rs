@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-use crate::kube::{Components, ControlPlane};
+use crate::kube::ControlPlane;
 use crate::network::{self, ClusterNetwork};
 use crate::node::{NodeOptions, RealNode};
 
@@ -25,30 +25,13 @@ pub const RELEASE: &str = "switchyard";
 /// The tag [`project_image`] gives the image.
 pub const IMAGE_TAG: &str = "test";
 
-fn repo() -> PathBuf {
-    crate::node::repo_root()
-}
-
-fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// The project's image `localhost/switchyard:test` packed by
 /// `scripts/build-image.sh --no-build` into `out`: from the `switchyard` and
 /// `switchyard-node-agent` binaries in `bin_dir`, or with `None` from the
 /// image and node-agent profiles' folders (as the image ships). The
 /// docker-archive's path.
 pub fn project_image(bin_dir: Option<&Path>, out: &Path) -> PathBuf {
-    let mut command = Command::new(repo().join("scripts/build-image.sh"));
+    let mut command = Command::new(crate::repo_root().join("scripts/build-image.sh"));
     command.args(["--no-build", "--tag", IMAGE_TAG]);
     if let Some(bin_dir) = bin_dir {
         let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
@@ -60,14 +43,14 @@ pub fn project_image(bin_dir: Option<&Path>, out: &Path) -> PathBuf {
             .arg("--bin-dir")
             .arg(bin_dir);
     }
-    run(command.arg("--out").arg(out));
+    crate::run(command.arg("--out").arg(out));
     out.join(format!("switchyard-{IMAGE_TAG}.tar"))
 }
 
 /// The bundled NATS server's image (`scripts/build-nats-image.sh`).
 pub fn nats_image() -> PathBuf {
-    let out = run(&mut Command::new(
-        repo().join("scripts/build-nats-image.sh"),
+    let out = crate::run(&mut Command::new(
+        crate::repo_root().join("scripts/build-nats-image.sh"),
     ));
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
@@ -134,14 +117,7 @@ impl ChartCluster {
     pub async fn start(project: &Path, nodes: &[NodeSpec<'_>]) -> ChartCluster {
         let nats = nats_image();
         let network = ClusterNetwork::new();
-        let plane = ControlPlane::start_with(Components {
-            scheduler: true,
-            controller_manager: true,
-            bind_address: Some(network.host_ip()),
-            ..Components::default()
-        })
-        .await;
-        network.start_kube_proxy(&plane);
+        let plane = network.start_plane().await;
         let mut started = Vec::new();
         let mut imports = BTreeMap::new();
         for spec in nodes {
@@ -189,7 +165,7 @@ impl ChartCluster {
         let inside = "/var/lib/switchyard-volume";
         let data = self.node(node).path(inside);
         std::fs::create_dir_all(&data).expect("the volume's directory");
-        run(Command::new("chown").arg(format!("{uid}:{uid}")).arg(&data));
+        crate::run(Command::new("chown").arg(format!("{uid}:{uid}")).arg(&data));
         let volume: PersistentVolume = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": format!("local-{node}")},
@@ -244,12 +220,13 @@ impl ChartCluster {
     /// `helm install` of the chart as [`RELEASE`] in [`NAMESPACE`] with
     /// `args` (`--set ...`); helm's output, which must be a success.
     pub fn install(&self, args: &[&str]) -> Output {
-        run(self
-            .helm()
-            .args(["install", RELEASE])
-            .arg(repo().join("deploy/helm/switchyard"))
-            .args(["-n", NAMESPACE, "--create-namespace"])
-            .args(args))
+        crate::run(
+            self.helm()
+                .args(["install", RELEASE])
+                .arg(crate::repo_root().join("deploy/helm/switchyard"))
+                .args(["-n", NAMESPACE, "--create-namespace"])
+                .args(args),
+        )
     }
 
     /// Waits until every pod of [`NAMESPACE`] is Running and Ready (pods
@@ -258,17 +235,16 @@ impl ChartCluster {
     pub async fn until_ready(&self, within: Duration) -> Result<Duration, String> {
         let pods: Api<Pod> = Api::namespaced(self.plane.client(), NAMESPACE);
         let started = Instant::now();
-        loop {
-            let waiting = not_ready(&pods).await;
-            if waiting.is_empty() {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > within {
-                return Err(format!("not Ready within {within:?}: {waiting:#?}"));
-            }
-            // The pods' readiness has no event of its own to wait on here.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let waiting = std::sync::Mutex::new(Vec::new());
+        crate::eventually("every pod Running and Ready", within, || async {
+            let left = not_ready(&pods).await;
+            let done = left.is_empty();
+            *waiting.lock().unwrap() = left;
+            done
+        })
+        .await
+        .map(|()| started.elapsed())
+        .map_err(|e| format!("{e}: {:#?}", waiting.lock().unwrap()))
     }
 
     /// `kubectl port-forward` to the release's bundled NATS on a free local

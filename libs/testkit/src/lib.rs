@@ -255,6 +255,29 @@ impl Drop for KillOnDrop {
 
 /// The cache directory scripts install pinned tools into (`scripts/install-*.sh`):
 /// `$SWITCHYARD_CACHE`, else `$HOME/.cache/switchyard`.
+/// The repository's root (the test kit is libs/testkit).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("repository root")
+        .to_path_buf()
+}
+
+/// Runs `command` to its end; panics with its output unless it succeeds.
+pub fn run(command: &mut std::process::Command) -> std::process::Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn cache_dir() -> std::path::PathBuf {
     if let Some(dir) = std::env::var_os("SWITCHYARD_CACHE") {
         return dir.into();

@@ -260,6 +260,21 @@ iptables -t nat -A POSTROUTING -s {POD_NETWORK} -o eth0 -j MASQUERADE",
         c
     }
 
+    /// A control plane for the network's nodes: the API server on the
+    /// host's address ([`Self::host_ip`]), the scheduler and the controller
+    /// manager; and kube-proxy started against it.
+    pub async fn start_plane(&self) -> ControlPlane {
+        let plane = ControlPlane::start_with(crate::kube::Components {
+            scheduler: true,
+            controller_manager: true,
+            bind_address: Some(self.host_ip),
+            ..Default::default()
+        })
+        .await;
+        self.start_kube_proxy(&plane);
+        plane
+    }
+
     /// Starts kube-proxy in the namespace against `plane` (iptables mode,
     /// masquerading what it proxies, NodePorts on the nodes' address; it
     /// leaves the conntrack sysctls alone) and waits until it has written

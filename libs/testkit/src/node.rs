@@ -124,14 +124,6 @@ fn images_dir(repo: &Path) -> Result<PathBuf, String> {
 }
 
 /// The repository root (for the scripts), from this crate's manifest dir.
-pub(crate) fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("repository root")
-        .to_path_buf()
-}
-
 /// The host's values of [`KUBELET_SYSCTLS`] while nodes run, and how many run.
 static SYSCTLS: Mutex<(usize, Vec<(String, String)>)> = Mutex::new((0, Vec::new()));
 
@@ -236,7 +228,7 @@ impl RealNode {
     /// [`RealNode::start`] with labels and extra images.
     pub async fn start_with(plane: &ControlPlane, name: &str, options: NodeOptions) -> RealNode {
         let runtime = runtime_dir().unwrap_or_else(|e| panic!("{e}"));
-        let images = images_dir(&repo_root()).unwrap_or_else(|e| panic!("{e}"));
+        let images = images_dir(&crate::repo_root()).unwrap_or_else(|e| panic!("{e}"));
         let dir = tempfile::Builder::new()
             .prefix(&format!("switchyard-node-{name}-"))
             .tempdir()

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use switchyard_testkit::eventually;
-use switchyard_testkit::kube::{Components, ControlPlane, create_namespace};
+use switchyard_testkit::kube::create_namespace;
 use switchyard_testkit::network::ClusterNetwork;
 use switchyard_testkit::node::{BUSYBOX_IMAGE, NodeOptions, RealNode};
 
@@ -68,14 +68,7 @@ fn pod(name: &str, node: &str, command: &str, labels: serde_json::Value) -> Pod 
 async fn pods_on_two_nodes_reach_each_other_through_a_service_found_by_name() {
     let before = (host_network(), forwarding());
     let network = ClusterNetwork::new();
-    let plane = ControlPlane::start_with(Components {
-        scheduler: true,
-        controller_manager: true,
-        bind_address: Some(network.host_ip()),
-        ..Components::default()
-    })
-    .await;
-    network.start_kube_proxy(&plane);
+    let plane = network.start_plane().await;
     let options = || NodeOptions {
         network: Some(network.attach()),
         images: vec![ClusterNetwork::dns_image()],

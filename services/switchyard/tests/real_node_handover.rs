@@ -104,33 +104,14 @@ async fn printed_by(world: &World, node: &RealNode, app: &str) -> String {
 }
 
 /// The project's image, `localhost/switchyard:test`, from the binaries
-/// cargo built for this test (`scripts/build-image.sh --no-build`).
-fn project_image() -> tempfile::TempDir {
+/// cargo built for this test (`scripts/build-image.sh --no-build`), in a
+/// folder of its own: the folder and the docker-archive.
+fn project_image() -> (tempfile::TempDir, std::path::PathBuf) {
     let bin = switchyard_testkit::bins::binary("switchyard");
     switchyard_testkit::bins::binary("switchyard-node-agent");
-    let bin_dir = bin.parent().expect("the profile's folder");
-    let profile = if bin_dir.ends_with("release") {
-        "release"
-    } else {
-        "dev"
-    };
     let out = tempfile::tempdir().expect("image dir");
-    let built = std::process::Command::new(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-image.sh"),
-    )
-    .args(["--profile", profile, "--no-build", "--tag", "test"])
-    .arg("--bin-dir")
-    .arg(bin_dir)
-    .arg("--out")
-    .arg(out.path())
-    .output()
-    .expect("run build-image.sh");
-    assert!(
-        built.status.success(),
-        "build-image.sh: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    out
+    let archive = switchyard_testkit::chart::project_image(bin.parent(), out.path());
+    (out, archive)
 }
 
 /// The node agent's DaemonSet, as the chart renders it for a node agent on
@@ -279,8 +260,8 @@ async fn handover_and_rollback_on_a_real_node_never_advertise_both_stacks() {
     let bashible = tokio::spawn(prepare_nodes(c.clone()));
     // The node agent as a DaemonSet pod from the project's image (packed
     // from this test's binaries), as the chart deploys it.
-    let image = project_image();
-    node.import(&image.path().join("switchyard-test.tar"));
+    let (_image, archive) = project_image();
+    node.import(&archive);
     node_agent_daemonset(&c, &world).await;
     for service in SERVICES {
         world.serve(service);
@@ -467,8 +448,8 @@ async fn a_rolling_update_of_the_agent_keeps_the_slices_and_the_running_claims()
     )
     .await;
     node.make_device_nodes(&DEVICE_NODES);
-    let image = project_image();
-    node.import(&image.path().join("switchyard-test.tar"));
+    let (_image, archive) = project_image();
+    node.import(&archive);
     node_agent_daemonset(&c, &world).await;
     let class: DeviceClass = serde_json::from_value(json!({
         "metadata": {"name": "gpu.deckhouse.io"},
