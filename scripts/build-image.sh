@@ -91,7 +91,7 @@ fi
 epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | sed -n 1p)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -110,7 +110,7 @@ for t in "${targets[@]}"; do
         else
             # A stack overflow kills the process before libFuzzer can save the input.
             echo "!! no reproducer saved (a stack overflow?); the newest corpus files:"
-            ls -t "$corpus" | head -n 5 | sed "s|^|!!   $corpus/|"
+            ls -t "$corpus" | sed -n 1,5p | sed "s|^|!!   $corpus/|"
         fi
     fi
 done

@@ -108,7 +108,9 @@ if [ ! -f "$OUT/coredns.tar" ]; then
     mv "$OUT/coredns.tar.tmp" "$OUT/coredns.tar"
 fi
 
+# sed reads all of it: `head -1` may close the pipe while the program still
+# writes, and pipefail then fails the script on the program's SIGPIPE.
 "$OUT/kube-proxy" --version
-"$OUT/kubectl" version --client | head -1
-"$OUT/coredns" -version | head -1
+"$OUT/kubectl" version --client | sed -n 1p
+"$OUT/coredns" -version | sed -n 1p
 echo "cluster network built in $OUT in $(( $(date +%s) - started ))s"
