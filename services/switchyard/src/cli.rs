@@ -22,7 +22,7 @@ enum Command {
     /// log, against a simulated cluster. Exits non-zero if an invariant fails.
     Demo(crate::demo::DemoArgs),
     /// Nodes by group and stack, held groups, alerts, handovers, moves.
-    Status(crate::state::StateArgs),
+    Status(crate::state::StatusArgs),
     /// The state as of a log sequence.
     Replay(crate::state::ReplayArgs),
     /// Inspect and check the migration log.
@@ -97,8 +97,8 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Demo(args) => crate::demo::demo(args).await,
-            Command::Status(args) => crate::state::status(args, None).await,
-            Command::Replay(args) => crate::state::status(args.state, Some(args.until)).await,
+            Command::Status(args) => crate::state::current(args).await,
+            Command::Replay(args) => crate::state::replay(args).await,
             Command::Crdgen(args) => crate::crdgen::crdgen(args),
             Command::Man(args) => crate::man::man(args, &trees()),
             Command::Serve(service) => crate::serve::serve(service).await,

@@ -81,6 +81,42 @@ impl Folded {
         self.states.stack.cluster().blocked_evictions(&h.node)
     }
 
+    /// What is in flight, one line each: handovers, application moves,
+    /// rollbacks and migrations neither paused nor ended.
+    pub fn in_flight(&self) -> Vec<String> {
+        let mut busy = Vec::new();
+        for h in self.states.stack.handovers().active.values() {
+            busy.push(format!(
+                "handover {} of node {} ({} -> {}) at {}",
+                h.id,
+                h.node,
+                h.source_group,
+                h.target_group,
+                h.step.as_str_name()
+            ));
+        }
+        for m in self.states.claims.moves().active.values() {
+            busy.push(format!(
+                "application move {} of {}/{} to {}",
+                m.id, m.workload.namespace, m.workload.name, m.target_group
+            ));
+        }
+        for (id, done) in &self.rollbacks {
+            if !done {
+                busy.push(format!("rollback {id}"));
+            }
+        }
+        for m in self.states.claims.migrations().active.values() {
+            if m.paused.is_none() {
+                busy.push(format!(
+                    "migration {} ({} -> {}): `switchyard migrate pause --id {}` stops it between steps",
+                    m.plan.migration_id, m.plan.source_group, m.plan.target_group, m.plan.migration_id
+                ));
+            }
+        }
+        busy
+    }
+
     fn stack_name(stack: Option<Stack>) -> &'static str {
         match stack {
             Some(Stack::DevicePlugin) => "device-plugin",
@@ -363,6 +399,18 @@ pub struct StateArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Exit 1, naming each, while a handover, an application move, a
+    /// rollback or a running migration is in flight (the state is printed
+    /// first): the chart's pre-delete hook, so that `helm uninstall` never
+    /// stops the services with a node half-switched.
+    #[arg(long, env = "SWITCHYARD_REQUIRE_IDLE")]
+    pub require_idle: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct ReplayArgs {
     #[command(flatten)]
     pub state: StateArgs,
@@ -371,8 +419,35 @@ pub struct ReplayArgs {
     pub until: u64,
 }
 
-/// `switchyard status` (everything) and `switchyard replay --until SEQ`.
-pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitCode> {
+/// `switchyard status`: the state now, and with `--require-idle` exit 1
+/// while something is in flight.
+pub async fn current(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let folded = status_of(&args.state, None).await?;
+    if !args.require_idle {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let busy = folded.in_flight();
+    if busy.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for line in &busy {
+        eprintln!("in flight: {line}");
+    }
+    eprintln!(
+        "refused: {} process(es) in flight; let them finish (`switchyard status`), or roll them back, then try again",
+        busy.len()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+/// `switchyard replay --until SEQ`.
+pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    status_of(&args.state, Some(args.until)).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the state as of `until` (everything when `None`); what was folded.
+async fn status_of(args: &StateArgs, until: Option<u64>) -> anyhow::Result<Folded> {
     let log = open(&args.backend).await?;
     let last = log.last_sequence(None).await?;
     if let Some(until) = until
@@ -386,7 +461,7 @@ pub async fn status(args: StateArgs, until: Option<u64>) -> anyhow::Result<ExitC
         Output::Table => folded.render_table(),
     };
     write_stdout(&text)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(folded)
 }
 
 #[cfg(test)]
@@ -499,6 +574,13 @@ mod tests {
             json["stack_switches_held"][0]["claims"][0],
             "ml/train-0-gpu"
         );
+        // What `status --require-idle` refuses on: the handover, by id and node.
+        let busy = folded.in_flight();
+        assert_eq!(busy.len(), 1, "{busy:?}");
+        assert!(
+            busy[0].starts_with("handover h1 of node w1 (gpu -> gpu-dra) at "),
+            "{busy:?}"
+        );
     }
 
     #[test]
@@ -561,6 +643,8 @@ mod tests {
         ] {
             assert!(table.contains(line), "{line:?} missing from\n{table}");
         }
+        // Paused by the operator: at rest between steps, not in flight.
+        assert_eq!(folded.in_flight(), Vec::<String>::new());
         let json = folded.to_json();
         assert_eq!(json["migrations"][0]["wave_in_progress"], 1);
         assert_eq!(json["evidence"][0]["failed"], 1);

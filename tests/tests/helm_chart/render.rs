@@ -394,3 +394,60 @@ fn the_readiness_selectors_select_the_charts_node_agent_pods() {
         Some("app=nvidia-dra-adapter")
     );
 }
+
+#[test]
+fn uninstall_is_guarded_and_the_log_claim_outlives_the_release() {
+    let guards = |docs: &[Value]| -> Vec<Value> {
+        of_kind(docs, "Job")
+            .into_iter()
+            .filter(|job| job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete")
+            .cloned()
+            .collect()
+    };
+    let bundled = render(&["nats.bundled.enabled=true"]);
+    let guard = guards(&bundled);
+    assert_eq!(guard.len(), 1, "one pre-delete guard: {guard:?}");
+    let command = strings(&guard[0]["spec"]["template"]["spec"]["containers"][0]["command"]);
+    assert_eq!(&command[..3], ["switchyard", "status", "--require-idle"]);
+    assert_eq!(
+        flag(&command, "--nats-url"),
+        Some("nats://switchyard-nats.switchyard-system.svc:4222")
+    );
+    assert_eq!(guard[0]["spec"]["backoffLimit"], 0);
+    // Kept when it fails: its log names what is in flight.
+    assert_eq!(
+        guard[0]["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+        "before-hook-creation,hook-succeeded"
+    );
+    let nats = of_kind(&bundled, "StatefulSet");
+    assert_eq!(
+        nats[0]["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"],
+        "Retain"
+    );
+
+    let off = render(&["nats.bundled.enabled=true", "uninstallGuard.enabled=false"]);
+    assert!(guards(&off).is_empty());
+    let dropped = render(&[
+        "nats.bundled.enabled=true",
+        "nats.bundled.storage.keepOnUninstall=false",
+    ]);
+    assert_eq!(
+        of_kind(&dropped, "StatefulSet")[0]["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"],
+        "Delete"
+    );
+    let mut secured = vec!["nats.bundled.enabled=true"];
+    secured.extend(SECURED);
+    assert!(
+        guards(&render(&secured)).is_empty(),
+        "no reader identity yet: no guard with security on"
+    );
+    let refused = template(&[
+        "nats.bundled.enabled=true",
+        "uninstallGuard.timeoutSeconds=1",
+    ]);
+    assert!(
+        !refused.ok && refused.stderr.contains("timeoutSeconds"),
+        "{}",
+        refused.stderr
+    );
+}
