@@ -2,8 +2,9 @@
 # The whole test suite, on a fresh machine: installs the pinned nats-server,
 # builds the Kubernetes control plane the tests start, the real nodes' runtime
 # (kubelet, containerd, runc, CNI plugins, crictl; about 4 minutes the first
-# time) and images (pause, busybox), helm, kwok, toxiproxy, promtool,
-# jaeger, the nats CLI, umoci and skopeo (Debian's packages, for the image test) and the Go
+# time) and images (pause, busybox), helm, kwok, toxiproxy, promtool and the
+# Prometheus server, jaeger, the nats CLI, umoci and skopeo (Debian's
+# packages, for the image test) and the Go
 # reference programs (all cached, idempotent; the control plane takes about 6
 # minutes the first time, jaeger about 7, kwok about 3), then runs every test of the workspace.
 set -euo pipefail
@@ -18,6 +19,7 @@ scripts/install-helm.sh
 scripts/install-kwok.sh
 scripts/install-toxiproxy.sh
 scripts/install-promtool.sh
+scripts/install-prometheus.sh
 scripts/install-jaeger.sh
 scripts/install-natscli.sh
 scripts/install-nats-py.sh

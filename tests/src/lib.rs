@@ -2,6 +2,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dashboards;
+
 use proptest::prelude::*;
 use switchyard_eventlog::{AppendAck, EventLog, Expected, LogError, NewEvent, Subject};
 use switchyard_proto::v1::{NodeRemoved, domain_event::Kind};

@@ -114,7 +114,7 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         String::from_utf8_lossy(&status.stderr)
     );
     assert!(printed.contains("gpu-1"), "{printed}");
-    uninstall(&cluster).await;
+    cluster.uninstall(&[]).await;
 
     // Bad input: an image no node has, and a NATS server that is not there.
     missing_image_is_named(&cluster).await;
@@ -123,7 +123,8 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
 
 /// `helm install` with `sets` and without its post-install hook, which
 /// would wait out helm's timeout on a release that cannot start: the pods
-/// are what is checked.
+/// are what is checked. Its uninstall goes without the pre-delete guard
+/// too, which cannot run without the image or read a log it cannot reach.
 fn install_broken(cluster: &ChartCluster, sets: &[&str]) {
     let mut command = cluster.helm();
     command
@@ -134,25 +135,6 @@ fn install_broken(cluster: &ChartCluster, sets: &[&str]) {
         command.args(["--set", set]);
     }
     run(&mut command);
-}
-
-/// `helm uninstall`, then until the release's pods are gone (helm waits
-/// for its objects, not for their pods).
-async fn uninstall(cluster: &ChartCluster) {
-    run(cluster
-        .helm()
-        .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]));
-    let pods: Api<Pod> = Api::namespaced(cluster.plane.client(), NAMESPACE);
-    switchyard_testkit::eventually("the release's pods gone", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        async move {
-            pods.list(&ListParams::default())
-                .await
-                .is_ok_and(|l| l.items.is_empty())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// With `image.tag=missing` (no node has it, no registry serves it) the
@@ -184,7 +166,7 @@ async fn missing_image_is_named(cluster: &ChartCluster) {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    uninstall(cluster).await;
+    cluster.uninstall(&["--no-hooks"]).await;
 }
 
 /// With a NATS URL nothing answers, the services run but are not Ready,
@@ -228,5 +210,5 @@ async fn unreachable_nats_is_named(cluster: &ChartCluster) {
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     });
     assert!(!ready, "the class-compiler is not Ready without its log");
-    uninstall(cluster).await;
+    cluster.uninstall(&["--no-hooks"]).await;
 }

@@ -161,6 +161,9 @@ impl Machine {
 pub struct Fixture {
     machine: Machine,
     path: Option<PathBuf>,
+    /// Whose cards these are, when the file is shared by several nodes
+    /// ([`Fixture::load_on`]): their UUIDs made the node's own.
+    node: Option<String>,
 }
 
 /// How often a fixture file is read again for health changes.
@@ -180,7 +183,20 @@ impl Fixture {
         Ok(Fixture {
             machine,
             path: Some(path.to_path_buf()),
+            node: None,
         })
+    }
+
+    /// [`Fixture::load`] of a machine shared by several nodes (the chart's
+    /// `nodeAgent.fixture`), as node `node`'s: every card's and MIG
+    /// device's UUID made the node's own, as real cards' are — its first
+    /// eight hex digits are the node name's FNV-1a hash — so that no two
+    /// nodes publish the same card. The same node gets the same UUIDs.
+    pub fn load_on(path: &Path, node: &str) -> Result<Fixture, SourceError> {
+        let mut fixture = Fixture::load(path)?;
+        own_uuids(&mut fixture.machine, node);
+        fixture.node = Some(node.to_string());
+        Ok(fixture)
     }
 
     pub fn new(machine: Machine) -> Result<Fixture, String> {
@@ -188,7 +204,27 @@ impl Fixture {
         Ok(Fixture {
             machine,
             path: None,
+            node: None,
         })
+    }
+}
+
+/// `machine`'s UUIDs as node `node`'s ([`Fixture::load_on`]).
+fn own_uuids(machine: &mut Machine, node: &str) {
+    let hash = node.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let own = |uuid: &mut String, prefix: &str| {
+        // PREFIX + 8 hex digits + the rest: the 8 digits replaced.
+        if let Some(rest) = uuid.strip_prefix(prefix).and_then(|r| r.get(8..)) {
+            *uuid = format!("{prefix}{hash:08x}{rest}");
+        }
+    };
+    for gpu in &mut machine.gpus {
+        own(&mut gpu.uuid, "GPU-");
+        for mig in &mut gpu.mig_devices {
+            own(&mut mig.uuid, "MIG-");
+        }
     }
 }
 
@@ -217,7 +253,11 @@ impl GpuSource for Fixture {
             if !sink(HealthChange::probe()) {
                 return Ok(());
             }
-            let fixture = match Fixture::load(path) {
+            let loaded = match &self.node {
+                Some(node) => Fixture::load_on(path, node),
+                None => Fixture::load(path),
+            };
+            let fixture = match loaded {
                 Ok(fixture) => fixture,
                 Err(e) => {
                     let message = e.to_string();
@@ -289,12 +329,27 @@ fn check(machine: &Machine) -> Result<(), String> {
 
 /// A source named on the command line: `nvml` or `fixture:FILE`.
 pub fn source(spec: &str) -> Result<Box<dyn GpuSource>, SourceError> {
-    match spec.split_once(':') {
-        None if spec == "nvml" => Ok(Box::new(nvml::Nvml::init()?)),
-        Some(("fixture", path)) => Ok(Box::new(Fixture::load(Path::new(path))?)),
+    source_on(spec, None)
+}
+
+/// A source named on the command line on node `node`: `nvml`,
+/// `fixture:FILE`, or `fixture-per-node:FILE`, a fixture machine shared by
+/// several nodes whose UUIDs are made each node's own
+/// ([`Fixture::load_on`]; it needs the node).
+pub fn source_on(spec: &str, node: Option<&str>) -> Result<Box<dyn GpuSource>, SourceError> {
+    match (spec.split_once(':'), node) {
+        (None, _) if spec == "nvml" => Ok(Box::new(nvml::Nvml::init()?)),
+        (Some(("fixture", path)), _) => Ok(Box::new(Fixture::load(Path::new(path))?)),
+        (Some(("fixture-per-node", path)), Some(node)) => {
+            Ok(Box::new(Fixture::load_on(Path::new(path), node)?))
+        }
+        (Some(("fixture-per-node", path)), None) => Err(SourceError::Fixture {
+            path: PathBuf::from(path),
+            message: "fixture-per-node: needs the node's name (--node-name)".into(),
+        }),
         _ => Err(SourceError::Fixture {
             path: PathBuf::from(spec),
-            message: "expected --gpu-source nvml or fixture:FILE".into(),
+            message: "expected --gpu-source nvml, fixture:FILE or fixture-per-node:FILE".into(),
         }),
     }
 }

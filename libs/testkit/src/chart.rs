@@ -31,8 +31,13 @@ pub const IMAGE_TAG: &str = "test";
 /// image and node-agent profiles' folders (as the image ships). The
 /// docker-archive's path.
 pub fn project_image(bin_dir: Option<&Path>, out: &Path) -> PathBuf {
+    project_image_tagged(bin_dir, out, IMAGE_TAG)
+}
+
+/// [`project_image`] tagged `localhost/switchyard:TAG`.
+pub fn project_image_tagged(bin_dir: Option<&Path>, out: &Path, tag: &str) -> PathBuf {
     let mut command = Command::new(crate::repo_root().join("scripts/build-image.sh"));
-    command.args(["--no-build", "--tag", IMAGE_TAG]);
+    command.args(["--no-build", "--tag", tag]);
     if let Some(bin_dir) = bin_dir {
         let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
             Some("release") => "release",
@@ -44,7 +49,7 @@ pub fn project_image(bin_dir: Option<&Path>, out: &Path) -> PathBuf {
             .arg(bin_dir);
     }
     crate::run(command.arg("--out").arg(out));
-    out.join(format!("switchyard-{IMAGE_TAG}.tar"))
+    out.join(format!("switchyard-{tag}.tar"))
 }
 
 /// The bundled NATS server's image (`scripts/build-nats-image.sh`).
@@ -150,6 +155,13 @@ impl ChartCluster {
         }
     }
 
+    /// `archive` imported on every node.
+    pub fn import_everywhere(&self, archive: &Path) {
+        for node in &self.nodes {
+            node.import(archive);
+        }
+    }
+
     /// The node named `name`.
     pub fn node(&self, name: &str) -> &RealNode {
         self.nodes
@@ -229,6 +241,42 @@ impl ChartCluster {
         )
     }
 
+    /// `helm uninstall` of [`RELEASE`] with `args` (`--no-hooks` for a
+    /// release whose pre-delete guard cannot run: one that never reached its
+    /// image or its NATS), then until its pods are gone (helm waits for its
+    /// objects, not for their pods).
+    pub async fn uninstall(&self, args: &[&str]) {
+        crate::run(
+            self.helm()
+                .args(["uninstall", RELEASE, "-n", NAMESPACE, "--wait"])
+                .args(args),
+        );
+        let pods: Api<Pod> = Api::namespaced(self.plane.client(), NAMESPACE);
+        crate::eventually("the release's pods gone", Duration::from_secs(120), || {
+            let pods = pods.clone();
+            async move {
+                pods.list(&ListParams::default())
+                    .await
+                    .is_ok_and(|l| l.items.is_empty())
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `kubectl` with the plane's kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let kubectl = network::binaries_dir()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .join("kubectl");
+        let mut command = Command::new(kubectl);
+        command.arg(format!(
+            "--kubeconfig={}",
+            self.plane.kubeconfig().display()
+        ));
+        command
+    }
+
     /// Waits until every pod of [`NAMESPACE`] is Running and Ready (pods
     /// that finished aside), `within`; how long it took, or what still
     /// waits.
@@ -251,14 +299,8 @@ impl ChartCluster {
     /// port, as a user reaches it: the process (kill it when done) and the
     /// port.
     pub fn port_forward_nats(&self) -> (Child, u16) {
-        let kubectl = network::binaries_dir()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .join("kubectl");
-        let mut child = Command::new(kubectl)
-            .arg(format!(
-                "--kubeconfig={}",
-                self.plane.kubeconfig().display()
-            ))
+        let mut child = self
+            .kubectl()
             .args(["-n", NAMESPACE, "port-forward"])
             .arg(format!("svc/{RELEASE}-nats"))
             .arg(":4222")

@@ -17,6 +17,7 @@ const CONFIG: &str = include_str!("../../../tests/fixtures/jaeger.yaml");
 /// A running Jaeger, killed when dropped.
 pub struct Jaeger {
     _process: KillOnDrop,
+    otlp_host: std::net::Ipv4Addr,
     otlp_grpc: u16,
     query: u16,
     log: PathBuf,
@@ -27,6 +28,13 @@ impl Jaeger {
     /// Starts Jaeger and waits (up to 60 s) until its traces pipeline is
     /// healthy.
     pub async fn start() -> Jaeger {
+        Jaeger::start_on(std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// [`Jaeger::start`] with its OTLP receivers on `otlp_host` (an address
+    /// a cluster network's pods reach, its host end); the query API stays
+    /// on loopback.
+    pub async fn start_on(otlp_host: std::net::Ipv4Addr) -> Jaeger {
         let binary = jaeger_binary().unwrap_or_else(|e| panic!("{e}"));
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("jaeger.yaml");
@@ -35,6 +43,7 @@ impl Jaeger {
         let [otlp_grpc, otlp_http, query, query_grpc, health] = [(); 5].map(|()| free_port());
         let process = Command::new(&binary)
             .arg(format!("--config=file:{}", config.display()))
+            .env("JAEGER_OTLP_HOST", otlp_host.to_string())
             .env("JAEGER_OTLP_GRPC_PORT", otlp_grpc.to_string())
             .env("JAEGER_OTLP_HTTP_PORT", otlp_http.to_string())
             .env("JAEGER_QUERY_HTTP_PORT", query.to_string())
@@ -46,6 +55,7 @@ impl Jaeger {
             .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
         let jaeger = Jaeger {
             _process: KillOnDrop(process),
+            otlp_host,
             otlp_grpc,
             query,
             log,
@@ -65,7 +75,7 @@ impl Jaeger {
 
     /// Where to send spans: the value of `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn otlp_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.otlp_grpc)
+        format!("http://{}:{}", self.otlp_host, self.otlp_grpc)
     }
 
     /// Jaeger's own log.
@@ -78,8 +88,8 @@ impl Jaeger {
     pub async fn traces(&self, service: &str, operation: &str) -> Result<Vec<Value>, String> {
         let path = format!(
             "/api/traces?service={}&operation={}&limit=20&lookback=1h",
-            encode(service),
-            encode(operation)
+            crate::url_encode(service),
+            crate::url_encode(operation)
         );
         let answer: Value = serde_json::from_str(&http_get(self.query, &path).await?)
             .map_err(|e| format!("{path}: not JSON: {e}"))?;
@@ -97,19 +107,6 @@ impl Jaeger {
             .ok_or_else(|| format!("{path}: no trace in {answer}"))?;
         Ok(Trace::from_query(trace))
     }
-}
-
-/// A query parameter, percent-encoded.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// A span as Jaeger keeps it.

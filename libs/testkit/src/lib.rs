@@ -25,6 +25,8 @@ pub mod network;
 pub mod node;
 #[cfg(feature = "kube")]
 pub mod nvidia;
+#[cfg(feature = "kube")]
+pub mod prometheus;
 #[cfg(feature = "reference")]
 pub mod reference;
 pub mod toxiproxy;
@@ -128,19 +130,24 @@ pub async fn scrape(port: u16) -> Result<String, String> {
 /// closes the connection after the answer); an error naming the status if
 /// the server does not answer 200.
 pub async fn http_get(port: u16, path: &str) -> Result<String, String> {
+    http_get_at("127.0.0.1", port, path).await
+}
+
+/// [`http_get`] of `host:port`.
+pub async fn http_get_at(host: &str, port: u16, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let mut stream = tokio::net::TcpStream::connect((host, port))
         .await
-        .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
+        .map_err(|e| format!("connect to {host}:{port}: {e}"))?;
     stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
         .await
-        .map_err(|e| format!("ask 127.0.0.1:{port}{path}: {e}"))?;
+        .map_err(|e| format!("ask {host}:{port}{path}: {e}"))?;
     let mut answer = Vec::new();
     stream
         .read_to_end(&mut answer)
         .await
-        .map_err(|e| format!("read 127.0.0.1:{port}{path}: {e}"))?;
+        .map_err(|e| format!("read {host}:{port}{path}: {e}"))?;
     let answer = String::from_utf8_lossy(&answer);
     let (head, body) = answer
         .split_once("\r\n\r\n")
@@ -149,6 +156,20 @@ pub async fn http_get(port: u16, path: &str) -> Result<String, String> {
         return Err(format!("{path} answered {head:?}"));
     }
     Ok(body.to_string())
+}
+
+/// `value` percent-encoded for a URL's query (RFC 3986's unreserved
+/// characters kept).
+pub fn url_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The Prometheus Go module version promtool is built from (Prometheus
@@ -178,6 +199,16 @@ pub fn promtool_binary() -> Result<std::path::PathBuf, String> {
         "SWITCHYARD_PROMTOOL",
         &format!("promtool/v{PROMTOOL_VERSION}/promtool"),
         "install-promtool.sh",
+    )
+}
+
+/// Finds the Prometheus server (the module promtool is built from):
+/// `$SWITCHYARD_PROMETHEUS`, else the pinned build in the cache.
+pub fn prometheus_binary() -> Result<std::path::PathBuf, String> {
+    cached_tool(
+        "SWITCHYARD_PROMETHEUS",
+        &format!("prometheus/v{PROMTOOL_VERSION}/prometheus"),
+        "install-prometheus.sh",
     )
 }
 

@@ -326,89 +326,17 @@ impl World {
     }
 
     pub async fn events(&self) -> Vec<(String, DomainEvent)> {
-        let log = self.log().await;
-        log.read(ReadRequest::default())
-            .await
-            .expect("read the log")
-            .into_iter()
-            .filter_map(|s| match s.decode() {
-                Decoded::Event(e) => Some((s.envelope.actor.clone(), e)),
-                Decoded::Unknown { .. } => None,
-            })
-            .collect()
+        events_in(self.log().await.as_ref()).await
     }
 
-    /// The ResourceSlices the API server lists, and those inventory's
-    /// records hold live now, by name: the facts the claim-allocator checks
-    /// evidence on are current for slices when the two are equal.
+    /// [`slices_listed_and_recorded`] on this world's log.
     pub async fn slices_listed_and_recorded(&self) -> (BTreeSet<String>, BTreeSet<String>) {
-        let listed = Api::<ResourceSlice>::all(self.client.clone())
-            .list(&Default::default())
-            .await
-            .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
-            .unwrap_or_default();
-        let mut recorded = BTreeSet::new();
-        for (_, e) in self.events().await {
-            match e.kind {
-                Some(Kind::ResourceSliceObserved(s)) => {
-                    recorded.insert(s.name);
-                }
-                Some(Kind::ResourceSliceRemoved(s)) => {
-                    recorded.remove(&s.name);
-                }
-                _ => {}
-            }
-        }
-        (listed, recorded)
+        slices_listed_and_recorded(&self.client, &self.events().await).await
     }
 
-    /// Each ResourceClaim (`namespace/name`) with the pods it is reserved
-    /// for, as the API server lists them and as inventory last recorded them.
+    /// [`claims_listed_and_recorded`] on this world's log.
     pub async fn claims_listed_and_recorded(&self) -> (Reservations, Reservations) {
-        let listed = Api::<ResourceClaim>::all(self.client.clone())
-            .list(&Default::default())
-            .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .map(|claim| {
-                        let pods = claim
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.reserved_for.as_ref())
-                            .into_iter()
-                            .flatten()
-                            .filter(|r| r.resource == "pods")
-                            .map(|r| r.name.clone())
-                            .collect();
-                        (
-                            format!(
-                                "{}/{}",
-                                claim.namespace().unwrap_or_default(),
-                                claim.name_any()
-                            ),
-                            pods,
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut recorded = Reservations::new();
-        for (_, e) in self.events().await {
-            match e.kind {
-                Some(Kind::ResourceClaimObserved(c)) => {
-                    recorded.insert(
-                        format!("{}/{}", c.namespace, c.name),
-                        c.reserved_for.into_iter().collect(),
-                    );
-                }
-                Some(Kind::ResourceClaimRemoved(c)) => {
-                    recorded.remove(&format!("{}/{}", c.namespace, c.name));
-                }
-                _ => {}
-            }
-        }
-        (listed, recorded)
+        claims_listed_and_recorded(&self.client, &self.events().await).await
     }
 
     pub async fn until<F, Fut>(&self, what: &str, condition: F)
@@ -1159,4 +1087,96 @@ async fn create_kwok_nodes(client: &Client, kwok: &Kwok, names: &[String], gpus:
     if let Err(err) = ready {
         panic!("{err}\n--- kwok.log\n{}", kwok.log_tail());
     }
+}
+
+/// The log's events, decoded, with their authors.
+pub async fn events_in(log: &dyn EventLog) -> Vec<(String, DomainEvent)> {
+    log.read(ReadRequest::default())
+        .await
+        .expect("read the log")
+        .into_iter()
+        .filter_map(|s| match s.decode() {
+            Decoded::Event(e) => Some((s.envelope.actor.clone(), e)),
+            Decoded::Unknown { .. } => None,
+        })
+        .collect()
+}
+
+/// The ResourceSlices the API server lists, and those inventory's
+/// records hold live now, by name: the facts the claim-allocator checks
+/// evidence on are current for slices when the two are equal.
+pub async fn slices_listed_and_recorded(
+    client: &Client,
+    events: &[(String, DomainEvent)],
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let listed = Api::<ResourceSlice>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
+        .unwrap_or_default();
+    let mut recorded = BTreeSet::new();
+    for (_, e) in events {
+        match &e.kind {
+            Some(Kind::ResourceSliceObserved(s)) => {
+                recorded.insert(s.name.clone());
+            }
+            Some(Kind::ResourceSliceRemoved(s)) => {
+                recorded.remove(&s.name);
+            }
+            _ => {}
+        }
+    }
+    (listed, recorded)
+}
+
+/// Each ResourceClaim (`namespace/name`) with the pods it is reserved
+/// for, as the API server lists them and as inventory last recorded them.
+pub async fn claims_listed_and_recorded(
+    client: &Client,
+    events: &[(String, DomainEvent)],
+) -> (Reservations, Reservations) {
+    let listed = Api::<ResourceClaim>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .map(|claim| {
+                    let pods = claim
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.reserved_for.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .filter(|r| r.resource == "pods")
+                        .map(|r| r.name.clone())
+                        .collect();
+                    (
+                        format!(
+                            "{}/{}",
+                            claim.namespace().unwrap_or_default(),
+                            claim.name_any()
+                        ),
+                        pods,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut recorded = Reservations::new();
+    for (_, e) in events {
+        match &e.kind {
+            Some(Kind::ResourceClaimObserved(c)) => {
+                recorded.insert(
+                    format!("{}/{}", c.namespace, c.name),
+                    c.reserved_for.iter().cloned().collect(),
+                );
+            }
+            Some(Kind::ResourceClaimRemoved(c)) => {
+                recorded.remove(&format!("{}/{}", c.namespace, c.name));
+            }
+            _ => {}
+        }
+    }
+    (listed, recorded)
 }

@@ -76,7 +76,7 @@ pub struct Report {
 }
 
 /// Whether the last record of GPU class `name` names a DeviceClass.
-fn class_published(events: &[(String, switchyard_proto::v1::DomainEvent)], name: &str) -> bool {
+pub fn class_published(events: &[(String, switchyard_proto::v1::DomainEvent)], name: &str) -> bool {
     events
         .iter()
         .rev()
@@ -92,7 +92,7 @@ fn class_published(events: &[(String, switchyard_proto::v1::DomainEvent)], name:
 
 /// The workloads (by name) inventory's records hold live in `namespace`,
 /// and how many of their pods they hold running.
-fn recorded_in(
+pub fn recorded_in(
     events: &[(String, switchyard_proto::v1::DomainEvent)],
     namespace: &str,
 ) -> (std::collections::BTreeSet<String>, usize) {
@@ -185,13 +185,41 @@ type WorkloadEnd = (
 /// The part of a cluster a migration changes, as the simulator and the API
 /// server each show it.
 #[derive(Debug, PartialEq)]
-struct EndState {
+pub struct EndState {
     nodes: BTreeMap<String, NodeEnd>,
     workloads: BTreeMap<String, WorkloadEnd>,
     /// The namespace's quota.
     quota: BTreeMap<String, String>,
     /// Per NodeGroup: whether it has spec.gpu.
     groups: BTreeMap<String, bool>,
+}
+
+/// The simulator's workloads with every container's CPU limit `cpu`
+/// instead of its own, in its facts (what the cluster is made from) and in
+/// the end expected of them: real nodes have the machine's CPUs, not a
+/// simulated node's.
+pub fn with_cpu_limit(
+    facts: &mut [switchyard_proto::v1::DomainEvent],
+    expected: &mut EndState,
+    cpu: &str,
+) {
+    let set = |placement: &mut switchyard_proto::v1::WorkloadPlacement| {
+        for limits in placement.container_limits.values_mut() {
+            if let Some(quantity) = limits.quantities.get_mut("cpu") {
+                *quantity = cpu.to_string();
+            }
+        }
+    };
+    for fact in facts {
+        if let Some(Kind::WorkloadObserved(w)) = &mut fact.kind
+            && let Some(placement) = &mut w.placement
+        {
+            set(placement);
+        }
+    }
+    for (placement, _) in expected.workloads.values_mut() {
+        set(placement);
+    }
 }
 
 pub const PARITY_NODES: [&str; 2] = ["gpu-0", "gpu-1"];
@@ -214,7 +242,7 @@ fn owned_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
+pub fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
     let nodes = PARITY_NODES
         .iter()
         .map(|n| {
@@ -253,7 +281,7 @@ fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
 
 /// The same view of the cluster on the API server, through the facts the
 /// inventory reports.
-async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
+pub async fn cluster_end_state(client: &Client, names: &[String]) -> EndState {
     use switchyard_kube::facts;
     let mut nodes = BTreeMap::new();
     for n in PARITY_NODES {
@@ -633,7 +661,7 @@ async fn keep_for_diagnosis(world: &World) {
     );
 }
 
-fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+pub fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     let mut twice = Vec::new();
     for record in records {
@@ -659,7 +687,7 @@ fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
 
 /// Facts inventory recorded twice in a row for one object: a repeat the
 /// observer should have dropped (after a restart, a re-list).
-fn facts_repeated(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
+pub fn facts_repeated(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
     let mut last: BTreeMap<&str, &[u8]> = BTreeMap::new();
     let mut repeated = Vec::new();
     for record in records {
@@ -727,6 +755,38 @@ fn keep_changing(
     (stop, task)
 }
 
+/// The reference's cluster: two GPU nodes of eight H100s in `gpu`, four
+/// workloads on the device plugin, DRA on from the start.
+pub fn reference_config() -> switchyard_sim::SimConfig {
+    switchyard_sim::SimConfig {
+        gpu_nodes: 2,
+        gpus_per_node: 8,
+        card: switchyard_sim::Card::h100(),
+        workloads: 4,
+        upgraded_with_dra: false,
+        legacy_nodes: 0,
+        ..switchyard_sim::SimConfig::default()
+    }
+}
+
+/// The simulator's run of `config`: its steps, every one passed, and the
+/// cluster as it leaves it.
+pub async fn simulate(
+    config: switchyard_sim::SimConfig,
+) -> (Vec<switchyard_scenario::StepReport>, EndState) {
+    let outcome = switchyard_scenario::run_reference(
+        config,
+        switchyard_runtime::Local::default(),
+        (),
+        |_| {},
+    )
+    .await;
+    let steps = step_lines(&outcome.steps);
+    assert!(outcome.ok(), "the simulator's run:\n{}", steps.join("\n"));
+    let expected = sim_end_state(&outcome.migration.sim);
+    (outcome.steps, expected)
+}
+
 pub async fn run(options: Options<'_>) -> Report {
     let Options {
         faults,
@@ -736,26 +796,9 @@ pub async fn run(options: Options<'_>) -> Report {
         cli,
     } = options;
     let mut report = Report::default();
-    use switchyard_sim::{Card, SimConfig};
-    let config = SimConfig {
-        gpu_nodes: 2,
-        gpus_per_node: 8,
-        card: Card::h100(),
-        workloads: 4,
-        upgraded_with_dra: false,
-        legacy_nodes: 0,
-        ..SimConfig::default()
-    };
-    let outcome = switchyard_scenario::run_reference(
-        config.clone(),
-        switchyard_runtime::Local::default(),
-        (),
-        |_| {},
-    )
-    .await;
-    let steps = step_lines(&outcome.steps);
-    assert!(outcome.ok(), "the simulator's run:\n{}", steps.join("\n"));
-    let expected = sim_end_state(&outcome.migration.sim);
+    let config = reference_config();
+    let (simulated, expected) = simulate(config.clone()).await;
+    let steps = step_lines(&simulated);
     let mut faults = faults.map(|seed| Seeded(seed, 0));
     let mut struck: Vec<Struck> = Vec::new();
 
@@ -766,7 +809,7 @@ pub async fn run(options: Options<'_>) -> Report {
     // Each of the simulator's steps as the command an operator types.
     // Each command that starts a process has an id of its own, so that,
     // typed again after a kill, it follows that process.
-    for (i, step) in outcome.steps.iter().enumerate() {
+    for (i, step) in simulated.iter().enumerate() {
         let s = step.step.as_str();
         let Some(args) = operator_command(s, &format!("step-{i}")) else {
             continue;
@@ -816,7 +859,7 @@ pub async fn run(options: Options<'_>) -> Report {
 }
 
 /// The simulator's steps, one line each: "ok step: detail".
-fn step_lines(steps: &[switchyard_scenario::StepReport]) -> Vec<String> {
+pub fn step_lines(steps: &[switchyard_scenario::StepReport]) -> Vec<String> {
     steps
         .iter()
         .map(|s| {
@@ -841,16 +884,20 @@ async fn wait_for_completion_effects(
     world
         .until(
             "the quota translated and the leftover labels cleared",
-            || async {
-                let state = cluster_end_state(c, names).await;
-                state.quota == expected.quota
-                    && state.nodes.values().all(|(labels, _, _)| {
-                        !labels.contains_key("node.deckhouse.io/device-gpu.config")
-                            && !labels.keys().any(|k| k.starts_with("nvidia.com/"))
-                    })
-            },
+            || completion_applied(c, names, expected),
         )
         .await;
+}
+
+/// Whether `complete`'s effects are on the cluster: the quota translated as
+/// the simulator's (`expected`), and the leftover labels cleared.
+pub async fn completion_applied(c: &Client, names: &[String], expected: &EndState) -> bool {
+    let state = cluster_end_state(c, names).await;
+    state.quota == expected.quota
+        && state.nodes.values().all(|(labels, _, _)| {
+            !labels.contains_key("node.deckhouse.io/device-gpu.config")
+                && !labels.keys().any(|k| k.starts_with("nvidia.com/"))
+        })
 }
 
 /// The simulator's cluster before the migration, on kwok: its nodes'
@@ -880,7 +927,12 @@ async fn simulated_cluster(
     let world = &cluster.world;
     let c = world.client.clone();
     label_nodes_as_simulated(&c, &before).await;
-    let (names, pods) = create_simulated_workloads(&c, &facts).await;
+    let (names, pods) = create_simulated_workloads(
+        &c,
+        &facts,
+        &json!({"image": "registry.example.com/train:1"}),
+    )
+    .await;
     assert!(names.len() >= 2, "the scenario moves several workloads");
     let hard = before
         .quota("ml", "gpu-quota")
@@ -921,7 +973,7 @@ async fn simulated_cluster(
 
 /// Labels the parity nodes as the simulator has them (less the labels the
 /// services write).
-async fn label_nodes_as_simulated(c: &Client, before: &switchyard_sim::Simulator) {
+pub async fn label_nodes_as_simulated(c: &Client, before: &switchyard_sim::Simulator) {
     let nodes: Api<Node> = Api::all(c.clone());
     for n in PARITY_NODES {
         let labels: BTreeMap<&String, &String> = before
@@ -943,9 +995,10 @@ async fn label_nodes_as_simulated(c: &Client, before: &switchyard_sim::Simulator
 
 /// A Deployment in `ml` for each workload the simulator observed; their
 /// names, and how many pods they run.
-async fn create_simulated_workloads(
+pub async fn create_simulated_workloads(
     c: &Client,
     facts: &[switchyard_proto::v1::DomainEvent],
+    container: &serde_json::Value,
 ) -> (Vec<String>, usize) {
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), "ml");
     let mut names = Vec::new();
@@ -960,8 +1013,11 @@ async fn create_simulated_workloads(
             .container_limits
             .iter()
             .map(|(name, limits)| {
-                json!({"name": name, "image": "registry.example.com/train:1",
-                       "resources": {"limits": limits.quantities}})
+                let mut spec = json!({"name": name, "resources": {"limits": limits.quantities}});
+                for (k, v) in container.as_object().into_iter().flatten() {
+                    spec[k] = v.clone();
+                }
+                spec
             })
             .collect();
         let d: Deployment = serde_json::from_value(json!({
@@ -971,7 +1027,11 @@ async fn create_simulated_workloads(
                 "selector": {"matchLabels": {"app": id.name}},
                 "template": {
                     "metadata": {"labels": {"app": id.name}},
-                    "spec": {"containers": containers, "nodeSelector": placement.node_selector},
+                    "spec": {
+                        "containers": containers,
+                        "nodeSelector": placement.node_selector,
+                        "terminationGracePeriodSeconds": 1,
+                    },
                 },
             },
         }))
@@ -988,7 +1048,7 @@ async fn create_simulated_workloads(
 
 /// The command an operator types for the simulator's step `s` (`id`: the
 /// process it starts); `None` for the cluster's set-up.
-fn operator_command(s: &str, id: &str) -> Option<Vec<String>> {
+pub fn operator_command(s: &str, id: &str) -> Option<Vec<String>> {
     let args: Vec<String> = if let Some(node) = s.strip_prefix("step 3: hand over ") {
         [
             "handover", "--node", node, "--to", "gpu-dra", "--id", id, "--wait",
@@ -1049,17 +1109,31 @@ fn operator_command(s: &str, id: &str) -> Option<Vec<String>> {
 /// seconds. What is checked is the cluster as it is, so the check waits for
 /// the record to reach it (a failure names both).
 async fn wait_for_evidence_facts(s: &str, world: &World) {
-    recorded_as_listed(s, world, "the ResourceSlices", || {
-        world.slices_listed_and_recorded()
+    let log = world.log().await;
+    if let Err(e) = evidence_facts_recorded(&world.client, log.as_ref()).await {
+        panic!("{s}: {e}\n{}", world.output());
+    }
+}
+
+/// Waits until inventory's records hold the ResourceSlices and the
+/// ResourceClaims' reservations the API server lists (what `evidence`
+/// checks); what differs when they do not within [`WAIT`].
+pub async fn evidence_facts_recorded(
+    client: &Client,
+    log: &dyn switchyard_eventlog::EventLog,
+) -> Result<(), String> {
+    use crate::migration::{claims_listed_and_recorded, events_in, slices_listed_and_recorded};
+    recorded_as_listed("the ResourceSlices", || async {
+        slices_listed_and_recorded(client, &events_in(log).await).await
     })
-    .await;
+    .await?;
     // So can its watch of ResourceClaims: the scheduler's
     // reservations for the moved pods reach the log after the pods'
     // Running, and the evidence checks both.
-    recorded_as_listed(s, world, "the ResourceClaims' reservations", || {
-        world.claims_listed_and_recorded()
+    recorded_as_listed("the ResourceClaims' reservations", || async {
+        claims_listed_and_recorded(client, &events_in(log).await).await
     })
-    .await;
+    .await
 }
 
 /// Types `args` for step `s` with the next fault of `seeded` struck while
@@ -1243,14 +1317,10 @@ async fn settles_to_the_simulators(
 }
 
 /// Waits for inventory to record `what` as the API server lists it (`read`
-/// gives both, listed first; something must be listed); a failure names
-/// both and the step.
-async fn recorded_as_listed<T, F, Fut>(
-    step: &str,
-    world: &crate::migration::World,
-    what: &str,
-    read: F,
-) where
+/// gives both, listed first; something must be listed); an error names
+/// both.
+async fn recorded_as_listed<T, F, Fut>(what: &str, read: F) -> Result<(), String>
+where
     T: PartialEq + Default + std::fmt::Debug,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = (T, T)>,
@@ -1264,11 +1334,11 @@ async fn recorded_as_listed<T, F, Fut>(
         },
     )
     .await;
-    if let Err(e) = waited {
-        let (listed, recorded) = read().await;
-        panic!(
-            "{step}: {e}\nlisted: {listed:?}\nrecorded: {recorded:?}\n{}",
-            world.output()
-        );
+    match waited {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let (listed, recorded) = read().await;
+            Err(format!("{e}\nlisted: {listed:?}\nrecorded: {recorded:?}"))
+        }
     }
 }

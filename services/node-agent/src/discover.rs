@@ -9,7 +9,10 @@ use switchyard_gpu::publish::{self, Layout, parse_layout};
 
 #[derive(clap::Args)]
 pub struct DiscoverArgs {
-    /// `nvml`, or `fixture:FILE` (a YAML machine; see deploy/fixtures/).
+    /// `nvml`, `fixture:FILE` (a YAML machine; see deploy/fixtures/), or
+    /// `fixture-per-node:FILE`: a machine shared by several nodes, each card's
+    /// UUID made the node's own (its first eight hex digits from the node's
+    /// name), as the chart's `nodeAgent.gpuSource=fixture` runs it.
     #[arg(long, env = "SWITCHYARD_GPU_SOURCE", default_value = "nvml")]
     gpu_source: String,
     /// The node's name (the pool and the reports are named after it).
@@ -42,7 +45,7 @@ pub fn discover(args: DiscoverArgs) -> anyhow::Result<ExitCode> {
                 anyhow::anyhow!("no --node given, NODE_NAME unset and no /etc/hostname")
             })?,
     };
-    let source = switchyard_gpu::source(&args.gpu_source)?;
+    let source = switchyard_gpu::source_on(&args.gpu_source, Some(&node))?;
     let machine = source.machine()?;
     let mut items = Vec::new();
     for gpu in publish::physical_gpus(&node, &machine) {

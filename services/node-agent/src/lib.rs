@@ -57,7 +57,10 @@ pub struct Args {
     /// The node this agent runs on (NODE_NAME from the downward API).
     #[arg(long = "node-name", alias = "node", env = "NODE_NAME")]
     pub node: String,
-    /// `nvml`, or `fixture:FILE` (a YAML machine; see deploy/fixtures/).
+    /// `nvml`, `fixture:FILE` (a YAML machine; see deploy/fixtures/), or
+    /// `fixture-per-node:FILE`: a machine shared by several nodes, each card's
+    /// UUID made the node's own (its first eight hex digits from the node's
+    /// name), as the chart's `nodeAgent.gpuSource=fixture` runs it.
     #[arg(long, env = "SWITCHYARD_GPU_SOURCE", default_value = "nvml")]
     pub gpu_source: String,
     /// How the DRA stack publishes cards: static, partitionable or shared:N.

@@ -465,7 +465,8 @@ A client's NATS security flags, volume mounts and volumes: (dict "root" $ "ident
 
 {{- /*
 The node agent's --gpu-source: `nvml`, `fixture:FILE` as given, or
-`fixture` for the machine in nodeAgent.fixture (mounted from a ConfigMap).
+`fixture` for the machine in nodeAgent.fixture (mounted from a ConfigMap),
+each node's cards with UUIDs of their own.
 */ -}}
 {{- define "switchyard.nodeAgentGpuSource" -}}
 {{- $values := .Values.nodeAgent }}
@@ -473,7 +474,8 @@ The node agent's --gpu-source: `nvml`, `fixture:FILE` as given, or
 {{- if not $values.fixture }}
 {{- fail "nodeAgent.gpuSource=fixture needs the machine in nodeAgent.fixture (--set-file nodeAgent.fixture=FILE, a fixture YAML)" }}
 {{- end }}
-{{- print "fixture:/etc/switchyard/fixture/machine.yaml" }}
+{{- /* One machine for every node: each agent makes its cards' UUIDs its node's own. */ -}}
+{{- print "fixture-per-node:/etc/switchyard/fixture/machine.yaml" }}
 {{- else }}
 {{- $values.gpuSource }}
 {{- end }}

@@ -59,7 +59,7 @@ pub enum RunError {
 /// How the agent runs on its node.
 pub struct NodeOptions {
     pub node: String,
-    /// `nvml` or `fixture:FILE`.
+    /// `nvml`, `fixture:FILE` or `fixture-per-node:FILE`.
     pub gpu_source: String,
     pub layout: Layout,
     pub sharing: Sharing,
@@ -83,7 +83,7 @@ pub async fn serve_node(
     args: NodeOptions,
     started: impl FnOnce(),
 ) -> Result<(), RunError> {
-    let (source, machine) = read_machine(&args.gpu_source).await?;
+    let (source, machine) = read_machine(&args.gpu_source, &args.node).await?;
     metrics::gpus(&machine.gpus);
     // The reports are inventory's; serving the stack does not wait for them.
     let reported = match report(&client, &args.node, &machine).await {
@@ -166,9 +166,10 @@ pub async fn serve_node(
 /// Startup phase: opens the GPU source `spec` and reads the machine.
 async fn read_machine(
     spec: &str,
+    node: &str,
 ) -> Result<(Arc<dyn switchyard_gpu::GpuSource>, switchyard_gpu::Machine), RunError> {
     let source: Arc<dyn switchyard_gpu::GpuSource> = Arc::from(
-        switchyard_gpu::source(spec).map_err(|source| RunError::Source {
+        switchyard_gpu::source_on(spec, Some(node)).map_err(|source| RunError::Source {
             spec: spec.to_string(),
             source,
         })?,
