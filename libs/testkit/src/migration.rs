@@ -329,16 +329,6 @@ impl World {
         events_in(self.log().await.as_ref()).await
     }
 
-    /// [`slices_listed_and_recorded`] on this world's log.
-    pub async fn slices_listed_and_recorded(&self) -> (BTreeSet<String>, BTreeSet<String>) {
-        slices_listed_and_recorded(&self.client, &self.events().await).await
-    }
-
-    /// [`claims_listed_and_recorded`] on this world's log.
-    pub async fn claims_listed_and_recorded(&self) -> (Reservations, Reservations) {
-        claims_listed_and_recorded(&self.client, &self.events().await).await
-    }
-
     pub async fn until<F, Fut>(&self, what: &str, condition: F)
     where
         F: FnMut() -> Fut,
@@ -497,14 +487,9 @@ pub fn node_agent_with(world: &World, node: &str, gpus: usize) -> NodeAgent {
     kubelet
         .serve(dir.path())
         .expect("serve the kubelet's sockets");
-    // Cards have UUIDs of their own on every node, as on real machines (the
-    // evidence checks each is published once): the fixture's first UUID
-    // group is made the node's.
-    let group: String = format!(
-        "{:08x}",
-        node.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b))
-            .wrapping_mul(0x0100_0193))
-    );
+    // The fixture's first `gpus` cards; the agent gives them UUIDs of the
+    // node's own (`fixture-per-node:`), as on real machines (the evidence
+    // checks each is published once).
     let fixture = std::fs::read_to_string(FIXTURE).expect("the fixture");
     let mut cards = 0;
     let fixture: String = fixture
@@ -513,12 +498,7 @@ pub fn node_agent_with(world: &World, node: &str, gpus: usize) -> NodeAgent {
             cards += usize::from(line.starts_with("- index: "));
             cards <= gpus
         })
-        .map(|line| match line.split_once("uuid: GPU-") {
-            Some((indent, rest)) if rest.len() > 8 => {
-                format!("{indent}uuid: GPU-{group}{}\n", &rest[8..])
-            }
-            _ => format!("{line}\n"),
-        })
+        .map(|line| format!("{line}\n"))
         .collect();
     std::fs::write(dir.path().join("fixture.yaml"), fixture).expect("write the node's fixture");
     let agent = spawn_node_agent(world, node, dir.path());
@@ -541,7 +521,7 @@ fn spawn_node_agent(world: &World, node: &str, dir: &Path) -> std::process::Chil
     let fixture_path = dir.join("fixture.yaml");
     Command::new((world.binary)("switchyard-node-agent"))
         .args(["serve", "--node-name", node, "--gpu-source"])
-        .arg(format!("fixture:{}", fixture_path.display()))
+        .arg(format!("fixture-per-node:{}", fixture_path.display()))
         .arg("--kubelet-dir")
         .arg(dir)
         .arg("--cdi-dir")

@@ -150,17 +150,6 @@ impl Prometheus {
             .cloned()
             .unwrap_or_default())
     }
-
-    /// The names of the rule groups loaded.
-    pub async fn rule_groups(&self) -> Result<Vec<String>, String> {
-        let data = self.api("/api/v1/rules").await?;
-        Ok(data["groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|g| g["name"].as_str().map(str::to_string))
-            .collect())
-    }
 }
 
 /// Whether the alert `name` with label `label` = `value` is firing among

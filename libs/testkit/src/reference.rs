@@ -242,7 +242,7 @@ fn owned_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-pub fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
+fn sim_end_state(sim: &switchyard_sim::Simulator) -> EndState {
     let nodes = PARITY_NODES
         .iter()
         .map(|n| {
