@@ -15,7 +15,7 @@ use switchyard_core::command::{
 use switchyard_proto::v1::{
     AllocatedDevice, ApplicationMoveStarted, ApplicationMoveVerified, DomainEvent, EvidenceItem,
     GpuPhase, HandoverCompleted, MigrationStarted, PhysicalGpuObserved, PlannedWave, PodPhase,
-    ResourceClaimObserved, ResourceSliceObserved, SliceDevice, WorkloadRef, domain_event::Kind,
+    ResourceClaimObserved, WorkloadRef, domain_event::Kind,
 };
 
 const SECOND: i64 = 1_000_000_000;
@@ -41,27 +41,6 @@ fn gpu(node: &str, i: u32) -> DomainEvent {
     }))
 }
 
-fn card(node: &str, i: u32) -> SliceDevice {
-    SliceDevice {
-        name: format!("gpu-{i}"),
-        r#type: "gpu".into(),
-        uuid: format!("GPU-{node}-{i}"),
-        product: "NVIDIA A100-SXM4-40GB".into(),
-        memory_mib: 40_960,
-    }
-}
-
-fn slice(node: &str, devices: Vec<SliceDevice>) -> DomainEvent {
-    ev(Kind::ResourceSliceObserved(ResourceSliceObserved {
-        name: format!("{node}-gpu.deckhouse.io-0"),
-        driver: "gpu.deckhouse.io".into(),
-        node: node.into(),
-        pool: node.into(),
-        devices: devices.len() as u32,
-        device_list: devices,
-    }))
-}
-
 /// A DRA node of gpu-dra with two cards, its node agent running, published.
 fn dra_node(name: &str) -> Vec<DomainEvent> {
     let mut facts = vec![
@@ -77,7 +56,7 @@ fn dra_node(name: &str) -> Vec<DomainEvent> {
         gpu(name, 0),
         gpu(name, 1),
         mk_node_agent_pod(name),
-        slice(name, vec![card(name, 0), card(name, 1)]),
+        mk_slice(name, vec![mk_card(name, 0), mk_card(name, 1)]),
     ];
     facts.push(mk_class("a100"));
     facts
@@ -219,12 +198,12 @@ fn a_dra_node_without_slices_fails_and_says_so() {
 
 #[test]
 fn slices_that_differ_from_the_physical_gpus_name_the_difference() {
-    let mut wrong_memory = card("d1", 1);
+    let mut wrong_memory = mk_card("d1", 1);
     wrong_memory.memory_mib = 81_920;
     let mut facts = dra_node("d1");
     // gpu-1 with the wrong memory; gpu-0 published for another node.
-    facts.push(slice("d1", vec![wrong_memory]));
-    facts.push(slice("d2", vec![card("d1", 0)]));
+    facts.push(mk_slice("d1", vec![wrong_memory]));
+    facts.push(mk_slice("d2", vec![mk_card("d1", 0)]));
     let core = core_with(&facts);
     let items = evidence::node_evidence(core.cluster(), "d1");
     let failures = failed(&items);
@@ -402,7 +381,7 @@ fn a_wave_waits_for_its_evidence_and_is_done_only_with_it() {
         Vec::<&str>::new()
     );
     let decided = core.handle(
-        Input::Fact(&slice("d1", vec![card("d1", 0), card("d1", 1)])),
+        Input::Fact(&mk_slice("d1", vec![mk_card("d1", 0), mk_card("d1", 1)])),
         31 * SECOND,
     );
     assert_eq!(
@@ -452,7 +431,7 @@ fn failed_evidence_stops_the_migration_past_the_limit_naming_it() {
          the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: 0)"
     );
     // Fixed and resumed: checked again, done.
-    core.apply(&slice("d1", vec![card("d1", 0), card("d1", 1)]), 0);
+    core.apply(&mk_slice("d1", vec![mk_card("d1", 0), mk_card("d1", 1)]), 0);
     let decided = core.handle(
         Input::ControlMigration(&ControlMigration {
             migration_id: "mig".into(),
@@ -472,7 +451,7 @@ fn failed_evidence_stops_the_migration_past_the_limit_naming_it() {
 fn the_operator_checks_a_wave_or_everything_and_unknown_scopes_are_refused() {
     let mut core = migrating(60);
     let done = core.handle(
-        Input::Fact(&slice("d1", vec![card("d1", 0), card("d1", 1)])),
+        Input::Fact(&mk_slice("d1", vec![mk_card("d1", 0), mk_card("d1", 1)])),
         31 * SECOND,
     );
     assert!(kinds(&done).contains(&"MigrationCompleted"));

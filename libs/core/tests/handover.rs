@@ -189,6 +189,7 @@ fn a_node_is_handed_over_step_by_step_with_its_before_image() {
             NODE_AGENT_APP,
             PodPhase::Running,
         ),
+        mk_slice_of("w1", 2),
     ] {
         assert!(
             core.handle_fact(&fact, 50 * S).is_empty(),
@@ -526,6 +527,7 @@ fn a_stale_setup_label_from_the_device_plugin_era_is_not_ready() {
     let mut core = given(dp_cluster(2));
     moved(&mut core, "gpu-dra", MOVED_STALE, 2);
     // when everything else holds, then nothing: the label is not fresh
+    assert!(core.handle_fact(&mk_slice_of("w1", 2), 2 * S).is_empty());
     assert!(core.handle(Input::Tick, 3 * S).is_empty());
     let decisions = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &decisions[0].kind else {
@@ -575,6 +577,7 @@ fn a_label_seen_after_the_move_as_written_is_fresh_whatever_inventory_missed() {
         labels_removed: vec![GPU_SETUP_COMPLETE_LABEL.into()],
     }));
     core.apply(&written, 2 * S);
+    core.apply(&mk_slice_of("w1", 2), 2 * S);
     // when inventory (restarted) first sees the node with the label written
     // again, with the value it had before the move
     let prepared = NodeSpec {
@@ -633,7 +636,7 @@ fn preparation_recorded_before_the_move_itself_still_counts_as_after_it() {
         ..NodeSpec::new("w1", "gpu-dra")
     }
     .fact();
-    for fact in [&after, &unprepared, &after, &changed] {
+    for fact in [&after, &unprepared, &after, &changed, &mk_slice_of("w1", 2)] {
         core.apply(fact, 2 * S);
     }
     // then the label written after the removal counts: ready
@@ -647,6 +650,7 @@ fn preparation_recorded_before_the_move_itself_still_counts_as_after_it() {
 fn a_refreshed_setup_label_counts_as_written_after_the_move() {
     let mut core = given(dp_cluster(2));
     moved(&mut core, "gpu-dra", MOVED_STALE, 2);
+    assert!(core.handle_fact(&mk_slice_of("w1", 2), 2 * S).is_empty());
     // preparation refreshes the value (a new generation) without removing it first
     let refreshed = NodeSpec {
         labels: &[(GPU_STACK_LABEL, "dra"), (GPU_SETUP_COMPLETE_LABEL, "2")],
@@ -690,6 +694,7 @@ fn eight_cards_before_and_zero_capacity_after_is_not_ready() {
             ))
         })
         .collect();
+    gone.push(mk_slice_of("w1", 8));
     gone.push(
         NodeSpec {
             labels: MOVED_STALE,
@@ -743,7 +748,8 @@ fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
         "w1",
         &[("app", NODE_AGENT_APP)],
     );
-    assert!(when_facts(&mut core, vec![prepared.fact(), deckhouse_agent], 3 * S).is_empty());
+    let facts = vec![prepared.fact(), deckhouse_agent, mk_slice_of("w1", 2)];
+    assert!(when_facts(&mut core, facts, 3 * S).is_empty());
     let stalled = core.handle(Input::Tick, 3 * S + core.handovers().deadlines.wait_ready);
     let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
         panic!("{stalled:?}")
@@ -764,6 +770,48 @@ fn the_charts_node_agent_satisfies_readiness_without_a_vendor_adapter() {
         panic!("{decisions:?}")
     };
     assert!(r.node_agent_running && r.vendor_adapter_running);
+}
+
+#[test]
+fn a_node_moved_to_dra_is_ready_once_it_serves_dra() {
+    // given w1 moved into gpu-dra, prepared afresh, its node agent running,
+    // but the agent has not switched yet: no slice, nvidia.com/gpu allocatable
+    let mut core = given(dp_cluster(2));
+    moved(&mut core, "gpu-dra", MOVED_UNPREPARED, 2);
+    let advertising = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        allocatable: &[("nvidia.com/gpu", 2)],
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    // then not ready: the reference's conditions hold, DRA is not served
+    assert!(core.handle_fact(&advertising.fact(), 3 * S).is_empty());
+    let late = 3 * S + core.handovers().deadlines.wait_ready;
+    let stalled = core.clone().handle(Input::Tick, late);
+    let Some(Kind::HandoverStalled(stalled)) = &stalled[0].kind else {
+        panic!("{stalled:?}")
+    };
+    assert!(
+        stalled
+            .reason
+            .contains("the node is on the dra stack but publishes no GPU ResourceSlice (device-plugin resources allocatable: 2)"),
+        "{}",
+        stalled.reason
+    );
+    // when its slice is published while the device plugin still advertises
+    // the cards, then still not: two allocators
+    assert!(core.handle_fact(&mk_slice_of("w1", 2), 4 * S).is_empty());
+    // when the device plugin's resource is gone, then ready
+    let serving = NodeSpec {
+        labels: MOVED_STALE,
+        unschedulable: true,
+        ..NodeSpec::new("w1", "gpu-dra")
+    };
+    let decisions = core.handle_fact(&serving.fact(), 5 * S);
+    let Some(Kind::NodeReadinessObserved(r)) = &decisions[0].kind else {
+        panic!("{decisions:?}")
+    };
+    assert_eq!(r.device_plugin_allocatable, 0);
 }
 
 #[test]

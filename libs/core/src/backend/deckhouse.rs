@@ -2,8 +2,10 @@
 //! watches the node's `node.deckhouse.io/gpu-stack` label; groups are
 //! NodeGroups, a group with `spec.gpu` is the device plugin's, and the
 //! module's upgrade hold keeps such a group on DRA after an upgrade. Its
-//! readiness gates are the reference's four conditions, and its exit
-//! evidence the reference's default.
+//! readiness gates are the reference's conditions and, on DRA, the node
+//! seen serving it as the exit evidence checks (its cards published in
+//! ResourceSlices, no device-plugin resource allocatable); its exit evidence
+//! is the reference's default.
 
 use switchyard_proto::v1::{
     EvidenceItem, GpuPhase, NodeReadinessObserved, Stack, StackReason, Taint, WorkloadPlacement,
@@ -131,11 +133,17 @@ impl Strategy for Deckhouse {
             .labels
             .get(GPU_STACK_LABEL)
             .is_some_and(|v| v == STACK_DEVICE_PLUGIN);
+        // The node agent acts on the label a moment after it is written:
+        // DRA is ready once the node serves it, not once it is asked to.
+        let serving_dra = match stack {
+            Stack::Dra => dual_advertisement(cluster, name, facts, true).map(drop),
+            _ => Ok(()),
+        };
         let ready = match stack {
             Stack::DevicePlugin => {
                 readiness.gpu_setup_complete && device_plugin_stack && allocatable >= wanted
             }
-            _ => readiness.is_ready(),
+            _ => readiness.is_ready() && serving_dra.is_ok(),
         };
         if ready {
             return Ok(NodeReadinessObserved {
@@ -167,7 +175,11 @@ impl Strategy for Deckhouse {
                 }
                 missing
             }
-            _ => readiness.missing(),
+            _ => readiness
+                .missing()
+                .into_iter()
+                .chain(serving_dra.err())
+                .collect(),
         };
         if facts.labels.contains_key(GPU_SETUP_COMPLETE_LABEL) && !readiness.gpu_setup_complete {
             let label = format!("label {GPU_SETUP_COMPLETE_LABEL} is not present");

@@ -256,7 +256,7 @@ pub fn mk_class(name: &str) -> DomainEvent {
 
 /// Facts of a node of `group` that passed its DRA preparation: labels, Ready
 /// PhysicalGPUs, the node agent running (as the chart labels it; the chart has
-/// no vendor adapter).
+/// no vendor adapter) and serving: the cards published in its slice.
 pub fn mk_ready_dra_node(name: &str, group: &str, gpus: u32) -> Vec<DomainEvent> {
     let labels = [(GPU_SETUP_COMPLETE_LABEL, ""), (GPU_STACK_LABEL, "dra")];
     let mut facts = vec![
@@ -271,6 +271,7 @@ pub fn mk_ready_dra_node(name: &str, group: &str, gpus: u32) -> Vec<DomainEvent>
         facts.push(mk_gpu(&format!("{name}-gpu-{i}"), name, true));
     }
     facts.push(mk_node_agent_pod(name));
+    facts.push(mk_slice_of(name, gpus));
     facts
 }
 
@@ -421,4 +422,34 @@ pub fn mk_h100_slice(node: &str) -> DomainEvent {
                 .collect(),
         },
     ))
+}
+
+/// Card `i` of `node` as its DRA slice publishes it.
+pub fn mk_card(node: &str, i: u32) -> switchyard_proto::v1::SliceDevice {
+    switchyard_proto::v1::SliceDevice {
+        name: format!("gpu-{i}"),
+        r#type: "gpu".into(),
+        uuid: format!("GPU-{node}-{i}"),
+        product: "NVIDIA A100-SXM4-40GB".into(),
+        memory_mib: 40_960,
+    }
+}
+
+/// The node agent's ResourceSlice of `node` with `devices`.
+pub fn mk_slice(node: &str, devices: Vec<switchyard_proto::v1::SliceDevice>) -> DomainEvent {
+    ev(Kind::ResourceSliceObserved(
+        switchyard_proto::v1::ResourceSliceObserved {
+            name: format!("{node}-gpu.deckhouse.io-0"),
+            driver: "gpu.deckhouse.io".into(),
+            node: node.into(),
+            pool: node.into(),
+            devices: devices.len() as u32,
+            device_list: devices,
+        },
+    ))
+}
+
+/// The slice of `node` publishing its cards `0..cards`.
+pub fn mk_slice_of(node: &str, cards: u32) -> DomainEvent {
+    mk_slice(node, (0..cards).map(|i| mk_card(node, i)).collect())
 }

@@ -293,7 +293,11 @@ impl NodeSeen {
     /// Loop phase: the node changed: the stack it assigns, its trace and its reference.
     fn saw(&mut self, node: &Node) {
         self.seen_unix_us = now_unix_us();
-        self.wanted = Some(assigned(node));
+        let wanted = Some(assigned(node));
+        if wanted != self.wanted {
+            tracing::info!(stack = ?wanted.flatten(), "the node's assigned stack");
+        }
+        self.wanted = wanted;
         self.trace = node
             .annotations()
             .get(TRACEPARENT_ANNOTATION)
