@@ -19,8 +19,8 @@
 //!   new `kubelet.sock`; the plugin binds its socket again and registers.
 //! - kubelet drops the plugin's stream: when an older instance of a
 //!   resource ends its stream (a DaemonSet's rolling update with maxSurge),
-//!   kubelet disconnects whichever instance it holds for that resource; an
-//!   instance no longer watched registers again.
+//!   kubelet disconnects whichever instance it holds for that resource; the
+//!   instance whose stream kubelet closed registers again at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -210,6 +210,9 @@ pub struct DevicePlugin {
     /// The ListAndWatch streams open now (kubelet holds one while it uses
     /// the plugin).
     watched: Arc<AtomicUsize>,
+    /// Told when kubelet closes a stream (not when the plugin ends one): the
+    /// serving loop registers again at once if no stream is left.
+    closed_by_kubelet: Arc<tokio::sync::Notify>,
 }
 
 /// Counts an open ListAndWatch stream while it lives.
@@ -250,6 +253,7 @@ impl DevicePlugin {
             machine,
             gate,
             watched: Arc::default(),
+            closed_by_kubelet: Arc::default(),
         }
     }
 
@@ -302,24 +306,27 @@ impl api::device_plugin_server::DevicePlugin for Arc<DevicePlugin> {
         let plugin = self.clone();
         let mut machine = self.machine.clone();
         let stream = async_stream(move |tx| async move {
-            let _watching = Watching::new(&plugin.watched);
+            let watching = Watching::new(&plugin.watched);
             let mut last = None;
             loop {
                 let list = plugin.list(&machine.borrow_and_update());
                 if last.as_ref() != Some(&list) {
                     if tx.send(Ok(list.clone())).await.is_err() {
-                        return;
+                        break;
                     }
                     last = Some(list);
                 }
                 tokio::select! {
                     changed = machine.changed() => if changed.is_err() {
+                        // The plugin's last list was sent: it ends the stream.
                         return;
                     },
-                    // kubelet closed the stream.
-                    () = tx.closed() => return,
+                    () = tx.closed() => break,
                 }
             }
+            // kubelet closed the stream.
+            drop(watching);
+            plugin.closed_by_kubelet.notify_one();
         });
         Ok(Response::new(stream))
     }
@@ -551,7 +558,8 @@ pub async fn serve_notifying(
     let mut check = tokio::time::interval(CHECK_EVERY);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        tokio::select! {
+        let closed_by_kubelet = tokio::select! {
+            biased;
             () = &mut shutdown => break,
             ended = &mut listening.task => {
                 let _ = std::fs::remove_file(socket);
@@ -559,8 +567,9 @@ pub async fn serve_notifying(
                     .map_err(|source| ServeError::Ended { resource: resource.clone(), source })?
                     .map_err(|source| ServeError::Serve { resource: resource.clone(), source });
             }
-            _ = check.tick() => {}
-        }
+            () = plugin.closed_by_kubelet.notified() => true,
+            _ = check.tick() => false,
+        };
         let kubelet = identity(kubelet_socket);
         if kubelet.is_none() {
             // kubelet is down: it registers nothing now.
@@ -568,10 +577,13 @@ pub async fn serve_notifying(
         }
         let moved = identity(socket) != listening.socket;
         let dropped = if plugin.watched.load(Ordering::SeqCst) == 0 {
-            unwatched_since
-                .get_or_insert_with(tokio::time::Instant::now)
-                .elapsed()
-                >= UNWATCHED_FOR
+            // A stream kubelet closed is not opened again: at once. One
+            // never opened after a registration: after a grace.
+            closed_by_kubelet
+                || unwatched_since
+                    .get_or_insert_with(tokio::time::Instant::now)
+                    .elapsed()
+                    >= UNWATCHED_FOR
         } else {
             unwatched_since = None;
             false
