@@ -661,8 +661,12 @@ async fn keep_for_diagnosis(world: &World) {
     );
 }
 
+/// Decisions recorded twice: a record whose payload is the one its actor
+/// last recorded of the same type on the same subject, nothing of that kind
+/// decided in between. (The same decision again after another, A -> B -> A
+/// -> B, is a change each time: a node handed over and rolled back twice.)
 pub fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<String> {
-    let mut seen = std::collections::BTreeSet::new();
+    let mut last: BTreeMap<(&str, &str, &str), &[u8]> = BTreeMap::new();
     let mut twice = Vec::new();
     for record in records {
         let envelope = &record.envelope;
@@ -670,12 +674,11 @@ pub fn recorded_twice(records: &[switchyard_eventlog::StoredEvent]) -> Vec<Strin
             continue;
         }
         let key = (
-            envelope.actor.clone(),
-            envelope.subject.clone(),
-            envelope.event_type.clone(),
-            envelope.payload.clone(),
+            envelope.actor.as_str(),
+            envelope.subject.as_str(),
+            envelope.event_type.as_str(),
         );
-        if !seen.insert(key) {
+        if last.insert(key, &envelope.payload) == Some(&envelope.payload[..]) {
             twice.push(format!(
                 "sequence {}: {} by {} on {}",
                 record.sequence, envelope.event_type, envelope.actor, envelope.subject
@@ -1340,5 +1343,46 @@ where
             let (listed, recorded) = read().await;
             Err(format!("{e}\nlisted: {listed:?}\nrecorded: {recorded:?}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded_twice;
+    use switchyard_eventlog::{Envelope, StoredEvent};
+
+    fn record(sequence: u64, actor: &str, payload: &[u8]) -> StoredEvent {
+        StoredEvent {
+            sequence,
+            envelope: Envelope {
+                actor: actor.into(),
+                subject: "node.gpu-1".into(),
+                event_type: "io.switchyard.stack.assigned".into(),
+                payload: payload.to_vec().into(),
+                ..Envelope::default()
+            },
+            raw: Default::default(),
+            malformed: None,
+        }
+    }
+
+    #[test]
+    fn a_decision_again_right_after_itself_is_twice_and_after_another_is_not() {
+        let handed_over_and_back = [
+            record(1, "stack-assigner", b"dp"),
+            record(2, "stack-assigner", b"dra"),
+            record(3, "stack-assigner", b"dp"),
+            record(4, "inventory", b"dp"),
+        ];
+        assert!(recorded_twice(&handed_over_and_back).is_empty());
+        let doubled = [
+            record(1, "stack-assigner", b"dp"),
+            record(2, "stack-assigner", b"dra"),
+            record(3, "stack-assigner", b"dra"),
+        ];
+        assert_eq!(
+            recorded_twice(&doubled),
+            ["sequence 3: io.switchyard.stack.assigned by stack-assigner on node.gpu-1"]
+        );
     }
 }
