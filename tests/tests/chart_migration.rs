@@ -1,0 +1,1008 @@
+//! The reference migration through the installed chart, typed as an
+//! operator types it: `helm install` on real nodes (kubelet, containerd and
+//! runc in a cluster network of the test's own), the CLI on the host
+//! reaching the release's NATS through `kubectl port-forward`, Steps 3–5 and
+//! completion (and the simulator's rollbacks) each one `switchyard` command,
+//! and the cluster left as the simulator leaves it. The workloads' pods run
+//! on the two real GPU nodes, whose node agents are the chart's DaemonSet
+//! over a fixture machine, and print the card they were given from inside
+//! their containers, on either stack; kwok nodes stand beside them.
+//!
+//! Life-cycle on the way: `helm upgrade` to a new image tag between the two
+//! handovers (every service replaced, the migration resumed from the log,
+//! nothing recorded twice); `helm rollback` to the installed revision once
+//! the migration's commands are done (replaced again, resumed again);
+//! `helm uninstall` refused by the pre-delete hook
+//! while a handover is in flight, naming it, and let through once it ended;
+//! the log's volume kept, so that the release installed again finds its log.
+//!
+//! Watched live: a real Prometheus (Kubernetes service discovery, the
+//! chart's alert rules) sees `D8GpuNodeGroupHeldOnDra` fire for a group held
+//! after the module upgrade and clear when the group is released, every
+//! panel query of the chart's dashboards return data during the migration
+//! (but for the panels of faults the run does not cause, [`FED_BY_FAULTS`]),
+//! and the node agents' series; a real Jaeger receives, over OTLP from the
+//! pods, one trace per handover.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use switchyard_eventlog::EventLog;
+use switchyard_eventlog::nats::{NatsLog, NatsOptions};
+use switchyard_proto::v1::domain_event::Kind;
+use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, NodeSpec, RELEASE};
+use switchyard_testkit::jaeger::Jaeger;
+use switchyard_testkit::kube::create_namespace;
+use switchyard_testkit::kwok::{Kwok, kwok_node};
+use switchyard_testkit::migration::{create_group, events_in, prepare_nodes, set_module_config};
+use switchyard_testkit::node::{BUSYBOX_IMAGE, GPU_DEVICE_NODES};
+use switchyard_testkit::prometheus::{self as prom, Prometheus};
+use switchyard_testkit::reference::{self, cli_command};
+use switchyard_testkit::{eventually, repo_root, run};
+
+/// Real GPU nodes (the simulator's names; they join the group `gpu` once
+/// the upgrade hold is recorded), and a worker for the services and the
+/// log's volume.
+const NODES: [NodeSpec<'static>; 3] = [
+    NodeSpec {
+        name: "gpu-0",
+        labels: &[],
+    },
+    NodeSpec {
+        name: "gpu-1",
+        labels: &[],
+    },
+    NodeSpec {
+        name: "worker-1",
+        labels: &[NOT_GPU],
+    },
+];
+
+/// kwok nodes beside them: workers outside the migration.
+const KWOK_NODES: usize = 20;
+
+/// Each workload container's CPU limit (the simulator's is 4 CPUs; a real
+/// node here has the machine's two).
+const CPU_LIMIT: &str = "50m";
+
+/// Not a GPU node: no stack, no node agent (the reference's exception; with
+/// a fixture machine an agent there would serve made-up cards).
+const NOT_GPU: (&str, &str) = ("gpu.deckhouse.io/enabled", "false");
+
+/// What each workload's container runs: the card it was given, from inside.
+const PRINT_CARD: &str = "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia; sleep 3600";
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Where the CLI sends its spans (`OTEL_EXPORTER_OTLP_ENDPOINT`), once set.
+static OTLP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The CLI on the host, through the port-forward to the release's NATS,
+/// sending its spans to the test's Jaeger.
+fn cli(
+    port: u16,
+    kubeconfig: &Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> (i32, String, String) {
+    let mut command = cli_command(
+        &switchyard_testkit::bins::binary("switchyard"),
+        &format!("nats://127.0.0.1:{port}"),
+        kubeconfig,
+        args,
+    );
+    if let Some(endpoint) = OTLP.get() {
+        command.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+    }
+    let out = command.output().expect("run switchyard");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn log_at(port: u16) -> NatsLog {
+    NatsLog::connect(&format!("nats://127.0.0.1:{port}"), NatsOptions::default())
+        .await
+        .expect("open the release's log")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes() {
+    let (steps, mut expected) = reference::simulate(reference::reference_config()).await;
+    let before = switchyard_sim::Simulator::new(reference::reference_config());
+
+    let images = tempfile::tempdir().expect("image dir");
+    let binary = switchyard_testkit::bins::binary("switchyard");
+    switchyard_testkit::bins::binary("switchyard-node-agent");
+    let project = chart::project_image(binary.parent(), images.path());
+    let next = chart::project_image_tagged(binary.parent(), images.path(), "next");
+    let cluster = ChartCluster::start(&project, &NODES).await;
+    cluster.import_everywhere(&next);
+    let c = cluster.plane.client();
+    for gpu in ["gpu-0", "gpu-1"] {
+        cluster.node(gpu).make_device_nodes(&GPU_DEVICE_NODES);
+    }
+    let mut kwok = Kwok::start(&cluster.plane);
+    for i in 0..KWOK_NODES {
+        let taint = Taint {
+            key: "kwok.x-k8s.io/node".into(),
+            value: Some("fake".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let node = kwok_node(
+            &format!("kwok-{i}"),
+            &[NOT_GPU],
+            &[("cpu", "32"), ("memory", "256Gi"), ("pods", "110")],
+            vec![taint],
+        );
+        kwok.create_node(&c, &node, WAIT).await;
+    }
+    cluster.local_volume("worker-1", 1000).await;
+    let jaeger = Jaeger::start_on(cluster.network.host_ip()).await;
+    OTLP.set(jaeger.otlp_endpoint()).expect("set once");
+
+    // The release: the trial's values, the services kept off the GPU nodes
+    // (a handover drains every pod of its node), spans to Jaeger.
+    let mut values = chart::trial_values(&repo_root().join("deploy/fixtures/h100-8x.yaml"));
+    for service in [
+        "inventory",
+        "stackAssigner",
+        "classCompiler",
+        "claimAllocator",
+        "alerter",
+    ] {
+        values.push("--set".into());
+        values.push(format!(
+            "{service}.nodeSelector.kubernetes\\.io/hostname=worker-1"
+        ));
+    }
+    values.push("--set".into());
+    values.push(format!("tracing.otlpEndpoint={}", jaeger.otlp_endpoint()));
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    let installed = Instant::now();
+    cluster.install(&values);
+    let ready = cluster.until_ready(WAIT).await.unwrap_or_else(|e| {
+        panic!(
+            "{e}\n--- kubelet\n{}",
+            cluster.node("worker-1").log_tail("kubelet")
+        )
+    });
+    eprintln!(
+        "every pod Ready {ready:?} after helm install returned ({:?} in all)",
+        installed.elapsed()
+    );
+    let prometheus = Arc::new(
+        Prometheus::start(
+            &cluster.network,
+            &prom::pod_monitor_config(
+                NAMESPACE,
+                &cluster.plane.kubeconfig(),
+                Duration::from_secs(2),
+            ),
+            &chart_rules(),
+        )
+        .await,
+    );
+    let (mut forward, port) = cluster.port_forward_nats();
+    let kubeconfig = cluster.plane.kubeconfig();
+    let log = log_at(port).await;
+
+    // A cluster upgraded with DRA on: its group with spec.gpu is held on DRA,
+    // and Prometheus fires the alert.
+    create_group(&c, "gpu-legacy", true).await;
+    set_module_config(&c, true, Some("1.2.0")).await;
+    eventually("gpu-legacy held on DRA", WAIT, || async {
+        events_in(&log).await.iter().any(|(_, e)| {
+            matches!(&e.kind, Some(Kind::NodeGroupHeldOnDra(h)) if h.group == "gpu-legacy")
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    alert_is(&prometheus, true).await;
+    // Steps 1 and 2 as the guide makes them: the source and target groups
+    // (after the hold), the GPU class; the GPU nodes join `gpu`.
+    create_group(&c, "gpu", true).await;
+    create_group(&c, "gpu-dra", false).await;
+    gpu_class(&cluster);
+    reference::label_nodes_as_simulated(&c, &before).await;
+    let bashible = tokio::spawn(prepare_nodes(c.clone()));
+    let panels = PanelWatch::start(prometheus.clone());
+
+    // The simulator's workloads on the device plugin, each printing its card.
+    create_namespace(&c, "ml").await;
+    let hard = before
+        .quota("ml", "gpu-quota")
+        .expect("the simulator's quota");
+    reference::create_quota(&c, json!(hard)).await;
+    let mut facts = switchyard_sim::Simulator::new(reference::reference_config()).take_facts();
+    reference::with_cpu_limit(&mut facts, &mut expected, CPU_LIMIT);
+    let container = json!({"image": BUSYBOX_IMAGE, "command": ["sh", "-c", PRINT_CARD]});
+    let (names, pods) = reference::create_simulated_workloads(&c, &facts, &container).await;
+    let apps: Vec<&str> = names.iter().map(String::as_str).collect();
+    let running = eventually(
+        "every workload running on the device plugin",
+        WAIT,
+        || async { reference::running_of(&c, &apps).await == pods },
+    )
+    .await;
+    if let Err(e) = running {
+        panic!("{e}\n{}", pods_where(&cluster).await);
+    }
+
+    // The commands are decided on what inventory recorded: the steps start
+    // once the record holds DRA on with its feature gates ready, the
+    // workloads with their running pods and the class's DeviceClass, as an
+    // operator's would after `switchyard status`.
+    eventually(
+        "inventory to record DRA, the workloads, their pods and the class",
+        WAIT,
+        || async {
+            let events = events_in(&log).await;
+            let (recorded, running) = reference::recorded_in(&events, "ml");
+            let settings = events.iter().rev().find_map(|(_, e)| match &e.kind {
+                Some(Kind::ModuleSettingsObserved(m)) => {
+                    Some(m.dra_enabled && m.feature_gates_ready)
+                }
+                _ => None,
+            });
+            settings == Some(true)
+                && names.iter().all(|n| recorded.contains(n))
+                && running == pods
+                && reference::class_published(&events, "h100")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let first = log.last_sequence(None).await.expect("the log's end") + 1;
+
+    // Each of the simulator's steps as the command an operator types; the
+    // release upgraded before the second handover.
+    let started = Instant::now();
+    let mut timings = Vec::new();
+    let mut handovers = 0;
+    for (i, step) in steps.iter().enumerate() {
+        let s = step.step.as_str();
+        let Some(args) = reference::operator_command(s, &format!("step-{i}")) else {
+            continue;
+        };
+        if s.starts_with("step 3: hand over ") {
+            handovers += 1;
+            if handovers == 2 {
+                upgrade(&cluster).await;
+            }
+        }
+        if s == "step 5: verify" {
+            reference::evidence_facts_recorded(&c, &log)
+                .await
+                .unwrap_or_else(|e| panic!("{s}: {e}"));
+        }
+        let t0 = Instant::now();
+        let (code, out, err) = cli(port, &kubeconfig, &args);
+        assert_eq!(
+            code,
+            0,
+            "{s}: {args:?}\n{out}\n{err}\n{}",
+            pods_where(&cluster).await
+        );
+        if s.starts_with("completion") {
+            eventually("complete's effects", WAIT, || {
+                reference::completion_applied(&c, &names, &expected)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        timings.push((s.to_string(), t0.elapsed()));
+    }
+    let migration = started.elapsed();
+
+    // Rolled back to the installed revision: the services and agents are
+    // replaced again and resume from the log.
+    rollback(&cluster).await;
+
+    // The simulator's end, nothing decided twice, no fact repeated.
+    let settled = eventually("the simulator's end state", WAIT, || async {
+        reference::cluster_end_state(&c, &names).await == expected
+    })
+    .await;
+    let actual = reference::cluster_end_state(&c, &names).await;
+    assert!(
+        settled.is_ok(),
+        "the cluster:\n{actual:#?}\nthe simulator:\n{expected:#?}"
+    );
+    let records = log
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .expect("read the log");
+    let twice = reference::recorded_twice(&records);
+    if !twice.is_empty() {
+        // Each record of a subject recorded twice, decoded, for the diagnosis.
+        let subjects: BTreeSet<&str> = twice
+            .iter()
+            .filter_map(|t| t.rsplit(" on ").next())
+            .collect();
+        let lines: Vec<String> = records
+            .iter()
+            .filter(|r| subjects.contains(r.envelope.subject.as_str()))
+            .map(|r| {
+                let what = match r.decode() {
+                    switchyard_eventlog::Decoded::Event(e) => format!("{:?}", e.kind),
+                    other => format!("{other:?}"),
+                };
+                format!("{} {} {what}", r.sequence, r.envelope.actor)
+            })
+            .collect();
+        panic!("recorded twice: {twice:?}\n{}", lines.join("\n"));
+    }
+    assert_eq!(reference::facts_repeated(&records), Vec::<String>::new());
+    let share = decision_share(&records, first);
+    eprintln!(
+        "migration on {} real GPU nodes and {KWOK_NODES} kwok nodes: {migration:?}; Switchyard's decisions {share:?} of it",
+        2
+    );
+    for (step, took) in &timings {
+        eprintln!("  {took:>12.3?}  {step}");
+    }
+
+    // Every workload's pods see a card from inside, on either stack.
+    cards_seen(&cluster, &c).await;
+
+    // The hold released by removing spec.gpu: the alert clears.
+    run(cluster.kubectl().args([
+        "patch",
+        "nodegroup",
+        "gpu-legacy",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/gpu"}]"#,
+    ]));
+    alert_is(&prometheus, false).await;
+    // The node agents' series, one agent per real GPU node.
+    let agents = prometheus
+        .query("count by (pod) (switchyard_node_agent_stack)")
+        .await
+        .expect("ask Prometheus");
+    assert_eq!(agents.len(), 2, "the node agents' series: {agents:?}");
+    // One trace per handover, with the pods' spans: the stack-assigner's
+    // decisions and the node agent's switch.
+    traces_per_handover(&jaeger, handovers).await;
+
+    // Uninstall refused while a handover is in flight (every dashboard
+    // panel has had data by then, the held handover's too), then let through.
+    let completed = uninstall_waits_for_the_handover(&cluster, port, &kubeconfig, &panels).await;
+    let _ = forward.kill();
+    let _ = forward.wait();
+
+    // The log's volume is kept: installed again, the release has its log.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), NAMESPACE);
+    let kept = claims
+        .list(&ListParams::default())
+        .await
+        .expect("list claims");
+    assert_eq!(
+        kept.items.len(),
+        1,
+        "the log's claim kept: {:?}",
+        kept.items
+    );
+    drop(log);
+    cluster.install(&values);
+    cluster
+        .until_ready(WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (mut forward, port) = cluster.port_forward_nats();
+    let (code, out, err) = cli(port, &kubeconfig, &["status", "-o", "json"]);
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert_eq!(code, 0, "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    assert_eq!(status["handovers_completed"], completed, "{out}");
+    bashible.abort();
+}
+
+/// The GPU class `h100` (Step 2), with kubectl as the guide applies it.
+fn gpu_class(cluster: &ChartCluster) {
+    let file = tempfile::NamedTempFile::new().expect("manifest");
+    std::fs::write(
+        file.path(),
+        "apiVersion: gpu.deckhouse.io/v1alpha1\nkind: GPUClass\nmetadata:\n  name: h100\nspec:\n  selector:\n    matchLabels:\n      gpu.deckhouse.io/device: h100-80gb-hbm3\n",
+    )
+    .expect("write the manifest");
+    run(cluster.kubectl().args(["apply", "-f"]).arg(file.path()));
+}
+
+/// `helm upgrade` to the image tag `next`, as an operator rolls it out.
+async fn upgrade(cluster: &ChartCluster) {
+    rolled(
+        cluster,
+        cluster
+            .helm()
+            .args(["upgrade", RELEASE])
+            .arg(repo_root().join("deploy/helm/switchyard"))
+            .args(["-n", NAMESPACE, "--reuse-values", "--set", "image.tag=next"]),
+        "next",
+    )
+    .await;
+}
+
+/// `helm rollback` to the installed revision (the image tag of the install).
+async fn rollback(cluster: &ChartCluster) {
+    rolled(
+        cluster,
+        cluster
+            .helm()
+            .args(["rollback", RELEASE, "1", "-n", NAMESPACE]),
+        chart::IMAGE_TAG,
+    )
+    .await;
+}
+
+/// Runs `helm` and waits until every service's pod and both GPU nodes'
+/// agents are replaced by ones of the image tagged `tag`, Ready (a service
+/// once caught up with the log), the old ones gone.
+async fn rolled(cluster: &ChartCluster, helm: &mut std::process::Command, tag: &str) {
+    run(helm);
+    let image = format!("localhost/switchyard:{tag}");
+    let pods: Api<Pod> = Api::namespaced(cluster.plane.client(), NAMESPACE);
+    let selector = "app.kubernetes.io/component in (inventory,stack-assigner,class-compiler,claim-allocator,alerter,node-agent)";
+    let replaced = eventually(
+        &format!("every service and agent on {image}, Ready"),
+        WAIT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(selector))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            list.len() == 7
+                && list.iter().all(|p| {
+                    let running = p
+                        .spec
+                        .as_ref()
+                        .map(|s| s.containers[0].image.clone())
+                        .unwrap_or_default();
+                    running.as_deref() == Some(image.as_str()) && ready(p)
+                })
+        },
+    )
+    .await;
+    if let Err(e) = replaced {
+        panic!("{e}: {:?}", chart::not_ready(&pods).await);
+    }
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The pods of `ml`, where they are (why not scheduled), and the nodes'
+/// group, stack and GPUs, for a failure's message.
+async fn pods_where(cluster: &ChartCluster) -> String {
+    let c = &cluster.plane.client();
+    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut lines: Vec<String> = pods
+        .iter()
+        .map(|p| {
+            let status = p.status.as_ref();
+            let unscheduled = status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| {
+                    c.iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                })
+                .and_then(|c| c.message.clone())
+                .unwrap_or_default();
+            format!(
+                "{} on {:?}: {:?} {unscheduled}",
+                p.name_any(),
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                status.and_then(|s| s.phase.clone()),
+            )
+        })
+        .collect();
+    for node in Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|n| n.name_any().starts_with("gpu-"))
+    {
+        let labels = node.labels();
+        let gpus = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("nvidia.com/gpu"))
+            .map(|q| q.0.clone());
+        lines.push(format!(
+            "node {}: group {:?}, stack {:?}, setup {:?}, nvidia.com/gpu {gpus:?}, unschedulable {:?}",
+            node.name_any(),
+            labels.get("node.deckhouse.io/group"),
+            labels.get(switchyard_testkit::migration::STACK),
+            labels.get(switchyard_testkit::migration::SETUP),
+            node.spec.as_ref().and_then(|s| s.unschedulable),
+        ));
+    }
+    let agents = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=node-agent"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for agent in agents {
+        let node = agent.spec.as_ref().and_then(|s| s.node_name.clone());
+        lines.push(format!(
+            "agent {} on {node:?}: {:?}, ready {}",
+            agent.name_any(),
+            agent.status.as_ref().and_then(|s| s.phase.clone()),
+            ready(&agent)
+        ));
+        if let Some(log) = node.filter(|n| n.starts_with("gpu-")).and_then(|n| {
+            cluster
+                .node(&n)
+                .container_log(NAMESPACE, &agent.name_any(), "node-agent")
+        }) {
+            let tail: Vec<&str> = log.lines().rev().take(25).collect();
+            lines.extend(tail.into_iter().rev().map(|l| format!("    {l}")));
+        }
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for e in events
+        .iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+    {
+        lines.push(format!(
+            "event {:?} on {:?}: {:?}",
+            e.reason,
+            e.regarding.as_ref().and_then(|r| r.name.clone()),
+            e.note
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Every running pod of `ml` printed a card it was given (`visible=GPU-...`)
+/// and saw the driver's control device, from inside its container.
+async fn cards_seen(cluster: &ChartCluster, c: &Client) {
+    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items;
+    let running: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect();
+    assert!(!running.is_empty(), "no pod of ml runs");
+    let mut stacks = std::collections::BTreeSet::new();
+    for pod in running {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let container = &pod.spec.as_ref().unwrap().containers[0].name;
+        // Its own claims, or the claim the scheduler made for its
+        // nvidia.com/gpu (the class's extended resource name on DRA).
+        let claims = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|c| !c.is_empty())
+            || pod
+                .status
+                .as_ref()
+                .and_then(|s| s.extended_resource_claim_status.as_ref())
+                .is_some();
+        stacks.insert(if claims { "dra" } else { "device-plugin" });
+        let printed = eventually("the pod's card printed", WAIT, || async {
+            cluster
+                .node(&node)
+                .container_log("ml", &pod.name_any(), container)
+                .is_some_and(|l| l.contains("visible=GPU-") && l.lines().any(|l| l == "nvidiactl"))
+        })
+        .await;
+        assert!(
+            printed.is_ok(),
+            "{} on {node} (claims: {claims}): {:?}",
+            pod.name_any(),
+            cluster
+                .node(&node)
+                .container_log("ml", &pod.name_any(), container)
+        );
+    }
+    assert_eq!(
+        stacks.into_iter().collect::<Vec<_>>(),
+        ["device-plugin", "dra"],
+        "pods on both stacks at the end"
+    );
+}
+
+/// A handover held in its drain by a PodDisruptionBudget: `helm uninstall`
+/// is refused by the pre-delete hook, whose log names the handover; once the
+/// budget goes and the handover ends, the uninstall goes through. The
+/// handovers completed (`status -o json`) when it went.
+async fn uninstall_waits_for_the_handover(
+    cluster: &ChartCluster,
+    port: u16,
+    kubeconfig: &Path,
+    panels: &PanelWatch,
+) -> serde_json::Value {
+    let c = cluster.plane.client();
+    // A device-plugin node with a workload's pod on it.
+    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items;
+    let nodes: Api<Node> = Api::all(c.clone());
+    let mut held = None;
+    for pod in &pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let stack = nodes.get(&node).await.ok().and_then(|n| {
+            n.labels()
+                .get(switchyard_testkit::migration::STACK)
+                .cloned()
+        });
+        if stack.as_deref() == Some("device-plugin") {
+            held = Some((node, pod.labels()["app"].clone()));
+            break;
+        }
+    }
+    let (node, app) = held.expect("a device-plugin node running a workload");
+    let budget = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "hold", "namespace": "ml"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}}
+    });
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.clone(), "ml");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(budget).unwrap(),
+        )
+        .await
+        .expect("create the budget");
+    let (code, out, err) = cli(
+        port,
+        kubeconfig,
+        &[
+            "handover", "--node", &node, "--to", "gpu-dra", "--force", "--id", "held",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    eventually("the drain refused by the budget", WAIT, || async {
+        let (_, out, _) = cli(port, kubeconfig, &["status"]);
+        out.contains("eviction of ml/") && out.contains("refused")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", cli(port, kubeconfig, &["status"]).1));
+
+    let refused = cluster
+        .helm()
+        .args([
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "2m",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        !refused.status.success(),
+        "helm uninstall went through a handover"
+    );
+    let guard = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=uninstall-guard"))
+        .await
+        .expect("list the guard's pods")
+        .items;
+    let said: String = guard
+        .iter()
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            cluster
+                .node(&node)
+                .container_log(NAMESPACE, &p.name_any(), "guard")
+        })
+        .collect();
+    assert!(
+        said.contains(&format!("handover held of node {node} (gpu -> gpu-dra)")),
+        "the guard's log: {said}\nhelm: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // Nothing was deleted: the services still run.
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NAMESPACE);
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        5
+    );
+    let blind: Vec<String> = panels
+        .blind()
+        .await
+        .into_iter()
+        .filter(|b| {
+            !FED_BY_FAULTS
+                .iter()
+                .any(|p| b.starts_with(&format!("{p}: ")))
+        })
+        .collect();
+    assert!(
+        blind.is_empty(),
+        "dashboard queries that never had data: {blind:#?}"
+    );
+
+    budgets
+        .delete("hold", &Default::default())
+        .await
+        .expect("delete the budget");
+    let (code, out, err) = cli(
+        port,
+        kubeconfig,
+        &[
+            "handover", "--node", &node, "--to", "gpu-dra", "--force", "--id", "held", "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = cli(port, kubeconfig, &["status", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    cluster.uninstall(&[]).await;
+    status["handovers_completed"].clone()
+}
+
+/// Switchyard's own share of the migration's wall time, from the log from
+/// `first` on: each decision's distance from the record before it (what it
+/// reacted to), summed; the rest is the cluster's (pods stopping and
+/// starting, kubelet, the scheduler) and the operator's typing.
+fn decision_share(records: &[switchyard_eventlog::StoredEvent], first: u64) -> Duration {
+    let mut previous = None;
+    let mut share = 0i64;
+    for r in records.iter().filter(|r| r.sequence >= first) {
+        let at = r.envelope.recorded_at_unix_nanos;
+        if let Some(before) = previous
+            && r.envelope.actor != "inventory"
+        {
+            share += at - before;
+        }
+        previous = Some(at);
+    }
+    Duration::from_nanos(share.max(0) as u64)
+}
+
+/// The chart's alert rules as Prometheus loads them: the groups of the
+/// PrometheusRule the chart renders (what Prometheus Operator hands over).
+fn chart_rules() -> String {
+    let docs = rendered(&["prometheusRule.enabled=true"]);
+    let rule = docs
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("the chart's PrometheusRule");
+    serde_yaml_ng::to_string(&json!({"groups": rule["spec"]["groups"]})).expect("YAML")
+}
+
+/// `helm template` of the chart with the bundled NATS and `sets`: its
+/// documents.
+fn rendered(sets: &[&str]) -> Vec<serde_json::Value> {
+    let helm = switchyard_testkit::helm_binary().unwrap_or_else(|e| panic!("{e}"));
+    let mut command = std::process::Command::new(helm);
+    command
+        .args(["template", RELEASE])
+        .arg(repo_root().join("deploy/helm/switchyard"))
+        .args(["-n", NAMESPACE, "--set", "nats.bundled.enabled=true"]);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = run(&mut command);
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_slice(&out.stdout)
+        .map(|doc| serde_json::Value::deserialize(doc).expect("rendered YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// Waits until Prometheus has `D8GpuNodeGroupHeldOnDra` for `gpu-legacy`
+/// firing (`firing`) or not at all.
+async fn alert_is(prometheus: &Prometheus, firing: bool) {
+    let what = if firing { "firing" } else { "cleared" };
+    let waited = eventually(
+        &format!("D8GpuNodeGroupHeldOnDra {what} in Prometheus"),
+        WAIT,
+        || async {
+            prometheus.alerts().await.is_ok_and(|alerts| {
+                prom::firing(
+                    &alerts,
+                    "D8GpuNodeGroupHeldOnDra",
+                    "node_group",
+                    "gpu-legacy",
+                ) == firing
+            })
+        },
+    )
+    .await;
+    if let Err(e) = waited {
+        let alerts = prometheus.alerts().await;
+        let targets = prometheus.targets().await;
+        panic!(
+            "{e}\nalerts: {alerts:?}\ntargets: {targets:?}\n{}",
+            prometheus.output()
+        );
+    }
+}
+
+/// The panels that show a fault, or a `switchyard migrate` run, which the
+/// reference's commands on a healthy cluster do not cause: a claim left
+/// pending or unused, a record passed over, a failed write, an unhealthy
+/// card, a migration's waves. They have data only then; staging each here is
+/// still to do. Every other panel must have had data.
+const FED_BY_FAULTS: [&str; 7] = [
+    "switchyard-gpu-allocation.json: panel \"Pending claims\"",
+    "switchyard-gpu-allocation.json: panel \"Unused claims\"",
+    "switchyard-migration.json: panel \"Migrations\"",
+    "switchyard-migration.json: panel \"Waves\"",
+    "switchyard-migration.json: panel \"Records passed over\"",
+    "switchyard-migration.json: panel \"Effects failed by reason\"",
+    "switchyard-node-agents.json: panel \"Unhealthy GPUs per node agent\"",
+];
+
+/// Every query of the chart's dashboards (each panel's, each variable's
+/// selector), asked of Prometheus every two seconds: those that have
+/// returned data.
+struct PanelWatch {
+    queries: Vec<(String, String)>,
+    prometheus: Arc<Prometheus>,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PanelWatch {
+    fn start(prometheus: Arc<Prometheus>) -> PanelWatch {
+        use switchyard_system_tests::dashboards::{concrete, queries, variables};
+        let mut all = Vec::new();
+        for doc in rendered(&["dashboards.enabled=true"]) {
+            if doc["kind"] != "ConfigMap"
+                || doc["metadata"]["labels"]["grafana_dashboard"].is_null()
+            {
+                continue;
+            }
+            for (file, text) in doc["data"].as_object().into_iter().flatten() {
+                let dashboard: serde_json::Value =
+                    serde_json::from_str(text.as_str().unwrap_or_default()).expect("a dashboard");
+                let defined: BTreeSet<String> = variables(&dashboard)
+                    .filter_map(|v| v["name"].as_str().map(str::to_string))
+                    .collect();
+                for q in queries(file, &dashboard) {
+                    let expr = concrete(&q.place, &q.expr, &defined);
+                    all.push((q.place, expr));
+                }
+            }
+        }
+        assert!(all.len() > 20, "the dashboards' queries: {all:?}");
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let task = tokio::spawn({
+            let (queries, seen, prometheus) = (all.clone(), seen.clone(), prometheus.clone());
+            async move {
+                let mut every = tokio::time::interval(Duration::from_secs(2));
+                loop {
+                    every.tick().await;
+                    for (place, expr) in &queries {
+                        if seen.lock().unwrap().contains(place) {
+                            continue;
+                        }
+                        if prometheus.query(expr).await.is_ok_and(|r| !r.is_empty()) {
+                            seen.lock().unwrap().insert(place.clone());
+                        }
+                    }
+                }
+            }
+        });
+        PanelWatch {
+            queries: all,
+            prometheus,
+            seen,
+            task,
+        }
+    }
+
+    /// The queries that have never returned data (each asked once more),
+    /// with their PromQL.
+    async fn blind(&self) -> Vec<String> {
+        let mut blind = Vec::new();
+        for (place, expr) in &self.queries {
+            if self.seen.lock().unwrap().contains(place) {
+                continue;
+            }
+            if !self
+                .prometheus
+                .query(expr)
+                .await
+                .is_ok_and(|r| !r.is_empty())
+            {
+                blind.push(format!("{place}: {expr}"));
+            }
+        }
+        blind
+    }
+}
+
+impl Drop for PanelWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Jaeger holds one trace per handover typed: `handovers` traces of the
+/// CLI's `send StartHandover` in which the stack-assigner decided the
+/// handover's start and end and the node agent (a pod) switched its stack.
+async fn traces_per_handover(jaeger: &Jaeger, handovers: usize) {
+    let complete = |trace: &switchyard_testkit::jaeger::Trace| {
+        trace
+            .named("stack-assigner", "decide HandoverStarted")
+            .count()
+            == 1
+            && trace
+                .named("stack-assigner", "decide HandoverCompleted")
+                .count()
+                == 1
+            && trace.named("node-agent", "switch to dra").count() > 0
+    };
+    let found = Mutex::new(Vec::new());
+    let arrived = eventually("a complete trace per handover", WAIT, || async {
+        let Ok(roots) = jaeger.traces("switchyard", "send StartHandover").await else {
+            return false;
+        };
+        let mut traces = Vec::new();
+        for root in &roots {
+            if let Some(id) = root["traceID"].as_str()
+                && let Ok(trace) = jaeger.trace(id).await
+            {
+                traces.push(trace);
+            }
+        }
+        let done = traces.iter().filter(|t| complete(t)).count() == handovers;
+        *found.lock().unwrap() = traces;
+        done
+    })
+    .await;
+    let traces = found.into_inner().unwrap();
+    assert!(
+        arrived.is_ok(),
+        "{arrived:?}: {} traces, services {:?}",
+        traces.len(),
+        traces.iter().map(|t| t.services()).collect::<Vec<_>>()
+    );
+}
