@@ -203,12 +203,7 @@ async fn unreachable_nats_is_named(cluster: &ChartCluster) {
         .list(&ListParams::default().labels(selector))
         .await
         .unwrap();
-    let ready = compilers.items.iter().any(|p| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-    });
+    let ready = compilers.items.iter().any(chart::pod_ready);
     assert!(!ready, "the class-compiler is not Ready without its log");
     cluster.uninstall(&["--no-hooks"]).await;
 }

@@ -37,6 +37,7 @@ use serde_json::json;
 use switchyard_eventlog::EventLog;
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_proto::v1::domain_event::Kind;
+use switchyard_system_tests::chart::{render, rendered_dashboards};
 use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, NodeSpec, RELEASE};
 use switchyard_testkit::jaeger::Jaeger;
 use switchyard_testkit::kube::create_namespace;
@@ -481,13 +482,9 @@ async fn rolled(cluster: &ChartCluster, helm: &mut std::process::Command, tag: &
     }
 }
 
+/// Ready, and not on its way out.
 fn ready(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    pod.metadata.deletion_timestamp.is_none() && chart::pod_ready(pod)
 }
 
 /// The pods of `ml`, where they are (why not scheduled), and the nodes'
@@ -807,32 +804,12 @@ fn decision_share(records: &[switchyard_eventlog::StoredEvent], first: u64) -> D
 /// The chart's alert rules as Prometheus loads them: the groups of the
 /// PrometheusRule the chart renders (what Prometheus Operator hands over).
 fn chart_rules() -> String {
-    let docs = rendered(&["prometheusRule.enabled=true"]);
+    let docs = render(&["nats.bundled.enabled=true", "prometheusRule.enabled=true"]);
     let rule = docs
         .iter()
         .find(|d| d["kind"] == "PrometheusRule")
         .expect("the chart's PrometheusRule");
     serde_yaml_ng::to_string(&json!({"groups": rule["spec"]["groups"]})).expect("YAML")
-}
-
-/// `helm template` of the chart with the bundled NATS and `sets`: its
-/// documents.
-fn rendered(sets: &[&str]) -> Vec<serde_json::Value> {
-    let helm = switchyard_testkit::helm_binary().unwrap_or_else(|e| panic!("{e}"));
-    let mut command = std::process::Command::new(helm);
-    command
-        .args(["template", RELEASE])
-        .arg(repo_root().join("deploy/helm/switchyard"))
-        .args(["-n", NAMESPACE, "--set", "nats.bundled.enabled=true"]);
-    for set in sets {
-        command.args(["--set", set]);
-    }
-    let out = run(&mut command);
-    use serde::Deserialize;
-    serde_yaml_ng::Deserializer::from_slice(&out.stdout)
-        .map(|doc| serde_json::Value::deserialize(doc).expect("rendered YAML"))
-        .filter(|doc| !doc.is_null())
-        .collect()
 }
 
 /// Waits until Prometheus has `D8GpuNodeGroupHeldOnDra` for `gpu-legacy`
@@ -893,22 +870,15 @@ impl PanelWatch {
     fn start(prometheus: Arc<Prometheus>) -> PanelWatch {
         use switchyard_system_tests::dashboards::{concrete, queries, variables};
         let mut all = Vec::new();
-        for doc in rendered(&["dashboards.enabled=true"]) {
-            if doc["kind"] != "ConfigMap"
-                || doc["metadata"]["labels"]["grafana_dashboard"].is_null()
-            {
-                continue;
-            }
-            for (file, text) in doc["data"].as_object().into_iter().flatten() {
-                let dashboard: serde_json::Value =
-                    serde_json::from_str(text.as_str().unwrap_or_default()).expect("a dashboard");
-                let defined: BTreeSet<String> = variables(&dashboard)
-                    .filter_map(|v| v["name"].as_str().map(str::to_string))
-                    .collect();
-                for q in queries(file, &dashboard) {
-                    let expr = concrete(&q.place, &q.expr, &defined);
-                    all.push((q.place, expr));
-                }
+        let dashboards =
+            rendered_dashboards(&["nats.bundled.enabled=true", "dashboards.enabled=true"]);
+        for (file, dashboard) in &dashboards {
+            let defined: BTreeSet<String> = variables(dashboard)
+                .filter_map(|v| v["name"].as_str().map(str::to_string))
+                .collect();
+            for q in queries(file, dashboard) {
+                let expr = concrete(&q.place, &q.expr, &defined);
+                all.push((q.place, expr));
             }
         }
         assert!(all.len() > 20, "the dashboards' queries: {all:?}");

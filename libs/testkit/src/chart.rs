@@ -376,6 +376,14 @@ impl ChartCluster {
     }
 }
 
+/// Whether `pod`'s Ready condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Pods that are not yet Running and Ready (finished ones aside), with
 /// their phase; "no pod yet" before the first.
 pub async fn not_ready(pods: &Api<Pod>) -> Vec<String> {
@@ -387,16 +395,15 @@ pub async fn not_ready(pods: &Api<Pod>) -> Vec<String> {
         .iter()
         .filter_map(|p| {
             let name = p.metadata.name.clone().unwrap_or_default();
-            let status = p.status.clone().unwrap_or_default();
-            let phase = status.phase.clone().unwrap_or_default();
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
             if phase == "Succeeded" {
                 return None;
             }
-            let ready = status
-                .conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = pod_ready(p);
             (phase != "Running" || !ready).then(|| format!("{name}: {phase}, ready {ready}"))
         })
         .collect()

@@ -14,7 +14,8 @@ use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::{Value, json};
 use switchyard_testkit::promtool_binary;
 
-use crate::support::{NAMESPACE, NATS_URL, chart_dir, kind, name, render};
+use crate::support::{NAMESPACE, NATS_URL, chart_dir, name, render};
+use switchyard_system_tests::chart::{dashboard_maps, rendered_dashboards};
 use switchyard_system_tests::dashboards::{Query, concrete, panels, queries, variables};
 
 /// Each dashboard of the chart, and series it is about: it must query them.
@@ -56,29 +57,6 @@ const DASHBOARDS: [(&str, &[&str]); 3] = [
         ],
     ),
 ];
-
-/// The dashboards' ConfigMaps among `docs`: those carrying the sidecar's label.
-fn dashboard_maps(docs: &[Value]) -> Vec<&Value> {
-    docs.iter()
-        .filter(|doc| kind(doc) == "ConfigMap")
-        .filter(|doc| doc["metadata"]["labels"].get("grafana_dashboard").is_some())
-        .collect()
-}
-
-/// The dashboards as the chart renders them: (file name, dashboard).
-fn rendered_dashboards() -> Vec<(String, Value)> {
-    let docs = render(&[NATS_URL, "dashboards.enabled=true"]);
-    dashboard_maps(&docs)
-        .into_iter()
-        .flat_map(|map| map["data"].as_object().expect("the ConfigMap's data"))
-        .map(|(file, text)| {
-            let text = text.as_str().expect("a dashboard as text");
-            let dashboard = serde_json::from_str(text)
-                .unwrap_or_else(|err| panic!("{file} is not JSON: {err}"));
-            (file.clone(), dashboard)
-        })
-        .collect()
-}
 
 /// The series names the book's "Metrics and alerts" tables list
 /// (`docs/operations/metrics-and-alerts.md`): the backticked name in each
@@ -272,7 +250,7 @@ fn the_dashboards_are_config_maps_for_grafanas_sidecar() {
 #[test]
 fn every_dashboard_query_is_promql_over_series_the_services_expose() {
     let exposed = exposed_series();
-    let dashboards = rendered_dashboards();
+    let dashboards = rendered_dashboards(&[NATS_URL, "dashboards.enabled=true"]);
     assert_eq!(dashboards.len(), DASHBOARDS.len());
     let (mut groups, mut count) = (Vec::new(), 0);
     for (file, dashboard) in &dashboards {

@@ -2,72 +2,18 @@
 
 use std::cell::RefCell;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
-use serde::Deserialize;
 use serde_json::Value;
-use switchyard_testkit::{eventually, helm_binary};
+use switchyard_testkit::eventually;
 
-pub(crate) const NAMESPACE: &str = "switchyard-system";
-pub(crate) const RELEASE: &str = "switchyard";
+pub(crate) use switchyard_system_tests::chart::{
+    NAMESPACE, RELEASE, chart_dir, helm, render, template, yaml_documents,
+};
 pub(crate) const NATS_URL: &str = "nats.url=nats://nats.example:4222";
-
-pub(crate) fn chart_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/switchyard")
-}
-
-pub(crate) struct HelmRun {
-    pub(crate) ok: bool,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
-}
-
-pub(crate) fn helm(args: &[&str]) -> HelmRun {
-    let binary = helm_binary().unwrap_or_else(|err| panic!("{err}"));
-    let out = Command::new(&binary)
-        .args(args)
-        .output()
-        .unwrap_or_else(|err| panic!("run {}: {err}", binary.display()));
-    HelmRun {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// `helm template` of the chart as release `switchyard` in `switchyard-system`.
-pub(crate) fn template(sets: &[&str]) -> HelmRun {
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        RELEASE,
-        chart.to_str().unwrap(),
-        "--namespace",
-        NAMESPACE,
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    helm(&args)
-}
-
-fn yaml_documents(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
-/// The chart's objects for `sets`; panics with helm's error when it fails.
-pub(crate) fn render(sets: &[&str]) -> Vec<Value> {
-    let run = template(sets);
-    assert!(run.ok, "helm template {sets:?} failed:\n{}", run.stderr);
-    yaml_documents(&run.stdout)
-}
 
 fn chart_crds() -> Vec<Value> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(chart_dir().join("crds"))
