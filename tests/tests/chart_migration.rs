@@ -12,15 +12,18 @@
 //! handovers (every service replaced, the migration resumed from the log,
 //! nothing recorded twice); `helm rollback` to the installed revision once
 //! the migration's commands are done (replaced again, resumed again);
-//! `helm uninstall` refused by the pre-delete hook
-//! while a handover is in flight, naming it, and let through once it ended;
+//! `helm uninstall` refused by the pre-delete hook while a `switchyard
+//! migrate` run's handover is held by a PodDisruptionBudget, naming it, and
+//! let through once the migration is resumed and done;
 //! the log's volume kept, so that the release installed again finds its log.
 //!
 //! Watched live: a real Prometheus (Kubernetes service discovery, the
 //! chart's alert rules) sees `D8GpuNodeGroupHeldOnDra` fire for a group held
 //! after the module upgrade and clear when the group is released, every
 //! panel query of the chart's dashboards return data during the migration
-//! (but for the panels of faults the run does not cause, [`FED_BY_FAULTS`]),
+//! (the panels of faults with their faults staged: claims pending and left
+//! reserved, a record passed over, writes refused by an admission policy, a
+//! `switchyard migrate` run),
 //! and the node agents' series; a real Jaeger receives, over OTLP from the
 //! pods, one trace per handover.
 
@@ -31,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use switchyard_eventlog::EventLog;
@@ -344,7 +348,7 @@ async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes(
         panic!("recorded twice: {twice:?}\n{}", lines.join("\n"));
     }
     assert_eq!(reference::facts_repeated(&records), Vec::<String>::new());
-    let share = decision_share(&records, first);
+    let share = reference::decision_share(&records, first);
     eprintln!(
         "migration on {} real GPU nodes and {KWOK_NODES} kwok nodes: {migration:?}; Switchyard's decisions {share:?} of it",
         2
@@ -377,9 +381,11 @@ async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes(
     // decisions and the node agent's switch.
     traces_per_handover(&jaeger, handovers).await;
 
-    // Uninstall refused while a handover is in flight (every dashboard
-    // panel has had data by then, the held handover's too), then let through.
-    let completed = uninstall_waits_for_the_handover(&cluster, port, &kubeconfig, &panels).await;
+    // The panels of faults, each fault staged; then a migration of what the
+    // rollbacks left, through faults of its own, during which uninstall is
+    // refused (every dashboard panel has had data by then), then let through.
+    faults_feed_their_panels(&cluster, &log, &panels).await;
+    let completed = uninstall_waits_for_the_migration(&cluster, port, &kubeconfig, &panels).await;
     let _ = forward.kill();
     let _ = forward.wait();
 
@@ -638,169 +644,6 @@ async fn cards_seen(cluster: &ChartCluster, c: &Client) {
     );
 }
 
-/// A handover held in its drain by a PodDisruptionBudget: `helm uninstall`
-/// is refused by the pre-delete hook, whose log names the handover; once the
-/// budget goes and the handover ends, the uninstall goes through. The
-/// handovers completed (`status -o json`) when it went.
-async fn uninstall_waits_for_the_handover(
-    cluster: &ChartCluster,
-    port: u16,
-    kubeconfig: &Path,
-    panels: &PanelWatch,
-) -> serde_json::Value {
-    let c = cluster.plane.client();
-    // A device-plugin node with a workload's pod on it.
-    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
-        .list(&ListParams::default())
-        .await
-        .expect("list pods")
-        .items;
-    let nodes: Api<Node> = Api::all(c.clone());
-    let mut held = None;
-    for pod in &pods {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            continue;
-        };
-        let stack = nodes.get(&node).await.ok().and_then(|n| {
-            n.labels()
-                .get(switchyard_testkit::migration::STACK)
-                .cloned()
-        });
-        if stack.as_deref() == Some("device-plugin") {
-            held = Some((node, pod.labels()["app"].clone()));
-            break;
-        }
-    }
-    let (node, app) = held.expect("a device-plugin node running a workload");
-    let budget = json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "hold", "namespace": "ml"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}}
-    });
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(c.clone(), "ml");
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(budget).unwrap(),
-        )
-        .await
-        .expect("create the budget");
-    let (code, out, err) = cli(
-        port,
-        kubeconfig,
-        &[
-            "handover", "--node", &node, "--to", "gpu-dra", "--force", "--id", "held",
-        ],
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    eventually("the drain refused by the budget", WAIT, || async {
-        let (_, out, _) = cli(port, kubeconfig, &["status"]);
-        out.contains("eviction of ml/") && out.contains("refused")
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {}", cli(port, kubeconfig, &["status"]).1));
-
-    let refused = cluster
-        .helm()
-        .args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            NAMESPACE,
-            "--wait",
-            "--timeout",
-            "2m",
-        ])
-        .output()
-        .expect("run helm");
-    assert!(
-        !refused.status.success(),
-        "helm uninstall went through a handover"
-    );
-    let guard = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=uninstall-guard"))
-        .await
-        .expect("list the guard's pods")
-        .items;
-    let said: String = guard
-        .iter()
-        .filter_map(|p| {
-            let node = p.spec.as_ref()?.node_name.clone()?;
-            cluster
-                .node(&node)
-                .container_log(NAMESPACE, &p.name_any(), "guard")
-        })
-        .collect();
-    assert!(
-        said.contains(&format!("handover held of node {node} (gpu -> gpu-dra)")),
-        "the guard's log: {said}\nhelm: {}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
-    // Nothing was deleted: the services still run.
-    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NAMESPACE);
-    assert_eq!(
-        deployments
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        5
-    );
-    let blind: Vec<String> = panels
-        .blind()
-        .await
-        .into_iter()
-        .filter(|b| {
-            !FED_BY_FAULTS
-                .iter()
-                .any(|p| b.starts_with(&format!("{p}: ")))
-        })
-        .collect();
-    assert!(
-        blind.is_empty(),
-        "dashboard queries that never had data: {blind:#?}"
-    );
-
-    budgets
-        .delete("hold", &Default::default())
-        .await
-        .expect("delete the budget");
-    let (code, out, err) = cli(
-        port,
-        kubeconfig,
-        &[
-            "handover", "--node", &node, "--to", "gpu-dra", "--force", "--id", "held", "--wait",
-        ],
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = cli(port, kubeconfig, &["status", "-o", "json"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
-    cluster.uninstall(&[]).await;
-    status["handovers_completed"].clone()
-}
-
-/// Switchyard's own share of the migration's wall time, from the log from
-/// `first` on: each decision's distance from the record before it (what it
-/// reacted to), summed; the rest is the cluster's (pods stopping and
-/// starting, kubelet, the scheduler) and the operator's typing.
-fn decision_share(records: &[switchyard_eventlog::StoredEvent], first: u64) -> Duration {
-    let mut previous = None;
-    let mut share = 0i64;
-    for r in records.iter().filter(|r| r.sequence >= first) {
-        let at = r.envelope.recorded_at_unix_nanos;
-        if let Some(before) = previous
-            && r.envelope.actor != "inventory"
-        {
-            share += at - before;
-        }
-        previous = Some(at);
-    }
-    Duration::from_nanos(share.max(0) as u64)
-}
-
 /// The chart's alert rules as Prometheus loads them: the groups of the
 /// PrometheusRule the chart renders (what Prometheus Operator hands over).
 fn chart_rules() -> String {
@@ -841,20 +684,375 @@ async fn alert_is(prometheus: &Prometheus, firing: bool) {
     }
 }
 
-/// The panels that show a fault, or a `switchyard migrate` run, which the
-/// reference's commands on a healthy cluster do not cause: a claim left
-/// pending or unused, a record passed over, a failed write, an unhealthy
-/// card, a migration's waves. They have data only then; staging each here is
-/// still to do. Every other panel must have had data.
-const FED_BY_FAULTS: [&str; 7] = [
-    "switchyard-gpu-allocation.json: panel \"Pending claims\"",
-    "switchyard-gpu-allocation.json: panel \"Unused claims\"",
-    "switchyard-migration.json: panel \"Migrations\"",
-    "switchyard-migration.json: panel \"Waves\"",
-    "switchyard-migration.json: panel \"Records passed over\"",
-    "switchyard-migration.json: panel \"Effects failed by reason\"",
-    "switchyard-node-agents.json: panel \"Unhealthy GPUs per node agent\"",
-];
+/// The namespace of the claims staged for the panels of faults.
+const STAGED: &str = "staged";
+
+/// The panels of faults that the reference's commands on a healthy cluster
+/// do not cause, each fed by its fault staged here: a claim no pod asks for
+/// (pending), a claim left reserved by a pod that went while
+/// kube-controller-manager stood still (allocated, used by no pod), a record
+/// on the log's subjects that is no envelope (passed over). The claims go
+/// again once the controllers are back.
+async fn faults_feed_their_panels(cluster: &ChartCluster, log: &NatsLog, panels: &PanelWatch) {
+    let c = cluster.plane.client();
+    create_namespace(&c, STAGED).await;
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), STAGED);
+    for name in ["asked-by-none", "left-reserved"] {
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": STAGED},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "h100.gpu.deckhouse.io"}}
+            ]}}
+        });
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(claim).unwrap(),
+            )
+            .await
+            .expect("create the claim");
+    }
+    panels.until_seen(PENDING_CLAIMS).await;
+
+    // A pod of the second claim, placed as the moved workloads' pods are
+    // (their node selector and tolerations), running on a DRA node.
+    let moved = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .find(|p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.extended_resource_claim_status.is_some())
+                || p.spec
+                    .as_ref()
+                    .and_then(|s| s.resource_claims.as_ref())
+                    .is_some_and(|c| !c.is_empty())
+        })
+        .expect("a workload's pod on DRA");
+    let placed = moved.spec.expect("its spec");
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "claim-user", "namespace": STAGED},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": placed.node_selector,
+            "tolerations": placed.tolerations,
+            "affinity": placed.affinity,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "left-reserved"}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                "resources": {"claims": [{"name": "gpu"}], "limits": {"cpu": CPU_LIMIT}}
+            }]
+        }
+    });
+    let pods: Api<Pod> = Api::namespaced(c.clone(), STAGED);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .expect("create the claim's pod");
+    let running = eventually("the claim's pod running", WAIT, || async {
+        pods.get("claim-user")
+            .await
+            .is_ok_and(|p| p.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+    })
+    .await;
+    if let Err(e) = running {
+        panic!("{e}\n{}", pods_where(cluster).await);
+    }
+    cluster.plane.pause_controller_manager();
+    pods.delete("claim-user", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the claim's pod");
+    panels.until_seen(UNUSED_CLAIMS).await;
+    cluster.plane.resume_controller_manager();
+    for name in ["asked-by-none", "left-reserved"] {
+        claims
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete the claim");
+    }
+    eventually("the staged claims gone", WAIT, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    log.client()
+        .publish("switchyard.log.junk", "not a proto".into())
+        .await
+        .expect("publish");
+    log.client().flush().await.expect("flush");
+    panels.until_seen(PASSED_OVER).await;
+}
+
+/// A migration of what the reference's rollbacks left on the device plugin,
+/// with two faults in its first wave: its node's writes refused for a while
+/// by an admission policy (the failed writes' panel), then its drain held by
+/// a PodDisruptionBudget (the circuit breaker pauses the migration).
+/// Meanwhile `helm uninstall` is refused by the pre-delete hook, whose log
+/// names the handover, and every dashboard panel has had data. Once the
+/// budget goes and the migration is resumed and done, the uninstall goes
+/// through. The handovers completed (`status -o json`) when it went.
+async fn uninstall_waits_for_the_migration(
+    cluster: &ChartCluster,
+    port: u16,
+    kubeconfig: &Path,
+    panels: &PanelWatch,
+) -> serde_json::Value {
+    let c = cluster.plane.client();
+    // A device-plugin node with a workload's pod on it.
+    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items;
+    let nodes: Api<Node> = Api::all(c.clone());
+    let mut held = None;
+    for pod in &pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let stack = nodes.get(&node).await.ok().and_then(|n| {
+            n.labels()
+                .get(switchyard_testkit::migration::STACK)
+                .cloned()
+        });
+        if stack.as_deref() == Some("device-plugin") {
+            held = Some((node, pod.spec.as_ref().and_then(|s| s.tolerations.clone())));
+            break;
+        }
+    }
+    let (node, tolerations) = held.expect("a device-plugin node running a workload");
+    // A database beside the workload, no GPU, under a budget that lets
+    // none of its pods go: the node's drain is refused.
+    let db = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "db", "namespace": STAGED},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": tolerations,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                        "resources": {"limits": {"cpu": CPU_LIMIT}}
+                    }]
+                }
+            }
+        }
+    });
+    Api::<Deployment>::namespaced(c.clone(), STAGED)
+        .create(&PostParams::default(), &serde_json::from_value(db).unwrap())
+        .await
+        .expect("create the database");
+    let staged: Api<Pod> = Api::namespaced(c.clone(), STAGED);
+    let running = eventually("the database running", WAIT, || async {
+        staged
+            .list(&ListParams::default().labels("app=db"))
+            .await
+            .is_ok_and(|l| l.items.iter().any(ready))
+    })
+    .await;
+    if let Err(e) = running {
+        panic!("{e}\n{}", pods_where(cluster).await);
+    }
+    let budget = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "db", "namespace": STAGED},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "db"}}}
+    });
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.clone(), STAGED);
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(budget).unwrap(),
+        )
+        .await
+        .expect("create the budget");
+
+    // The stack-assigner's node writes refused, as a policy a cluster's
+    // admins add can: in force once a dry run as its account is refused.
+    let account = Api::<Deployment>::namespaced(c.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-stack-assigner"))
+        .await
+        .expect("the stack-assigner's Deployment")
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.service_account_name)
+        .expect("its service account");
+    let user = format!("system:serviceaccount:{NAMESPACE}:{account}");
+    let policy = tempfile::NamedTempFile::new().expect("manifest");
+    std::fs::write(policy.path(), refuse_node_writes(&user)).expect("write the manifest");
+    run(cluster.kubectl().args(["apply", "-f"]).arg(policy.path()));
+    eventually("the policy in force", WAIT, || async {
+        let out = cluster
+            .kubectl()
+            .args([
+                "label",
+                "node",
+                &node,
+                "staged=1",
+                "--dry-run=server",
+                "--as",
+                &user,
+            ])
+            .output()
+            .expect("run kubectl");
+        String::from_utf8_lossy(&out.stderr).contains(REFUSED_BY_POLICY)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let (code, out, err) = cli(
+        port,
+        kubeconfig,
+        &[
+            "migrate", "--from", "gpu", "--to", "gpu-dra", "--class", "h100", "--id", "last",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    for panel in [FAILED_WRITES, MIGRATIONS, WAVES] {
+        panels.until_seen(panel).await;
+    }
+    run(cluster.kubectl().args(["delete", "-f"]).arg(policy.path()));
+    eventually("the drain refused by the budget", WAIT, || async {
+        let (_, out, _) = cli(port, kubeconfig, &["status"]);
+        out.contains(&format!("eviction of {STAGED}/db-")) && out.contains("refused")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", cli(port, kubeconfig, &["status"]).1));
+
+    let refused = cluster
+        .helm()
+        .args([
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "2m",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        !refused.status.success(),
+        "helm uninstall went through a handover"
+    );
+    let guard = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=uninstall-guard"))
+        .await
+        .expect("list the guard's pods")
+        .items;
+    let said: String = guard
+        .iter()
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            cluster
+                .node(&node)
+                .container_log(NAMESPACE, &p.name_any(), "guard")
+        })
+        .collect();
+    assert!(
+        said.contains(&format!("of node {node} (gpu -> gpu-dra)")),
+        "the guard's log: {said}\nhelm: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // Nothing was deleted: the services still run.
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NAMESPACE);
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        5
+    );
+    let blind = panels.blind().await;
+    assert!(
+        blind.is_empty(),
+        "dashboard queries that never had data: {blind:#?}"
+    );
+
+    budgets
+        .delete("db", &Default::default())
+        .await
+        .expect("delete the budget");
+    let (code, out, err) = cli(
+        port,
+        kubeconfig,
+        &["migrate", "resume", "--id", "last", "--wait"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("migration last done"), "{out}");
+    let (code, out, err) = cli(port, kubeconfig, &["status", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    cluster.uninstall(&[]).await;
+    status["handovers_completed"].clone()
+}
+
+/// What the admission policy of [`refuse_node_writes`] answers.
+const REFUSED_BY_POLICY: &str = "node writes refused by the test's admission policy";
+
+/// A ValidatingAdmissionPolicy and its binding refusing `user`'s updates of
+/// Nodes (patches included).
+fn refuse_node_writes(user: &str) -> String {
+    format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: staged-refuse-node-writes
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: ["v1"]
+      operations: ["UPDATE"]
+      resources: ["nodes"]
+  matchConditions:
+  - name: the-account
+    expression: 'request.userInfo.username == "{user}"'
+  validations:
+  - expression: "false"
+    message: "{REFUSED_BY_POLICY}"
+    reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: staged-refuse-node-writes
+spec:
+  policyName: staged-refuse-node-writes
+  validationActions: [Deny]
+"#
+    )
+}
+
+/// The panels that only a fault or a `switchyard migrate` run feeds; the
+/// test stages each.
+const PENDING_CLAIMS: &str = "switchyard-gpu-allocation.json: panel \"Pending claims\"";
+const UNUSED_CLAIMS: &str = "switchyard-gpu-allocation.json: panel \"Unused claims\"";
+const MIGRATIONS: &str = "switchyard-migration.json: panel \"Migrations\"";
+const WAVES: &str = "switchyard-migration.json: panel \"Waves\"";
+const PASSED_OVER: &str = "switchyard-migration.json: panel \"Records passed over\"";
+const FAILED_WRITES: &str = "switchyard-migration.json: panel \"Effects failed by reason\"";
 
 /// Every query of the chart's dashboards (each panel's, each variable's
 /// selector), asked of Prometheus every two seconds: those that have
@@ -906,6 +1104,32 @@ impl PanelWatch {
             seen,
             task,
         }
+    }
+
+    /// Waits until every query of `panel` (`FILE: panel "TITLE"`) has
+    /// returned data.
+    async fn until_seen(&self, panel: &str) {
+        let of_panel: Vec<&String> = self
+            .queries
+            .iter()
+            .map(|(place, _)| place)
+            .filter(|place| place.starts_with(panel))
+            .collect();
+        assert!(!of_panel.is_empty(), "no dashboard panel {panel}");
+        eventually(&format!("data in {panel}"), WAIT, || async {
+            let seen = self.seen.lock().unwrap();
+            of_panel.iter().all(|place| seen.contains(*place))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: {:#?}",
+                self.queries
+                    .iter()
+                    .filter(|(p, _)| p.starts_with(panel))
+                    .collect::<Vec<_>>()
+            )
+        });
     }
 
     /// The queries that have never returned data (each asked once more),

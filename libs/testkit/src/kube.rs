@@ -63,6 +63,16 @@ pub(crate) fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child,
         .map_err(|e| format!("start {}: {e}", binary.display()))
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`) to `child`.
+fn signal(child: &Child, signal: &str) {
+    let pid = child.id();
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
 pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
@@ -97,6 +107,8 @@ pub struct ControlPlane {
     etcd: Option<Child>,
     apiserver: Option<Child>,
     others: Vec<Child>,
+    /// kube-controller-manager's place in `others`, when it runs.
+    controller_manager: Option<usize>,
     apiserver_port: u16,
     /// The address it listens on.
     address: std::net::Ipv4Addr,
@@ -214,6 +226,7 @@ impl ControlPlane {
             etcd: Some(etcd),
             apiserver: Some(apiserver),
             others: Vec::new(),
+            controller_manager: None,
             apiserver_port,
             address,
             apiserver_command: (bin.join("kube-apiserver"), apiserver_args),
@@ -272,13 +285,26 @@ impl ControlPlane {
         self.signal_etcd("-CONT");
     }
 
-    fn signal_etcd(&self, signal: &str) {
-        let pid = self.etcd.as_ref().expect("etcd runs").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid}");
+    /// Stops kube-controller-manager (SIGSTOP) until
+    /// [`Self::resume_controller_manager`]: no controller acts meanwhile (a
+    /// ResourceClaim stays allocated and reserved for a pod that is gone).
+    pub fn pause_controller_manager(&self) {
+        signal(self.controller_manager_process(), "-STOP");
+    }
+
+    pub fn resume_controller_manager(&self) {
+        signal(self.controller_manager_process(), "-CONT");
+    }
+
+    fn controller_manager_process(&self) -> &Child {
+        let at = self
+            .controller_manager
+            .expect("kube-controller-manager runs");
+        &self.others[at]
+    }
+
+    fn signal_etcd(&self, signal_name: &str) {
+        signal(self.etcd.as_ref().expect("etcd runs"), signal_name);
     }
 
     /// A kubeconfig file with the admin token and the self-signed server, for
@@ -340,6 +366,7 @@ impl ControlPlane {
             let log = self.dir.path().join("kube-controller-manager.log");
             let child = spawn(&bin.join("kube-controller-manager"), &args, &log)
                 .unwrap_or_else(|e| panic!("{e}"));
+            self.controller_manager = Some(self.others.len());
             self.others.push(child);
         }
     }
