@@ -37,6 +37,28 @@ pub struct Options<'a> {
     pub cli: &'a Path,
 }
 
+/// Switchyard's own share of the migration's wall time, from the log from
+/// `first` on: each decision's distance from the record before it (what it
+/// reacted to), summed; the rest is the cluster's (pods stopping and
+/// starting, kubelet, the scheduler) and the operator's typing.
+pub fn decision_share(
+    records: &[switchyard_eventlog::StoredEvent],
+    first: u64,
+) -> std::time::Duration {
+    let mut previous = None;
+    let mut share = 0i64;
+    for r in records.iter().filter(|r| r.sequence >= first) {
+        let at = r.envelope.recorded_at_unix_nanos;
+        if let Some(before) = previous
+            && r.envelope.actor != "inventory"
+        {
+            share += at - before;
+        }
+        previous = Some(at);
+    }
+    std::time::Duration::from_nanos(share.max(0) as u64)
+}
+
 /// A fault struck during a step.
 #[derive(Clone, Debug)]
 pub struct Struck {
