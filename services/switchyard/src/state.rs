@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::{Value, json};
-use switchyard_eventlog::{Decoded, EventLog};
+use switchyard_eventlog::{Decoded, EventLog, UnknownReason};
 use switchyard_proto::v1::{HandoverStep, Stack, domain_event::Kind};
 use switchyard_scenario::States;
 
@@ -24,8 +24,12 @@ pub struct Folded {
     pub rollbacks: BTreeMap<String, bool>,
     /// Evidence check id -> its summary, as last recorded.
     pub evidence: BTreeMap<String, switchyard_proto::v1::EvidenceChecked>,
-    /// Events kept raw (unknown type or newer schema).
+    /// Records passed over: kept raw (an unknown type, a newer schema, a
+    /// payload that does not decode) or no envelope of the log at all.
     pub undecodable: u64,
+    /// Of those, the records that are no envelope (some other client
+    /// published them on the log's subjects).
+    pub malformed: u64,
 }
 
 impl Folded {
@@ -46,7 +50,12 @@ impl Folded {
                 Decoded::Event(event) => {
                     folded.apply(&event, stored.envelope.recorded_at_unix_nanos)
                 }
-                Decoded::Unknown { .. } => folded.undecodable += 1,
+                Decoded::Unknown { reason, .. } => {
+                    folded.undecodable += 1;
+                    if matches!(reason, UnknownReason::Malformed(_)) {
+                        folded.malformed += 1;
+                    }
+                }
             }
         })
         .await?;
@@ -189,6 +198,7 @@ impl Folded {
             "migrations": self.migrations_json(),
             "evidence": self.evidence.iter().map(|(id, c)| json!({"check": id, "migration": c.migration_id, "nodes": c.nodes, "workloads": c.workloads, "failed": c.failed})).collect::<Vec<_>>(),
             "undecodable_events": self.undecodable,
+            "malformed_records": self.malformed,
         })
     }
 
@@ -370,11 +380,15 @@ impl Folded {
             )
             .unwrap();
         }
-        if self.undecodable > 0 {
+        let newer = self.undecodable - self.malformed;
+        if newer > 0 {
+            writeln!(out, "{newer} events kept raw (written by a newer version)").unwrap();
+        }
+        if self.malformed > 0 {
             writeln!(
                 out,
-                "{} events kept raw (written by a newer version)",
-                self.undecodable
+                "{} records passed over: no envelope of the log (published on its subjects by something other than Switchyard)",
+                self.malformed
             )
             .unwrap();
         }
