@@ -51,8 +51,12 @@ const DUPLICATE_IN_BATCH: u64 = 10201;
 /// Message over the stream's max_msg_size.
 const MESSAGE_TOO_LARGE: u64 = 10054;
 /// Nothing was stored and trying again can succeed: an incomplete (abandoned)
-/// batch, too many batches in flight.
-const RETRYABLE: [u64; 2] = [10176, 10210];
+/// batch, too many batches in flight; or a message of the same id is being
+/// stored right now (10158, "duplicate message id is in process": on a
+/// cluster, a retry after a leader change meets the old leader's proposal of
+/// it still in flight), and trying again is answered as its duplicate once it
+/// is stored, or stores it if it was not.
+const RETRYABLE: [u64; 3] = [10158, 10176, 10210];
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -144,14 +148,15 @@ fn remember_in(heads: &Heads, subject: &str, head: Head) {
 }
 
 impl NatsLog {
-    /// Connects to `url` and opens (or, with `options.create`, creates) the stream.
+    /// Connects to `url` (several servers of a cluster: comma-separated) and
+    /// opens (or, with `options.create`, creates) the stream.
     /// The first connection attempt fails fast; once connected, the client
     /// reconnects on its own. Services that must wait for the server pass their
     /// own client to [`NatsLog::open`].
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, LogError> {
         let client = async_nats::ConnectOptions::new()
             .name("switchyard-eventlog")
-            .connect(url)
+            .connect(url.split(',').map(str::trim).collect::<Vec<_>>())
             .await
             .map_err(|err| LogError::nats(format!("connect to {url}"), err))?;
         Self::open(client, options).await

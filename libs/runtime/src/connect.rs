@@ -11,8 +11,10 @@ use switchyard_eventlog::{EventLog, LogError};
 /// Where the JetStream log is and how to reach it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NatsArgs {
-    /// NATS server URL of the JetStream log, e.g. nats://nats:4222.
-    #[arg(long = "nats-url", env = "SWITCHYARD_NATS_URL")]
+    /// NATS server URL of the JetStream log, e.g. nats://nats:4222; for a
+    /// cluster, several, comma-separated (the client connects to one that
+    /// answers and reconnects to the others).
+    #[arg(long = "nats-url", env = "SWITCHYARD_NATS_URL", value_parser = parse_servers)]
     pub nats_url: String,
     #[command(flatten)]
     pub auth: NatsAuthArgs,
@@ -23,6 +25,26 @@ pub struct NatsArgs {
     pub signing_key: Option<PathBuf>,
     #[command(flatten)]
     pub stream: StreamArgs,
+}
+
+/// `--nats-url`'s servers: each comma-separated part.
+pub fn servers(urls: &str) -> Vec<&str> {
+    urls.split(',').map(str::trim).collect()
+}
+
+/// `--nats-url` as given, once each server in it is a NATS URL; an error
+/// names the one that is not. Empty stays empty: commands that need no
+/// server take it so.
+fn parse_servers(urls: &str) -> Result<String, String> {
+    if urls.is_empty() {
+        return Ok(String::new());
+    }
+    for server in servers(urls) {
+        server.parse::<async_nats::ServerAddr>().map_err(|e| {
+            format!("`{server}` is no NATS server URL (nats://HOST:PORT, several comma-separated for a cluster): {e}")
+        })?;
+    }
+    Ok(urls.to_string())
 }
 
 /// Who connects to NATS, and over what.
@@ -175,7 +197,7 @@ impl NatsArgs {
         self.auth
             .apply(options)
             .await?
-            .connect(&self.nats_url)
+            .connect(servers(&self.nats_url))
             .await
             .map_err(|source| ConnectError::Connect {
                 url: self.nats_url.clone(),
@@ -264,5 +286,26 @@ fn log_event(url: &str, event: &async_nats::Event) {
             tracing::warn!(nats_url = url, "NATS at {url}: {event}")
         }
         _ => tracing::info!(nats_url = url, "NATS at {url}: {event}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_is_its_servers_comma_separated_and_a_bad_one_is_named() {
+        let cluster = "nats://a:4222, nats://b:4222,nats://c:4222";
+        assert_eq!(parse_servers(cluster).as_deref(), Ok(cluster));
+        assert_eq!(
+            servers(cluster),
+            ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        );
+        let err = parse_servers("nats://a:4222,nats://b:port").unwrap_err();
+        assert!(
+            err.starts_with("`nats://b:port` is no NATS server URL"),
+            "{err}"
+        );
+        assert_eq!(parse_servers("").as_deref(), Ok(""));
     }
 }

@@ -196,3 +196,145 @@ impl Drop for NatsServer {
         self.kill();
     }
 }
+
+/// A JetStream cluster of nats-servers on loopback (`n0`, `n1`, ...). Each
+/// server's route to each other server goes through a toxiproxy proxy of its
+/// own (one per ordered pair), so that a server can be cut off from the
+/// others and joined again. The servers advertise a route address nothing
+/// listens on, so that none learns another's own address by gossip and
+/// routes around the proxies. Each serves its monitoring endpoints (`/jsz`:
+/// what its own store holds).
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+    /// Each server's monitoring port.
+    monitoring: Vec<u16>,
+    /// The pairs `(from, to)` whose route proxy is off.
+    cut: std::collections::BTreeSet<(usize, usize)>,
+    proxies: crate::toxiproxy::Toxiproxy,
+}
+
+/// The route proxy from server `from` to server `to`.
+fn route_proxy(from: usize, to: usize) -> String {
+    format!("route-n{from}-n{to}")
+}
+
+impl NatsCluster {
+    /// Starts `size` servers with `options` (each also `extra`), routed to
+    /// each other through their proxies. Returns once every server listens;
+    /// [`NatsCluster::until_formed`] waits for JetStream's meta leader.
+    pub fn start(size: usize, options: NatsOptions) -> NatsCluster {
+        let proxies = crate::toxiproxy::Toxiproxy::start();
+        let route_ports: Vec<u16> = (0..size).map(|_| crate::free_port()).collect();
+        let monitoring: Vec<u16> = (0..size).map(|_| crate::free_port()).collect();
+        let servers = (0..size)
+            .map(|i| {
+                let routes: Vec<String> = (0..size)
+                    .filter(|&j| j != i)
+                    .map(|j| {
+                        let listen = proxies
+                            .proxy(&route_proxy(i, j), &format!("127.0.0.1:{}", route_ports[j]));
+                        format!("\"nats-route://{listen}\"")
+                    })
+                    .collect();
+                NatsServer::start_with(NatsOptions {
+                    extra: format!(
+                        "server_name: n{i}\nhttp: \"127.0.0.1:{}\"\ncluster {{\n  name: switchyard\n  listen: \"127.0.0.1:{}\"\n  advertise: \"127.0.0.1:1\"\n  routes: [{}]\n}}\n{}",
+                        monitoring[i],
+                        route_ports[i],
+                        routes.join(", "),
+                        options.extra
+                    ),
+                    ..options.clone()
+                })
+            })
+            .collect();
+        NatsCluster {
+            servers,
+            monitoring,
+            cut: Default::default(),
+            proxies,
+        }
+    }
+
+    /// Every server's client URL, comma-separated (what `--nats-url` takes).
+    pub fn url(&self) -> String {
+        self.servers
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Waits until every server sees JetStream's meta leader (the cluster can
+    /// create streams).
+    pub async fn until_formed(&self, within: Duration) -> Result<(), String> {
+        crate::eventually("the JetStream cluster to form", within, || async {
+            let mut formed = true;
+            for i in 0..self.servers.len() {
+                formed &= self.jsz(i).await.is_ok_and(|j| {
+                    j["meta_cluster"]["leader"]
+                        .as_str()
+                        .is_some_and(|l| !l.is_empty())
+                });
+            }
+            formed
+        })
+        .await
+    }
+
+    /// Server `i`'s `/jsz` with its streams and their replicas: what its own
+    /// store holds (`account_details[].stream_detail[].state`).
+    pub async fn jsz(&self, i: usize) -> Result<serde_json::Value, String> {
+        let body = crate::http_get(self.monitoring[i], "/jsz?accounts=true&streams=true").await?;
+        serde_json::from_str(&body).map_err(|e| format!("n{i}'s /jsz: {e}"))
+    }
+
+    /// The servers (`nN`) server `i` has a route to now (`/routez`).
+    pub async fn routed_to(&self, i: usize) -> Result<std::collections::BTreeSet<String>, String> {
+        let body = crate::http_get(self.monitoring[i], "/routez").await?;
+        let routez: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| format!("n{i}'s /routez: {e}"))?;
+        Ok(routez["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["remote_name"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// Cuts server `k` off from the others: every route proxy from or to it
+    /// off (their connections closed).
+    pub fn cut_off(&mut self, k: usize) {
+        self.set_routes(k, false);
+    }
+
+    /// Joins server `k` to the others again.
+    pub fn rejoin(&mut self, k: usize) {
+        self.set_routes(k, true);
+    }
+
+    fn set_routes(&mut self, k: usize, on: bool) {
+        for j in (0..self.servers.len()).filter(|&j| j != k) {
+            for pair in [(k, j), (j, k)] {
+                // `toggle` flips a proxy: only those in the other state.
+                if self.cut.contains(&pair) == on {
+                    self.proxies.cli(&["toggle", &route_proxy(pair.0, pair.1)]);
+                    if on {
+                        self.cut.remove(&pair);
+                    } else {
+                        self.cut.insert(pair);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kills server `k` (SIGKILL), wipes its store, and starts it again on
+    /// the same ports: it rejoins with nothing and catches up from the others.
+    pub fn wipe(&mut self, k: usize) {
+        let server = &mut self.servers[k];
+        server.kill();
+        let _ = std::fs::remove_dir_all(server.store_dir());
+        server.restart();
+    }
+}
