@@ -83,6 +83,7 @@ pub fn trial_values(fixture: &Path) -> Vec<String> {
 }
 
 /// A node to start: its name and labels.
+#[derive(Clone, Copy, Debug)]
 pub struct NodeSpec<'a> {
     pub name: &'a str,
     pub labels: &'a [(&'a str, &'a str)],

@@ -451,3 +451,90 @@ fn uninstall_is_guarded_and_the_log_claim_outlives_the_release() {
         refused.stderr
     );
 }
+
+/// `nats.bundled.replicas: 3`: three servers started together, one per node
+/// where the nodes allow, each its own name and routed to all three by their
+/// stable names, found before they are Ready, at most one down at a time, and
+/// the log's stream created with the copies asked for. More copies of the
+/// stream than servers is refused, naming both values; a cluster of two is
+/// not one the schema takes.
+#[test]
+fn a_bundled_cluster_is_three_servers_routed_to_each_other() {
+    let docs = render(&[
+        "nats.bundled.enabled=true",
+        "nats.bundled.replicas=3",
+        "nats.streamReplicas=3",
+    ]);
+    let nats: Vec<&Value> = docs
+        .iter()
+        .filter(|d| name(d) == "switchyard-nats")
+        .collect();
+    let of = |k: &str| {
+        *nats
+            .iter()
+            .find(|d| kind(d) == k)
+            .unwrap_or_else(|| panic!("no {k} of NATS"))
+    };
+    let set = of("StatefulSet");
+    assert_eq!(set["spec"]["replicas"], 3);
+    assert_eq!(set["spec"]["podManagementPolicy"], "Parallel");
+    let pod = &set["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(container["env"][0]["name"], "POD_NAME");
+    assert_eq!(
+        container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert!(
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "cluster" && p["containerPort"] == 6222)
+    );
+    let config = of("ConfigMap")["data"]["nats.conf"].as_str().unwrap();
+    assert!(config.contains("server_name: $POD_NAME"), "{config}");
+    for i in 0..3 {
+        let route = format!("nats://switchyard-nats-{i}.switchyard-nats.{NAMESPACE}.svc:6222");
+        assert!(config.contains(&route), "{route} in:\n{config}");
+    }
+    assert!(config.contains("sync_interval: always"), "{config}");
+    let service = of("Service");
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(of("PodDisruptionBudget")["spec"]["maxUnavailable"], 1);
+    let init = docs
+        .iter()
+        .find(|d| kind(d) == "Job" && name(d).ends_with("log-init"))
+        .expect("the log-init Job");
+    let command = strings(&init["spec"]["template"]["spec"]["containers"][0]["command"]);
+    assert_eq!(flag(&command, "--stream-replicas"), Some("3"));
+
+    // One server, as before: no routes, no budget.
+    let single = render(&["nats.bundled.enabled=true"]);
+    assert!(
+        !single
+            .iter()
+            .any(|d| kind(d) == "PodDisruptionBudget" && name(d) == "switchyard-nats")
+    );
+
+    let refused = template(&["nats.bundled.enabled=true", "nats.streamReplicas=3"]);
+    assert!(!refused.ok, "three copies on one server rendered");
+    assert!(
+        refused.stderr.contains(
+            "nats.streamReplicas=3: the stream cannot have more copies than there are servers, and nats.bundled.replicas is 1"
+        ),
+        "{}",
+        refused.stderr
+    );
+    let two = template(&["nats.bundled.enabled=true", "nats.bundled.replicas=2"]);
+    assert!(!two.ok);
+    assert!(
+        two.stderr.contains("/nats/bundled/replicas") && two.stderr.contains("1, 3, 5"),
+        "{}",
+        two.stderr
+    );
+}
