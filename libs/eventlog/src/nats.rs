@@ -57,6 +57,8 @@ const MESSAGE_TOO_LARGE: u64 = 10054;
 /// it still in flight), and trying again is answered as its duplicate once it
 /// is stored, or stores it if it was not.
 const RETRYABLE: [u64; 3] = [10158, 10176, 10210];
+/// The stream does not exist.
+const STREAM_NOT_FOUND: u64 = 10059;
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -600,7 +602,7 @@ impl NatsLog {
                     }
                     Err(err) => err,
                 };
-                match refusal(&err) {
+                match self.refusal_of(&err).await {
                     Refusal::TooLarge => {
                         return Err(LogError::Oversize {
                             id: encoded[i].id.clone(),
@@ -981,22 +983,48 @@ enum Refusal {
     Retry,
 }
 
-fn refusal(err: &PublishError) -> Refusal {
+/// What a refused publish means; `None` where no server answered for the
+/// stream's subjects: the stream is gone, or (on a cluster) between leaders,
+/// which only the stream's info tells.
+fn refusal(err: &PublishError) -> Option<Refusal> {
     let code = error_code(err);
-    if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE) {
-        Refusal::TooLarge
-    } else if err.kind() == PublishErrorKind::WrongLastSequence
-        || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
-    {
-        Refusal::MovedHead
-    } else if code == Some(DUPLICATE_IN_BATCH) {
-        Refusal::DuplicateInBatch
-    } else if code.is_some_and(|c| !RETRYABLE.contains(&c))
-        || err.kind() == PublishErrorKind::StreamNotFound
-    {
-        Refusal::Fatal
-    } else {
-        Refusal::Retry
+    Some(
+        if err.kind() == PublishErrorKind::MaxPayloadExceeded || code == Some(MESSAGE_TOO_LARGE) {
+            Refusal::TooLarge
+        } else if err.kind() == PublishErrorKind::WrongLastSequence
+            || code.is_some_and(|c| WRONG_LAST_SEQUENCE.contains(&c))
+        {
+            Refusal::MovedHead
+        } else if code == Some(DUPLICATE_IN_BATCH) {
+            Refusal::DuplicateInBatch
+        } else if err.kind() == PublishErrorKind::StreamNotFound {
+            return None;
+        } else if code.is_some_and(|c| !RETRYABLE.contains(&c)) {
+            Refusal::Fatal
+        } else {
+            Refusal::Retry
+        },
+    )
+}
+
+impl NatsLog {
+    /// What a refused publish means. One no server answered is asked of the
+    /// stream itself: deleted, nothing a retry can change; still there, its
+    /// servers are between leaders (a leader killed: no server takes the
+    /// subjects until a new one is elected), and a retry finds the new one.
+    async fn refusal_of(&self, err: &PublishError) -> Refusal {
+        match refusal(err) {
+            Some(refused) => refused,
+            None => match self.js.get_stream(&self.options.stream).await {
+                Err(err)
+                    if matches!(err.kind(), jetstream::context::GetStreamErrorKind::JetStream(js)
+                        if js.error_code().0 == STREAM_NOT_FOUND) =>
+                {
+                    Refusal::Fatal
+                }
+                _ => Refusal::Retry,
+            },
+        }
     }
 }
 
@@ -1125,7 +1153,7 @@ impl NatsLog {
             required,
             deadline,
         } = *append;
-        let refused = refusal(&err);
+        let refused = self.refusal_of(&err).await;
         if refused == Refusal::TooLarge {
             let (i, size) = batch
                 .encoded

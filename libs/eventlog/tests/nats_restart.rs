@@ -333,3 +333,40 @@ async fn a_waiting_follower_resumes_at_once_after_a_server_restart() {
     );
     drop(server);
 }
+
+/// A publish no server answers is retried only while the stream exists (on
+/// a cluster, between leaders); the log's stream deleted under a writer is
+/// refused at once, naming the subject, not retried for `retry_for`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_to_a_deleted_stream_is_refused_not_retried() {
+    let server = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .expect("start nats-server");
+    let options = NatsOptions {
+        // Long enough that a retried append would outlast the test's wait.
+        retry_for: Duration::from_secs(3600),
+        ..NatsOptions::default()
+    };
+    let log = NatsLog::connect(&server.url(), options.clone())
+        .await
+        .unwrap();
+    let subject = Subject::new("node.n1").unwrap();
+    log.append(&subject, Expected::Any, vec![node_event("before")])
+        .await
+        .unwrap();
+    async_nats::jetstream::new(log.client().clone())
+        .delete_stream(&options.stream)
+        .await
+        .unwrap();
+
+    let refused = tokio::time::timeout(
+        Duration::from_secs(60),
+        log.append_each(vec![(subject.clone(), node_event("after"))]),
+    )
+    .await
+    .expect("refused, not retried for an hour");
+    let err = refused.expect_err("no stream to append to").to_string();
+    assert!(err.contains("node.n1"), "{err}");
+    assert!(err.contains("no stream found"), "{err}");
+    assert_eq!(log.retried_publishes(), 0);
+}
