@@ -59,6 +59,14 @@ const MESSAGE_TOO_LARGE: u64 = 10054;
 const RETRYABLE: [u64; 3] = [10158, 10176, 10210];
 /// The stream does not exist.
 const STREAM_NOT_FOUND: u64 = 10059;
+/// JetStream cannot answer now: "system temporarily unavailable", "cluster
+/// can not handle request" — a cluster between meta or stream leaders.
+const CLUSTER_UNAVAILABLE: [u64; 2] = [10008, 10009];
+
+/// Whether `error` says the cluster is between leaders (trying again helps).
+fn between_leaders(error: &jetstream::Error) -> bool {
+    CLUSTER_UNAVAILABLE.contains(&error.error_code().0)
+}
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -168,20 +176,7 @@ impl NatsLog {
         let js = jetstream::ContextBuilder::new()
             .timeout(options.ack_timeout)
             .build(client.clone());
-        let stream = if options.create {
-            js.get_or_create_stream(expected_config(&options))
-                .await
-                .map_err(|err| LogError::nats(format!("create stream {}", options.stream), err))?
-        } else {
-            js.get_stream(&options.stream).await.map_err(|err| {
-                LogError::nats(
-                    format!("open stream {}", options.stream),
-                    format!(
-                        "{err}; Switchyard never creates its log by itself (a log that was deleted must not be replaced by an empty one): create it once with `switchyard log init`"
-                    ),
-                )
-            })?
-        };
+        let stream = open_stream(&js, &options).await?;
         let altered = config_problems(&stream.cached_info().config, &options);
         if options.check_config && !altered.is_empty() {
             return Err(LogError::nats(
@@ -799,13 +794,14 @@ async fn ordered_consumer(
             backon::ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(200))
                 .with_max_delay(Duration::from_secs(2))
-                .with_max_times(CONSUMER_RETRIES),
+                .with_jitter()
+                .without_max_times()
+                .with_total_delay(Some(CONSUMER_PATIENCE)),
         )
-        .when(|err| {
-            matches!(
-                err.kind(),
-                ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request
-            )
+        .when(|err| match err.kind() {
+            ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+            ConsumerErrorKind::JetStream(js) => between_leaders(&js),
+            _ => false,
         })
         .await
         .map_err(|err| LogError::nats("create ordered consumer", err))?;
@@ -815,9 +811,80 @@ async fn ordered_consumer(
         .map_err(|err| LogError::nats("consume", err))
 }
 
-/// How often a consumer's creation is tried again after a timeout (each
-/// request waits for the client's request timeout, 5 s by default).
-const CONSUMER_RETRIES: usize = 3;
+/// Why the stream could not be opened (or created), and whether trying
+/// again can change it.
+struct OpenFailure {
+    error: LogError,
+    /// No answer in time, no server taking the request, JetStream not
+    /// available yet: a server restarting, or a cluster between leaders.
+    transient: bool,
+}
+
+/// The log's stream, opened (or with `options.create`, created if it does
+/// not exist). A failure a server coming back or a cluster electing a leader
+/// explains is tried again, paced, for up to `options.retry_for`: a command
+/// typed meanwhile waits rather than fails. A stream that does not exist is
+/// refused at once.
+async fn open_stream(js: &jetstream::Context, options: &NatsOptions) -> Result<Stream, LogError> {
+    use backon::Retryable;
+    use jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
+    let attempt = || async {
+        if options.create {
+            js.get_or_create_stream(expected_config(options))
+                .await
+                .map_err(|err| OpenFailure {
+                    transient: match err.kind() {
+                        CreateStreamErrorKind::TimedOut
+                        | CreateStreamErrorKind::JetStreamUnavailable => true,
+                        CreateStreamErrorKind::JetStream(js) => between_leaders(&js),
+                        _ => false,
+                    },
+                    error: LogError::nats(format!("create stream {}", options.stream), err),
+                })
+        } else {
+            js.get_stream(&options.stream).await.map_err(|err| {
+                let missing = matches!(err.kind(), GetStreamErrorKind::JetStream(js)
+                    if js.error_code().0 == STREAM_NOT_FOUND);
+                let hint = if missing {
+                    "; Switchyard never creates its log by itself (a log that was deleted must not be replaced by an empty one): create it once with `switchyard log init`"
+                } else {
+                    ""
+                };
+                OpenFailure {
+                    transient: match err.kind() {
+                        GetStreamErrorKind::Request => true,
+                        GetStreamErrorKind::JetStream(js) => between_leaders(&js),
+                        _ => false,
+                    },
+                    error: LogError::nats(
+                        format!("open stream {}", options.stream),
+                        format!("{err}{hint}"),
+                    ),
+                }
+            })
+        }
+    };
+    attempt
+        .retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(2))
+                .with_jitter()
+                .without_max_times()
+                .with_total_delay(Some(options.retry_for)),
+        )
+        .when(|failure| failure.transient)
+        .notify(|failure, pause| {
+            tracing::warn!(error = %failure.error, ?pause, "the log's stream did not answer; trying again")
+        })
+        .await
+        .map_err(|failure| failure.error)
+}
+
+/// How long a consumer's creation is tried again after a timeout or while
+/// the cluster is between leaders: as long as an append is by default
+/// ([`NatsOptions::retry_for`]).
+const CONSUMER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The pauses between attempts to follow again after the consumer failed:
 /// from 100 ms, doubling, up to 2 s, for as long as it takes.
@@ -999,7 +1066,8 @@ fn refusal(err: &PublishError) -> Option<Refusal> {
             Refusal::DuplicateInBatch
         } else if err.kind() == PublishErrorKind::StreamNotFound {
             return None;
-        } else if code.is_some_and(|c| !RETRYABLE.contains(&c)) {
+        } else if code.is_some_and(|c| !RETRYABLE.contains(&c) && !CLUSTER_UNAVAILABLE.contains(&c))
+        {
             Refusal::Fatal
         } else {
             Refusal::Retry

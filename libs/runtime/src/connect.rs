@@ -76,7 +76,7 @@ impl NatsAuthArgs {
             options = options.credentials_file(path).await.map_err(|source| {
                 ConnectError::Credentials {
                     path: path.clone(),
-                    source,
+                    error: source,
                 }
             })?;
         }
@@ -91,7 +91,7 @@ impl NatsAuthArgs {
             if !ca.is_file() {
                 return Err(ConnectError::Credentials {
                     path: ca.clone(),
-                    source: std::io::Error::new(
+                    error: std::io::Error::new(
                         std::io::ErrorKind::NotFound,
                         "expected a PEM file of the server's CA",
                     ),
@@ -144,28 +144,25 @@ pub struct StreamArgs {
     pub stream_replicas: usize,
 }
 
+/// Why a connection to the bus or the log failed. Each message holds its
+/// cause's (no error chain: printed alone, as the services do, or with its
+/// chain, as the CLI does, it reads the same, once).
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("read NATS credentials {}: {source}", path.display())]
+    #[error("read NATS credentials {}: {error}", path.display())]
     Credentials {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("connect to NATS at {url}: {source}")]
+    #[error("connect to NATS at {url}: {error}")]
     Connect {
         url: String,
-        #[source]
-        source: async_nats::ConnectError,
+        error: async_nats::ConnectError,
     },
     #[error("NKey seed {}: {message}", path.display())]
     Seed { path: PathBuf, message: String },
-    #[error("open the log on stream {stream}: {source}")]
-    Log {
-        stream: String,
-        #[source]
-        source: LogError,
-    },
+    #[error("open the log on stream {stream}: {error}")]
+    Log { stream: String, error: LogError },
 }
 
 impl NatsArgs {
@@ -199,9 +196,9 @@ impl NatsArgs {
             .await?
             .connect(servers(&self.nats_url))
             .await
-            .map_err(|source| ConnectError::Connect {
+            .map_err(|error| ConnectError::Connect {
                 url: self.nats_url.clone(),
-                source,
+                error,
             })
     }
 
@@ -265,9 +262,9 @@ impl StreamArgs {
         };
         NatsLog::open(client, options)
             .await
-            .map_err(|source| ConnectError::Log {
+            .map_err(|error| ConnectError::Log {
                 stream: self.stream.clone(),
-                source,
+                error,
             })
     }
 }
