@@ -23,6 +23,11 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// service's subject (a restart, a rollout): nobody received it, so sending
 /// it again cannot do it twice.
 pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a command is sent again while its service answers that it
+/// could not take it yet (`send_again`: its view of the log not caught up,
+/// after a NATS server went away): nothing was decided, so sending it again
+/// cannot do it twice.
+pub const CATCHING_UP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How far a signed command's time may be from the service's clock (either
 /// way: clocks differ a little): older, it is refused as a replay.
@@ -382,7 +387,7 @@ fn command_of(command: service_command::Command) -> Result<Command, CommandRefus
 
 /// Sends a command to a running service and waits for its reply; with a
 /// keyring, the reply must be the service's own answer to this command.
-pub async fn send(
+async fn send_once(
     client: &async_nats::Client,
     service: ServiceName,
     command: ServiceCommand,
@@ -454,6 +459,59 @@ pub async fn send(
         check_reply(&reply, &request, service, keyring)?;
     }
     Ok(reply)
+}
+
+/// Sends a command to a running service and waits for its reply; with a
+/// keyring, the reply must be the service's own answer to this command.
+/// Sent again for up to [`CATCHING_UP_PATIENCE`] while the service answers
+/// that it could not take the command yet (nothing decided): the operator
+/// waits for a service catching up with the log rather than types the
+/// command again.
+pub async fn send(
+    client: &async_nats::Client,
+    service: ServiceName,
+    command: ServiceCommand,
+    keyring: Option<&Keyring>,
+) -> Result<CommandReply, CommandError> {
+    let once = || async {
+        let reply = send_once(client, service, command.clone(), keyring).await?;
+        if reply.send_again {
+            return Err(NotYet::Reply(reply));
+        }
+        Ok(reply)
+    };
+    let answered = once
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(2))
+                .with_total_delay(Some(CATCHING_UP_PATIENCE))
+                .without_max_times(),
+        )
+        .when(|err| matches!(err, NotYet::Reply(_)))
+        .notify(|err, pause| {
+            if let NotYet::Reply(reply) = err {
+                tracing::info!(%service, ?pause, why = %reply.error, "not taken yet: sending the command again");
+            }
+        })
+        .await;
+    match answered {
+        Ok(reply) | Err(NotYet::Reply(reply)) => Ok(reply),
+        Err(NotYet::Failed(err)) => Err(err),
+    }
+}
+
+/// A [`send`] attempt that did not end in an answer to keep.
+enum NotYet {
+    /// Answered "not taken yet".
+    Reply(CommandReply),
+    Failed(CommandError),
+}
+
+impl From<CommandError> for NotYet {
+    fn from(err: CommandError) -> Self {
+        NotYet::Failed(err)
+    }
 }
 
 #[cfg(test)]

@@ -426,8 +426,17 @@ impl<E: EffectExecutor> Host<E> {
 
     /// Takes an operator's command; the answer is signed with the service's
     /// key, when it has one.
-    async fn command(&mut self, request: &[u8]) -> CommandReply {
-        let mut reply = self.answer(request).await;
+    /// `behind`: why the command cannot be decided now (the service's view
+    /// not caught up with the log), its refusal.
+    async fn command(&mut self, request: &[u8], behind: Option<String>) -> CommandReply {
+        let mut reply = match behind {
+            Some(error) => CommandReply {
+                error,
+                send_again: true,
+                ..CommandReply::default()
+            },
+            None => self.answer(request).await,
+        };
         if let Some(key) = &self.options.signer {
             commands::sign_reply(&mut reply, request, key);
         }
@@ -828,7 +837,7 @@ impl<E: EffectExecutor> Host<E> {
         let mut earliest: Option<i64> = None;
         for stored in batch {
             let stored = stored.ok_or(HostError::FollowEnded)??;
-            let _ = progress.send(Progress {
+            progress.send_replace(Progress {
                 ready: true,
                 sequence: stored.sequence,
             });
@@ -973,6 +982,7 @@ impl<E: EffectExecutor> Host<E> {
         &mut self,
         request: async_nats::Message,
         commands: Option<&async_nats::Client>,
+        behind: Option<String>,
     ) -> Result<Reacting, HostError> {
         let service = self.core.service();
         let received = now_nanos();
@@ -988,7 +998,10 @@ impl<E: EffectExecutor> Host<E> {
             });
         // What the command decides is in its trace.
         self.cause = context;
-        let reply = self.command(&request.payload).instrument(span).await;
+        let reply = self
+            .command(&request.payload, behind)
+            .instrument(span)
+            .await;
         crate::metrics::metrics().command(service.as_str(), answering.elapsed().as_secs_f64());
         let decisions = reply.decisions.len();
         if let (Some(to), Some(client)) = (request.reply, commands) {
@@ -1029,7 +1042,7 @@ pub async fn run<E: EffectExecutor>(
     )
     .await?;
     host.catch_up().await?;
-    let _ = progress.send(Progress {
+    progress.send_replace(Progress {
         ready: true,
         sequence: last,
     });
@@ -1055,11 +1068,64 @@ pub async fn run<E: EffectExecutor>(
                     Some(sub) => sub.next().await,
                     None => std::future::pending().await,
                 }
-            } => host.react_to_command(request, commands.as_ref()).await?,
+            } => {
+                let behind = catch_up_to_head(&mut host, &mut follow, log.as_ref(), &progress).await?;
+                host.react_to_command(request, commands.as_ref(), behind).await?
+            }
         };
         let written = host.execute_effects().await?;
         reacting.log(&written);
     }
+}
+
+/// How long a command waits for its service to read the log up to where it
+/// ended when the command came: well within the time the sender waits for
+/// the answer ([`commands::REPLY_TIMEOUT`]).
+const COMMAND_CATCH_UP: Duration = Duration::from_secs(10);
+
+/// Takes the records appended before a command came (another service's
+/// answer to the command before it, say) however far behind following the
+/// log is — re-following after the server it was on went away, say — so that
+/// the command is decided on the log as it stood when it came, not on an
+/// older view. `None` once caught up; else why the command is not decided
+/// (where the log ends unread, or not reached in [`COMMAND_CATCH_UP`]), for
+/// its refusal.
+async fn catch_up_to_head<E: EffectExecutor>(
+    host: &mut Host<E>,
+    follow: &mut BoxStream<'static, Result<StoredEvent, LogError>>,
+    log: &dyn EventLog,
+    progress: &watch::Sender<Progress>,
+) -> Result<Option<String>, HostError> {
+    let service = host.core.service();
+    // `progress` holds the last record taken (kept whether or not health
+    // watches it).
+    let head = match log.last_sequence(None).await {
+        Ok(head) => head,
+        Err(err) => {
+            return Ok(Some(format!(
+                "not taken: {service} could not read where the log ends ({err})"
+            )));
+        }
+    };
+    let deadline = tokio::time::Instant::now() + COMMAND_CATCH_UP;
+    let behind = head.saturating_sub(progress.borrow().sequence);
+    if behind > 0 {
+        tracing::debug!(%service, behind, head, "a command came: reading the log to its end first");
+    }
+    while progress.borrow().sequence < head {
+        let Ok(stored) = tokio::time::timeout_at(deadline, follow.next()).await else {
+            let read = progress.borrow().sequence;
+            tracing::warn!(%service, read, head, "a command came and the log could not be read to its end in time: not taken");
+            return Ok(Some(format!(
+                "not taken: {service} has read the log up to record {read} of {head} and did not reach its end in {COMMAND_CATCH_UP:?}"
+            )));
+        };
+        let batch = ready_batch(stored, follow);
+        let reacting = host.react_to_records(batch, now_nanos(), progress).await?;
+        let written = host.execute_effects().await?;
+        reacting.log(&written);
+    }
+    Ok(None)
 }
 
 /// One input's reaction, for its timing (ns): the earliest recording time of
