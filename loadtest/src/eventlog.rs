@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use switchyard_eventlog::embedded::{Durability, EmbeddedLog, EmbeddedOptions};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{EventLog, Expected, NewEvent, Payload, ReadRequest, Subject};
-use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
+use switchyard_testkit::nats::{Bus, NatsOptions as ServerOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -47,6 +47,11 @@ pub struct Args {
     /// and the chart run it; `default`: the server's default).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [crate::Sync::Default, crate::Sync::Always])]
     sync: Vec<crate::Sync>,
+    /// The JetStream runs on this many nats-servers, one run per value after
+    /// `--sync`'s (`1,3`: one server at R1, then a JetStream cluster of
+    /// three on loopback with the stream at R3; backend and bare loop alike).
+    #[arg(long, value_delimiter = ',', default_values_t = [1])]
+    nats_servers: Vec<usize>,
     /// Directory for the embedded logs (a temp dir under it); default: the system temp dir.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
@@ -206,6 +211,7 @@ fn dir_size(dir: &std::path::Path) -> anyhow::Result<u64> {
 /// The bare loop: the same concurrency, payload and acks, straight through async-nats.
 async fn bare_jetstream(
     url: &str,
+    replicas: usize,
     total: usize,
     producers: usize,
     body: &Bytes,
@@ -218,6 +224,7 @@ async fn bare_jetstream(
         subjects: vec!["bare.>".into()],
         storage: StorageType::File,
         duplicate_window: Duration::from_secs(120),
+        num_replicas: replicas,
         ..Default::default()
     })
     .await?;
@@ -246,14 +253,32 @@ async fn bare_jetstream(
     Ok((per_producer * producers) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn jetstream(args: &Args, sync: crate::Sync, body: &Bytes) -> anyhow::Result<Value> {
+async fn jetstream(
+    args: &Args,
+    sync: crate::Sync,
+    servers: usize,
+    body: &Bytes,
+) -> anyhow::Result<Value> {
     let options = ServerOptions {
         sync_always: sync == crate::Sync::Always,
         ..ServerOptions::default()
     };
-    let server = tokio::task::spawn_blocking(move || NatsServer::start_with(options)).await?;
-    let url = server.url();
-    let log: Arc<dyn EventLog> = Arc::new(NatsLog::connect(&url, NatsOptions::default()).await?);
+    let bus = Bus::start(servers, options).await;
+    let (url, replicas) = (bus.url(), bus.replicas());
+    let version = match &bus {
+        Bus::Server(server) => server.version(),
+        Bus::Cluster(cluster) => cluster.servers[0].version(),
+    };
+    let log: Arc<dyn EventLog> = Arc::new(
+        NatsLog::connect(
+            &url,
+            NatsOptions {
+                replicas,
+                ..NatsOptions::default()
+            },
+        )
+        .await?,
+    );
     let mut runs = Vec::new();
     for &producers in &args.nats_producers {
         // Alternate the two so neither profits from a warmer server: bare, backend, bare, backend.
@@ -263,6 +288,7 @@ async fn jetstream(args: &Args, sync: crate::Sync, body: &Bytes) -> anyhow::Resu
             bare.push(
                 bare_jetstream(
                     &url,
+                    replicas,
                     args.nats_events / 2,
                     producers,
                     body,
@@ -292,8 +318,10 @@ async fn jetstream(args: &Args, sync: crate::Sync, body: &Bytes) -> anyhow::Resu
         }));
     }
     Ok(json!({
-        "server": server.version(),
+        "server": version,
         "sync": sync,
+        "nats_servers": servers,
+        "stream_replicas": replicas,
         "events_each": args.nats_events,
         "runs": runs,
     }))
@@ -308,7 +336,9 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     let embedded = embedded(&args, &body, root.path()).await?;
     let mut jetstream_runs = Vec::new();
     for &sync in &args.sync {
-        jetstream_runs.push(jetstream(&args, sync, &body).await?);
+        for &servers in &args.nats_servers {
+            jetstream_runs.push(jetstream(&args, sync, servers, &body).await?);
+        }
     }
     let jetstream = Value::Array(jetstream_runs);
     Ok(json!({

@@ -25,7 +25,7 @@ use switchyard_runtime::host::{self, HostOptions};
 use switchyard_stack_assigner::StackAssignerEdge;
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::{ControlPlane, fake_node, install_crds};
-use switchyard_testkit::nats::{NatsOptions as ServerOptions, NatsServer};
+use switchyard_testkit::nats::{Bus, NatsOptions as ServerOptions};
 
 const STACK: &str = "node.deckhouse.io/gpu-stack";
 const GROUP: &str = "node.deckhouse.io/group";
@@ -49,6 +49,11 @@ pub struct Args {
     /// alternates them.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [crate::Sync::Always])]
     sync: Vec<crate::Sync>,
+    /// The log on this many nats-servers: one whole run per value, after the
+    /// `--sync` runs' order (`1,3`: on one server at R1, then on a JetStream
+    /// cluster of three with the stream at R3, for each `--sync`).
+    #[arg(long, value_delimiter = ',', default_values_t = [1])]
+    nats_servers: Vec<usize>,
 }
 
 /// When each node was first seen with each gpu-stack value.
@@ -134,7 +139,9 @@ async fn module(client: &Client, dra: bool) -> anyhow::Result<()> {
 pub async fn run(args: Args) -> anyhow::Result<Value> {
     let mut runs = Vec::new();
     for &sync in &args.sync {
-        runs.push(run_once(&args, sync).await?);
+        for &servers in &args.nats_servers {
+            runs.push(run_once(&args, sync, servers).await?);
+        }
     }
     Ok(match runs.len() {
         1 => runs.pop().expect("one run"),
@@ -142,7 +149,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     })
 }
 
-async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
+async fn run_once(args: &Args, sync: crate::Sync, servers: usize) -> anyhow::Result<Value> {
     let started = Instant::now();
     let plane = ControlPlane::start().await;
     let startup = started.elapsed();
@@ -152,18 +159,20 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
         switchyard_api::crds().into_iter().map(|(_, c)| c).collect(),
     )
     .await;
-    let nats = tokio::task::spawn_blocking(move || {
-        NatsServer::start_with(ServerOptions {
+    let nats = Bus::start(
+        servers,
+        ServerOptions {
             sync_always: sync == crate::Sync::Always,
             ..ServerOptions::default()
-        })
-    })
-    .await?;
+        },
+    )
+    .await;
     let log: Arc<dyn EventLog> = Arc::new(
         NatsLog::connect(
             &nats.url(),
             NatsOptions {
                 create: true,
+                replicas: nats.replicas(),
                 ..NatsOptions::default()
             },
         )
@@ -202,6 +211,8 @@ async fn run_once(args: &Args, sync: crate::Sync) -> anyhow::Result<Value> {
     let events = log.last_sequence(None).await?;
     Ok(json!({
         "sync": sync,
+        "nats_servers": servers,
+        "stream_replicas": nats.replicas(),
         "control_plane_startup_ms": startup.as_millis(),
         "nodes": args.nodes,
         "create_to_label_ms": {

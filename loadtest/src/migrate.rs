@@ -574,6 +574,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         previous_version: None,
         toxics: &[],
         flow_shares: None,
+        nats_servers: 1,
     })
     .await;
     eprintln!(

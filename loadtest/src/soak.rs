@@ -25,6 +25,11 @@ pub struct Args {
     /// The first run's seed; run i has seed + i.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The log on this many nats-servers: 3 (or 5) is a JetStream cluster
+    /// with a copy of the stream on each, and the faults are the cluster's
+    /// (its stream's leader killed, a server cut off, a store wiped).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=7))]
+    nats_servers: u64,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
@@ -50,6 +55,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             flow_shares: None,
             binary: beside_current_exe,
             cli: &cli,
+            nats_servers: args.nats_servers as usize,
         }))
         .catch_unwind()
         .await;
@@ -86,6 +92,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     Ok(json!({
         "iterations": args.iterations,
         "first_seed": args.seed,
+        "nats_servers": args.nats_servers,
         "faults_survived": faults,
         "survived_by_fault": survived,
         "kill_points_by_step": points,

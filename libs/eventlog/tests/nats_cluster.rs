@@ -99,6 +99,18 @@ async fn acknowledged_appends_outlive_a_leader_killed_a_server_cut_off_and_a_sto
     let leader = stream_leader(&cluster).await;
     let mut cluster = cluster;
     cluster.servers[leader].kill();
+    // A reader started meanwhile (a command typed) opens the log: what the
+    // stream's info request meets between leaders is tried again.
+    NatsLog::connect(
+        &cluster.url(),
+        NatsOptions {
+            create: false,
+            replicas: 3,
+            ..NatsOptions::default()
+        },
+    )
+    .await
+    .expect("the log opened while its stream's leader is down");
     appends_go_on(format!("appends after n{leader}, the leader, was killed")).await;
     let mut cluster = tokio::task::spawn_blocking(move || {
         cluster.servers[leader].restart();
@@ -159,21 +171,7 @@ async fn acknowledged_appends_outlive_a_leader_killed_a_server_cut_off_and_a_sto
 
     // Healed: each server's own store holds every record.
     let head = log.last_sequence(None).await.expect("the log's head");
-    let stored = |i: usize| {
-        let cluster = &cluster;
-        async move {
-            let jsz = cluster.jsz(i).await.ok()?;
-            let stream = jsz["account_details"]
-                .as_array()?
-                .iter()
-                .flat_map(|a| a["stream_detail"].as_array().cloned().unwrap_or_default())
-                .find(|s| s["name"] == "SWITCHYARD_LOG")?;
-            Some((
-                stream["state"]["last_seq"].as_u64()?,
-                stream["state"]["messages"].as_u64()?,
-            ))
-        }
-    };
+    let stored = |i: usize| cluster.stream_state(i, "SWITCHYARD_LOG");
     for i in 0..3 {
         let held = eventually(&format!("n{i} to hold the whole stream"), WAIT, || async {
             stored(i).await == Some((head, head))
@@ -208,23 +206,8 @@ async fn acknowledged_appends_outlive_a_leader_killed_a_server_cut_off_and_a_sto
 async fn stream_leader(cluster: &NatsCluster) -> usize {
     let leader = std::cell::Cell::new(None);
     eventually("the stream to have a leader", WAIT, || async {
-        for i in 0..3 {
-            let Ok(jsz) = cluster.jsz(i).await else {
-                continue;
-            };
-            let named = jsz["account_details"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|a| a["stream_detail"].as_array().cloned().unwrap_or_default())
-                .find(|s| s["name"] == "SWITCHYARD_LOG")
-                .and_then(|s| s["cluster"]["leader"].as_str().map(str::to_string));
-            if let Some(n) = named.and_then(|n| n.strip_prefix('n')?.parse().ok()) {
-                leader.set(Some(n));
-                return true;
-            }
-        }
-        false
+        leader.set(cluster.stream_leader("SWITCHYARD_LOG").await);
+        leader.get().is_some()
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));

@@ -30,7 +30,7 @@ use crate::kube::{Components, ControlPlane, create_namespace, fake_node, install
 /// ResourceClaim (`namespace/name`) -> the pods it is reserved for.
 pub type Reservations = BTreeMap<String, BTreeSet<String>>;
 use crate::kwok::{Kwok, kwok_node, node_is_ready};
-use crate::nats::NatsServer;
+use crate::nats::Bus;
 use crate::{KillOnDrop, eventually};
 
 pub const STACK: &str = "node.deckhouse.io/gpu-stack";
@@ -77,7 +77,7 @@ impl Service {
         name: &'static str,
         binary: Locate,
         plane: &ControlPlane,
-        nats: &NatsServer,
+        nats: &Bus,
         dir: &Path,
         health: Option<u16>,
         env: &[(&str, &str)],
@@ -157,7 +157,9 @@ impl Drop for Service {
 
 pub struct World {
     pub plane: ControlPlane,
-    pub nats: NatsServer,
+    /// One nats-server, or a JetStream cluster holding the log's stream
+    /// on each of its servers.
+    pub nats: Bus,
     pub client: Client,
     pub dir: tempfile::TempDir,
     pub services: Vec<Service>,
@@ -207,16 +209,28 @@ impl World {
 
     /// The world with the binaries `binary` finds.
     pub async fn start_with(components: Components, binary: Locate) -> World {
-        World::start_on(components, binary, None).await
+        World::start_on(components, binary, None, 1).await
+    }
+
+    /// The world with its log on `servers` nats-servers (more than one: a
+    /// JetStream cluster, the stream with a copy on each and every service
+    /// requiring as many).
+    pub async fn start_on_servers(components: Components, binary: Locate, servers: usize) -> World {
+        World::start_on(components, binary, None, servers).await
     }
 
     /// The world on a bus that asks for credentials (each service must then
     /// be given its own, with `serve_with_env`).
     pub async fn start_secured(components: Components, bus: SecuredBus) -> World {
-        World::start_on(components, crate::bins::binary, Some(bus)).await
+        World::start_on(components, crate::bins::binary, Some(bus), 1).await
     }
 
-    async fn start_on(components: Components, binary: Locate, bus: Option<SecuredBus>) -> World {
+    async fn start_on(
+        components: Components,
+        binary: Locate,
+        bus: Option<SecuredBus>,
+        servers: usize,
+    ) -> World {
         let plane = ControlPlane::start_with(components).await;
         let client = plane.client();
         install_crds(&client, crds().into_iter().map(|(_, c)| c).collect()).await;
@@ -224,18 +238,19 @@ impl World {
             .as_ref()
             .map(|b| b.authorization.clone())
             .unwrap_or_default();
-        let nats = tokio::task::spawn_blocking(move || {
-            NatsServer::start_with(crate::nats::NatsOptions {
+        let nats = Bus::start(
+            servers,
+            crate::nats::NatsOptions {
                 extra,
                 ..crate::nats::NatsOptions::default()
-            })
-        })
-        .await
-        .expect("start nats-server");
+            },
+        )
+        .await;
         // What `switchyard log init` does before the services start: they
         // never create the stream themselves.
         let options = NatsOptions {
             create: true,
+            replicas: nats.replicas(),
             ..NatsOptions::default()
         };
         match &bus {
@@ -243,6 +258,7 @@ impl World {
             None => NatsLog::connect(&nats.url(), options).await,
         }
         .expect("create the log's stream");
+        let replicas = nats.replicas();
         World {
             reader: bus.map(|b| b.reader),
             plane,
@@ -251,7 +267,12 @@ impl World {
             dir: tempfile::tempdir().expect("temp dir"),
             services: Vec::new(),
             binary,
-            service_env: Vec::new(),
+            // Every service requires the stream's copies: one opened with
+            // fewer is refused.
+            service_env: vec![(
+                "SWITCHYARD_NATS_STREAM_REPLICAS".into(),
+                replicas.to_string(),
+            )],
             env_of: BTreeMap::new(),
             agent_env: Vec::new(),
         }
@@ -674,6 +695,9 @@ pub struct ClusterOptions<'a> {
     /// shares wide that rejects what it cannot seat (429); `None`: as the
     /// cluster's admin, which priority and fairness exempts.
     pub flow_shares: Option<u32>,
+    /// How many nats-servers the log is on: 1, or a JetStream cluster of
+    /// this many with a copy of the stream on each.
+    pub nats_servers: usize,
 }
 
 /// The priority level and flow schema the services' accounts are put in.
@@ -740,7 +764,7 @@ impl MigrationCluster {
     }
 
     pub async fn start(options: ClusterOptions<'_>) -> MigrationCluster {
-        let mut world = World::start_with(
+        let mut world = World::start_on_servers(
             Components {
                 scheduler: true,
                 controller_manager: true,
@@ -748,9 +772,10 @@ impl MigrationCluster {
                 ..Components::default()
             },
             options.binary,
+            options.nats_servers,
         )
         .await;
-        world.service_env = options.service_env;
+        world.service_env.extend(options.service_env);
         world.agent_env = options.agent_env;
         let server = world.plane.url();
         let toxiproxy = (!options.toxics.is_empty()).then(|| {

@@ -329,6 +329,58 @@ impl NatsCluster {
         }
     }
 
+    /// The server (`k` of `nk`) leading `stream` now, as the first server
+    /// that answers says; `None` while it has none (or no server answers).
+    pub async fn stream_leader(&self, stream: &str) -> Option<usize> {
+        for i in 0..self.servers.len() {
+            let Some(detail) = self.stream_detail(i, stream).await else {
+                continue;
+            };
+            if let Some(n) = detail["cluster"]["leader"]
+                .as_str()
+                .and_then(|n| n.strip_prefix('n')?.parse().ok())
+            {
+                return Some(n);
+            }
+        }
+        None
+    }
+
+    /// What server `i`'s own store holds of `stream`: its last sequence and
+    /// its number of records (`None`: no copy, or the server does not answer).
+    pub async fn stream_state(&self, i: usize, stream: &str) -> Option<(u64, u64)> {
+        let detail = self.stream_detail(i, stream).await?;
+        Some((
+            detail["state"]["last_seq"].as_u64()?,
+            detail["state"]["messages"].as_u64()?,
+        ))
+    }
+
+    /// What each server says of `stream`'s copies (its leader, each
+    /// replica current or not, how far behind), one line a server: for a
+    /// failure's message.
+    pub async fn stream_views(&self, stream: &str) -> String {
+        let mut lines = Vec::new();
+        for i in 0..self.servers.len() {
+            let view = match self.stream_detail(i, stream).await {
+                Some(detail) => format!("{} state {}", detail["cluster"], detail["state"]),
+                None => "no copy, or no answer".into(),
+            };
+            lines.push(format!("n{i}: {view}"));
+        }
+        lines.join("\n")
+    }
+
+    /// `stream`'s entry in server `i`'s `/jsz`.
+    async fn stream_detail(&self, i: usize, stream: &str) -> Option<serde_json::Value> {
+        let jsz = self.jsz(i).await.ok()?;
+        jsz["account_details"]
+            .as_array()?
+            .iter()
+            .flat_map(|a| a["stream_detail"].as_array().cloned().unwrap_or_default())
+            .find(|s| s["name"] == stream)
+    }
+
     /// Kills server `k` (SIGKILL), wipes its store, and starts it again on
     /// the same ports: it rejoins with nothing and catches up from the others.
     pub fn wipe(&mut self, k: usize) {
@@ -336,5 +388,72 @@ impl NatsCluster {
         server.kill();
         let _ = std::fs::remove_dir_all(server.store_dir());
         server.restart();
+    }
+}
+
+/// Where a test's log lives: one nats-server, or a JetStream cluster whose
+/// servers each hold a copy of the stream.
+pub enum Bus {
+    Server(NatsServer),
+    Cluster(NatsCluster),
+}
+
+impl Bus {
+    /// Starts `servers` servers (one: no cluster) with `options`; a cluster is
+    /// returned formed (able to create streams).
+    pub async fn start(servers: usize, options: NatsOptions) -> Bus {
+        if servers == 1 {
+            let server = tokio::task::spawn_blocking(move || NatsServer::start_with(options))
+                .await
+                .expect("start nats-server");
+            return Bus::Server(server);
+        }
+        let cluster = tokio::task::spawn_blocking(move || NatsCluster::start(servers, options))
+            .await
+            .expect("start the nats-servers");
+        cluster
+            .until_formed(Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Bus::Cluster(cluster)
+    }
+
+    /// The URL clients are given: the cluster's servers comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            Bus::Server(server) => server.url(),
+            Bus::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// How many copies of a stream the bus can hold: one per server.
+    pub fn replicas(&self) -> usize {
+        match self {
+            Bus::Server(_) => 1,
+            Bus::Cluster(cluster) => cluster.servers.len(),
+        }
+    }
+
+    /// The one server, where the bus is one.
+    pub fn server_mut(&mut self) -> Option<&mut NatsServer> {
+        match self {
+            Bus::Server(server) => Some(server),
+            Bus::Cluster(_) => None,
+        }
+    }
+
+    /// The cluster, where the bus is one.
+    pub fn cluster_mut(&mut self) -> Option<&mut NatsCluster> {
+        match self {
+            Bus::Server(_) => None,
+            Bus::Cluster(cluster) => Some(cluster),
+        }
+    }
+
+    pub fn cluster(&self) -> Option<&NatsCluster> {
+        match self {
+            Bus::Server(_) => None,
+            Bus::Cluster(cluster) => Some(cluster),
+        }
     }
 }

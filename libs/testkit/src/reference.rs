@@ -35,6 +35,12 @@ pub struct Options<'a> {
     pub binary: Locate,
     /// The `switchyard` CLI the steps are typed into.
     pub cli: &'a Path,
+    /// How many nats-servers the log is on. More than one: a JetStream
+    /// cluster with a copy of the stream on each, whose faults are the
+    /// cluster's own (its stream's leader killed, a server cut off from the
+    /// others, a server's store wiped), and which must end with every
+    /// server's store holding every record.
+    pub nats_servers: usize,
 }
 
 /// Switchyard's own share of the migration's wall time, from the log from
@@ -375,6 +381,15 @@ enum Fault {
     RestartApiServer,
     PauseEtcd,
     Junk,
+    /// On a JetStream cluster: the server leading the stream killed
+    /// (SIGKILL) and, once another leads, started again.
+    KillStreamLeader,
+    /// On a JetStream cluster: a server's routes to the others cut for a
+    /// while, then joined again.
+    CutOffServer,
+    /// On a JetStream cluster: a server killed, its store wiped, and started
+    /// again with nothing.
+    WipeServer,
 }
 
 impl Fault {
@@ -393,6 +408,9 @@ impl Fault {
             Fault::RestartApiServer => "restart kube-apiserver",
             Fault::PauseEtcd => "pause etcd",
             Fault::Junk => "publish a record that is no envelope",
+            Fault::KillStreamLeader => "kill the stream's leader",
+            Fault::CutOffServer => "cut a nats-server off",
+            Fault::WipeServer => "wipe a nats-server's store",
         }
     }
 }
@@ -420,7 +438,21 @@ impl Seeded {
     /// a record that is no envelope — at a point the seed picks.
     /// A step that does not wait (`evidence`, `complete`) has the next
     /// fault instead of the CLI's kill: an answer printed is all it waits for.
-    fn fault(&mut self, n: usize, waits: bool) -> (Fault, u64) {
+    fn fault(&mut self, n: usize, waits: bool, cluster: bool) -> (Fault, u64) {
+        const CLUSTER_FAULTS: [Fault; 3] = [
+            Fault::KillStreamLeader,
+            Fault::CutOffServer,
+            Fault::WipeServer,
+        ];
+        if cluster {
+            if n == 0 {
+                self.1 = self.below(CLUSTER_FAULTS.len() as u64) as usize;
+            }
+            return (
+                CLUSTER_FAULTS[(self.1 + n) % CLUSTER_FAULTS.len()],
+                self.below(4),
+            );
+        }
         const FAULTS: [Fault; 11] = [
             Fault::Kill("inventory"),
             Fault::KillCli,
@@ -530,8 +562,11 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
             )
         }
         Fault::RestartNats => {
-            world.nats.restart();
+            world.nats.server_mut().expect("one nats-server").restart();
             "killed nats-server (SIGKILL) and started it again".into()
+        }
+        Fault::KillStreamLeader | Fault::CutOffServer | Fault::WipeServer => {
+            strike_nats_cluster(world, fault, n).await
         }
         Fault::RestartApiServer => {
             let started = std::time::Instant::now();
@@ -581,6 +616,145 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
                 "published 11 bytes that are no envelope on switchyard.log.junk; the stack-assigner's /metrics counts {counted} passed over as malformed"
             )
         }
+    }
+}
+
+/// Strikes a fault of the JetStream cluster the log is on (the `n`-th
+/// fault: which server, when it is not the leader); returns what it did.
+async fn strike_nats_cluster(world: &mut World, fault: Fault, n: usize) -> String {
+    let output = world.output();
+    let cluster = world.nats.cluster_mut().expect("a JetStream cluster");
+    let size = cluster.servers.len();
+    let stream = switchyard_eventlog::nats::NatsOptions::default().stream;
+    match fault {
+        Fault::KillStreamLeader => {
+            let leader = std::cell::Cell::new(0);
+            let led = crate::eventually("the stream to have a leader", WAIT, || async {
+                cluster
+                    .stream_leader(&stream)
+                    .await
+                    .map(|l| leader.set(l))
+                    .is_some()
+            })
+            .await;
+            if let Err(e) = led {
+                panic!("{e}\n{}\n{output}", cluster.stream_views(&stream).await);
+            }
+            let killed = leader.get();
+            let started = std::time::Instant::now();
+            cluster.servers[killed].kill();
+            // A pod killed is started again by its StatefulSet within
+            // seconds: the others elect a leader meanwhile if two of them
+            // can (a server still catching up from a wiped store cannot
+            // vote yet), else once it is back.
+            let cluster = &*cluster;
+            let moved = crate::eventually(
+                "another server to lead the stream",
+                std::time::Duration::from_secs(10),
+                || async {
+                    cluster
+                        .stream_leader(&stream)
+                        .await
+                        .is_some_and(|l| l != killed)
+                },
+            )
+            .await
+            .is_ok();
+            let elected = started.elapsed();
+            let cluster = world.nats.cluster_mut().expect("a JetStream cluster");
+            cluster.servers[killed].restart();
+            let cluster = &*cluster;
+            let led = crate::eventually("the stream to have a leader", WAIT, || async {
+                cluster.stream_leader(&stream).await.is_some()
+            })
+            .await;
+            assert!(
+                led.is_ok(),
+                "{led:?}\n{}\n{output}",
+                cluster.stream_views(&stream).await
+            );
+            if moved {
+                format!(
+                    "killed n{killed}, the stream's leader (SIGKILL); another led {elected:?} later; started n{killed} again"
+                )
+            } else {
+                format!(
+                    "killed n{killed}, the stream's leader (SIGKILL); no other led within {elected:?}; started n{killed} again, and the stream had a leader {:?} after the kill",
+                    started.elapsed()
+                )
+            }
+        }
+        Fault::CutOffServer => {
+            // A different server each time this fault comes round.
+            let k = (n + n / size) % size;
+            cluster.cut_off(k);
+            let alone = crate::eventually(&format!("n{k} to have no route"), WAIT, || async {
+                cluster.routed_to(k).await.is_ok_and(|r| r.is_empty())
+            })
+            .await;
+            assert!(alone.is_ok(), "n{k} still routed: {alone:?}\n{output}");
+            // Longer than the stream's servers take to elect a leader
+            // without it; a cut, the fault itself.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            cluster.rejoin(k);
+            let joined = crate::eventually(
+                &format!("n{k} routed to the others again"),
+                WAIT,
+                || async {
+                    cluster
+                        .routed_to(k)
+                        .await
+                        .is_ok_and(|r| r.len() == size - 1)
+                },
+            )
+            .await;
+            assert!(joined.is_ok(), "{joined:?}\n{output}");
+            format!("cut n{k}'s routes to the other servers for 5 s, then joined it again")
+        }
+        Fault::WipeServer => {
+            // A different server each time this fault comes round.
+            let k = (n + n / size) % size;
+            cluster.wipe(k);
+            format!("killed n{k} (SIGKILL), wiped its store and started it again with nothing")
+        }
+        _ => unreachable!("not a fault of the JetStream cluster"),
+    }
+}
+
+/// Every server of the JetStream cluster the log is on holds every record
+/// in its own store (once healed), and no record is stored twice.
+async fn every_server_holds_the_log(world: &World, struck: &[Struck]) {
+    let Some(cluster) = world.nats.cluster() else {
+        return;
+    };
+    let records = world
+        .log()
+        .await
+        .read(switchyard_eventlog::ReadRequest::default())
+        .await
+        .expect("read the log");
+    let mut ids = std::collections::BTreeSet::new();
+    for record in &records {
+        assert!(
+            ids.insert(record.envelope.id.as_str()),
+            "record {} stored twice (again at sequence {})\nfaults: {struck:#?}",
+            record.envelope.id,
+            record.sequence
+        );
+    }
+    let head = records.last().map_or(0, |r| r.sequence);
+    let whole = (head, records.len() as u64);
+    let stream = switchyard_eventlog::nats::NatsOptions::default().stream;
+    for i in 0..cluster.servers.len() {
+        let held = crate::eventually(&format!("n{i} to hold the whole log"), WAIT, || async {
+            cluster.stream_state(i, &stream).await == Some(whole)
+        })
+        .await;
+        assert!(
+            held.is_ok(),
+            "n{i} holds (last sequence, records) {:?}; the log is {whole:?}\nfaults: {struck:#?}",
+            cluster.stream_state(i, &stream).await
+        );
     }
 }
 
@@ -819,6 +993,7 @@ pub async fn run(options: Options<'_>) -> Report {
         flow_shares,
         binary,
         cli,
+        nats_servers,
     } = options;
     let mut report = Report::default();
     let config = reference_config();
@@ -827,7 +1002,8 @@ pub async fn run(options: Options<'_>) -> Report {
     let mut faults = faults.map(|seed| Seeded(seed, 0));
     let mut struck: Vec<Struck> = Vec::new();
 
-    let (mut cluster, names) = simulated_cluster(config, toxics, flow_shares, binary).await;
+    let (mut cluster, names) =
+        simulated_cluster(config, toxics, flow_shares, binary, nats_servers).await;
     let c = cluster.world.client.clone();
     let changing = (!toxics.is_empty()).then(|| keep_changing(c.clone(), names.clone()));
 
@@ -871,6 +1047,7 @@ pub async fn run(options: Options<'_>) -> Report {
         report.changes = Some((changes, conflicts_logged(&cluster)));
     }
     settles_to_the_simulators(&cluster, &c, &names, &expected, &steps, &struck).await;
+    every_server_holds_the_log(&cluster.world, &struck).await;
     if flow_shares.is_some() {
         let rejected = crate::migration::rejected_requests(&c).await;
         assert!(
@@ -934,6 +1111,7 @@ async fn simulated_cluster(
     toxics: &[Toxic<'_>],
     flow_shares: Option<u32>,
     binary: Locate,
+    nats_servers: usize,
 ) -> (MigrationCluster, Vec<String>) {
     let mut before = switchyard_sim::Simulator::new(config);
     let facts = before.take_facts();
@@ -947,6 +1125,7 @@ async fn simulated_cluster(
         previous_version: None,
         toxics,
         flow_shares,
+        nats_servers,
     })
     .await;
     let world = &cluster.world;
@@ -1173,7 +1352,8 @@ async fn type_under_fault(
     args: &[String],
 ) -> (i32, String, String) {
     let waits = args.iter().any(|a| a == "--wait");
-    let (fault, after) = seeded.fault(struck.len(), waits);
+    let on_cluster = cluster.world.nats.cluster().is_some();
+    let (fault, after) = seeded.fault(struck.len(), waits, on_cluster);
     let log = cluster.world.log().await;
     let before = log
         .last_sequence(None)
@@ -1208,6 +1388,7 @@ async fn type_under_fault(
         what,
         after,
     });
+    eprintln!("struck: {}", struck.last().expect("pushed"));
     let first = command.await.expect("the command's thread");
     // A command started while nats-server was down is refused
     // at once ("connect to NATS at ..."): nothing was sent.
