@@ -29,7 +29,7 @@ use switchyard_testkit::kwok::{Kwok, kwok_node};
 use switchyard_testkit::migration::{
     GROUP, STACK, beside_current_exe, events_in, prepare_nodes, set_module_config,
 };
-use switchyard_testkit::node::BUSYBOX_IMAGE;
+use switchyard_testkit::node::{BUSYBOX_IMAGE, GPU_DEVICE_NODES};
 use switchyard_testkit::reference;
 
 #[derive(clap::Args)]
@@ -106,6 +106,10 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         }])
         .collect();
     let cluster = ChartCluster::start(&project, &nodes).await;
+    // The device nodes the agent's allocations name, as a GPU node has them.
+    for gpu in &gpu_names {
+        cluster.node(gpu).make_device_nodes(&GPU_DEVICE_NODES);
+    }
     cluster.local_volume("worker-1", 1000).await;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut values = chart::trial_values(&repo.join("deploy/fixtures/h100-8x.yaml"));
@@ -153,6 +157,54 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             .collect::<serde_json::Map<_, _>>(),
         "migration": migration,
     }))
+}
+
+/// Where the pods of `ml` are and why not elsewhere, and each node's
+/// allocatable cards and stack: for a failure's message.
+async fn placement(c: &kube::Client) -> String {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let mut lines = Vec::new();
+    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for pod in pods {
+        let status = pod.status.unwrap_or_default();
+        let unscheduled = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.status != "True")
+            .map(|c| format!("{}: {}", c.type_, c.message.unwrap_or_default()))
+            .collect::<Vec<_>>();
+        lines.push(format!(
+            "pod {}: {:?} on {:?} {unscheduled:?}",
+            pod.metadata.name.unwrap_or_default(),
+            status.phase,
+            pod.spec.and_then(|s| s.node_name),
+        ));
+    }
+    let nodes = Api::<Node>::all(c.clone())
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for node in nodes {
+        let labels = node.metadata.labels.unwrap_or_default();
+        let cards = node
+            .status
+            .and_then(|s| s.allocatable)
+            .and_then(|a| a.get("nvidia.com/gpu").map(|q| q.0.clone()));
+        lines.push(format!(
+            "node {}: group {:?}, stack {:?}, nvidia.com/gpu {cards:?}, unschedulable {:?}",
+            node.metadata.name.unwrap_or_default(),
+            labels.get(GROUP),
+            labels.get(STACK),
+            node.spec.and_then(|s| s.unschedulable),
+        ));
+    }
+    lines.join("\n")
 }
 
 /// The migration through the release (see the module's doc).
@@ -226,11 +278,13 @@ async fn migrate(
     }
     let apps: Vec<&str> = names.iter().map(String::as_str).collect();
     let within = |what: &'static str| move |e: String| anyhow::anyhow!("{what}: {e}");
-    eventually("every workload running", WAIT, || async {
+    if let Err(e) = eventually("every workload running", WAIT, || async {
         reference::running_of(&c, &apps).await == apps.len()
     })
     .await
-    .map_err(within("the workloads"))?;
+    {
+        anyhow::bail!("the workloads: {e}\n{}", placement(&c).await);
+    }
 
     let (mut forward, port) = cluster.port_forward_nats();
     let nats = format!("nats://127.0.0.1:{port}");
