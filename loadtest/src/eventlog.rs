@@ -217,7 +217,8 @@ async fn bare_jetstream(
     body: &Bytes,
     tag: &str,
 ) -> anyhow::Result<f64> {
-    let client = async_nats::connect(url).await?;
+    // A cluster's servers, comma-separated.
+    let client = async_nats::connect(url.split(',').collect::<Vec<_>>()).await?;
     let js = jetstream::new(client);
     js.get_or_create_stream(Config {
         name: "BARE".into(),
