@@ -21,7 +21,6 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
 use switchyard_eventlog::{EventLog, ReadRequest};
-use switchyard_proto::v1::domain_event::Kind;
 use switchyard_testkit::chart::{self, ChartCluster, NodeSpec};
 use switchyard_testkit::eventually;
 use switchyard_testkit::kube::create_namespace;
@@ -159,54 +158,6 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
     }))
 }
 
-/// Where the pods of `ml` are and why not elsewhere, and each node's
-/// allocatable cards and stack: for a failure's message.
-async fn placement(c: &kube::Client) -> String {
-    use k8s_openapi::api::core::v1::{Node, Pod};
-    let mut lines = Vec::new();
-    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for pod in pods {
-        let status = pod.status.unwrap_or_default();
-        let unscheduled = status
-            .conditions
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.status != "True")
-            .map(|c| format!("{}: {}", c.type_, c.message.unwrap_or_default()))
-            .collect::<Vec<_>>();
-        lines.push(format!(
-            "pod {}: {:?} on {:?} {unscheduled:?}",
-            pod.metadata.name.unwrap_or_default(),
-            status.phase,
-            pod.spec.and_then(|s| s.node_name),
-        ));
-    }
-    let nodes = Api::<Node>::all(c.clone())
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for node in nodes {
-        let labels = node.metadata.labels.unwrap_or_default();
-        let cards = node
-            .status
-            .and_then(|s| s.allocatable)
-            .and_then(|a| a.get("nvidia.com/gpu").map(|q| q.0.clone()));
-        lines.push(format!(
-            "node {}: group {:?}, stack {:?}, nvidia.com/gpu {cards:?}, unschedulable {:?}",
-            node.metadata.name.unwrap_or_default(),
-            labels.get(GROUP),
-            labels.get(STACK),
-            node.spec.and_then(|s| s.unschedulable),
-        ));
-    }
-    lines.join("\n")
-}
-
 /// The migration through the release (see the module's doc).
 async fn migrate(
     cluster: &ChartCluster,
@@ -283,7 +234,7 @@ async fn migrate(
     })
     .await
     {
-        anyhow::bail!("the workloads: {e}\n{}", placement(&c).await);
+        anyhow::bail!("the workloads: {e}\n{}", cluster.pods_where("ml").await);
     }
 
     let (mut forward, port) = cluster.port_forward_nats();
@@ -294,20 +245,7 @@ async fn migrate(
     eventually(
         "inventory to record DRA, the workloads and the class",
         WAIT,
-        || async {
-            let events = events_in(&log).await;
-            let (recorded, running) = reference::recorded_in(&events, "ml");
-            let dra = events.iter().rev().find_map(|(_, e)| match &e.kind {
-                Some(Kind::ModuleSettingsObserved(m)) => {
-                    Some(m.dra_enabled && m.feature_gates_ready)
-                }
-                _ => None,
-            });
-            dra == Some(true)
-                && names.iter().all(|n| recorded.contains(n))
-                && running == names.len()
-                && reference::class_published(&events, "h100")
-        },
+        || async { reference::recorded_for_migration(&events_in(&log).await, &names, names.len()) },
     )
     .await
     .map_err(within("inventory"))?;

@@ -240,7 +240,7 @@ async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes(
     )
     .await;
     if let Err(e) = running {
-        panic!("{e}\n{}", pods_where(&cluster).await);
+        panic!("{e}\n{}", cluster.pods_where("ml").await);
     }
 
     // The commands are decided on what inventory recorded: the steps start
@@ -250,20 +250,7 @@ async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes(
     eventually(
         "inventory to record DRA, the workloads, their pods and the class",
         WAIT,
-        || async {
-            let events = events_in(&log).await;
-            let (recorded, running) = reference::recorded_in(&events, "ml");
-            let settings = events.iter().rev().find_map(|(_, e)| match &e.kind {
-                Some(Kind::ModuleSettingsObserved(m)) => {
-                    Some(m.dra_enabled && m.feature_gates_ready)
-                }
-                _ => None,
-            });
-            settings == Some(true)
-                && names.iter().all(|n| recorded.contains(n))
-                && running == pods
-                && reference::class_published(&events, "h100")
-        },
+        || async { reference::recorded_for_migration(&events_in(&log).await, &names, pods) },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -296,7 +283,7 @@ async fn the_reference_migration_runs_through_the_installed_chart_on_real_nodes(
             code,
             0,
             "{s}: {args:?}\n{out}\n{err}\n{}",
-            pods_where(&cluster).await
+            cluster.pods_where("ml").await
         );
         if s.starts_with("completion") {
             eventually("complete's effects", WAIT, || {
@@ -493,100 +480,6 @@ fn ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && chart::pod_ready(pod)
 }
 
-/// The pods of `ml`, where they are (why not scheduled), and the nodes'
-/// group, stack and GPUs, for a failure's message.
-async fn pods_where(cluster: &ChartCluster) -> String {
-    let c = &cluster.plane.client();
-    let pods = Api::<Pod>::namespaced(c.clone(), "ml")
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    let mut lines: Vec<String> = pods
-        .iter()
-        .map(|p| {
-            let status = p.status.as_ref();
-            let unscheduled = status
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| {
-                    c.iter()
-                        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-                })
-                .and_then(|c| c.message.clone())
-                .unwrap_or_default();
-            format!(
-                "{} on {:?}: {:?} {unscheduled}",
-                p.name_any(),
-                p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                status.and_then(|s| s.phase.clone()),
-            )
-        })
-        .collect();
-    for node in Api::<Node>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .iter()
-        .filter(|n| n.name_any().starts_with("gpu-"))
-    {
-        let labels = node.labels();
-        let gpus = node
-            .status
-            .as_ref()
-            .and_then(|s| s.allocatable.as_ref())
-            .and_then(|a| a.get("nvidia.com/gpu"))
-            .map(|q| q.0.clone());
-        lines.push(format!(
-            "node {}: group {:?}, stack {:?}, setup {:?}, nvidia.com/gpu {gpus:?}, unschedulable {:?}",
-            node.name_any(),
-            labels.get("node.deckhouse.io/group"),
-            labels.get(switchyard_testkit::migration::STACK),
-            labels.get(switchyard_testkit::migration::SETUP),
-            node.spec.as_ref().and_then(|s| s.unschedulable),
-        ));
-    }
-    let agents = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=node-agent"))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for agent in agents {
-        let node = agent.spec.as_ref().and_then(|s| s.node_name.clone());
-        lines.push(format!(
-            "agent {} on {node:?}: {:?}, ready {}",
-            agent.name_any(),
-            agent.status.as_ref().and_then(|s| s.phase.clone()),
-            ready(&agent)
-        ));
-        if let Some(log) = node.filter(|n| n.starts_with("gpu-")).and_then(|n| {
-            cluster
-                .node(&n)
-                .container_log(NAMESPACE, &agent.name_any(), "node-agent")
-        }) {
-            let tail: Vec<&str> = log.lines().rev().take(25).collect();
-            lines.extend(tail.into_iter().rev().map(|l| format!("    {l}")));
-        }
-    }
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for e in events
-        .iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning"))
-    {
-        lines.push(format!(
-            "event {:?} on {:?}: {:?}",
-            e.reason,
-            e.regarding.as_ref().and_then(|r| r.name.clone()),
-            e.note
-        ));
-    }
-    lines.join("\n")
-}
-
 /// Every running pod of `ml` printed a card it was given (`visible=GPU-...`)
 /// and saw the driver's control device, from inside its container.
 async fn cards_seen(cluster: &ChartCluster, c: &Client) {
@@ -763,7 +656,7 @@ async fn faults_feed_their_panels(cluster: &ChartCluster, log: &NatsLog, panels:
     })
     .await;
     if let Err(e) = running {
-        panic!("{e}\n{}", pods_where(cluster).await);
+        panic!("{e}\n{}", cluster.pods_where("ml").await);
     }
     cluster.plane.pause_controller_manager();
     pods.delete("claim-user", &DeleteParams::default().grace_period(0))
@@ -867,7 +760,7 @@ async fn uninstall_waits_for_the_migration(
     })
     .await;
     if let Err(e) = running {
-        panic!("{e}\n{}", pods_where(cluster).await);
+        panic!("{e}\n{}", cluster.pods_where("ml").await);
     }
     let budget = json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",

@@ -790,14 +790,7 @@ async fn ordered_consumer(
         })
     };
     let consumer = create
-        .retry(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(200))
-                .with_max_delay(Duration::from_secs(2))
-                .with_jitter()
-                .without_max_times()
-                .with_total_delay(Some(CONSUMER_PATIENCE)),
-        )
+        .retry(patient_backoff(CONSUMER_PATIENCE))
         .when(|err| match err.kind() {
             ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
             ConsumerErrorKind::JetStream(js) => between_leaders(&js),
@@ -865,14 +858,7 @@ async fn open_stream(js: &jetstream::Context, options: &NatsOptions) -> Result<S
         }
     };
     attempt
-        .retry(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(200))
-                .with_max_delay(Duration::from_secs(2))
-                .with_jitter()
-                .without_max_times()
-                .with_total_delay(Some(options.retry_for)),
-        )
+        .retry(patient_backoff(options.retry_for))
         .when(|failure| failure.transient)
         .notify(|failure, pause| {
             tracing::warn!(error = %failure.error, ?pause, "the log's stream did not answer; trying again")
@@ -885,6 +871,18 @@ async fn open_stream(js: &jetstream::Context, options: &NatsOptions) -> Result<S
 /// the cluster is between leaders: as long as an append is by default
 /// ([`NatsOptions::retry_for`]).
 const CONSUMER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The pauses between attempts of a request the cluster may answer soon
+/// (a server back, a leader elected): from 200 ms, doubling, up to 2 s,
+/// for `total` in all.
+fn patient_backoff(total: Duration) -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .without_max_times()
+        .with_total_delay(Some(total))
+}
 
 /// The pauses between attempts to follow again after the consumer failed:
 /// from 100 ms, doubling, up to 2 s, for as long as it takes.

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -118,6 +119,102 @@ pub struct ChartCluster {
 }
 
 impl ChartCluster {
+    /// The pods of `namespace`, where they are (why not scheduled); the GPU
+    /// nodes' group, stack and cards; the node agents, ready or not, with
+    /// their logs' tails; the cluster's warnings: for a failure's message.
+    pub async fn pods_where(&self, namespace: &str) -> String {
+        let cluster = self;
+        let c = &cluster.plane.client();
+        let pods = Api::<Pod>::namespaced(c.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let mut lines: Vec<String> = pods
+            .iter()
+            .map(|p| {
+                let status = p.status.as_ref();
+                let unscheduled = status
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                    })
+                    .and_then(|c| c.message.clone())
+                    .unwrap_or_default();
+                format!(
+                    "{} on {:?}: {:?} {unscheduled}",
+                    p.name_any(),
+                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    status.and_then(|s| s.phase.clone()),
+                )
+            })
+            .collect();
+        for node in Api::<Node>::all(c.clone())
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .iter()
+            .filter(|n| n.name_any().starts_with("gpu-"))
+        {
+            let labels = node.labels();
+            let gpus = node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get("nvidia.com/gpu"))
+                .map(|q| q.0.clone());
+            lines.push(format!(
+            "node {}: group {:?}, stack {:?}, setup {:?}, nvidia.com/gpu {gpus:?}, unschedulable {:?}",
+            node.name_any(),
+            labels.get("node.deckhouse.io/group"),
+            labels.get(crate::migration::STACK),
+            labels.get(crate::migration::SETUP),
+            node.spec.as_ref().and_then(|s| s.unschedulable),
+        ));
+        }
+        let agents = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+            .list(&ListParams::default().labels("app.kubernetes.io/component=node-agent"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for agent in agents {
+            let node = agent.spec.as_ref().and_then(|s| s.node_name.clone());
+            lines.push(format!(
+                "agent {} on {node:?}: {:?}, ready {}",
+                agent.name_any(),
+                agent.status.as_ref().and_then(|s| s.phase.clone()),
+                agent.metadata.deletion_timestamp.is_none() && pod_ready(&agent)
+            ));
+            if let Some(log) = node.filter(|n| n.starts_with("gpu-")).and_then(|n| {
+                cluster
+                    .node(&n)
+                    .container_log(NAMESPACE, &agent.name_any(), "node-agent")
+            }) {
+                let tail: Vec<&str> = log.lines().rev().take(25).collect();
+                lines.extend(tail.into_iter().rev().map(|l| format!("    {l}")));
+            }
+        }
+        let events = Api::<k8s_openapi::api::events::v1::Event>::all(c.clone())
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for e in events
+            .iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+        {
+            lines.push(format!(
+                "event {:?} on {:?}: {:?}",
+                e.reason,
+                e.regarding.as_ref().and_then(|r| r.name.clone()),
+                e.note
+            ));
+        }
+        lines.join("\n")
+    }
+
     /// The plane, the network with kube-proxy, `nodes` with CoreDNS's, the
     /// project's (`project`) and NATS's images imported, and CoreDNS Ready.
     pub async fn start(project: &Path, nodes: &[NodeSpec<'_>]) -> ChartCluster {

@@ -118,6 +118,26 @@ pub fn class_published(events: &[(String, switchyard_proto::v1::DomainEvent)], n
         .unwrap_or(false)
 }
 
+/// Whether the record holds what a migration's commands are decided on, as
+/// an operator's `switchyard status` would show it: DRA on with its feature
+/// gates ready, every workload of `names` in `ml` with `pods` running pods,
+/// and GPU class h100 with its DeviceClass.
+pub fn recorded_for_migration(
+    events: &[(String, switchyard_proto::v1::DomainEvent)],
+    names: &[String],
+    pods: usize,
+) -> bool {
+    let (recorded, running) = recorded_in(events, "ml");
+    let dra = events.iter().rev().find_map(|(_, e)| match &e.kind {
+        Some(Kind::ModuleSettingsObserved(m)) => Some(m.dra_enabled && m.feature_gates_ready),
+        _ => None,
+    });
+    dra == Some(true)
+        && names.iter().all(|n| recorded.contains(n))
+        && running == pods
+        && class_published(events, "h100")
+}
+
 /// The workloads (by name) inventory's records hold live in `namespace`,
 /// and how many of their pods they hold running.
 pub fn recorded_in(
