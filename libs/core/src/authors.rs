@@ -20,6 +20,15 @@ const STACK_ASSIGNER: &[ServiceName] = &[ServiceName::StackAssigner];
 const CLASS_COMPILER: &[ServiceName] = &[ServiceName::ClassCompiler];
 const CLAIM_ALLOCATOR: &[ServiceName] = &[ServiceName::ClaimAllocator];
 const ALERTER: &[ServiceName] = &[ServiceName::Alerter];
+/// The services that run elected, with standbys: all but the node agent,
+/// which runs once per node.
+pub const ELECTED: &[ServiceName] = &[
+    ServiceName::Inventory,
+    ServiceName::StackAssigner,
+    ServiceName::ClassCompiler,
+    ServiceName::ClaimAllocator,
+    ServiceName::Alerter,
+];
 /// A node's rollback is the stack-assigner's, an application's the
 /// claim-allocator's.
 const ROLLBACK: &[ServiceName] = &[ServiceName::StackAssigner, ServiceName::ClaimAllocator];
@@ -91,6 +100,8 @@ pub fn authors(kind: &Kind) -> &'static [ServiceName] {
             ROLLBACK
         }
         Kind::AlertRaised(_) | Kind::AlertCleared(_) => ALERTER,
+        // Each writes its own (see check_author).
+        Kind::LeaderTermStarted(_) => ELECTED,
     }
 }
 
@@ -104,6 +115,14 @@ pub fn is_observation(kind: &Kind) -> bool {
 /// Whether `identity` (a service's name, as the keyring and the log's actors
 /// spell it) may write `kind`; why not, if not.
 pub fn check_author(identity: &str, kind: &Kind) -> Result<(), String> {
+    if let Kind::LeaderTermStarted(term) = kind
+        && term.service != identity
+    {
+        return Err(format!(
+            "signed by {identity}, but it starts a term of {}: a service starts only its own",
+            term.service
+        ));
+    }
     let allowed = authors(kind);
     if allowed.iter().any(|s| s.as_str() == identity) {
         return Ok(());

@@ -6,6 +6,9 @@ use switchyard_proto::v1::{DomainEvent, WorkloadRef, domain_event::Kind};
 
 use crate::names::ALERT_LABEL_NODE_GROUP;
 
+/// The subject of every service's leader terms.
+pub const LEADERS_SUBJECT: &str = "cluster.leaders";
+
 /// A name as one token of a subject: what is not an ASCII letter, digit,
 /// `-` or `_` becomes `_`.
 pub fn token(s: &str) -> String {
@@ -104,6 +107,9 @@ pub fn subject_of(event: &DomainEvent) -> String {
         Kind::EvidenceRecorded(e) => format!("node.{}", token(&e.node)),
         Kind::EvidenceChecked(e) if e.migration_id.is_empty() => "cluster.evidence".into(),
         Kind::EvidenceChecked(e) => format!("migration.{}", token(&e.migration_id)),
+        // Every service's terms on one subject: a reader learns them all
+        // in one read (see the eventlog's fence).
+        Kind::LeaderTermStarted(_) => LEADERS_SUBJECT.into(),
     }
 }
 

@@ -119,6 +119,7 @@ fn attributed_events(
                     actor: actor.to_string(),
                     trace: attributed.trace.clone(),
                     payload: Payload::Domain(event.clone()),
+                    term: None,
                 },
             ))
         })

@@ -30,6 +30,12 @@ macro_rules! conformance_suite {
             last_sequence_per_subject, follow_sees_existing_then_new, unknown_events_are_kept,
             oversize_is_refused_with_the_limit, bad_input_is_refused_whole, verify_accepts_a_healthy_log,
             one_batch_across_subjects_is_stored_whole, events_appended_each_are_stored_once_in_order);
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deposed_leaders_records_are_fenced() {
+            let (log, _guard) = $make.await;
+            $crate::conformance::a_deposed_leaders_records_are_fenced(std::sync::Arc::new(log))
+                .await;
+        }
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -848,4 +854,122 @@ pub async fn events_appended_each_are_stored_once_in_order(log: &dyn EventLog) {
         30,
         "a refused append writes nothing"
     );
+}
+
+/// The ids of `records`, in order.
+fn ids(records: &[crate::StoredEvent]) -> Vec<&str> {
+    records.iter().map(|r| r.envelope.id.as_str()).collect()
+}
+
+/// Two replicas of a service lead one after the other: what the first
+/// appends after the second began its term is stored (nothing is deleted)
+/// but fenced — no read or follow behind the fence hands it out, whether
+/// started before or after, of the whole log or of the record's subject —
+/// while what it appended before, and what writers without a term append,
+/// is read as ever.
+pub async fn a_deposed_leaders_records_are_fenced(log: std::sync::Arc<dyn EventLog>) {
+    use crate::fence::Fenced;
+    let node = subject("node.n1");
+    let first = Fenced::new(log.clone());
+    let second = Fenced::new(log.clone());
+    let early = Fenced::new(log.clone());
+    let t1 = first
+        .begin_term("stack-assigner", "pod-a", 1)
+        .await
+        .expect("first term");
+    assert_eq!(first.term(), Some(t1));
+    first
+        .append(&node, Expected::Any, vec![cordon("before", "n1", 2)])
+        .await
+        .expect("append in the first term");
+    let mut whole = early.follow(None, 1).await.expect("follow");
+    let mut of_node = early.follow(Some(node.clone()), 1).await.expect("follow");
+    let t2 = second
+        .begin_term("stack-assigner", "pod-b", 3)
+        .await
+        .expect("second term");
+    assert!(t2 > t1);
+    let deposed = first
+        .append(&node, Expected::Any, vec![cordon("deposed", "n1", 4)])
+        .await
+        .expect("a deposed leader's append is stored");
+    second
+        .append(&node, Expected::Any, vec![cordon("leader", "n1", 5)])
+        .await
+        .expect("append in the second term");
+    // Written without a term (an operator's tool, a node agent): never fenced.
+    let plain = Fenced::new(log.clone());
+    plain
+        .append(&node, Expected::Any, vec![removed("plain")])
+        .await
+        .expect("append without a term");
+
+    let stored = read_all(log.as_ref()).await;
+    let kept = stored
+        .iter()
+        .find(|r| r.envelope.id == "deposed")
+        .expect("the deposed leader's record is stored");
+    assert_eq!(kept.sequence, deposed.last_sequence());
+    assert_eq!(
+        kept.envelope
+            .term
+            .as_ref()
+            .map(|t| (t.service.as_str(), t.sequence)),
+        Some(("stack-assigner", t1)),
+        "the record carries its writer's term"
+    );
+
+    let reader = Fenced::new(log.clone());
+    let all = read_all(&reader).await;
+    let terms: Vec<&str> = all
+        .iter()
+        .filter(|r| r.envelope.event_type == "LeaderTermStarted")
+        .map(|r| r.envelope.subject.as_str())
+        .collect();
+    assert_eq!(terms, ["cluster.leaders", "cluster.leaders"]);
+    let records: Vec<&str> = ids(&all)
+        .into_iter()
+        .filter(|id| !id.contains("-term-"))
+        .collect();
+    assert_eq!(records, ["before", "leader", "plain"]);
+    let by_subject = Fenced::new(log.clone())
+        .read(ReadRequest {
+            subject: Some(node.clone()),
+            from: 0,
+            limit: None,
+        })
+        .await
+        .expect("read");
+    assert_eq!(ids(&by_subject), ["before", "leader", "plain"]);
+    // A page cut by the limit is filled from past the fenced record.
+    let page = Fenced::new(log.clone())
+        .read(ReadRequest {
+            subject: Some(node.clone()),
+            from: 0,
+            limit: Some(2),
+        })
+        .await
+        .expect("read");
+    assert_eq!(ids(&page), ["before", "leader"]);
+
+    let mut followed = Vec::new();
+    while followed.len() < 5 {
+        followed.push(next_id(&mut whole).await);
+    }
+    let followed: Vec<&str> = followed
+        .iter()
+        .map(String::as_str)
+        .filter(|id| !id.contains("-term-"))
+        .collect();
+    assert_eq!(followed, ["before", "leader", "plain"]);
+    for id in ["before", "leader", "plain"] {
+        assert_eq!(next_id(&mut of_node).await, id);
+    }
+    let mut late = Fenced::new(log.clone())
+        .follow(Some(node.clone()), 1)
+        .await
+        .expect("follow");
+    for id in ["before", "leader", "plain"] {
+        assert_eq!(next_id(&mut late).await, id);
+    }
 }

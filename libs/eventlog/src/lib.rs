@@ -14,6 +14,7 @@
 
 mod append;
 mod error;
+pub mod fence;
 mod follow;
 mod record;
 

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use prost::Message;
-use switchyard_proto::v1::{DomainEvent, Envelope, SCHEMA_VERSION, TraceContext};
+use switchyard_proto::v1::{DomainEvent, Envelope, LeaderTerm, SCHEMA_VERSION, TraceContext};
 
 use crate::{Expected, LogError, MAX_BATCH_EVENTS, MAX_RECORD_BYTES};
 
@@ -84,6 +84,9 @@ pub struct NewEvent {
     pub actor: String,
     pub trace: Option<TraceContext>,
     pub payload: Payload,
+    /// The writer's term as its service's leader, if it runs elected (see
+    /// [`crate::fence`]).
+    pub term: Option<LeaderTerm>,
 }
 
 impl NewEvent {
@@ -97,6 +100,7 @@ impl NewEvent {
             actor: String::new(),
             trace: None,
             payload: Payload::Domain(event),
+            term: None,
         }
     }
 
@@ -195,6 +199,7 @@ impl NewEvent {
             prev_hash: Vec::new(),
             signer: String::new(),
             signature: Vec::new(),
+            term: self.term.clone(),
         };
         let size = envelope.encoded_len() + PREV_HASH_FIELD_LEN + SIGNATURE_FIELDS_LEN;
         if size > MAX_RECORD_BYTES {
@@ -236,10 +241,11 @@ pub(crate) struct EncodedEvent {
 }
 
 impl EncodedEvent {
-    /// The stored bytes. `prev_hash`, `signer` and `signature` are the
-    /// envelope's highest fields, which prost encodes last and in this order,
-    /// so appending them gives exactly the bytes prost would produce for the
-    /// whole envelope — the writer's encoding work stays off the log's
+    /// The stored bytes: the envelope as the writer encoded it, then
+    /// `prev_hash`, `signer` and `signature`, in this order — exactly the
+    /// bytes prost produces for the whole envelope, but for `term` (field
+    /// 15, which prost would put last) coming before them; protobuf takes
+    /// fields in any order. The writer's encoding work stays off the log's
     /// critical section. The signature covers every byte before it.
     pub(crate) fn finish(&self, prev_hash: Option<&[u8; 32]>) -> Bytes {
         Bytes::from(self.body_parts(prev_hash).concat())

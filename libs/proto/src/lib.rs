@@ -140,6 +140,8 @@ pub mod v1 {
         // Exit evidence (claim-allocator).
         EvidenceRecorded => "io.switchyard.evidence.recorded",
         EvidenceChecked => "io.switchyard.evidence.checked",
+        // Leadership (any elected service).
+        LeaderTermStarted => "io.switchyard.leader.term_started",
     }
 
     impl From<domain_event::Kind> for DomainEvent {

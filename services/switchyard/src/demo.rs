@@ -120,6 +120,7 @@ impl LogSink for EmbeddedSink {
                     actor: r.actor.to_string(),
                     trace: None,
                     payload: Payload::Domain(r.event.clone()),
+                    term: None,
                 },
             ));
         }
