@@ -198,6 +198,7 @@ async fn run_once(args: &Args, sync: crate::Sync, servers: usize) -> anyhow::Res
         None,
         HostOptions::default(),
         progress,
+        None,
     ));
 
     let nodes: Api<Node> = Api::all(client.clone());

@@ -173,6 +173,7 @@ async fn follow(nodes: usize, at: Where) -> anyhow::Result<f64> {
             ..HostOptions::default()
         },
         progress,
+        None,
     ));
     watching.wait_for(|p| p.ready).await?;
     let facts: Vec<DomainEvent> = (0..nodes)

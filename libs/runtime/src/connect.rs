@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use switchyard_eventlog::LogError;
+use switchyard_eventlog::fence::Fenced;
 use switchyard_eventlog::nats::{NatsLog, NatsOptions};
-use switchyard_eventlog::{EventLog, LogError};
 
 /// Where the JetStream log is and how to reach it.
 #[derive(clap::Args, Debug, Clone)]
@@ -205,11 +206,12 @@ impl NatsArgs {
     /// The log on `client`. The stream must exist and be configured as the
     /// log must be: a service never creates it (`switchyard log init` does,
     /// once), so a log deleted or replaced is an error, not a fresh start.
-    pub async fn log(&self, client: async_nats::Client) -> Result<Arc<dyn EventLog>, ConnectError> {
+    /// It is behind the fence ([`Fenced`]): a deposed leader's records are
+    /// passed over, and a leader's appends carry its term.
+    pub async fn log(&self, client: async_nats::Client) -> Result<Arc<Fenced>, ConnectError> {
         let signer = self.signer()?;
-        Ok(Arc::new(
-            self.stream.open_signed(client, false, true, signer).await?,
-        ))
+        let log = self.stream.open_signed(client, false, true, signer).await?;
+        Ok(Arc::new(Fenced::new(Arc::new(log))))
     }
 
     /// The key records are signed with, if `--signing-key` names one.

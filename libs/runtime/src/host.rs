@@ -33,6 +33,7 @@ use switchyard_proto::v1::{CommandReply, DomainEvent, TraceContext, domain_event
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::AbortOnDrop;
 use crate::commands::{self, command_subject};
 use crate::metrics::ServiceMetrics;
 
@@ -47,6 +48,8 @@ pub struct ServiceArgs {
     pub nats: crate::connect::NatsArgs,
     #[command(flatten)]
     pub host: HostArgs,
+    #[command(flatten)]
+    pub election: crate::leader::ElectionArgs,
 }
 
 /// How the host runs a core and its effects.
@@ -130,6 +133,10 @@ pub enum HostError {
     Reply(#[from] async_nats::PublishError),
     #[error(transparent)]
     Keyring(#[from] KeyringError),
+    #[error("no longer the leader: {why}")]
+    Deposed { why: String },
+    #[error(transparent)]
+    Election(#[from] crate::leader::ElectionError),
 }
 
 /// The service an envelope's `actor` names, if it is one (an operator's
@@ -307,6 +314,9 @@ struct Host<E> {
     /// The trace of the input handled last (its last decision, the record
     /// or the command): effects on objects in no trace continue it.
     cause: Option<SpanContext>,
+    /// The term this replica leads its service in, when it runs elected
+    /// and leads.
+    own_term: Option<u64>,
 }
 
 /// Notes the sequence of a process's first record.
@@ -674,15 +684,6 @@ struct Written {
     took: i64,
 }
 
-/// Stops a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// How often a service asks where the log ends, for its lag.
 const LOG_HEAD_EVERY: Duration = Duration::from_secs(5);
 
@@ -747,7 +748,7 @@ impl<E: EffectExecutor> Host<E> {
     /// The host of `core`, rebuilt by folding the whole log (`started`: when
     /// the service started, for the time it took); the last sequence read.
     async fn rebuild(
-        mut core: Box<dyn Core>,
+        core: Box<dyn Core>,
         log: Arc<dyn EventLog>,
         executor: E,
         options: HostOptions,
@@ -755,57 +756,155 @@ impl<E: EffectExecutor> Host<E> {
         started: Instant,
     ) -> Result<(Self, u64), HostError> {
         let service = core.service();
-        let mut last = 0;
-        let mut correlations = BTreeMap::new();
-        let mut starts = BTreeMap::new();
-        let mut traces = BTreeMap::new();
-        let mut blocked = BTreeMap::new();
-        let mut passed_over = 0;
-        let keyring = options.keyring.clone();
-        let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
-            match readable(&stored, keyring.as_deref()) {
-                Decoded::Event(event) => {
-                    core.fold(&event, stored.envelope.recorded_at_unix_nanos);
-                    metrics.folded();
-                    firing(service, &event);
-                    remember_correlation(
-                        &mut correlations,
-                        &event,
-                        &stored.envelope.correlation_id,
-                    );
-                    let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
-                    remember_trace(&mut traces, &event, traced.as_ref());
-                    remember_start(&mut starts, &event, stored.sequence);
-                    if author(&stored.envelope.actor) == Some(service) {
-                        remember_blocked(&mut blocked, &event);
-                    }
-                }
-                Decoded::Unknown { reason, .. } => {
-                    pass_over(service, &stored, &reason);
-                    passed_over += 1;
-                }
-            }
-            last = stored.sequence;
-        })
-        .await?;
-        metrics.read_up_to(last);
-        tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
-        let host = Host {
+        let mut host = Host {
             core,
-            log,
+            log: log.clone(),
             executor,
             options,
             own: BTreeSet::new(),
             issued: BTreeMap::new(),
-            blocked,
-            correlations,
-            started: starts,
+            blocked: BTreeMap::new(),
+            correlations: BTreeMap::new(),
+            started: BTreeMap::new(),
             metrics,
-            traces,
+            traces: BTreeMap::new(),
             aggregates: BTreeMap::new(),
             cause: None,
+            own_term: None,
         };
+        let mut last = 0;
+        let mut passed_over = 0;
+        let folded = switchyard_eventlog::replay(log.as_ref(), 0, |stored| {
+            if !host.fold_only(&stored) {
+                passed_over += 1;
+            }
+            last = stored.sequence;
+        })
+        .await?;
+        host.metrics.read_up_to(last);
+        tracing::info!(%service, folded, passed_over, elapsed = ?started.elapsed(), "rebuilt from the log");
         Ok((host, last))
+    }
+
+    /// Folds a record as a rebuild does, deciding nothing: into the core,
+    /// and what the host keeps beside it. Whether it could be read.
+    fn fold_only(&mut self, stored: &StoredEvent) -> bool {
+        let service = self.core.service();
+        match readable(stored, self.options.keyring.as_deref()) {
+            Decoded::Event(event) => {
+                self.core
+                    .fold(&event, stored.envelope.recorded_at_unix_nanos);
+                self.metrics.folded();
+                firing(service, &event);
+                remember_correlation(
+                    &mut self.correlations,
+                    &event,
+                    &stored.envelope.correlation_id,
+                );
+                let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
+                remember_trace(&mut self.traces, &event, traced.as_ref());
+                remember_start(&mut self.started, &event, stored.sequence);
+                if author(&stored.envelope.actor) == Some(service) {
+                    remember_blocked(&mut self.blocked, &event);
+                }
+                true
+            }
+            Decoded::Unknown { reason, .. } => {
+                pass_over(service, stored, &reason);
+                false
+            }
+        }
+    }
+
+    /// Stops at a record that begins a term of this service other than
+    /// this replica's own: another replica leads now.
+    fn check_term(&self, stored: &StoredEvent, event: &DomainEvent) -> Result<(), HostError> {
+        let service = self.core.service();
+        match switchyard_eventlog::fence::term_started(event) {
+            Some(term)
+                if term.service == service.as_str()
+                    && stored.sequence > self.own_term.unwrap_or(0) =>
+            {
+                let this = match self.own_term {
+                    Some(own) => format!("this replica's term {own} is over"),
+                    None => "this replica runs unelected and must not write beside it".into(),
+                };
+                Err(HostError::Deposed {
+                    why: format!(
+                        "{} began term {} of {service} in the log: {this}",
+                        term.holder, stored.sequence
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes a batch of records followed as a standby does: each folded,
+    /// nothing decided.
+    fn fold_batch(
+        &mut self,
+        batch: Vec<Followed>,
+        progress: &watch::Sender<Progress>,
+    ) -> Result<(), HostError> {
+        for stored in batch {
+            let stored = stored.ok_or(HostError::FollowEnded)??;
+            progress.send_replace(Progress {
+                ready: true,
+                sequence: stored.sequence,
+            });
+            self.metrics.read_up_to(stored.sequence);
+            if self.own_term.is_some()
+                && let Decoded::Event(event) = readable(&stored, self.options.keyring.as_deref())
+            {
+                self.check_term(&stored, &event)?;
+            }
+            self.fold_only(&stored);
+        }
+        Ok(())
+    }
+
+    /// Follows the log as a standby — every record folded, nothing
+    /// decided, no effect issued, no command taken — until this replica
+    /// wins the election. Then it begins its term in the log, reads the
+    /// log up to that record and records what the last leader may have
+    /// left undecided ([`Core::catch_up`]), as a restarted service does:
+    /// a failover costs the election and one catch-up, not a replay.
+    async fn stand_by(
+        &mut self,
+        elected: Elected,
+        follow: &mut BoxStream<'static, Result<StoredEvent, LogError>>,
+        progress: &watch::Sender<Progress>,
+        nats: Option<async_nats::Client>,
+    ) -> Result<crate::leader::Leading, HostError> {
+        let Elected { election, log } = elected;
+        let identity = election.identity().to_string();
+        let service = self.core.service();
+        tracing::info!(%service, identity, "standing by: following the log until this replica leads");
+        let mut winning = std::pin::pin!(election.lead(nats));
+        let leading = loop {
+            tokio::select! {
+                won = &mut winning => break won?,
+                stored = follow.next() => {
+                    let batch = ready_batch(stored, follow);
+                    self.fold_batch(batch, progress)?;
+                }
+            }
+        };
+        let won = Instant::now();
+        let term = log
+            .begin_term(service.as_str(), &identity, now_nanos())
+            .await?;
+        self.own_term = Some(term);
+        crate::metrics::metrics().leading(service.as_str(), true);
+        while progress.borrow().sequence < term {
+            let stored = follow.next().await;
+            let batch = ready_batch(stored, follow);
+            self.fold_batch(batch, progress)?;
+        }
+        self.catch_up().await?;
+        tracing::info!(%service, identity, term, took = ?won.elapsed(), "leading: term begun and the log read to it");
+        Ok(leading)
     }
 
     /// Records the decisions a crash may have kept from being recorded
@@ -852,6 +951,7 @@ impl<E: EffectExecutor> Host<E> {
                     continue;
                 }
             };
+            self.check_term(&stored, &event)?;
             // Read once: its spans and maps keep the ids, not the text.
             let traced = stored.envelope.trace.as_ref().and_then(trace::from_w3c);
             self.remember_record(&stored, &event, traced.as_ref());
@@ -1018,8 +1118,18 @@ impl<E: EffectExecutor> Host<E> {
     }
 }
 
+/// How a replica of a service that runs with standbys is elected, and the
+/// log (behind its fence) it begins its terms in.
+pub struct Elected {
+    pub election: crate::leader::Election,
+    pub log: Arc<switchyard_eventlog::fence::Fenced>,
+}
+
 /// Runs a service until the log fails: rebuilt from `log`, its effects
 /// executed by `executor`, operator commands taken on `commands` if given.
+/// `elected`: it runs with standbys, and decides only while it leads —
+/// standing by until it wins, stopping (with [`HostError::Deposed`]) when
+/// it loses the lead.
 pub async fn run<E: EffectExecutor>(
     core: Box<dyn Core>,
     log: Arc<dyn EventLog>,
@@ -1027,6 +1137,7 @@ pub async fn run<E: EffectExecutor>(
     commands: Option<async_nats::Client>,
     options: HostOptions,
     progress: watch::Sender<Progress>,
+    elected: Option<Elected>,
 ) -> Result<(), HostError> {
     let started = Instant::now();
     let service = core.service();
@@ -1041,12 +1152,50 @@ pub async fn run<E: EffectExecutor>(
         started,
     )
     .await?;
-    host.catch_up().await?;
+    if elected.is_none() {
+        host.catch_up().await?;
+    }
     progress.send_replace(Progress {
         ready: true,
         sequence: last,
     });
     let mut follow = log.follow(None, last + 1).await?;
+    let Some(elected) = elected else {
+        return lead(
+            &mut host,
+            &mut follow,
+            log.as_ref(),
+            commands,
+            options,
+            &progress,
+        )
+        .await;
+    };
+    crate::metrics::metrics().leading(service.as_str(), false);
+    let stood = host
+        .stand_by(elected, &mut follow, &progress, commands.clone())
+        .await;
+    let mut leading = stood?;
+    let ended = tokio::select! {
+        ended = lead(&mut host, &mut follow, log.as_ref(), commands, options, &progress) => ended,
+        why = leading.lost() => Err(HostError::Deposed { why }),
+    };
+    crate::metrics::metrics().leading(service.as_str(), false);
+    leading.step_down().await;
+    ended
+}
+
+/// Leads: decides on what the log brings, on ticks and on commands, and
+/// issues the effects, until the log fails.
+async fn lead<E: EffectExecutor>(
+    host: &mut Host<E>,
+    follow: &mut BoxStream<'static, Result<StoredEvent, LogError>>,
+    log: &dyn EventLog,
+    commands: Option<async_nats::Client>,
+    options: HostOptions,
+    progress: &watch::Sender<Progress>,
+) -> Result<(), HostError> {
+    let service = host.core.service();
     let mut requests = subscribe_commands(commands.as_ref(), service).await?;
     let mut tick = tokio::time::interval(options.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1059,8 +1208,8 @@ pub async fn run<E: EffectExecutor>(
                 let received = now_nanos();
                 // This record and whatever else is ready: decided together,
                 // appended together, then the effects issued once.
-                let batch = ready_batch(stored, &mut follow);
-                host.react_to_records(batch, received, &progress).await?
+                let batch = ready_batch(stored, follow);
+                host.react_to_records(batch, received, progress).await?
             }
             _ = tick.tick() => host.react_to_tick().await?,
             Some(request) = async {
@@ -1069,7 +1218,7 @@ pub async fn run<E: EffectExecutor>(
                     None => std::future::pending().await,
                 }
             } => {
-                let behind = catch_up_to_head(&mut host, &mut follow, log.as_ref(), &progress).await?;
+                let behind = catch_up_to_head(host, follow, log, progress).await?;
                 host.react_to_command(request, commands.as_ref(), behind).await?
             }
         };
@@ -1227,8 +1376,26 @@ where
     let (progress, watching) = watch::channel(Progress::default());
     crate::health::spawn(args.host.health_listen, service.as_str(), watching);
     crate::metrics::spawn(args.host.metrics_listen);
-    tracing::info!(%service, "starting");
-    run(core, log, executor, Some(client), options, progress).await?;
+    let election = args
+        .election
+        .election(service)
+        .await
+        .map_err(HostError::from)?;
+    let elected = election.map(|election| Elected {
+        election,
+        log: log.clone(),
+    });
+    tracing::info!(%service, elected = elected.is_some(), "starting");
+    run(
+        core,
+        log,
+        executor,
+        Some(client),
+        options,
+        progress,
+        elected,
+    )
+    .await?;
     Ok(())
 }
 

@@ -24,6 +24,7 @@ pub mod commands;
 pub mod connect;
 pub mod health;
 pub mod host;
+pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod process;
@@ -35,6 +36,15 @@ pub use process::service_main;
 pub use switchyard_core::effects::{EffectExecutor, NoEffects, Outcome};
 pub use switchyard_core::{Command, Core, CoreState, Input, Record, ServiceName};
 pub use telemetry::Telemetry;
+
+/// Stops a task when dropped.
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 use switchyard_core::effects::Effect;
 use switchyard_core::inventory::observer_of;

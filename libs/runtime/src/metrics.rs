@@ -22,6 +22,8 @@
 //!   the service last asked (every 5 s), and `switchyard_log_lag_records{service}`:
 //!   how far behind it the service has read (the chart's
 //!   `D8GpuMigrationLogLagging` fires on a lag that does not shrink);
+//! - `switchyard_leader{service}`: 1 while the replica leads its service,
+//!   0 while it stands by (services that run elected only);
 //! - `switchyard_effects_issued_total{service, effect, attempt}`: effects
 //!   handed to the service's writers (`Cordon`, `SetPlacement`, ...), the
 //!   `first` time or `again` (after a failure, or still wanted after the
@@ -111,6 +113,7 @@ pub struct Metrics {
     effects: Family<EffectLabels, Counter>,
     failed: Family<FailedLabels, Counter>,
     commands: Family<ServiceLabel, Histogram>,
+    leader: Family<ServiceLabel, Gauge>,
 }
 
 /// One service's series, as [`Metrics::service`] looked them up: each update
@@ -258,7 +261,14 @@ impl Metrics {
             "Seconds from an operator's command to its reply (decisions appended)",
             commands.clone(),
         );
+        let leader = Family::<ServiceLabel, Gauge>::default();
+        registry.register(
+            "leader",
+            "1 while this replica leads its service, 0 while it stands by (services that run elected)",
+            leader.clone(),
+        );
         Metrics {
+            leader,
             registry: Mutex::new(registry),
             passed_over,
             folded,
@@ -301,6 +311,13 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Whether this replica leads `service` now.
+    pub fn leading(&self, service: &'static str, leads: bool) {
+        self.leader
+            .get_or_create(&ServiceLabel { service })
+            .set(i64::from(leads));
     }
 
     /// `service` answered a command in `seconds`.

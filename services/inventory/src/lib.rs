@@ -17,7 +17,7 @@ use switchyard_api::rbac::Permission;
 use switchyard_core::ServiceName;
 use switchyard_eventlog::LogError;
 use switchyard_runtime::connect::NatsArgs;
-use switchyard_runtime::host::{Progress, ServeError};
+use switchyard_runtime::host::{HostError, Progress, ServeError};
 
 pub const SERVICE: ServiceName = ServiceName::Inventory;
 
@@ -56,6 +56,8 @@ pub struct Args {
     /// Serve Prometheus metrics on /metrics here (see docs/operations/metrics-and-alerts.md).
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub election: switchyard_runtime::leader::ElectionArgs,
     /// The module version inventory reports with the module settings.
     #[arg(long, env = "SWITCHYARD_MODULE_VERSION", default_value = env!("CARGO_PKG_VERSION"))]
     pub module_version: String,
@@ -91,7 +93,12 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
     let kube = kube::Client::try_from(switchyard_kube::watch::client_config(config))
         .map_err(|e| service(e.into()))?;
     let client = args.nats.service_client(SERVICE.as_str()).await?;
-    let log = args.nats.log(client).await?;
+    let log = args.nats.log(client.clone()).await?;
+    let election = args
+        .election
+        .election(SERVICE)
+        .await
+        .map_err(HostError::from)?;
     // Ready at once: inventory decides nothing, its rebuild is its own records.
     let (progress, watching) = tokio::sync::watch::channel(Progress {
         ready: true,
@@ -113,9 +120,35 @@ pub async fn run(args: Args) -> Result<(), ServeError<InventoryError>> {
         module_version: args.module_version,
         without_module_config: args.backend == "nvidia-operator",
     };
-    edge::run(kube, log, options, Some(appended))
-        .await
-        .map_err(|e| service(e.into()))?;
+    let Some(election) = election else {
+        edge::run(kube, log, options, Some(appended))
+            .await
+            .map_err(|e| service(e.into()))?;
+        drop(progress);
+        return Ok(());
+    };
+    // With standbys: a standby waits (its state is the cluster's, read
+    // when it leads); the leader begins its term, and stops when it loses
+    // the lead.
+    let identity = election.identity().to_string();
+    let metrics = switchyard_runtime::metrics::metrics();
+    metrics.leading(SERVICE.as_str(), false);
+    tracing::info!(service = %SERVICE, identity, "standing by until this replica leads");
+    let mut leading = election.lead(Some(client)).await.map_err(HostError::from)?;
+    log.begin_term(
+        SERVICE.as_str(),
+        &identity,
+        switchyard_eventlog::now_nanos(),
+    )
+    .await
+    .map_err(|e| service(e.into()))?;
+    metrics.leading(SERVICE.as_str(), true);
+    let ended = tokio::select! {
+        ended = edge::run(kube, log, options, Some(appended)) => ended.map_err(|e| service(e.into())),
+        why = leading.lost() => Err(HostError::Deposed { why }.into()),
+    };
+    metrics.leading(SERVICE.as_str(), false);
+    leading.step_down().await;
     drop(progress);
-    Ok(())
+    ended
 }

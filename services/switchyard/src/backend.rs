@@ -50,8 +50,10 @@ pub async fn connect_nats(nats: &NatsArgs) -> anyhow::Result<NatsLog> {
     Ok(nats.stream.open(client, false).await?)
 }
 
+/// The log as the services read it: behind the fence, so a deposed
+/// leader's records are passed over here too.
 pub async fn open(backend: &Backend) -> anyhow::Result<Box<dyn EventLog>> {
-    match (&backend.data_dir, backend.nats()) {
+    let log: std::sync::Arc<dyn EventLog> = match (&backend.data_dir, backend.nats()) {
         (Some(dir), _) => {
             let log = EmbeddedLog::open_read_only(dir)?;
             if let Some(torn) = &log.open_report().torn_tail {
@@ -62,9 +64,10 @@ pub async fn open(backend: &Backend) -> anyhow::Result<Box<dyn EventLog>> {
                     torn.dropped_bytes
                 );
             }
-            Ok(Box::new(log))
+            std::sync::Arc::new(log)
         }
-        (None, Some(nats)) => Ok(Box::new(connect_nats(&nats).await?)),
+        (None, Some(nats)) => std::sync::Arc::new(connect_nats(&nats).await?),
         (None, None) => unreachable!("clap requires --data-dir or --nats"),
-    }
+    };
+    Ok(Box::new(switchyard_eventlog::fence::Fenced::new(log)))
 }

@@ -90,8 +90,12 @@ impl OperatorArgs {
         }
         let actor = self.actor()?;
         let client = self.nats.client("cli").await?;
+        // Behind the fence, as the services read it.
         let log = if self.wait {
-            Some(self.nats.stream.open(client.clone(), false).await?)
+            let stored = self.nats.stream.open(client.clone(), false).await?;
+            Some(switchyard_eventlog::fence::Fenced::new(
+                std::sync::Arc::new(stored),
+            ))
         } else {
             None
         };

@@ -8,6 +8,7 @@ mod support;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use switchyard_eventlog::EventLog as _;
 use switchyard_eventlog::{Attributed, append_attributed, now_nanos};
 use switchyard_proto::v1::{DomainEvent, ModuleSettingsObserved, NodeObserved, domain_event::Kind};
 use switchyard_testkit::nats::{NatsOptions, NatsServer};
