@@ -575,6 +575,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         toxics: &[],
         flow_shares: None,
         nats_servers: 1,
+        replicas: 1,
     })
     .await;
     eprintln!(

@@ -30,6 +30,11 @@ pub struct Args {
     /// (its stream's leader killed, a server cut off, a store wiped).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=7))]
     nats_servers: u64,
+    /// Each elected service as this many replicas: 2 runs them with a
+    /// standby, and the faults are the leaders' (killed, cut off from the
+    /// API server, cut off from NATS).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=3))]
+    replicas: u64,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Value> {
@@ -56,6 +61,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
             binary: beside_current_exe,
             cli: &cli,
             nats_servers: args.nats_servers as usize,
+            replicas: args.replicas as usize,
         }))
         .catch_unwind()
         .await;
@@ -93,6 +99,7 @@ pub async fn run(args: Args) -> anyhow::Result<Value> {
         "iterations": args.iterations,
         "first_seed": args.seed,
         "nats_servers": args.nats_servers,
+        "replicas": args.replicas,
         "faults_survived": faults,
         "survived_by_fault": survived,
         "kill_points_by_step": points,

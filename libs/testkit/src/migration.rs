@@ -66,6 +66,9 @@ pub type NodeAgent = (
 /// kept for failures.
 pub struct Service {
     name: &'static str,
+    /// The replica: its name in the Lease and the log (`<name>-<i>`), or the
+    /// service's name where it runs alone.
+    identity: String,
     child: Child,
     log: PathBuf,
 }
@@ -82,7 +85,32 @@ impl Service {
         health: Option<u16>,
         env: &[(&str, &str)],
     ) -> Service {
-        let log = dir.join(format!("{name}.log"));
+        Service::start_replica(
+            name,
+            name.to_string(),
+            binary,
+            plane,
+            nats,
+            dir,
+            health,
+            env,
+        )
+    }
+
+    /// [`Service::start`] for the replica `identity` of the service, its
+    /// log `<identity>.log`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_replica(
+        name: &'static str,
+        identity: String,
+        binary: Locate,
+        plane: &ControlPlane,
+        nats: &Bus,
+        dir: &Path,
+        health: Option<u16>,
+        env: &[(&str, &str)],
+    ) -> Service {
+        let log = dir.join(format!("{identity}.log"));
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -112,11 +140,26 @@ impl Service {
             .stderr(out)
             .spawn()
             .unwrap_or_else(|e| panic!("start switchyard-{name}: {e}"));
-        Service { name, child, log }
+        Service {
+            name,
+            identity,
+            child,
+            log,
+        }
     }
 
     pub fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// The replica's name.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Whether the process has ended (a deposed leader stops).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// The process id, e.g. to read its CPU time in `/proc`.
@@ -138,7 +181,7 @@ impl Service {
         let tail: Vec<&str> = text.lines().rev().take(lines).collect();
         format!(
             "--- {} (last lines) ---\n{}",
-            self.name,
+            self.identity,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         )
     }
@@ -175,6 +218,11 @@ pub struct World {
     /// Environment of every node agent started from now on (where to send
     /// traces, say).
     pub agent_env: Vec<(String, String)>,
+    /// How many replicas of each service that runs elected are started:
+    /// more than one, they are elected by a Lease in `default`.
+    pub replicas: usize,
+    /// Environment of one replica (by identity), over its service's.
+    pub replica_env: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// A bus that asks for credentials: the server's `authorization`, the seed
@@ -275,6 +323,8 @@ impl World {
             )],
             env_of: BTreeMap::new(),
             agent_env: Vec::new(),
+            replicas: 1,
+            replica_env: BTreeMap::new(),
         }
     }
 
@@ -295,16 +345,60 @@ impl World {
     }
 
     fn start_service(&mut self, name: &'static str, health: Option<u16>, env: &[(&str, &str)]) {
+        for identity in self.replicas_of(name) {
+            self.start_replica(name, identity, health, env);
+        }
+    }
+
+    /// The replicas of `name` started: `<name>-<i>` for a service that runs
+    /// elected with standbys, else the one named as the service.
+    pub fn replicas_of(&self, name: &str) -> Vec<String> {
+        let elected = switchyard_core::authors::ELECTED
+            .iter()
+            .any(|s| s.as_str() == name);
+        if self.replicas > 1 && elected {
+            (0..self.replicas).map(|i| format!("{name}-{i}")).collect()
+        } else {
+            vec![name.to_string()]
+        }
+    }
+
+    fn start_replica(
+        &mut self,
+        name: &'static str,
+        identity: String,
+        health: Option<u16>,
+        env: &[(&str, &str)],
+    ) {
         let own = self.env_of.get(name).map(Vec::as_slice).unwrap_or_default();
+        let replica = self
+            .replica_env
+            .get(&identity)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let elected = identity != name;
+        let election = [
+            (
+                "SWITCHYARD_LEASE_NAMESPACE".to_string(),
+                "default".to_string(),
+            ),
+            ("SWITCHYARD_IDENTITY".to_string(), identity.clone()),
+            ("SWITCHYARD_LEASE_DURATION".to_string(), "6s".to_string()),
+            ("SWITCHYARD_LEASE_MARGIN".to_string(), "2s".to_string()),
+        ];
+        let election = if elected { &election[..] } else { &[] };
         let env: Vec<(&str, &str)> = self
             .service_env
             .iter()
             .chain(own)
+            .chain(election)
+            .chain(replica)
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .chain(env.iter().copied())
             .collect();
-        let service = Service::start(
+        let service = Service::start_replica(
             name,
+            identity,
             self.binary,
             &self.plane,
             &self.nats,
@@ -315,8 +409,47 @@ impl World {
         self.services.push(service);
     }
 
+    /// Stops every replica of the service `name` (SIGKILL).
     pub fn stop(&mut self, name: &str) {
         self.services.retain(|s| s.name != name);
+    }
+
+    /// Kills the replica `identity` (SIGKILL) if it still runs, and starts
+    /// it again, as its pod's restart would.
+    pub fn restart_replica(&mut self, identity: &str) {
+        let Some(at) = self.services.iter().position(|s| s.identity == identity) else {
+            panic!("no replica {identity}");
+        };
+        let name = self.services.remove(at).name;
+        self.start_replica(name, identity.to_string(), None, &[]);
+    }
+
+    /// Kills the replica `identity` (SIGKILL) without starting it again.
+    pub fn kill_replica(&mut self, identity: &str) {
+        if let Some(service) = self.services.iter_mut().find(|s| s.identity == identity) {
+            service.stop();
+        }
+    }
+
+    /// Whether the replica `identity` has stopped.
+    pub fn replica_exited(&mut self, identity: &str) -> bool {
+        self.services
+            .iter_mut()
+            .find(|s| s.identity == identity)
+            .is_some_and(Service::exited)
+    }
+
+    /// Who holds the Lease of the service `name` now, if anyone.
+    pub async fn leader_of(&self, name: &str) -> Option<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), "default");
+        leases
+            .get_opt(&format!("switchyard-{name}"))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
     }
 
     /// All that the service `name` logged, every run of it.
@@ -335,7 +468,16 @@ impl World {
 
     /// The log, as the harness reads it (with the reader's key on a
     /// secured bus).
+    /// The log as the services read it: behind the fence, a deposed
+    /// leader's records passed over.
     pub async fn log(&self) -> Arc<dyn EventLog> {
+        Arc::new(switchyard_eventlog::fence::Fenced::new(
+            self.stored_log().await,
+        ))
+    }
+
+    /// The log's every stored record, fenced ones too.
+    pub async fn stored_log(&self) -> Arc<dyn EventLog> {
         let log = match &self.reader {
             Some(seed) => {
                 let client = connect_as(&self.nats.url(), seed).await;
@@ -698,6 +840,10 @@ pub struct ClusterOptions<'a> {
     /// How many nats-servers the log is on: 1, or a JetStream cluster of
     /// this many with a copy of the stream on each.
     pub nats_servers: usize,
+    /// How many replicas of each service that runs elected (more than one:
+    /// standbys, each replica reaching the API server and NATS through a
+    /// proxy of its own, to cut it off).
+    pub replicas: usize,
 }
 
 /// The priority level and flow schema the services' accounts are put in.
@@ -731,6 +877,9 @@ pub struct MigrationCluster {
     /// The loopback port of the stack-assigner's /metrics (kept across its
     /// restarts).
     pub stack_assigner_metrics: u16,
+    /// With standbys: the proxies each replica reaches the API server
+    /// (`kube-<identity>`) and NATS (`nats-<identity>`) through.
+    pub replica_proxies: Option<crate::toxiproxy::Toxiproxy>,
 }
 
 impl Drop for MigrationCluster {
@@ -814,6 +963,8 @@ impl MigrationCluster {
                 );
             }
         }
+        let replica_proxies =
+            (options.replicas > 1).then(|| replica_proxies(&mut world, options.replicas));
         let c = world.client.clone();
         let kwok = Kwok::start(&world.plane);
         create_group(&c, "gpu", true).await;
@@ -886,8 +1037,40 @@ impl MigrationCluster {
             bashible,
             toxiproxy,
             stack_assigner_metrics,
+            replica_proxies,
         }
     }
+}
+
+/// `replicas` of each elected service from now on, each reaching the API
+/// server and NATS (one server) through proxies of its own on a toxiproxy
+/// started for them.
+fn replica_proxies(world: &mut World, replicas: usize) -> crate::toxiproxy::Toxiproxy {
+    world.replicas = replicas;
+    let proxy = crate::toxiproxy::Toxiproxy::start();
+    let kube = world.plane.url().trim_start_matches("https://").to_string();
+    let nats = world.nats.url().trim_start_matches("nats://").to_string();
+    for service in SERVICES {
+        for identity in world.replicas_of(service) {
+            let to_kube = proxy.proxy(&format!("kube-{identity}"), &kube);
+            let to_nats = proxy.proxy(&format!("nats-{identity}"), &nats);
+            let kubeconfig = world.plane.kubeconfig_via(
+                &format!("{identity}.kubeconfig"),
+                &format!("https://{to_kube}"),
+            );
+            world.replica_env.insert(
+                identity,
+                vec![
+                    (
+                        "KUBECONFIG".into(),
+                        kubeconfig.to_string_lossy().into_owned(),
+                    ),
+                    ("SWITCHYARD_NATS_URL".into(), format!("nats://{to_nats}")),
+                ],
+            );
+        }
+    }
+    proxy
 }
 
 /// The chart's ServiceAccounts and RBAC, as `helm template` renders them

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
+use switchyard_proto::v1::DomainEvent;
 use switchyard_proto::v1::domain_event::Kind;
 
 use crate::migration::{
@@ -41,6 +42,11 @@ pub struct Options<'a> {
     /// others, a server's store wiped), and which must end with every
     /// server's store holding every record.
     pub nats_servers: usize,
+    /// How many replicas of each elected service. More than one: the faults
+    /// are the leaders' own — the leader of the service that takes the
+    /// step's command killed, cut off from the API server, cut off from
+    /// NATS — and the standby must take over.
+    pub replicas: usize,
 }
 
 /// Switchyard's own share of the migration's wall time, from the log from
@@ -78,6 +84,9 @@ pub struct Struck {
     pub what: String,
     /// How many records into the step it struck (the kill point).
     pub after: u64,
+    /// With standbys: from the fault to the record of the term a standby
+    /// began (the failover).
+    pub failover: Option<std::time::Duration>,
 }
 
 impl std::fmt::Display for Struck {
@@ -410,6 +419,15 @@ enum Fault {
     /// On a JetStream cluster: a server killed, its store wiped, and started
     /// again with nothing.
     WipeServer,
+    /// With standbys: the leader of the service killed (SIGKILL), started
+    /// again once a standby leads.
+    KillLeader(&'static str),
+    /// With standbys: the leader of the service cut off from the API
+    /// server (its proxy stopped) until a standby leads.
+    CutLeaderFromApi(&'static str),
+    /// With standbys: the leader of the service cut off from NATS until a
+    /// standby leads.
+    CutLeaderFromNats(&'static str),
 }
 
 impl Fault {
@@ -431,6 +449,9 @@ impl Fault {
             Fault::KillStreamLeader => "kill the stream's leader",
             Fault::CutOffServer => "cut a nats-server off",
             Fault::WipeServer => "wipe a nats-server's store",
+            Fault::KillLeader(_) => "kill the leader",
+            Fault::CutLeaderFromApi(_) => "cut the leader off the API server",
+            Fault::CutLeaderFromNats(_) => "cut the leader off NATS",
         }
     }
 }
@@ -458,7 +479,27 @@ impl Seeded {
     /// a record that is no envelope — at a point the seed picks.
     /// A step that does not wait (`evidence`, `complete`) has the next
     /// fault instead of the CLI's kill: an answer printed is all it waits for.
-    fn fault(&mut self, n: usize, waits: bool, cluster: bool) -> (Fault, u64) {
+    /// With standbys, the `k`-th fault of the leader of `owner` (the
+    /// service taking the step's command): killed, cut off from the API
+    /// server, cut off from NATS, in turn.
+    fn fault(
+        &mut self,
+        n: usize,
+        waits: bool,
+        cluster: bool,
+        owner: Option<(&'static str, usize)>,
+    ) -> (Fault, u64) {
+        if let Some((service, k)) = owner {
+            if n == 0 {
+                self.1 = self.below(3) as usize;
+            }
+            let faults = [
+                Fault::KillLeader(service),
+                Fault::CutLeaderFromApi(service),
+                Fault::CutLeaderFromNats(service),
+            ];
+            return (faults[(self.1 + k) % faults.len()], self.below(4));
+        }
         const CLUSTER_FAULTS: [Fault; 3] = [
             Fault::KillStreamLeader,
             Fault::CutOffServer,
@@ -588,6 +629,9 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
         Fault::KillStreamLeader | Fault::CutOffServer | Fault::WipeServer => {
             strike_nats_cluster(world, fault, n).await
         }
+        Fault::KillLeader(_) | Fault::CutLeaderFromApi(_) | Fault::CutLeaderFromNats(_) => {
+            unreachable!("struck by strike_leader")
+        }
         Fault::RestartApiServer => {
             let started = std::time::Instant::now();
             world.plane.restart_apiserver().await;
@@ -637,6 +681,121 @@ async fn strike(cluster: &mut MigrationCluster, fault: Fault, n: usize, cli: u32
             )
         }
     }
+}
+
+/// The service that takes the command of step `s`: the stack-assigner a
+/// node's handover and rollback, the claim-allocator the rest.
+fn step_owner(s: &str) -> &'static str {
+    if s.starts_with("step 3: hand over") || s.starts_with("rollback: node") {
+        "stack-assigner"
+    } else {
+        "claim-allocator"
+    }
+}
+
+/// The term of `service` a replica other than `deposed` began after log
+/// sequence `after`: its holder and when it was recorded.
+async fn term_after(
+    log: &dyn switchyard_eventlog::EventLog,
+    service: &str,
+    deposed: &str,
+    after: u64,
+) -> Option<(String, u64, i64)> {
+    let subject = switchyard_eventlog::Subject::new(switchyard_core::subjects::LEADERS_SUBJECT)
+        .expect("a subject");
+    let records = log
+        .read(switchyard_eventlog::ReadRequest {
+            subject: Some(subject),
+            from: after + 1,
+            limit: None,
+        })
+        .await
+        .ok()?;
+    records.iter().find_map(|r| match r.decode() {
+        switchyard_eventlog::Decoded::Event(DomainEvent {
+            kind: Some(Kind::LeaderTermStarted(term)),
+        }) if term.service == service && term.holder != deposed => {
+            Some((term.holder, r.sequence, r.envelope.recorded_at_unix_nanos))
+        }
+        _ => None,
+    })
+}
+
+/// Strikes the leader of `service` (run with standbys): killed, or cut off
+/// from the API server or NATS; waits for a standby to begin its term and,
+/// for a cut, for the deposed leader to stop on its own; then starts the
+/// deposed one again (as its pod's restart would), its proxies back.
+/// What it did, and the failover: from the fault to the new term's record.
+async fn strike_leader(
+    cluster: &mut MigrationCluster,
+    fault: Fault,
+    service: &'static str,
+) -> (String, std::time::Duration) {
+    let world = &mut cluster.world;
+    let proxies = cluster
+        .replica_proxies
+        .as_ref()
+        .expect("standbys reach the servers through proxies");
+    let leader = std::cell::RefCell::new(None);
+    crate::eventually(&format!("{service} to have a leader"), WAIT, || async {
+        *leader.borrow_mut() = world.leader_of(service).await;
+        leader.borrow().is_some()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", world.output()));
+    let leader = leader.into_inner().expect("a leader");
+    let log = world.log().await;
+    let before = log
+        .last_sequence(None)
+        .await
+        .expect("the log's last sequence");
+    let struck_at = switchyard_eventlog::now_nanos();
+    let did = match fault {
+        Fault::KillLeader(_) => {
+            world.kill_replica(&leader);
+            format!("killed {leader}, the leader of {service} (SIGKILL)")
+        }
+        Fault::CutLeaderFromApi(_) => {
+            proxies.set_enabled(&format!("kube-{leader}"), false);
+            format!("cut {leader}, the leader of {service}, off the API server")
+        }
+        Fault::CutLeaderFromNats(_) => {
+            proxies.set_enabled(&format!("nats-{leader}"), false);
+            format!("cut {leader}, the leader of {service}, off NATS")
+        }
+        _ => unreachable!("not a leader's fault"),
+    };
+    let term = std::cell::RefCell::new(None);
+    crate::eventually(
+        &format!("a standby of {service} to lead after {did}"),
+        WAIT,
+        || async {
+            *term.borrow_mut() = term_after(log.as_ref(), service, &leader, before).await;
+            term.borrow().is_some()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", world.output()));
+    let (holder, sequence, at) = term.into_inner().expect("a term");
+    let failover = std::time::Duration::from_nanos(at.saturating_sub(struck_at).max(0) as u64);
+    let mut what = format!("{did}; {holder} led from record {sequence}, {failover:?} after");
+    if !matches!(fault, Fault::KillLeader(_)) {
+        let deadline = std::time::Instant::now() + WAIT;
+        while !world.replica_exited(&leader) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{leader}, deposed, still runs {WAIT:?} after {holder} began its term: a deposed leader must stop\n{}",
+                world.output()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        what.push_str(&format!("; {leader} stepped down and stopped on its own"));
+        proxies.set_enabled(&format!("kube-{leader}"), true);
+        proxies.set_enabled(&format!("nats-{leader}"), true);
+    }
+    world.restart_replica(&leader);
+    what.push_str(", started again as a standby");
+    (what, failover)
 }
 
 /// Strikes a fault of the JetStream cluster the log is on (the `n`-th
@@ -748,7 +907,7 @@ async fn every_server_holds_the_log(world: &World, struck: &[Struck]) {
         return;
     };
     let records = world
-        .log()
+        .stored_log()
         .await
         .read(switchyard_eventlog::ReadRequest::default())
         .await
@@ -1014,6 +1173,7 @@ pub async fn run(options: Options<'_>) -> Report {
         binary,
         cli,
         nats_servers,
+        replicas,
     } = options;
     let mut report = Report::default();
     let config = reference_config();
@@ -1023,7 +1183,7 @@ pub async fn run(options: Options<'_>) -> Report {
     let mut struck: Vec<Struck> = Vec::new();
 
     let (mut cluster, names) =
-        simulated_cluster(config, toxics, flow_shares, binary, nats_servers).await;
+        simulated_cluster(config, toxics, flow_shares, binary, nats_servers, replicas).await;
     let c = cluster.world.client.clone();
     let changing = (!toxics.is_empty()).then(|| keep_changing(c.clone(), names.clone()));
 
@@ -1132,6 +1292,7 @@ async fn simulated_cluster(
     flow_shares: Option<u32>,
     binary: Locate,
     nats_servers: usize,
+    replicas: usize,
 ) -> (MigrationCluster, Vec<String>) {
     let mut before = switchyard_sim::Simulator::new(config);
     let facts = before.take_facts();
@@ -1146,6 +1307,7 @@ async fn simulated_cluster(
         toxics,
         flow_shares,
         nats_servers,
+        replicas,
     })
     .await;
     let world = &cluster.world;
@@ -1373,7 +1535,15 @@ async fn type_under_fault(
 ) -> (i32, String, String) {
     let waits = args.iter().any(|a| a == "--wait");
     let on_cluster = cluster.world.nats.cluster().is_some();
-    let (fault, after) = seeded.fault(struck.len(), waits, on_cluster);
+    let owner = cluster.replica_proxies.is_some().then(|| {
+        let service = step_owner(s);
+        let earlier = struck
+            .iter()
+            .filter(|x| step_owner(&x.step) == service)
+            .count();
+        (service, earlier)
+    });
+    let (fault, after) = seeded.fault(struck.len(), waits, on_cluster, owner);
     let log = cluster.world.log().await;
     let before = log
         .last_sequence(None)
@@ -1401,12 +1571,21 @@ async fn type_under_fault(
     .await
     .unwrap_or_else(|e| panic!("{s}: {e}\n{}", cluster.world.output()));
     drop(log);
-    let what = strike(cluster, fault, struck.len(), pid).await;
+    let (what, failover) = match fault {
+        Fault::KillLeader(service)
+        | Fault::CutLeaderFromApi(service)
+        | Fault::CutLeaderFromNats(service) => {
+            let (what, took) = strike_leader(cluster, fault, service).await;
+            (what, Some(took))
+        }
+        _ => (strike(cluster, fault, struck.len(), pid).await, None),
+    };
     struck.push(Struck {
         step: s.to_string(),
         fault: fault.name(),
         what,
         after,
+        failover,
     });
     eprintln!("struck: {}", struck.last().expect("pushed"));
     let first = command.await.expect("the command's thread");

@@ -85,6 +85,23 @@ impl Toxiproxy {
         listen
     }
 
+    /// Stops proxy `name` (its connections closed, new ones refused), or
+    /// starts it again.
+    pub fn set_enabled(&self, name: &str, enabled: bool) {
+        // `list` prints a line per proxy: name, listen, upstream,
+        // `enabled` or `disabled`, toxics; `toggle` flips it.
+        let listed = self.cli(&["list"]);
+        let disabled = listed
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|fields| fields.first() == Some(&name))
+            .unwrap_or_else(|| panic!("no proxy {name} in:\n{listed}"))
+            .contains(&"disabled");
+        if disabled == enabled {
+            self.cli(&["toggle", name]);
+        }
+    }
+
     /// Adds a toxic to proxy `name`: its type, its attributes
     /// (`latency=50`), the share of connections it strikes and the direction.
     pub fn toxic(

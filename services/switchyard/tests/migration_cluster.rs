@@ -52,6 +52,17 @@ async fn reference_scenario_on_servers(
     flow_shares: Option<u32>,
     nats_servers: usize,
 ) -> reference::Report {
+    reference_scenario_with(faults, toxics, flow_shares, nats_servers, 1).await
+}
+
+/// [`reference_scenario_on_servers`] with `replicas` of each elected service.
+async fn reference_scenario_with(
+    faults: Option<u64>,
+    toxics: &[Toxic<'_>],
+    flow_shares: Option<u32>,
+    nats_servers: usize,
+    replicas: usize,
+) -> reference::Report {
     let report = reference::run(reference::Options {
         faults,
         toxics,
@@ -59,6 +70,7 @@ async fn reference_scenario_on_servers(
         binary: switchyard_testkit::bins::binary,
         cli: switchyard(),
         nats_servers,
+        replicas,
     })
     .await;
     if let Some((changes, conflicts)) = report.changes {
@@ -108,6 +120,7 @@ async fn cluster_with(
         toxics,
         flow_shares,
         nats_servers: 1,
+        replicas: 1,
     })
     .await
 }
@@ -1247,6 +1260,52 @@ async fn the_reference_scenario_survives_its_nats_cluster_losing_servers() {
         .into(),
         "every fault of the cluster struck"
     );
+}
+
+/// The reference scenario with two replicas of every service, elected by a
+/// Lease (6 s here), one leading and one standing by: in each step the
+/// leader of the service taking the step's command fails — killed with
+/// SIGKILL, cut off from the API server, or cut off from NATS (each replica
+/// reaches both through a proxy of its own) — while the command runs. Each
+/// time the standby begins a term in the log and takes over, a leader cut
+/// off steps down and stops on its own, and the failed one comes back as a
+/// standby. The stack-assigner's leader meets each of the three in a
+/// node's handover (two handovers and the node's rollback); the migration
+/// ends as the simulator's, nothing recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_scenario_survives_its_leaders_failing_over() {
+    let report = reference_scenario_with(Some(0x5eed_1ead), &[], None, 1, 2).await;
+    let handovers: std::collections::BTreeSet<&str> = report
+        .struck
+        .iter()
+        .filter(|s| s.step.starts_with("step 3: hand over") || s.step.starts_with("rollback: node"))
+        .map(|s| s.fault)
+        .collect();
+    assert_eq!(
+        handovers,
+        [
+            "cut the leader off NATS",
+            "cut the leader off the API server",
+            "kill the leader"
+        ]
+        .into(),
+        "every fault of a leader struck in a node's handover: {:#?}",
+        report.struck
+    );
+    for fault in [
+        "kill the leader",
+        "cut the leader off the API server",
+        "cut the leader off NATS",
+    ] {
+        let took: Vec<String> = report
+            .struck
+            .iter()
+            .filter(|s| s.fault == fault)
+            .filter_map(|s| s.failover)
+            .map(|d| format!("{:.1} s", d.as_secs_f64()))
+            .collect();
+        println!("failover after \"{fault}\": {}", took.join(", "));
+    }
 }
 
 /// The reference scenario with every service's API-server traffic through

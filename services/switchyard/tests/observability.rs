@@ -135,6 +135,7 @@ async fn a_handover_is_one_trace_across_the_cli_the_services_and_the_node_agent(
         toxics: &[],
         flow_shares: None,
         nats_servers: 1,
+        replicas: 1,
     })
     .await;
     let world = &cluster.world;
