@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as EventsV1Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -157,8 +158,8 @@ async fn least_privilege_per_service_account() {
         .collect();
     assert_eq!(
         access.len(),
-        26,
-        "6 ServiceAccounts, 6 + 6 cluster roles and bindings, 2 Roles (the node agent's and the alerter's Events) and their bindings, the node agent's and the admin-access policies and their bindings"
+        36,
+        "6 ServiceAccounts, 6 + 6 cluster roles and bindings, 2 Roles (the node agent's and the alerter's Events) and their bindings, 5 Roles (each elected service's Lease) and their bindings, the node agent's and the admin-access policies and their bindings"
     );
     let discovery = prepare_cluster(&admin, &access).await;
     for doc in &access {
@@ -789,6 +790,68 @@ async fn least_privilege_per_service_account() {
             "alerter reads the API server's /metrics",
         );
     }
+    // Each elected service creates, reads and applies its own Lease in the
+    // release's namespace (kube-lease-manager's calls), and no other's.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    if namespaces
+        .get_opt(NAMESPACE)
+        .await
+        .expect("read the namespace")
+        .is_none()
+    {
+        create(&namespaces, json!({"metadata": {"name": NAMESPACE}})).await;
+    }
+    let services = [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+        "alerter",
+    ];
+    for service in services {
+        let client = as_service(service);
+        let leases: &Api<Lease> = &Api::namespaced(client.clone(), NAMESPACE);
+        let own = format!("{RELEASE}-{service}");
+        let lease = json!({"metadata": {"name": own}, "spec": {"holderIdentity": format!("{service}-0"), "leaseDurationSeconds": 15}});
+        let lease: Lease = serde_json::from_value(lease).expect("a Lease");
+        allowed_once_propagated(&format!("{service} to create its Lease"), || {
+            let lease = lease.clone();
+            async move { leases.create(&PostParams::default(), &lease).await }
+        })
+        .await;
+        allowed(
+            leases.get(&own).await,
+            &format!("{service} reads its Lease"),
+        );
+        allowed(
+            leases
+                .patch(
+                    &own,
+                    &PatchParams::apply("kube-lease-manager").force(),
+                    &Patch::Apply(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {"holderIdentity": format!("{service}-1")}})),
+                )
+                .await,
+            &format!("{service} applies its Lease"),
+        );
+        let other = format!(
+            "{RELEASE}-{}",
+            services
+                .iter()
+                .find(|s| **s != service)
+                .expect("another service")
+        );
+        refused(
+            leases.get(&other).await,
+            &format!("{service} reads {other}"),
+        );
+        refused(
+            Api::<Lease>::namespaced(client.clone(), "default")
+                .list(&ListParams::default())
+                .await,
+            &format!("{service} lists Leases elsewhere"),
+        );
+    }
+
     eprintln!(
         "least privilege checked in {:?} (control plane ready in {:?})",
         started.elapsed(),

@@ -123,10 +123,11 @@ fn each_role_grants_exactly_the_documented_permissions() {
             json!([{"kind": "ServiceAccount", "name": format!("{RELEASE}-{component}"), "namespace": NAMESPACE}])
         );
     }
-    // No role or binding besides these.
+    // No role or binding besides these and each elected service's Lease's
+    // (render::services_run_elected_with_a_standby_by_default).
     let roles = docs
         .iter()
         .filter(|doc| kind(doc).ends_with("Role") || kind(doc).ends_with("RoleBinding"))
         .count();
-    assert_eq!(roles, 2 * PERMISSIONS.len() + 4);
+    assert_eq!(roles, 2 * PERMISSIONS.len() + 4 + 2 * 5);
 }

@@ -131,8 +131,9 @@ async fn chart_renders_and_passes_server_side_dry_run() {
         assert_eq!(count("ServiceAccount"), 6, "{variant}");
         assert_eq!(count("ClusterRole"), 6, "{variant}");
         assert_eq!(count("ClusterRoleBinding"), 6, "{variant}");
-        assert_eq!(count("Role"), 2, "{variant}");
-        assert_eq!(count("RoleBinding"), 2, "{variant}");
+        // The Events' two, and each elected service's Lease.
+        assert_eq!(count("Role"), 2 + 5, "{variant}");
+        assert_eq!(count("RoleBinding"), 2 + 5, "{variant}");
         // The node agent's own-node policy and the DRA admin-access policy.
         assert_eq!(count("ValidatingAdmissionPolicy"), 2, "{variant}");
         assert_eq!(count("ValidatingAdmissionPolicyBinding"), 2, "{variant}");
@@ -151,8 +152,8 @@ async fn chart_renders_and_passes_server_side_dry_run() {
             assert!(!auth.contains("STREAM.UPDATE") && !auth.contains("STREAM.DELETE"));
         }
         for deployment in of_kind(docs, "Deployment") {
-            assert_eq!(deployment["spec"]["replicas"], 1, "{}", name(deployment));
-            assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+            assert_eq!(deployment["spec"]["replicas"], 2, "{}", name(deployment));
+            assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
         }
 
         let mut components: Vec<String> = Vec::new();
@@ -536,5 +537,147 @@ fn a_bundled_cluster_is_three_servers_routed_to_each_other() {
         two.stderr.contains("/nats/bundled/replicas") && two.stderr.contains("1, 3, 5"),
         "{}",
         two.stderr
+    );
+}
+
+/// The value of the environment variable `name` of a pod's first container.
+fn env<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod["containers"][0]["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+/// By default each service runs as two replicas elected by a Lease of its
+/// own: rolled one pod at a time, kept on different nodes where they can
+/// be, a PodDisruptionBudget keeping one, each replica's identity its pod's
+/// name, and a Role that lets its account create Leases and read and apply
+/// its own only. `ha.replicas=1` is the single unelected writer as before;
+/// HA without the Lease's permission, or a margin that leaves the leader no
+/// time to renew, is refused, naming the values.
+#[test]
+fn services_run_elected_with_a_standby_by_default() {
+    let docs = render(&[NATS_URL]);
+    let services = [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+        "alerter",
+    ];
+    for component in services {
+        let full = format!("switchyard-{component}");
+        let deployment = docs
+            .iter()
+            .find(|d| kind(d) == "Deployment" && name(d) == full)
+            .unwrap_or_else(|| panic!("no Deployment {full}"));
+        assert_eq!(deployment["spec"]["replicas"], 2);
+        assert_eq!(
+            deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+            0
+        );
+        let pod = &deployment["spec"]["template"]["spec"];
+        let labels = &deployment["spec"]["selector"]["matchLabels"];
+        let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            [0]["podAffinityTerm"];
+        assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(&spread["labelSelector"]["matchLabels"], labels);
+        assert_eq!(
+            env(pod, "SWITCHYARD_LEASE_NAMESPACE").unwrap()["value"],
+            NAMESPACE
+        );
+        assert_eq!(
+            env(pod, "SWITCHYARD_LEASE_NAME").unwrap()["value"],
+            full.as_str()
+        );
+        assert_eq!(
+            env(pod, "SWITCHYARD_IDENTITY").unwrap()["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.name"
+        );
+        assert_eq!(
+            env(pod, "SWITCHYARD_LEASE_DURATION").unwrap()["value"],
+            "15s"
+        );
+        let budget = docs
+            .iter()
+            .find(|d| kind(d) == "PodDisruptionBudget" && name(d) == full)
+            .unwrap_or_else(|| panic!("no PodDisruptionBudget {full}"));
+        assert_eq!(budget["spec"]["minAvailable"], 1);
+        assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
+        let lease = format!("{full}-lease");
+        let role = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && name(d) == lease)
+            .unwrap_or_else(|| panic!("no Role {lease}"));
+        assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+        let rules: Vec<(Vec<&str>, Vec<&str>, Vec<&str>)> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    strings(&r["resources"]),
+                    strings(&r["resourceNames"]),
+                    strings(&r["verbs"]),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (vec!["leases"], vec![], vec!["create"]),
+                (vec!["leases"], vec![full.as_str()], vec!["get", "patch"]),
+            ]
+        );
+        let binding = docs
+            .iter()
+            .find(|d| kind(d) == "RoleBinding" && name(d) == lease)
+            .unwrap_or_else(|| panic!("no RoleBinding {lease}"));
+        assert_eq!(binding["subjects"][0]["name"], full.as_str());
+    }
+    // The node agent runs once per node, unelected.
+    let with_agent = render(&[NATS_URL, "nodeAgent.enabled=true"]);
+    let agent = with_agent
+        .iter()
+        .find(|d| kind(d) == "DaemonSet")
+        .expect("the node agent");
+    assert!(
+        env(
+            &agent["spec"]["template"]["spec"],
+            "SWITCHYARD_LEASE_NAMESPACE"
+        )
+        .is_none()
+    );
+
+    let single = render(&[NATS_URL, "ha.replicas=1", "ha.leaseRbac=false"]);
+    for deployment in of_kind(&single, "Deployment") {
+        assert_eq!(deployment["spec"]["replicas"], 1);
+        assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+        assert!(
+            env(
+                &deployment["spec"]["template"]["spec"],
+                "SWITCHYARD_LEASE_NAMESPACE"
+            )
+            .is_none()
+        );
+    }
+    assert!(!single.iter().any(|d| kind(d) == "PodDisruptionBudget"));
+    assert!(!single.iter().any(|d| name(d).ends_with("-lease")));
+
+    let refused = template(&[NATS_URL, "ha.leaseRbac=false"]);
+    assert!(!refused.ok, "HA without the Lease's permission rendered");
+    assert!(
+        refused
+            .stderr
+            .contains("ha.replicas=2 needs ha.leaseRbac: the replicas are elected by a Lease"),
+        "{}",
+        refused.stderr
+    );
+    let no_time = template(&[NATS_URL, "ha.leaseDuration=10s", "ha.leaseMargin=10s"]);
+    assert!(!no_time.ok);
+    assert!(
+        no_time.stderr.contains("ha.leaseDuration=10s, ha.leaseMargin=10s: expected a duration over 2s and a margin of at least 2s below it"),
+        "{}",
+        no_time.stderr
     );
 }

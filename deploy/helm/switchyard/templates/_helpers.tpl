@@ -157,6 +157,20 @@ containers:
       - name: OTEL_TRACES_SAMPLER_ARG
         value: {{ $root.Values.tracing.sampleRatio | quote }}
       {{- end }}
+      {{- if and (not $nodeAgent) (gt (int $root.Values.ha.replicas) 1) }}
+      - name: SWITCHYARD_LEASE_NAMESPACE
+        value: {{ $root.Release.Namespace | quote }}
+      - name: SWITCHYARD_LEASE_NAME
+        value: {{ include "switchyard.componentName" . | quote }}
+      - name: SWITCHYARD_IDENTITY
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.name
+      - name: SWITCHYARD_LEASE_DURATION
+        value: {{ $root.Values.ha.leaseDuration | quote }}
+      - name: SWITCHYARD_LEASE_MARGIN
+        value: {{ $root.Values.ha.leaseMargin | quote }}
+      {{- end }}
       {{- if has .component (list "inventory" "stack-assigner") }}
       - name: SWITCHYARD_BACKEND
         value: {{ $root.Values.backend | quote }}
