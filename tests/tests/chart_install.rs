@@ -13,6 +13,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use switchyard_testkit::chart::{self, ChartCluster, NAMESPACE, RELEASE};
@@ -58,8 +59,45 @@ async fn helm_install_on_real_nodes_runs_every_pod_ready_and_helm_test_passes() 
         panic!("{e}\n--- kubelets\n{logs}")
     });
     eprintln!("helm install: every pod Ready after {took:?}");
-    // The node agent runs on the GPU node only, and serves its cards.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    // Each service runs as two pods, one of which holds its Lease (the
+    // other stands by), and the leader's term is in the log.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    for service in [
+        "inventory",
+        "stack-assigner",
+        "class-compiler",
+        "claim-allocator",
+        "alerter",
+    ] {
+        let names: Vec<String> = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/component={service}")))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        assert_eq!(names.len(), 2, "{service}'s pods: {names:?}");
+        let lease = format!("{RELEASE}-{service}");
+        let holder = std::cell::RefCell::new(None);
+        switchyard_testkit::eventually(
+            &format!("one of {names:?} to hold {lease}"),
+            Duration::from_secs(60),
+            || async {
+                *holder.borrow_mut() = leases
+                    .get_opt(&lease)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.spec?.holder_identity);
+                holder.borrow().as_ref().is_some_and(|h| names.contains(h))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}: held by {:?}", holder.borrow()));
+    }
+    // The node agent runs on the GPU node only, and serves its cards.
     let agents = pods
         .list(&ListParams::default().labels("app.kubernetes.io/component=node-agent"))
         .await

@@ -458,7 +458,8 @@ async fn rolled(cluster: &ChartCluster, helm: &mut std::process::Command, tag: &
                 .await
                 .map(|l| l.items)
                 .unwrap_or_default();
-            list.len() == 7
+            // Two of each service (a leader and a standby), an agent per GPU node.
+            list.len() == 5 * 2 + 2
                 && list.iter().all(|p| {
                     let running = p
                         .spec

@@ -9,7 +9,6 @@
 //! build it — never a skip.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,16 +39,6 @@ pub fn binaries_dir() -> Result<PathBuf, String> {
         }
     }
     Ok(dir)
-}
-
-fn free_port() -> u16 {
-    // The port is free when asked; if it is taken before its server binds
-    // it, `start_with` starts again.
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind loopback")
-        .local_addr()
-        .expect("local addr")
-        .port()
 }
 
 pub(crate) fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<Child, String> {
@@ -148,7 +137,7 @@ impl ControlPlane {
             .expect("temp dir");
         let path = |name: &str| dir.path().join(name);
 
-        let (client_port, peer_port) = (free_port(), free_port());
+        let (client_port, peer_port) = (crate::free_port(), crate::free_port());
         let etcd_args = vec![
             format!("--data-dir={}", path("etcd").display()),
             format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
@@ -173,7 +162,7 @@ impl ControlPlane {
         )
         .expect("tokens");
 
-        let apiserver_port = free_port();
+        let apiserver_port = crate::free_port();
         let address = components
             .bind_address
             .unwrap_or(std::net::Ipv4Addr::LOCALHOST);

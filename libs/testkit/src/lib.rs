@@ -110,13 +110,36 @@ pub fn helm_binary() -> Result<std::path::PathBuf, String> {
     }
 }
 
-/// A loopback port free when asked (a server that binds it later may
-/// find it taken; the servers the tests start say so).
+/// Where [`free_port`] looks: below Linux's ephemeral range (32768 and
+/// up by default), which the kernel hands to every outgoing connection and
+/// to every `bind(0)` — a port taken from there can be another socket's
+/// before the server asked for it binds it.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback port free when asked, outside the kernel's ephemeral range
+/// and never handed out twice by this process, so that nothing else takes
+/// it before the server it is for binds it (a server that still finds it
+/// taken says so).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Where this process looks next: a start of its own (by its pid), so
+    // that test processes running side by side look in different places.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let span = TEST_PORTS.end - TEST_PORTS.start;
+    let _ = NEXT.compare_exchange(
+        0,
+        (std::process::id() % u32::from(span)) as u16 + 1,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = TEST_PORTS.start + offset;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {TEST_PORTS:?}")
 }
 
 /// The body of `GET /metrics` on a loopback port (HTTP/1.0: the server
