@@ -736,6 +736,21 @@ async fn strike_leader(
         .replica_proxies
         .as_ref()
         .expect("standbys reach the servers through proxies");
+    // A replica that stopped on its own (a leader that stepped down, say,
+    // starved of CPU past its margin) comes back, as Kubernetes restarts
+    // its pod, before the next fault needs it as the standby.
+    let mut came_back = Vec::new();
+    for other in crate::migration::SERVICES {
+        for identity in world.replicas_of(other) {
+            if world.replica_exited(&identity) {
+                world.restart_replica(&identity);
+                came_back.push(identity);
+            }
+        }
+    }
+    if !came_back.is_empty() {
+        eprintln!("started again, having stopped on their own: {came_back:?}");
+    }
     let leader = std::cell::RefCell::new(None);
     crate::eventually(&format!("{service} to have a leader"), WAIT, || async {
         *leader.borrow_mut() = world.leader_of(service).await;
