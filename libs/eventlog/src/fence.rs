@@ -138,15 +138,38 @@ impl Fenced {
     }
 }
 
-/// Reads the terms' subject on from where `terms` stopped, so that every
-/// term record up to where the log ended when asked is known.
-async fn refresh(inner: &dyn EventLog, terms: &mut Terms) -> Result<(), LogError> {
+/// How long the fence keeps asking for the terms while the log does not
+/// answer (a cluster between leaders): as long as an append keeps trying.
+const REFRESH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where the log ends, and the term records from `from` on.
+async fn load_terms(inner: &dyn EventLog, from: u64) -> Result<(u64, Vec<StoredEvent>), LogError> {
     let head = inner.last_sequence(None).await?;
     let records = inner
         .read(ReadRequest {
             subject: Some(leaders()),
-            from: terms.read_from,
+            from,
             limit: None,
+        })
+        .await?;
+    Ok((head, records))
+}
+
+/// Reads the terms' subject on from where `terms` stopped, so that every
+/// term record up to where the log ended when asked is known; asked again
+/// for up to [`REFRESH_PATIENCE`] while the log does not answer.
+async fn refresh(inner: &dyn EventLog, terms: &mut Terms) -> Result<(), LogError> {
+    use backon::Retryable;
+    let from = terms.read_from;
+    let (head, records) = (|| load_terms(inner, from))
+        .retry(
+            backon::ExponentialBuilder::default()
+                .with_max_delay(std::time::Duration::from_secs(2))
+                .with_total_delay(Some(REFRESH_PATIENCE))
+                .without_max_times(),
+        )
+        .notify(|err, pause| {
+            tracing::warn!(%err, ?pause, "the fence could not read the leaders' terms; trying again");
         })
         .await?;
     for stored in &records {
