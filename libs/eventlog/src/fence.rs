@@ -39,12 +39,11 @@ struct Terms {
 impl Terms {
     /// Notes `stored` if it starts a term.
     fn learn(&mut self, stored: &StoredEvent) {
-        if let Decoded::Event(DomainEvent {
-            kind: Some(Kind::LeaderTermStarted(term)),
-        }) = stored.decode()
+        if let Decoded::Event(event) = stored.decode()
+            && let Some(term) = term_started(&event)
         {
             self.started
-                .entry(term.service)
+                .entry(term.service.clone())
                 .or_default()
                 .insert(stored.sequence);
         }

@@ -789,8 +789,14 @@ impl<E: EffectExecutor> Host<E> {
     /// Folds a record as a rebuild does, deciding nothing: into the core,
     /// and what the host keeps beside it. Whether it could be read.
     fn fold_only(&mut self, stored: &StoredEvent) -> bool {
+        let decoded = readable(stored, self.options.keyring.as_deref());
+        self.fold_read(stored, decoded)
+    }
+
+    /// [`Host::fold_only`] of a record already read as `decoded`.
+    fn fold_read(&mut self, stored: &StoredEvent, decoded: Decoded) -> bool {
         let service = self.core.service();
-        match readable(stored, self.options.keyring.as_deref()) {
+        match decoded {
             Decoded::Event(event) => {
                 self.core
                     .fold(&event, stored.envelope.recorded_at_unix_nanos);
@@ -848,20 +854,32 @@ impl<E: EffectExecutor> Host<E> {
         progress: &watch::Sender<Progress>,
     ) -> Result<(), HostError> {
         for stored in batch {
-            let stored = stored.ok_or(HostError::FollowEnded)??;
-            progress.send_replace(Progress {
-                ready: true,
-                sequence: stored.sequence,
-            });
-            self.metrics.read_up_to(stored.sequence);
+            let stored = self.taken(stored, progress)?;
+            let decoded = readable(&stored, self.options.keyring.as_deref());
             if self.own_term.is_some()
-                && let Decoded::Event(event) = readable(&stored, self.options.keyring.as_deref())
+                && let Decoded::Event(event) = &decoded
             {
-                self.check_term(&stored, &event)?;
+                self.check_term(&stored, event)?;
             }
-            self.fold_only(&stored);
+            self.fold_read(&stored, decoded);
         }
         Ok(())
+    }
+
+    /// A record taken from the log: how far the service has read, for its
+    /// health and its series.
+    fn taken(
+        &self,
+        followed: Followed,
+        progress: &watch::Sender<Progress>,
+    ) -> Result<StoredEvent, HostError> {
+        let stored = followed.ok_or(HostError::FollowEnded)??;
+        progress.send_replace(Progress {
+            ready: true,
+            sequence: stored.sequence,
+        });
+        self.metrics.read_up_to(stored.sequence);
+        Ok(stored)
     }
 
     /// Follows the log as a standby — every record folded, nothing
@@ -935,12 +953,7 @@ impl<E: EffectExecutor> Host<E> {
         let mut decision_traces = Vec::new();
         let mut earliest: Option<i64> = None;
         for stored in batch {
-            let stored = stored.ok_or(HostError::FollowEnded)??;
-            progress.send_replace(Progress {
-                ready: true,
-                sequence: stored.sequence,
-            });
-            self.metrics.read_up_to(stored.sequence);
+            let stored = self.taken(stored, progress)?;
             if self.own.remove(&stored.sequence) {
                 continue;
             }
